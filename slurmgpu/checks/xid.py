@@ -1,0 +1,22 @@
+"""xid.recent: XIDs reported by the caller (agent event stream, kernel log, --xid)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+
+from slurmgpu.checks.registry import CheckContext, check, problem
+from slurmgpu.result import Finding, Severity
+
+
+@check("xid.recent", severity=Severity.FAIL, reads=("xids",),
+       summary="recent XIDs judged by the XID policy table (data/xid_catalog.toml + [xid] overrides)")
+def xid_recent(ctx: CheckContext) -> Iterator[Finding]:
+    scope = ctx.scope
+    seen = Counter((e.gpu, e.xid) for e in ctx.facts.xids
+                   if scope is None or e.gpu is None or e.gpu in scope)
+    for (gpu, code), count in sorted(seen.items(), key=lambda kv: (kv[0][0] or -1, kv[0][1])):
+        rule = ctx.xid_policy.rule(code)
+        times = f" x{count}" if count > 1 else ""
+        yield problem(rule.severity, f"XID {code}{times}: {rule.name} -> {rule.action}", gpu=gpu,
+                      xid=code, count=count, action=rule.action, origin=rule.origin)

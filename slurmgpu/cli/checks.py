@@ -1,0 +1,145 @@
+"""`slurmgpu check` and `slurmgpu checks list`."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import click
+
+from slurmgpu.errors import UsageError
+from slurmgpu.facts import XidEvent
+from slurmgpu.result import Finding, Severity, Verdict
+
+JSON_SCHEMA = "slurmgpu.check/1"
+
+
+def parse_gpu_list(text: str) -> frozenset[int]:
+    """"0,2,4-7" -> {0, 2, 4, 5, 6, 7}."""
+    out: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            if "-" in part:
+                lo, hi = (int(p) for p in part.split("-", 1))
+                if lo > hi:
+                    raise ValueError
+                out.update(range(lo, hi + 1))
+            else:
+                out.add(int(part))
+        except ValueError:
+            raise UsageError(f"--gpus: {part!r} is not a GPU index or range (e.g. 0,2,4-7)") from None
+    if not out or min(out) < 0:
+        raise UsageError(f"--gpus: {text!r} names no GPU")
+    return frozenset(out)
+
+
+def parse_xid(text: str) -> XidEvent:
+    code, _, gpu = text.partition(":")
+    try:
+        return XidEvent(xid=int(code), gpu=int(gpu) if gpu else None, source="command line")
+    except ValueError:
+        raise UsageError(f"--xid: {text!r} is not XID[:GPU] (e.g. 79:3)") from None
+
+
+@click.command()
+@click.option("--config", "config_file", metavar="FILE",
+              help="Config file (default: $SLURMGPU_CONFIG or /etc/slurmgpu/slurmgpu.toml).")
+@click.option("--gpus", metavar="LIST", help="Check only these GPU indices, e.g. 0,2 or 0-3 (a job's GPUs).")
+@click.option("--node", metavar="NAME", help="Node name for host-targeted config (default: this host).")
+@click.option("--xid", "xids", multiple=True, metavar="XID[:GPU]",
+              help="Treat this XID as recently seen (repeatable); judged by the XID policy table.")
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict, findings and facts as JSON.")
+@click.option("--all", "show_all", is_flag=True, help="Also list OK and not-applicable findings.")
+def check(config_file: str | None, gpus: str | None, node: str | None, xids: tuple[str, ...],
+          as_json: bool, show_all: bool) -> int:
+    """Check this node's GPUs, InfiniBand and software versions.
+
+    Exit code: 0 OK, 1 WARN, 2 FAIL, 3 UNKNOWN (a check could not run, or bad
+    arguments/config).
+    """
+    from slurmgpu.config.load import load_config
+    from slurmgpu.engine import evaluate, gather, node_name, system_sources
+
+    started = time.perf_counter()
+    scope = parse_gpu_list(gpus) if gpus is not None else None
+    events = [parse_xid(x) for x in xids]
+    from slurmgpu.checks.registry import all_checks
+
+    loaded = load_config(config_file, known_checks=[c.id for c in all_checks()])
+    name = node or node_name()
+    settings = loaded.settings_for(name)
+    facts = gather(system_sources(settings), node=name, scope=scope, xids=events)
+    verdict = evaluate(facts, settings, scope=scope)
+    duration_ms = (time.perf_counter() - started) * 1000
+    if as_json:
+        click.echo(json.dumps(verdict_json(verdict, facts.to_json(), scope, duration_ms), indent=2))
+    else:
+        click.echo(render_table(verdict, show_all=show_all, duration_ms=duration_ms))
+    return verdict.severity.exit_code
+
+
+def verdict_json(verdict: Verdict, facts: dict[str, Any], scope: frozenset[int] | None,
+                 duration_ms: float) -> dict[str, Any]:
+    return {
+        "schema": JSON_SCHEMA,
+        "node": verdict.node,
+        "verdict": verdict.severity.name,
+        "exit_code": verdict.severity.exit_code,
+        "gpus": sorted(scope) if scope is not None else None,
+        "findings": [f.to_json() for f in verdict.findings],
+        "facts": facts,
+        "duration_ms": round(duration_ms, 2),
+    }
+
+
+def _where(f: Finding) -> str:
+    if f.gpu is not None:
+        return f"gpu{f.gpu}"
+    return f.subject or "-"
+
+
+def render_table(verdict: Verdict, *, show_all: bool, duration_ms: float) -> str:
+    order = sorted(verdict.findings, key=lambda f: (-f.severity.rank, f.check, f.gpu or -1))
+    shown = [f for f in order if show_all or f.severity is not Severity.OK]
+    checks = {f.check for f in verdict.findings}
+    na = sorted({f.check for f in verdict.findings if f.not_applicable})
+    lines = []
+    if shown:
+        width = max(len(f.check) for f in shown)
+        lines.append(f"{'SEVERITY':<8}  {'CHECK':<{width}}  {'WHERE':<10}  MESSAGE")
+        for f in shown:
+            lines.append(f"{f.severity.name:<8}  {f.check:<{width}}  {_where(f):<10}  {f.message}")
+        lines.append("")
+    counts = {s: sum(1 for f in verdict.findings if f.severity is s) for s in Severity}
+    lines.append(
+        f"{verdict.node}: {verdict.severity.name} - {len(checks)} checks, "
+        f"{counts[Severity.FAIL]} fail, {counts[Severity.WARN]} warn, {counts[Severity.UNKNOWN]} unknown "
+        f"({len(na)} not applicable) in {duration_ms:.0f} ms"
+    )
+    return "\n".join(lines)
+
+
+@click.group()
+def checks() -> None:
+    """Inspect the registered checks."""
+
+
+@checks.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+def checks_list(as_json: bool) -> None:
+    """List every check: id, worst default severity, the facts it reads."""
+    from slurmgpu.checks.registry import all_checks
+
+    specs = all_checks()
+    if as_json:
+        click.echo(json.dumps([{"id": s.id, "severity": s.severity.name, "reads": list(s.reads),
+                                "summary": s.summary} for s in specs], indent=2))
+        return
+    width = max(len(s.id) for s in specs)
+    click.echo(f"{'CHECK':<{width}}  {'SEVERITY':<8}  WHAT IT CHECKS (READS)")
+    for s in specs:
+        click.echo(f"{s.id:<{width}}  {s.severity.name:<8}  {s.summary} ({', '.join(s.reads)})")

@@ -1,0 +1,113 @@
+"""`slurmgpu config check [FILE]` and `slurmgpu config explain --node NAME`."""
+
+from __future__ import annotations
+
+import json
+import socket
+from typing import Any, NoReturn
+
+import click
+
+from slurmgpu.config.load import ExplainRow, LoadedConfig, config_path, format_value, load_config
+from slurmgpu.errors import ConfigError
+
+EXIT_CONFIG = 3
+
+
+def _known_checks() -> list[str] | None:
+    """Ids of the registered checks, or None where the registry cannot be imported
+    (then ``checks.disabled`` entries are not checked against it)."""
+    try:
+        from slurmgpu.checks.registry import all_checks
+
+        return [spec.id for spec in all_checks()]
+    except ImportError:
+        return None
+
+
+def _fail(ctx: click.Context, error: ConfigError, as_json: bool, path: str | None) -> NoReturn:
+    if as_json:
+        click.echo(json.dumps({"ok": False, "path": error.path or path, "error": str(error),
+                               "key": error.key, "line": error.line}, indent=2))
+    click.echo(f"slurmgpu: error: {error}", err=True)
+    ctx.exit(EXIT_CONFIG)
+
+
+def _load(ctx: click.Context, file: str | None, as_json: bool) -> LoadedConfig:
+    path, _ = config_path(file)
+    try:
+        return load_config(file, known_checks=_known_checks())
+    except ConfigError as e:
+        _fail(ctx, e, as_json, path)
+
+
+@click.group("config")
+def config() -> None:
+    """Validate the config file and show the effective settings for a node."""
+
+
+@config.command("check")
+@click.argument("file", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.pass_context
+def check(ctx: click.Context, file: str | None, as_json: bool) -> None:
+    """Validate FILE (default: $SLURMGPU_CONFIG, then /etc/slurmgpu/slurmgpu.toml).
+
+    Exit status 0 when it is valid (or the default file is absent), 3 when not."""
+    path, _ = config_path(file)
+    loaded = _load(ctx, file, as_json)
+    exists = loaded.path is not None
+    if as_json:
+        click.echo(json.dumps({"ok": True, "path": path, "exists": exists,
+                               "host_sections": len(loaded.hosts)}, indent=2))
+    elif exists:
+        n = len(loaded.hosts)
+        click.echo(f"OK: {path}: {n} host section{'' if n == 1 else 's'}")
+    else:
+        click.echo(f"OK: {path}: not present, the defaults apply")
+
+
+@config.command("explain")
+@click.option("--node", metavar="NAME", default=None,
+              help="Slurm node name (default: this host's short name).")
+@click.option("--config", "config_file", metavar="FILE", default=None,
+              help="Config file (default: $SLURMGPU_CONFIG, then /etc/slurmgpu/slurmgpu.toml).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--all", "show_all", is_flag=True,
+              help="Show every setting, not only those the config sets.")
+@click.pass_context
+def explain(ctx: click.Context, node: str | None, config_file: str | None, as_json: bool,
+            show_all: bool) -> None:
+    """The effective settings for a node and which section set each."""
+    if not node:
+        node = socket.gethostname().split(".", 1)[0]
+    loaded = _load(ctx, config_file, as_json)
+    rows = loaded.explain(node)
+    sections = [h.label for h in loaded.matching_sections(node)]
+    shown = rows if show_all else [r for r in rows if r.source != "default"]
+    defaulted = sum(1 for r in rows if r.source == "default")
+    if as_json:
+        out: dict[str, Any] = {
+            "node": node,
+            "path": loaded.path,
+            "sections": sections,
+            "settings": [{"key": r.key, "value": r.value, "source": r.source} for r in shown],
+            "defaulted": defaulted,
+        }
+        click.echo(json.dumps(out, indent=2))
+        return
+    where = loaded.path or f"{config_path(config_file)[0]} (not present)"
+    click.echo(f"node {node}: config {where}")
+    click.echo("sections: " + (", ".join(sections) if sections else "(none match)"))
+    click.echo(_table(shown))
+    if not show_all:
+        click.echo(f"{defaulted} setting{'' if defaulted == 1 else 's'} at the default "
+                   "(--all shows them)")
+
+
+def _table(rows: list[ExplainRow]) -> str:
+    cells = [("KEY", "VALUE", "SOURCE")]
+    cells += [(r.key, format_value(r.value), r.source) for r in rows]
+    wk = max(len(c[0]) for c in cells)
+    wv = max(len(c[1]) for c in cells)
+    return "\n".join(f"{k:<{wk}}  {v:<{wv}}  {s}".rstrip() for k, v, s in cells)

@@ -1,0 +1,155 @@
+"""`slurmgpu sim`: build the fake NVML library, list/show scenarios, run commands under one.
+
+Module imports stay light: pynvml and the build machinery are imported inside commands.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shlex
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import click
+
+from slurmgpu.errors import SlurmGpuError
+
+EXIT_ERROR = 3
+EXIT_NOT_FOUND = 127
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
+    click.echo(f"slurmgpu: error: {message}", err=True)
+    sys.exit(code)
+
+
+def _one_line_errors(fn: F) -> F:
+    """Turn slurmgpu and OS errors into one line on stderr and exit 3."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except SlurmGpuError as exc:
+            _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        except OSError as exc:
+            where = f"{exc.filename}: " if exc.filename else ""
+            _fail(f"{where}{exc.strerror or exc}")
+
+    return wrapper  # type: ignore[return-value]
+
+
+@click.group("sim", context_settings={"help_option_names": ["-h", "--help"]})
+def sim() -> None:
+    """GPU simulator: a fake libnvidia-ml.so.1 driven by JSON scenarios.
+
+    The real pynvml code path runs against the fake, so checks can be exercised on a
+    machine without GPUs. See docs/simulator.md.
+    """
+
+
+@sim.command("build")
+@click.option("--dest", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Directory for libnvidia-ml.so.1 (default: $SLURMGPU_SIM_DIR or a cache dir).")
+@click.option("--force", is_flag=True, help="Rebuild even when the library is up to date.")
+@click.option("--json", "as_json", is_flag=True, help="Print {\"library\": PATH} as JSON.")
+@_one_line_errors
+def build_cmd(dest: Path | None, force: bool, as_json: bool) -> None:
+    """Compile the fake NVML library and print its path."""
+    from slurmgpu.sim.build import build_library
+
+    lib = build_library(dest, force=force)
+    click.echo(json.dumps({"library": str(lib)}) if as_json else str(lib))
+
+
+@sim.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of {name, description}.")
+@_one_line_errors
+def list_cmd(as_json: bool) -> None:
+    """List the bundled scenarios."""
+    from slurmgpu.sim.scenario import list_scenarios
+
+    items = list_scenarios()
+    if as_json:
+        click.echo(json.dumps([{"name": n, "description": d} for n, d in items], indent=2))
+        return
+    width = max((len(n) for n, _ in items), default=0)
+    for name, desc in items:
+        click.echo(f"{name:<{width}}  {desc}")
+
+
+@sim.command("show")
+@click.argument("name")
+@_one_line_errors
+def show_cmd(name: str) -> None:
+    """Print scenario NAME (bundled name or JSON file path) as JSON."""
+    from slurmgpu.sim.scenario import dump_scenario, load_scenario
+
+    click.echo(dump_scenario(load_scenario(name)), nl=False)
+
+
+@sim.command("env")
+@click.argument("name")
+@_one_line_errors
+def env_cmd(name: str) -> None:
+    """Print export lines for scenario NAME: eval "$(slurmgpu sim env NAME)"."""
+    from slurmgpu.sim.scenario import sim_environment
+
+    for key, value in sim_environment(name).items():
+        click.echo(f"export {key}={shlex.quote(value)}")
+
+
+@sim.command(
+    "run",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@click.option("--scenario", "-s", required=True, help="Bundled scenario name or JSON file path.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@_one_line_errors
+def run_cmd(scenario: str, command: tuple[str, ...]) -> None:
+    """Run COMMAND with the fake NVML library and a scenario: sim run -s NAME -- CMD ARGS...
+
+    Sets SLURMGPU_NVML_LIBRARY and SLURMGPU_SIM_SCENARIO, and puts the fake's directory first
+    on LD_LIBRARY_PATH so any program that dlopens libnvidia-ml.so.1 gets the fake.
+    """
+    from slurmgpu.sim.scenario import ENV_LIBRARY, sim_environment
+
+    env = dict(os.environ)
+    env.update(sim_environment(scenario))
+    lib_dir = str(Path(env[ENV_LIBRARY]).parent)
+    old = env.get("LD_LIBRARY_PATH")
+    env["LD_LIBRARY_PATH"] = f"{lib_dir}{os.pathsep}{old}" if old else lib_dir
+    program = command[0]
+    if shutil.which(program, path=env.get("PATH")) is None:
+        _fail(f"command not found: {program}", EXIT_NOT_FOUND)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvpe(program, list(command), env)
+    except OSError as exc:
+        _fail(f"cannot run {program}: {exc.strerror or exc}", EXIT_NOT_FOUND)
+
+
+@sim.command("record")
+@click.option("--out", "-o", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the scenario to FILE (atomically) instead of stdout.")
+@click.option("--name", default=None, help="Scenario name (default: the host name).")
+@click.option("--description", default=None, help="Scenario description.")
+@_one_line_errors
+def record_cmd(out: Path | None, name: str | None, description: str | None) -> None:
+    """Record this node's NVML state as a scenario (honours SLURMGPU_NVML_LIBRARY)."""
+    from slurmgpu.sim.record import record_node
+    from slurmgpu.sim.scenario import dump_scenario, write_scenario
+
+    data = record_node(name=name, description=description)
+    if out is None:
+        click.echo(dump_scenario(data), nl=False)
+    else:
+        write_scenario(out, data)

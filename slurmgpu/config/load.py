@@ -1,0 +1,608 @@
+"""Load and validate the slurmgpu TOML config.
+
+The file's top-level tables are the fields of ``Settings`` (``[gpu]``, ``[pins]``,
+...). ``[[hosts]]`` sections, each with a ``nodes`` hostlist (Slurm/ClusterShell
+syntax, e.g. ``"gpu-h100-[001-128],gpu-h100-[200-210]"``) and an optional
+``name``, set any of the same keys for their nodes. The effective settings for a
+node are: the schema defaults, then the top level, then every matching
+``[[hosts]]`` section in file order. A value replaces the one before it (lists
+too); dict-valued settings (``ib.counters_max``, ``xid.overrides``, ...) merge
+key by key.
+
+Validation is generic over the dataclass annotations in ``schema.py``; every
+problem is one ``ConfigError`` naming the file, the key path and (best effort)
+the line. This module is imported by the prolog: it keeps to the standard
+library and imports ClusterShell only when the file has ``[[hosts]]`` sections.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import re
+import tomllib
+import types
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+
+from slurmgpu.config.schema import Settings
+from slurmgpu.config.versions_match import spec_error
+from slurmgpu.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_PATH",
+    "ENV_VAR",
+    "IB_COUNTERS",
+    "ExplainRow",
+    "HostSection",
+    "LoadedConfig",
+    "config_path",
+    "format_value",
+    "load_config",
+]
+
+DEFAULT_PATH = "/etc/slurmgpu/slurmgpu.toml"
+ENV_VAR = "SLURMGPU_CONFIG"
+
+# Port counters under /sys/class/infiniband/<dev>/ports/<n>/counters/.
+IB_COUNTERS = (
+    "symbol_error",
+    "link_downed",
+    "link_error_recovery",
+    "port_rcv_errors",
+    "port_xmit_discards",
+    "local_link_integrity_errors",
+    "excessive_buffer_overrun_errors",
+    "port_rcv_remote_physical_errors",
+    "port_xmit_constraint_errors",
+    "port_rcv_constraint_errors",
+    "port_rcv_switch_relay_errors",
+    "VL15_dropped",
+)
+
+XID_MIN, XID_MAX = 1, 1000
+
+# Numeric settings must be >= 0 (they are counts, thresholds and margins); these must be > 0.
+_POSITIVE = frozenset({"pcie.gen", "pcie.width", "ib.rate_gbps"})
+_HOST_KEYS = ("nodes", "name")
+
+Table = dict[str, Any]
+Tables = dict[str, Table]
+
+
+# --------------------------------------------------------------------------- public model
+
+
+@dataclass(frozen=True)
+class ExplainRow:
+    key: str  # "gpu.count", 'ib.counters_max."symbol_error"'
+    value: Any
+    source: str  # "default", "top-level" or a section label: "hosts[1] (gpu-h100-[001-128])"
+
+
+@dataclass(frozen=True)
+class HostSection:
+    index: int  # position among the [[hosts]] sections, from 0
+    nodes: str  # the hostlist as written
+    values: Tables  # validated tables this section sets
+    name: str | None = None
+    nodeset: Any = field(default=None, repr=False, compare=False)  # ClusterShell NodeSet
+
+    @property
+    def label(self) -> str:
+        name = f" {self.name}" if self.name else ""
+        return f"hosts[{self.index}]{name} ({self.nodes})"
+
+    def matches(self, node: str) -> bool:
+        nodeset = self.nodeset
+        if nodeset is None:
+            nodeset = _parse_nodeset(self.nodes)
+            object.__setattr__(self, "nodeset", nodeset)
+        try:
+            return node in nodeset
+        except Exception:  # a node name that is not valid hostlist syntax matches nothing
+            return False
+
+
+@dataclass
+class LoadedConfig:
+    path: str | None  # None: no file, defaults only
+    base: Tables = field(default_factory=dict)  # validated top-level tables
+    hosts: list[HostSection] = field(default_factory=list)
+
+    def matching_sections(self, node: str | None) -> list[HostSection]:
+        if node is None:
+            return []
+        return [h for h in self.hosts if h.matches(node)]
+
+    def _layers(self, node: str | None) -> list[tuple[str, Tables]]:
+        return [("top-level", self.base)] + [(h.label, h.values)
+                                             for h in self.matching_sections(node)]
+
+    def settings_for(self, node: str | None) -> Settings:
+        """Defaults <- top level <- the [[hosts]] sections matching ``node``, in order.
+        ``node=None``: the top level only."""
+        return _build_settings([values for _, values in self._layers(node)])
+
+    def explain(self, node: str | None) -> list[ExplainRow]:
+        """Every effective setting for ``node`` and which layer set it. Dict-valued
+        settings get one row per entry (an empty one gets a single row)."""
+        layers = self._layers(node)
+        settings = _build_settings([values for _, values in layers])
+        defaults = Settings()
+        rows: list[ExplainRow] = []
+        for tf in dataclasses.fields(Settings):
+            table = getattr(settings, tf.name)
+            for kf in dataclasses.fields(table):
+                key = f"{tf.name}.{kf.name}"
+                value = getattr(table, kf.name)
+                if isinstance(value, dict):
+                    default = getattr(getattr(defaults, tf.name), kf.name)
+                    sources = dict.fromkeys(default, "default")
+                    for label, values in layers:
+                        for k in values.get(tf.name, {}).get(kf.name, {}):
+                            sources[k] = label
+                    if not value:
+                        rows.append(ExplainRow(key, {}, "default"))
+                    for k, v in value.items():
+                        rows.append(ExplainRow(f"{key}.{_quote(k)}", v, sources[k]))
+                    continue
+                source = "default"
+                for label, values in layers:
+                    if kf.name in values.get(tf.name, {}):
+                        source = label
+                rows.append(ExplainRow(key, value, source))
+        return rows
+
+
+def config_path(explicit: str | None = None,
+                environ: Mapping[str, str] = os.environ) -> tuple[str, bool]:
+    """The config file to read and whether it was asked for explicitly:
+    ``--config`` > ``$SLURMGPU_CONFIG`` > ``DEFAULT_PATH``. A missing file is an error
+    only when it was asked for explicitly."""
+    if explicit:
+        return explicit, True
+    env = environ.get(ENV_VAR)
+    if env:
+        return env, True
+    return DEFAULT_PATH, False
+
+
+def load_config(path: str | None = None, *, environ: Mapping[str, str] = os.environ,
+                known_checks: Iterable[str] | None = None) -> LoadedConfig:
+    """Read and validate the config. ``path`` is the ``--config`` value (or None).
+
+    With no ``--config``/``$SLURMGPU_CONFIG`` and no file at ``DEFAULT_PATH`` the
+    result is the defaults (``path=None``). ``known_checks``: check ids that
+    ``checks.disabled`` entries must name (or match, as globs); None skips that check.
+    """
+    resolved, explicit = config_path(path, environ)
+    try:
+        with open(resolved, "rb") as fh:
+            data = fh.read()
+    except FileNotFoundError:
+        if not explicit:
+            return LoadedConfig(path=None)
+        raise ConfigError("config file not found", path=resolved) from None
+    except OSError as e:
+        raise ConfigError(f"cannot read config file: {e.strerror or e}", path=resolved) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"not valid UTF-8 (byte {e.start})", path=resolved) from None
+    return parse_config(text, path=resolved, known_checks=known_checks)
+
+
+def parse_config(text: str, *, path: str | None = None,
+                 known_checks: Iterable[str] | None = None) -> LoadedConfig:
+    """Validate config text (``path`` is only used in messages)."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        m = re.search(r"at line (\d+)", str(e))
+        raise ConfigError(f"invalid TOML: {e}", path=path,
+                          line=int(m.group(1)) if m else None) from None
+    v = _Validator(path, text, known_checks)
+    base = v.tables(raw, (), extra=("hosts",))
+    hosts = v.hosts(raw.get("hosts", []), "hosts" in raw)
+    return LoadedConfig(path=path, base=base, hosts=hosts)
+
+
+def format_value(value: Any) -> str:
+    """A setting's value as it would be written in TOML (None: "(not set)")."""
+    if value is None:
+        return "(not set)"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list):
+        return "[" + ", ".join(format_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        if not value:
+            return "{}"
+        return "{ " + ", ".join(f"{_quote(str(k))} = {format_value(v)}"
+                                for k, v in value.items()) + " }"
+    return str(value)
+
+
+# --------------------------------------------------------------------------- merging
+
+
+def _build_settings(layers: Sequence[Tables]) -> Settings:
+    settings = Settings()
+    for tf in dataclasses.fields(Settings):
+        table = getattr(settings, tf.name)
+        changes: Table = {}
+        for layer in layers:
+            for key, value in layer.get(tf.name, {}).items():
+                if isinstance(value, dict):
+                    before = changes.get(key, getattr(table, key))
+                    changes[key] = {**before, **value}
+                elif isinstance(value, list):
+                    changes[key] = list(value)
+                else:
+                    changes[key] = value
+        if changes:
+            setattr(settings, tf.name, dataclasses.replace(table, **changes))
+    return settings
+
+
+# --------------------------------------------------------------------------- validation
+
+
+class _DictKey(str):
+    """A key of a dict-valued setting in a key path (rendered quoted)."""
+
+
+_Path = tuple[str | int, ...]
+
+
+def _quote(key: str) -> str:
+    return json.dumps(key, ensure_ascii=False)
+
+
+def _render(path: _Path) -> str:
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif isinstance(part, _DictKey):
+            out += f".{_quote(part)}"
+        else:
+            out += f".{part}" if out else part
+    return out
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return get_type_hints(cls)
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, bool):
+        kind = "a boolean"
+    elif isinstance(value, int):
+        kind = "an integer"
+    elif isinstance(value, float):
+        kind = "a float"
+    elif isinstance(value, str):
+        kind = "a string"
+    elif isinstance(value, list):
+        return "an array"
+    elif isinstance(value, dict):
+        return "a table"
+    else:
+        return "a date/time"
+    shown = format_value(value)
+    if len(shown) > 40:
+        shown = shown[:37] + "..."
+    return f"{kind} ({shown})"
+
+
+def _type_name(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in get_args(tp) if a is not type(None))
+    if origin is Literal:
+        return "one of " + ", ".join(format_value(a) for a in get_args(tp))
+    if origin is list:
+        return "an array" if get_args(tp)[0] is not str else "an array of strings"
+    if origin is dict:
+        return "a table"
+    return {bool: "a boolean (true or false)", int: "an integer", float: "a number",
+            str: "a string"}.get(tp, str(tp))
+
+
+def _parse_nodeset(nodes: str) -> Any:
+    """Parse a hostlist; raises ValueError with a readable message."""
+    from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
+
+    if not nodes.strip():
+        raise ValueError("empty hostlist")
+    if "@" in nodes:
+        raise ValueError(f"invalid hostlist {_quote(nodes)}: node groups (@group) are not "
+                         "supported; list the nodes")
+    try:
+        nodeset = NodeSet(nodes, resolver=RESOLVER_NOGROUP)
+    except NodeSetException as e:
+        raise ValueError(f"invalid hostlist {_quote(nodes)}: {e}") from None
+    if len(nodeset) == 0:
+        raise ValueError(f"hostlist {_quote(nodes)} names no nodes")
+    for part in re.split(r"[,!&^]", nodes):  # NodeSet would keep "a1 a2" as one name
+        if any(c.isspace() for c in part.strip()):
+            raise ValueError(f"invalid hostlist {_quote(nodes)}: node names cannot contain "
+                             "spaces; separate nodes and ranges with commas")
+    return nodeset
+
+
+class _Validator:
+    def __init__(self, path: str | None, text: str, known_checks: Iterable[str] | None):
+        self.path = path
+        self.text = text
+        self.known_checks = None if known_checks is None else sorted(set(known_checks))
+
+    def error(self, key: _Path, message: str) -> ConfigError:
+        return ConfigError(message, path=self.path, key=_render(key) or None,
+                           line=_find_line(self.text, key) if key else None)
+
+    def unknown(self, key: _Path, name: str, valid: Sequence[str], what: str = "key",
+                otherwise: str | None = None) -> ConfigError:
+        import difflib
+
+        close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
+        if close:
+            hint = f"did you mean '{close[0]}'?"
+        else:
+            hint = otherwise or "expected one of: " + ", ".join(valid)
+        return self.error(key, f"unknown {what} '{name}' ({hint})")
+
+    # ---- structure
+
+    def tables(self, raw: Table, prefix: _Path, extra: Sequence[str]) -> Tables:
+        table_types = _hints(Settings)
+        out: Tables = {}
+        for name, value in raw.items():
+            if name in extra:
+                continue
+            key = (*prefix, name)
+            if name not in table_types:
+                if not prefix and name in _HOST_KEYS:
+                    raise self.error(key, f"'{name}' belongs in a [[hosts]] section")
+                what = "table" if isinstance(value, dict) else "key"
+                raise self.unknown(key, name, [*table_types, *extra], what)
+            if not isinstance(value, dict):
+                raise self.error(key, f"expected a table, got {_describe(value)}")
+            out[name] = self.table(value, table_types[name], key)
+        return out
+
+    def table(self, raw: Table, cls: type, prefix: _Path) -> Table:
+        hints = _hints(cls)
+        table_name = str(prefix[-1])
+        out: Table = {}
+        for name, value in raw.items():
+            key = (*prefix, name)
+            if name not in hints:
+                raise self.unknown(key, name, list(hints))
+            setting = f"{table_name}.{name}"
+            checked = self.value(value, hints[name], key, setting)
+            self.semantics(setting, key, checked, single=isinstance(value, str))
+            out[name] = checked
+        return out
+
+    def hosts(self, raw: Any, present: bool) -> list[HostSection]:
+        if not present:
+            return []
+        if not isinstance(raw, list):
+            raise self.error(("hosts",), "expected an array of tables: write each section "
+                             "as [[hosts]] (double brackets)")
+        sections: list[HostSection] = []
+        for i, section in enumerate(raw):
+            key: _Path = ("hosts", i)
+            if not isinstance(section, dict):
+                raise self.error(key, f"expected a table, got {_describe(section)}")
+            if "nodes" not in section:
+                raise self.error(key, "missing required key 'nodes' (a hostlist such as "
+                                 '"gpu-h100-[001-128]")')
+            nodes = self.value(section["nodes"], str, (*key, "nodes"), "hosts.nodes")
+            name = None
+            if "name" in section:
+                name = self.value(section["name"], str, (*key, "name"), "hosts.name")
+            try:
+                nodeset = _parse_nodeset(nodes)
+            except ValueError as e:
+                raise self.error((*key, "nodes"), str(e)) from None
+            values = self.tables(section, key, extra=_HOST_KEYS)
+            sections.append(HostSection(index=i, nodes=nodes.strip(), values=values, name=name,
+                                        nodeset=nodeset))
+        return sections
+
+    # ---- types
+
+    def value(self, value: Any, tp: Any, key: _Path, setting: str) -> Any:
+        origin = get_origin(tp)
+        if origin in (Union, types.UnionType):
+            # TOML has no null: None is only ever a default (omit the key to keep it).
+            options = [a for a in get_args(tp) if a is not type(None)]
+            if len(options) == 1:
+                return self.value(value, options[0], key, setting)
+            for option in options:
+                try:
+                    return self.value(value, option, key, setting)
+                except ConfigError:
+                    pass
+            raise self.error(key, f"expected {_type_name(tp)}, got {_describe(value)}")
+        if origin is Literal:
+            allowed = get_args(tp)
+            if any(type(value) is type(a) and value == a for a in allowed):
+                return value
+            raise self.error(key, f"must be {_type_name(tp)}; got {_describe(value)}")
+        if origin is list:
+            (item,) = get_args(tp)
+            if item is str and isinstance(value, str):
+                value = [value]
+            if not isinstance(value, list):
+                raise self.error(key, f"expected {_type_name(tp)}, got {_describe(value)}")
+            return [self.value(v, item, (*key, i), setting) for i, v in enumerate(value)]
+        if origin is dict:
+            _, item = get_args(tp)
+            if not isinstance(value, dict):
+                raise self.error(key, f"expected {_type_name(tp)}, got {_describe(value)}")
+            return {k: self.value(v, item, (*key, _DictKey(k)), setting)
+                    for k, v in value.items()}
+        if tp is bool:
+            ok = isinstance(value, bool)
+        elif tp is int:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif tp is float:
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+        elif tp is str:
+            ok = isinstance(value, str)
+        else:  # pragma: no cover - a schema annotation this loader does not know
+            raise TypeError(f"unsupported annotation {tp!r} for {setting}")
+        if not ok:
+            raise self.error(key, f"expected {_type_name(tp)}, got {_describe(value)}")
+        if tp is int or tp is float:
+            if setting in _POSITIVE and not value > 0:
+                raise self.error(key, f"must be > 0, got {format_value(value)}")
+            if not value >= 0:
+                raise self.error(key, f"must be >= 0, got {format_value(value)}")
+            return float(value) if tp is float else value
+        return value
+
+    # ---- meaning
+
+    def semantics(self, setting: str, key: _Path, value: Any, single: bool) -> None:
+        table = setting.split(".", 1)[0]
+        if table == "pins" and isinstance(value, list):
+            for i, spec in enumerate(value):
+                err = spec_error(spec)
+                if err:
+                    raise self.error(key if single else (*key, i), err)
+        elif setting == "checks.disabled" and self.known_checks is not None:
+            self.check_ids(key, value, single)
+        elif setting == "xid.overrides":
+            seen: dict[int, str] = {}
+            for k in value:
+                if not re.fullmatch(r"[0-9]+", k) or not XID_MIN <= int(k) <= XID_MAX:
+                    raise self.error((*key, _DictKey(k)), "XID must be an integer from "
+                                     f"{XID_MIN} to {XID_MAX} written as a key, e.g. \"79\"")
+                if int(k) in seen:
+                    raise self.error((*key, _DictKey(k)),
+                                     f"XID {int(k)} is also set as {_quote(seen[int(k)])}")
+                seen[int(k)] = k
+            if any(str(int(k)) != k for k in value):
+                value_items = list(value.items())
+                value.clear()
+                value.update((str(int(k)), v) for k, v in value_items)
+        elif setting in ("ib.counters_max", "ib.counters_delta_max"):
+            for k in value:
+                if k not in IB_COUNTERS:
+                    raise self.unknown((*key, _DictKey(k)), k, IB_COUNTERS, "IB counter")
+
+    def check_ids(self, key: _Path, patterns: list[str], single: bool) -> None:
+        import fnmatch
+
+        known = self.known_checks or []
+        for i, pattern in enumerate(patterns):
+            where = key if single else (*key, i)
+            if pattern in known:
+                continue
+            if any(c in pattern for c in "*?["):
+                if not any(fnmatch.fnmatchcase(c, pattern) for c in known):
+                    raise self.error(where, f"pattern '{pattern}' matches no check")
+                continue
+            raise self.unknown(where, pattern, known, "check",
+                               otherwise="see `slurmgpu checks list`")
+
+
+# --------------------------------------------------------------------------- line numbers
+
+
+@functools.cache
+def _key_part() -> re.Pattern[str]:  # compiled on first use: only error messages need it
+    bare = r"[A-Za-z0-9_-]+"
+    return re.compile(rf"\s*(?:({bare})|\"((?:[^\"\\]|\\.)*)\"|'([^']*)')\s*")
+
+
+def _parse_key(s: str, pos: int) -> tuple[list[str], int] | None:
+    """A dotted key starting at ``s[pos]``: its parts and the position after it."""
+    parts: list[str] = []
+    while True:
+        m = _key_part().match(s, pos)
+        if not m:
+            return None
+        bare, basic, literal = m.groups()
+        if bare is not None:
+            parts.append(bare)
+        elif basic is not None:
+            try:
+                parts.append(json.loads(f'"{basic}"'))
+            except ValueError:
+                parts.append(basic)
+        else:
+            parts.append(literal)
+        pos = m.end()
+        if pos < len(s) and s[pos] == ".":
+            pos += 1
+            continue
+        return parts, pos
+
+
+def _find_line(text: str, target: _Path) -> int | None:
+    """Best-effort line of ``target`` (a key path; ints index [[arrays]]): the line that
+    sets it, else the header or dotted key of the nearest enclosing table."""
+    want = [str(p) if isinstance(p, str) else p for p in target]
+    arrays: dict[tuple[str, ...], int] = {}
+    region: list[str | int] = []
+    best_line, best_score = None, 0
+    multiline: str | None = None
+
+    def consider(full: list[str | int], lineno: int) -> None:
+        nonlocal best_line, best_score
+        n = min(len(full), len(want))
+        if full[:n] != want[:n]:
+            return
+        if n > best_score:
+            best_line, best_score = lineno, n
+
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if multiline:
+            if line.count(multiline) % 2 == 1:
+                multiline = None
+            continue
+        s = line.strip()
+        if not s or s.startswith("#"):
+            continue
+        if s.startswith("["):
+            is_array = s.startswith("[[")
+            parsed = _parse_key(s, 2 if is_array else 1)
+            if parsed is None:
+                continue
+            names = tuple(parsed[0])
+            path: list[str | int] = []
+            for i in range(len(names)):
+                path.append(names[i])
+                prefix = names[: i + 1]
+                if is_array and i == len(names) - 1:
+                    arrays[prefix] = arrays.get(prefix, -1) + 1
+                    for k in [k for k in arrays if len(k) > len(prefix) and
+                              k[: len(prefix)] == prefix]:
+                        del arrays[k]
+                if prefix in arrays:
+                    path.append(arrays[prefix])
+            region = path
+            consider(region, lineno)
+            continue
+        parsed = _parse_key(s, 0)
+        if parsed is None or parsed[1] >= len(s) or s[parsed[1]] != "=":
+            continue
+        consider([*region, *parsed[0]], lineno)
+        rest = s[parsed[1] + 1:]
+        for quote in ('"""', "'''"):
+            if rest.count(quote) % 2 == 1:
+                multiline = quote
+    return best_line

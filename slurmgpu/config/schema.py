@@ -1,0 +1,181 @@
+"""The settings model: every key the TOML file may set, its type and default.
+
+The loader (``slurmgpu.config.load``) validates a file against these
+dataclasses: a key not declared here is an error (with a did-you-mean), and a
+value whose type does not match the annotation is an error naming the key.
+Top-level tables map to the fields of ``Settings``; ``[[hosts]]`` sections may
+set any of the same keys for the nodes in their ``nodes`` hostlist.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+SeverityName = Literal["warn", "fail"]
+MigMode = Literal["disabled", "enabled", "any"]
+
+
+@dataclass
+class GpuSettings:
+    # Expected GPUs on the node. None: do not check the count. 0: this node has no GPUs,
+    # so a missing NVML library is fine.
+    count: int | None = None
+    # Require persistence mode (avoids slow first-contact init and lost state between jobs).
+    persistence: bool = True
+    mig: MigMode = "any"
+
+
+@dataclass
+class PinSettings:
+    """Accepted versions. Each entry is an exact version ("550.54.15"), a glob ("550.*")
+    or a minimum (">=2.21"). An empty list means not pinned."""
+
+    driver: list[str] = field(default_factory=list)
+    cuda: list[str] = field(default_factory=list)  # CUDA toolkit/runtime on the node
+    cuda_driver: list[str] = field(default_factory=list)  # CUDA version the driver supports
+    nccl: list[str] = field(default_factory=list)
+    vbios: list[str] = field(default_factory=list)
+    ib_firmware: list[str] = field(default_factory=list)
+    ofed: list[str] = field(default_factory=list)
+    # All GPUs on a node must share one VBIOS version.
+    vbios_uniform: bool = True
+    severity: SeverityName = "fail"
+
+
+@dataclass
+class EccSettings:
+    require_enabled: bool = True
+    # Volatile (since last reset) uncorrected errors above this fail the node.
+    uncorrected_volatile_max: int = 0
+    # Aggregate (lifetime) uncorrected errors above this warn. None: not checked.
+    uncorrected_aggregate_max: int | None = None
+    corrected_volatile_max: int = 10000
+    # Needs a previous sample (the agent keeps one); errors per hour.
+    corrected_rate_per_hour_max: float = 1000.0
+
+
+@dataclass
+class MemorySettings:
+    # Retired pages (SBE + DBE) above this fail; NVIDIA's RMA guidance is 60 (of 64 slots).
+    retired_pages_max: int = 60
+    # Uncorrectable remapped rows above this fail (the bank is running out of spares).
+    row_remap_uncorrectable_max: int = 8
+    # A pending retirement/remap needs a GPU reset before it takes effect.
+    pending_severity: SeverityName = "fail"
+
+
+@dataclass
+class ThermalSettings:
+    # Degrees below the slowdown threshold at which to warn, and to fail.
+    margin_warn_c: int = 5
+    margin_fail_c: int = 0
+    # Severity for an active hardware slowdown, HW thermal slowdown or power brake.
+    hw_throttle_severity: SeverityName = "warn"
+    sw_thermal_severity: SeverityName = "warn"
+
+
+@dataclass
+class PcieSettings:
+    # Pinned expectation; None: compare against the GPU's own maximum.
+    gen: int | None = None
+    width: int | None = None
+    # Current below the device maximum (GPUs drop link gen at idle: width is what matters).
+    downtrained_severity: SeverityName = "warn"
+    below_pin_severity: SeverityName = "fail"
+    # Idle GPUs legitimately lower link generation to save power; only width counts then.
+    check_gen_when_idle: bool = False
+
+
+@dataclass
+class NvlinkSettings:
+    # Active links expected per GPU. None: every link NVML reports must be active.
+    links: int | None = None
+    replay_max: int = 1000
+    recovery_max: int = 10
+    crc_flit_max: int = 1000
+    crc_data_max: int = 100
+    errors_severity: SeverityName = "warn"
+
+
+@dataclass
+class FabricSettings:
+    # None: check only where NVML reports a fabric (NVSwitch systems); True: require one.
+    required: bool | None = None
+
+
+@dataclass
+class IbSettings:
+    # Expected InfiniBand ports (link layer InfiniBand). None: do not check.
+    count: int | None = None
+    # Expected rate per port in Gb/s (e.g. 400 for NDR). None: do not check.
+    rate_gbps: float | None = None
+    # Devices to consider (globs on /sys/class/infiniband names).
+    devices: list[str] = field(default_factory=lambda: ["*"])
+    include_ethernet: bool = False
+    # Absolute counter ceilings (counter name -> max); above raises counters_severity.
+    counters_max: dict[str, int] = field(default_factory=lambda: {
+        "symbol_error": 1000,
+        "link_downed": 5,
+        "link_error_recovery": 100,
+        "port_rcv_errors": 1000,
+        "local_link_integrity_errors": 10,
+        "excessive_buffer_overrun_errors": 10,
+    })
+    # Growth since the previous sample (counter name -> max delta); above raises counters_severity.
+    counters_delta_max: dict[str, int] = field(default_factory=lambda: {
+        "symbol_error": 100,
+        "link_downed": 0,
+        "link_error_recovery": 10,
+        "port_rcv_errors": 100,
+        "local_link_integrity_errors": 0,
+        "excessive_buffer_overrun_errors": 0,
+    })
+    counters_severity: SeverityName = "warn"
+
+
+XidAction = Literal["ignore", "warn", "checkpoint", "drain", "reset", "reboot"]
+
+
+@dataclass
+class XidSettings:
+    # Site overrides of the bundled policy table: XID number (as a string key) -> action.
+    overrides: dict[str, XidAction] = field(default_factory=dict)
+    # Action for an XID the table does not know.
+    unknown_action: XidAction = "warn"
+
+
+@dataclass
+class ChecksSettings:
+    # Check ids (or globs like "ib.*") that do not run on these nodes.
+    disabled: list[str] = field(default_factory=list)
+
+
+@dataclass
+class NvmlSettings:
+    # Absolute path of libnvidia-ml.so.1; SLURMGPU_NVML_LIBRARY overrides it.
+    library: str | None = None
+
+
+@dataclass
+class VersionsSettings:
+    nccl_library: str | None = None  # default: linker path, then the nvidia-nccl-cu* wheel
+    cudart_library: str | None = None
+    cuda_root: str = "/usr/local/cuda"
+
+
+@dataclass
+class Settings:
+    gpu: GpuSettings = field(default_factory=GpuSettings)
+    pins: PinSettings = field(default_factory=PinSettings)
+    ecc: EccSettings = field(default_factory=EccSettings)
+    memory: MemorySettings = field(default_factory=MemorySettings)
+    thermal: ThermalSettings = field(default_factory=ThermalSettings)
+    pcie: PcieSettings = field(default_factory=PcieSettings)
+    nvlink: NvlinkSettings = field(default_factory=NvlinkSettings)
+    fabric: FabricSettings = field(default_factory=FabricSettings)
+    ib: IbSettings = field(default_factory=IbSettings)
+    xid: XidSettings = field(default_factory=XidSettings)
+    checks: ChecksSettings = field(default_factory=ChecksSettings)
+    nvml: NvmlSettings = field(default_factory=NvmlSettings)
+    versions: VersionsSettings = field(default_factory=VersionsSettings)

@@ -1,0 +1,83 @@
+"""Gather facts -> run pure checks -> verdict.
+
+``gather`` is the only step that touches hardware (through the sources);
+``evaluate`` is pure over the facts and settings, so the agent, the prolog and
+tests all call the same code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from slurmgpu.checks.registry import CheckContext, CheckSpec, enabled_checks, unknown
+from slurmgpu.config.schema import Settings
+from slurmgpu.facts import IbFacts, NodeFacts, SoftwareVersions, XidEvent
+from slurmgpu.result import Finding, Severity, Verdict
+from slurmgpu.sources import Clock, IbSource, NvmlSource, SystemClock, VersionSource
+from slurmgpu.xid import XidPolicy
+
+
+@dataclass
+class Sources:
+    nvml: NvmlSource
+    ib: IbSource
+    versions: VersionSource
+    clock: Clock
+
+
+def system_sources(settings: Settings, *, sysfs_root: str | None = None) -> Sources:
+    from slurmgpu.sources.infiniband import SysfsIbSource
+    from slurmgpu.sources.nvml import PynvmlSource
+    from slurmgpu.sources.versions import SystemVersionSource
+
+    ib = SysfsIbSource(sysfs_root) if sysfs_root else SysfsIbSource()
+    return Sources(PynvmlSource(settings.nvml.library), ib, SystemVersionSource(settings.versions),
+                   SystemClock())
+
+
+def node_name() -> str:
+    return socket.gethostname().split(".")[0]
+
+
+def gather(sources: Sources, *, node: str, scope: frozenset[int] | None = None,
+           xids: Iterable[XidEvent] = (), previous: NodeFacts | None = None,
+           want_ib: bool = True, want_versions: bool = True) -> NodeFacts:
+    return NodeFacts(
+        node=node,
+        collected_at=sources.clock.time(),
+        nvml=sources.nvml.collect(scope),
+        ib=sources.ib.collect() if want_ib else IbFacts(available=False, error="not collected"),
+        versions=sources.versions.collect() if want_versions else SoftwareVersions(),
+        xids=list(xids),
+        previous=previous,
+    )
+
+
+def evaluate(facts: NodeFacts, settings: Settings, *, scope: frozenset[int] | None = None,
+             checks: Sequence[CheckSpec] | None = None) -> Verdict:
+    """Run every enabled check over the facts. Pure: no I/O."""
+    started = time.perf_counter()
+    policy = XidPolicy(settings.xid.overrides, settings.xid.unknown_action)
+    ctx = CheckContext(facts, settings, policy, scope)
+    specs = enabled_checks(settings.checks.disabled) if checks is None else checks
+    findings: list[Finding] = []
+    for spec in specs:
+        findings.extend(run_one(spec, ctx))
+    duration = (time.perf_counter() - started) * 1000
+    return Verdict(facts.node, tuple(findings), duration)
+
+
+def run_one(spec: CheckSpec, ctx: CheckContext) -> list[Finding]:
+    """One check's findings, stamped with its id. A crashing check becomes one
+    UNKNOWN finding; a silent one an OK finding."""
+    try:
+        found = list(spec.func(ctx))
+    except Exception as exc:  # a bug in one check must not hide the others
+        found = [unknown(f"check crashed: {type(exc).__name__}: {exc}")]
+    if not found:
+        found = [Finding(spec.id, Severity.OK, "ok")]
+    return [dataclasses.replace(f, check=spec.id) for f in found]

@@ -1,0 +1,265 @@
+"""Typed facts about one node, gathered once per run and read by pure checks.
+
+Convention: ``None`` means *not applicable* (NVML said NotSupported, the file is
+absent, the hardware has no such feature). A query that failed for any other
+reason is recorded in the owning object's ``errors`` map (field name -> error),
+so a check can tell "this GPU has no NVLink" from "asking about NVLink broke".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+# Clock-event reason bits (nvmlClocksEventReason*).
+CLOCKS_EVENT_GPU_IDLE = 0x1
+CLOCKS_EVENT_APPLICATIONS_CLOCKS_SETTING = 0x2
+CLOCKS_EVENT_SW_POWER_CAP = 0x4
+CLOCKS_EVENT_HW_SLOWDOWN = 0x8
+CLOCKS_EVENT_SYNC_BOOST = 0x10
+CLOCKS_EVENT_SW_THERMAL = 0x20
+CLOCKS_EVENT_HW_THERMAL = 0x40
+CLOCKS_EVENT_HW_POWER_BRAKE = 0x80
+CLOCKS_EVENT_DISPLAY_CLOCK = 0x100
+
+CLOCKS_EVENT_NAMES = {
+    CLOCKS_EVENT_GPU_IDLE: "gpu_idle",
+    CLOCKS_EVENT_APPLICATIONS_CLOCKS_SETTING: "applications_clocks_setting",
+    CLOCKS_EVENT_SW_POWER_CAP: "sw_power_cap",
+    CLOCKS_EVENT_HW_SLOWDOWN: "hw_slowdown",
+    CLOCKS_EVENT_SYNC_BOOST: "sync_boost",
+    CLOCKS_EVENT_SW_THERMAL: "sw_thermal_slowdown",
+    CLOCKS_EVENT_HW_THERMAL: "hw_thermal_slowdown",
+    CLOCKS_EVENT_HW_POWER_BRAKE: "hw_power_brake_slowdown",
+    CLOCKS_EVENT_DISPLAY_CLOCK: "display_clock_setting",
+}
+
+# nvmlGpuFabricState_t
+FABRIC_STATE_NAMES = {0: "NOT_SUPPORTED", 1: "NOT_STARTED", 2: "IN_PROGRESS", 3: "COMPLETED"}
+FABRIC_STATE_COMPLETED = 3
+# Health summary values (NVML_GPU_FABRIC_HEALTH_SUMMARY_*)
+FABRIC_HEALTH_NAMES = {0: "NOT_SUPPORTED", 1: "HEALTHY", 2: "UNHEALTHY", 3: "LIMITED_CAPACITY"}
+
+
+@dataclass
+class EccCounts:
+    corrected_volatile: int | None = None
+    corrected_aggregate: int | None = None
+    uncorrected_volatile: int | None = None
+    uncorrected_aggregate: int | None = None
+
+
+@dataclass
+class RetiredPages:
+    """Dynamic page retirement (Kepler..Volta/Turing; Ampere+ uses row remapping)."""
+
+    single_bit: int = 0
+    double_bit: int = 0
+    pending: bool = False
+
+
+@dataclass
+class RemappedRows:
+    """Row remapping (Ampere+): nvmlDeviceGetRemappedRows."""
+
+    correctable: int = 0
+    uncorrectable: int = 0
+    pending: bool = False
+    failure: bool = False
+
+
+@dataclass
+class PcieLink:
+    gen_current: int | None = None
+    gen_max: int | None = None
+    width_current: int | None = None
+    width_max: int | None = None
+
+
+@dataclass
+class NvLink:
+    link: int
+    active: bool
+    replay: int | None = None
+    recovery: int | None = None
+    crc_flit: int | None = None
+    crc_data: int | None = None
+
+
+@dataclass
+class FabricInfo:
+    """nvmlDeviceGetGpuFabricInfoV (Hopper+ NVSwitch systems)."""
+
+    state: int
+    status: int | None = None  # nvmlReturn_t, valid when state is COMPLETED
+    health_summary: int | None = None
+    clique_id: int | None = None
+
+    @property
+    def state_name(self) -> str:
+        return FABRIC_STATE_NAMES.get(self.state, f"UNKNOWN({self.state})")
+
+    @property
+    def health_name(self) -> str:
+        if self.health_summary is None:
+            return "n/a"
+        return FABRIC_HEALTH_NAMES.get(self.health_summary, f"UNKNOWN({self.health_summary})")
+
+
+@dataclass
+class GpuFacts:
+    index: int
+    # True when NVML answered GpuIsLost: the GPU fell off the bus; nothing else is valid.
+    lost: bool = False
+    name: str | None = None
+    uuid: str | None = None
+    serial: str | None = None
+    pci_bus_id: str | None = None
+    vbios: str | None = None
+    persistence_mode: bool | None = None
+    mig_current: bool | None = None
+    mig_pending: bool | None = None
+    ecc_enabled: bool | None = None
+    ecc_pending: bool | None = None
+    ecc: EccCounts | None = None
+    retired_pages: RetiredPages | None = None
+    remapped_rows: RemappedRows | None = None
+    temperature_c: int | None = None
+    slowdown_temp_c: int | None = None
+    shutdown_temp_c: int | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    clocks_event_reasons: int | None = None
+    pcie: PcieLink | None = None
+    # None: NVLink not supported. Empty list: supported, zero links.
+    nvlinks: list[NvLink] | None = None
+    fabric: FabricInfo | None = None
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class NvmlFacts:
+    # False when the library or driver is absent; ``error`` says which.
+    available: bool
+    error: str | None = None
+    driver_version: str | None = None
+    cuda_driver_version: str | None = None
+    # Number of GPUs NVML reports (before scoping to a job's GPUs).
+    device_count: int = 0
+    gpus: list[GpuFacts] = field(default_factory=list)
+
+
+@dataclass
+class IbPort:
+    port: int
+    state: str | None = None  # e.g. "ACTIVE" from "4: ACTIVE"
+    phys_state: str | None = None  # e.g. "LinkUp" from "5: LinkUp"
+    rate_gbps: float | None = None  # from "400 Gb/sec (4X NDR)"
+    rate_text: str | None = None
+    link_layer: str | None = None  # "InfiniBand" or "Ethernet"
+    counters: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class IbHca:
+    name: str
+    fw_ver: str | None = None
+    board_id: str | None = None
+    hca_type: str | None = None
+    ports: list[IbPort] = field(default_factory=list)
+
+
+@dataclass
+class IbFacts:
+    # False when /sys/class/infiniband does not exist (no IB stack loaded).
+    available: bool
+    hcas: list[IbHca] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass
+class SoftwareVersions:
+    cuda_runtime: str | None = None  # libcudart cudaRuntimeGetVersion, e.g. "12.4"
+    cuda_toolkit: str | None = None  # /usr/local/cuda/version.json
+    nccl: str | None = None  # "2.21.5"
+    ofed: str | None = None  # MLNX_OFED / DOCA-OFED release, when installed
+    ib_driver: str | None = None  # mlx5_core/ib_core module version, when present
+    kernel: str | None = None
+    # Where each version came from (file path, library), for `check --json` readers.
+    sources: dict[str, str] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class XidEvent:
+    xid: int
+    gpu: int | None = None
+    timestamp: float | None = None
+    source: str = "caller"
+
+
+@dataclass
+class NodeFacts:
+    node: str
+    collected_at: float
+    nvml: NvmlFacts
+    ib: IbFacts
+    versions: SoftwareVersions
+    xids: list[XidEvent] = field(default_factory=list)
+    # The previous sample of the same node, when a caller (the agent) keeps one;
+    # rate checks (ECC corrected per hour, IB counters rising) use it.
+    previous: NodeFacts | None = None
+
+    @property
+    def gpus(self) -> list[GpuFacts]:
+        return self.nvml.gpus
+
+    def gpu(self, index: int) -> GpuFacts | None:
+        for g in self.nvml.gpus:
+            if g.index == index:
+                return g
+        return None
+
+    def to_json(self, *, include_previous: bool = False) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        if not include_previous:
+            data.pop("previous", None)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> NodeFacts:
+        return from_dict(cls, data)
+
+
+T = TypeVar("T")
+
+
+def from_dict(cls: type[T], data: Any) -> T:
+    """Rebuild a facts dataclass tree from ``dataclasses.asdict`` output."""
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name in data:
+            kwargs[f.name] = _convert(hints[f.name], data[f.name])
+    return cls(**kwargs)
+
+
+def _convert(tp: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _convert(args[0], value) if len(args) == 1 else value
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        return [_convert(item, v) for v in value]
+    if origin is dict:
+        _, vt = typing.get_args(tp)
+        return {k: _convert(vt, v) for k, v in value.items()}
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return from_dict(tp, value)
+    return value

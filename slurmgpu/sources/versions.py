@@ -1,0 +1,358 @@
+"""Software versions on the node: kernel, CUDA toolkit and runtime, NCCL, OFED.
+
+This runs on the prolog's hot path, so it uses only the standard library,
+starts no subprocess (no ``ofed_info -s``, no ``ldconfig``, no
+``ctypes.util.find_library``) and needs no GPU: with nothing installed,
+``collect()`` takes a few milliseconds.
+
+Probes (each one isolated: a failure lands in ``SoftwareVersions.errors[name]``
+and the others still run; where each value came from lands in ``sources``):
+
+- ``kernel``: ``<proc_root>/sys/kernel/osrelease``, else ``os.uname().release``.
+- ``cuda_toolkit``: ``<cuda_root>/version.json`` ``["cuda"]["version"]``, else
+  ``<cuda_root>/version.txt`` ("CUDA Version 11.8.89"), else ``CUDART_VERSION``
+  in ``<cuda_root>/include/cuda_runtime_api.h`` (major.minor only).
+- ``cuda_runtime``: ``cudaRuntimeGetVersion`` from ``settings.cudart_library``,
+  else ``libcudart.so.{12,13,11}``/``libcudart.so`` through the dynamic linker,
+  else the pip wheels (``nvidia/cuda_runtime/lib``, ``nvidia/cu13/lib``).
+- ``nccl``: ``ncclGetVersion`` from ``settings.nccl_library``, else
+  ``libnccl.so.2`` through the dynamic linker, else the pip wheels
+  (``nvidia/nccl/lib``, ``nvidia/cu13/lib``).
+- ``ofed``: the numeric release (what ``ofed_info -n`` prints, e.g.
+  ``23.10-1.1.9.0``) read from the text of the ``ofed_info`` script; the full
+  name (``MLNX_OFED_LINUX-23.10-1.1.9.0``) is kept in ``sources["ofed"]``.
+- ``ib_driver``: ``<sys_root>/module/mlx5_core/version``, else
+  ``<sys_root>/module/ib_core/version`` (present with MLNX/DOCA OFED; inbox
+  kernel drivers have no version file, which gives ``None``).
+
+A configured library path that is missing or fails to load is an error (no
+silent fallback to another copy); a library that is simply not installed is
+``None`` (not applicable).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from slurmgpu.facts import SoftwareVersions
+
+if TYPE_CHECKING:
+    from slurmgpu.config.schema import VersionsSettings
+
+DEFAULT_OFED_INFO = "/usr/bin/ofed_info"
+DEFAULT_CUDA_ROOT = "/usr/local/cuda"
+
+CUDART_SONAMES = ("libcudart.so.12", "libcudart.so.13", "libcudart.so.11", "libcudart.so")
+CUDART_WHEEL_DIRS = ("nvidia/cuda_runtime/lib", "nvidia/cu13/lib")
+NCCL_SONAMES = ("libnccl.so.2",)
+NCCL_WHEEL_DIRS = ("nvidia/nccl/lib", "nvidia/cu13/lib")
+
+# How much of ofed_info to read: the -s/-n answers sit in its first lines; the
+# package list after them can run to tens of kilobytes.
+_OFED_READ_BYTES = 65536
+
+# if [ "X$1" == "X-n" ]; then echo 23.10-1.1.9.0; exit 0; fi
+_OFED_N_RE = re.compile(r"""["']?X-n["']?\s*\]\s*;?\s*then\s+echo\s+["']?([0-9][\w.\-]*)""")
+# if [ "X$1" == "X-s" ]; then echo MLNX_OFED_LINUX-23.10-1.1.9.0:; exit 0; fi
+_OFED_S_RE = re.compile(
+    r"""["']?X-s["']?\s*\]\s*;?\s*then\s+echo\s+["']?([A-Za-z][\w.\-]*?):?["']?\s*;"""
+)
+# Anywhere in the text: MLNX_OFED_LINUX-23.10-1.1.9.0, OFED-internal-24.10-1.1.4, DOCA...-2.9.0
+_OFED_ANY_RE = re.compile(
+    r"\b((?:MLNX_OFED_LINUX|OFED-internal|DOCA[\w]*(?:-[A-Za-z][\w]*)*)-(\d+\.\d+[\w.\-]*?))(?=[:\s\"')]|$)"
+)
+_NUMERIC_TAIL_RE = re.compile(r"-(\d+\.\d+[\w.\-]*)$")
+_CUDA_TXT_RE = re.compile(r"CUDA Version\s+(\d+(?:\.\d+)+)")
+_CUDART_DEFINE_RE = re.compile(rb"#\s*define\s+CUDART_VERSION\s+(\d+)")
+
+
+class ProbeError(Exception):
+    """A probe found something it could not use; the message goes to ``errors``."""
+
+
+def decode_nccl_version(code: int) -> str:
+    """``ncclGetVersion`` code -> "MAJOR.MINOR.PATCH" (22602 -> "2.26.2", 2708 -> "2.7.8")."""
+    if code <= 0:
+        raise ProbeError(f"ncclGetVersion returned an invalid code {code}")
+    if code >= 20900:
+        major, rest = divmod(code, 10000)
+    else:
+        major, rest = divmod(code, 1000)
+    minor, patch = divmod(rest, 100)
+    return f"{major}.{minor}.{patch}"
+
+
+def decode_cuda_version(code: int) -> str:
+    """CUDA version integer -> "MAJOR.MINOR" (12040 -> "12.4", 12090 -> "12.9")."""
+    if code <= 0:
+        raise ProbeError(f"invalid CUDA version code {code}")
+    return f"{code // 1000}.{(code % 1000) // 10}"
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [
+        ("dli_fname", ctypes.c_char_p),
+        ("dli_fbase", ctypes.c_void_p),
+        ("dli_sname", ctypes.c_char_p),
+        ("dli_saddr", ctypes.c_void_p),
+    ]
+
+
+def _loaded_path(func: Any, fallback: str) -> str:
+    """The file a resolved symbol lives in (``dladdr``), so ``sources`` names a path."""
+    try:
+        dladdr = ctypes.CDLL(None).dladdr
+        dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+        dladdr.restype = ctypes.c_int
+        info = _DlInfo()
+        addr = ctypes.cast(func, ctypes.c_void_p).value
+        if addr and dladdr(addr, ctypes.byref(info)) and info.dli_fname:
+            return os.fsdecode(info.dli_fname)
+    except (OSError, AttributeError, ValueError):
+        pass
+    return fallback
+
+
+def _query(lib: ctypes.CDLL, label: str, symbol: str) -> tuple[int, str]:
+    """Call ``int symbol(int*)`` in ``lib``; returns (value, file the symbol came from)."""
+    try:
+        func = getattr(lib, symbol)
+    except AttributeError:
+        raise ProbeError(f"{label} has no symbol {symbol}") from None
+    func.argtypes = [ctypes.POINTER(ctypes.c_int)]
+    func.restype = ctypes.c_int
+    value = ctypes.c_int(0)
+    rc = func(ctypes.byref(value))
+    loaded = _loaded_path(func, label)
+    if rc != 0:
+        raise ProbeError(f"{symbol} in {loaded} returned error {rc}")
+    return value.value, loaded
+
+
+def default_site_dirs() -> list[str]:
+    """``site-packages``/``dist-packages`` directories on ``sys.path``."""
+    return [p for p in sys.path if p and os.path.basename(p) in ("site-packages", "dist-packages")]
+
+
+class SystemVersionSource:
+    """``VersionSource`` for the local node.
+
+    ``proc_root``, ``sys_root`` and ``ofed_info_path`` redirect the file probes
+    (fixture trees in tests); ``etc_root`` is accepted for symmetry and for
+    future /etc-based probes, none of which read it today. ``site_dirs``
+    replaces the Python site directories searched for ``nvidia-*`` wheels, and
+    ``search_linker=False`` skips the bare-soname ``dlopen`` attempts; both
+    exist so tests are independent of what the test machine has installed.
+    """
+
+    def __init__(
+        self,
+        settings: VersionsSettings | None = None,
+        *,
+        proc_root: str | Path = "/proc",
+        sys_root: str | Path = "/sys",
+        etc_root: str | Path = "/etc",
+        ofed_info_path: str | Path = DEFAULT_OFED_INFO,
+        site_dirs: Sequence[str | Path] | None = None,
+        search_linker: bool = True,
+    ) -> None:
+        self.nccl_library = settings.nccl_library if settings else None
+        self.cudart_library = settings.cudart_library if settings else None
+        self.cuda_root = Path(settings.cuda_root if settings else DEFAULT_CUDA_ROOT)
+        self.proc_root = Path(proc_root)
+        self.sys_root = Path(sys_root)
+        self.etc_root = Path(etc_root)
+        self.ofed_info_path = Path(ofed_info_path)
+        self.site_dirs = [
+            Path(p) for p in (default_site_dirs() if site_dirs is None else site_dirs)
+        ]
+        self.search_linker = search_linker
+
+    def collect(self) -> SoftwareVersions:
+        out = SoftwareVersions()
+        probes: list[tuple[str, Callable[[], tuple[str, str] | None]]] = [
+            ("kernel", self._kernel),
+            ("cuda_toolkit", self._cuda_toolkit),
+            ("cuda_runtime", self._cuda_runtime),
+            ("nccl", self._nccl),
+            ("ofed", self._ofed),
+            ("ib_driver", self._ib_driver),
+        ]
+        for name, probe in probes:
+            try:
+                found = probe()
+            except ProbeError as exc:
+                out.errors[name] = str(exc)
+                continue
+            except Exception as exc:  # one broken probe must not hide the others
+                out.errors[name] = f"{type(exc).__name__}: {exc}"
+                continue
+            if found is not None:
+                value, source = found
+                setattr(out, name, value)
+                out.sources[name] = source
+        return out
+
+    # -- probes: each returns (value, source) or None when not applicable ----------
+
+    def _kernel(self) -> tuple[str, str]:
+        path = self.proc_root / "sys" / "kernel" / "osrelease"
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace").strip()
+        except OSError:
+            text = ""
+        if text:
+            return text, str(path)
+        return os.uname().release, "os.uname()"
+
+    def _cuda_toolkit(self) -> tuple[str, str] | None:
+        root = self.cuda_root
+        problems: list[str] = []
+        json_path = root / "version.json"
+        try:
+            data = json.loads(json_path.read_text(encoding="utf-8"))
+            version = data["cuda"]["version"]
+            if not isinstance(version, str) or not version:
+                raise ValueError(f"cuda.version is {version!r}")
+            return version, str(json_path)
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            problems.append(f"{json_path}: {type(exc).__name__}: {exc}")
+        txt_path = root / "version.txt"
+        try:
+            m = _CUDA_TXT_RE.search(txt_path.read_text(encoding="utf-8", errors="replace"))
+            if m:
+                return m.group(1), str(txt_path)
+            problems.append(f"{txt_path}: no 'CUDA Version' line")
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            problems.append(f"{txt_path}: {exc}")
+        header = root / "include" / "cuda_runtime_api.h"
+        try:
+            with open(header, "rb") as fh:
+                hm = _CUDART_DEFINE_RE.search(fh.read(65536))
+            if hm:
+                return decode_cuda_version(int(hm.group(1))), f"{header} (CUDART_VERSION)"
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            problems.append(f"{header}: {exc}")
+        if problems:
+            raise ProbeError("; ".join(problems))
+        return None
+
+    def _cuda_runtime(self) -> tuple[str, str] | None:
+        found = self._library_version(
+            "cudart_library",
+            self.cudart_library,
+            CUDART_SONAMES,
+            CUDART_WHEEL_DIRS,
+            ("libcudart.so.12", "libcudart.so.13", "libcudart.so.11"),
+            "cudaRuntimeGetVersion",
+        )
+        if found is None:
+            return None
+        code, source = found
+        return decode_cuda_version(code), source
+
+    def _nccl(self) -> tuple[str, str] | None:
+        found = self._library_version(
+            "nccl_library",
+            self.nccl_library,
+            NCCL_SONAMES,
+            NCCL_WHEEL_DIRS,
+            ("libnccl.so.2",),
+            "ncclGetVersion",
+        )
+        if found is None:
+            return None
+        code, source = found
+        return decode_nccl_version(code), source
+
+    def _library_version(
+        self,
+        setting: str,
+        configured: str | None,
+        sonames: Iterable[str],
+        wheel_dirs: Iterable[str],
+        wheel_names: Iterable[str],
+        symbol: str,
+    ) -> tuple[int, str] | None:
+        if configured:
+            # A path must exist; a bare soname ("libnccl.so.2") goes to the linker.
+            if os.sep in configured and not os.path.exists(configured):
+                raise ProbeError(f"configured {setting} {configured} does not exist")
+            try:
+                lib = ctypes.CDLL(configured)
+            except OSError as exc:
+                raise ProbeError(
+                    f"configured {setting} {configured} cannot be loaded: {exc}"
+                ) from None
+            return _query(lib, configured, symbol)
+        if self.search_linker:
+            for soname in sonames:
+                try:
+                    lib = ctypes.CDLL(soname)
+                except OSError:
+                    continue  # not on the linker path
+                return _query(lib, soname, symbol)
+        names = tuple(wheel_names)
+        for site in self.site_dirs:
+            for sub in wheel_dirs:
+                for name in names:
+                    candidate = site / sub / name
+                    if not candidate.is_file():
+                        continue
+                    try:
+                        lib = ctypes.CDLL(str(candidate))
+                    except OSError as exc:
+                        raise ProbeError(f"{candidate} cannot be loaded: {exc}") from None
+                    return _query(lib, str(candidate), symbol)
+        return None
+
+    def _ofed(self) -> tuple[str, str] | None:
+        path = self.ofed_info_path
+        try:
+            with open(path, "rb") as fh:
+                text = fh.read(_OFED_READ_BYTES).decode("utf-8", errors="replace")
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            raise ProbeError(f"{path}: {exc.strerror or exc}") from None
+        numeric_m = _OFED_N_RE.search(text)
+        name_m = _OFED_S_RE.search(text)
+        name = name_m.group(1) if name_m else None
+        numeric = numeric_m.group(1) if numeric_m else None
+        if name is None or numeric is None:
+            any_m = _OFED_ANY_RE.search(text)
+            if any_m:
+                name = name or any_m.group(1)
+                numeric = numeric or any_m.group(2)
+        if numeric is None and name is not None:
+            tail = _NUMERIC_TAIL_RE.search(name)
+            numeric = tail.group(1) if tail else None
+        if numeric is None:
+            raise ProbeError(f"{path}: no OFED release string found")
+        return numeric, f"{path} ({name})" if name else str(path)
+
+    def _ib_driver(self) -> tuple[str, str] | None:
+        for module in ("mlx5_core", "ib_core"):
+            path = self.sys_root / "module" / module / "version"
+            try:
+                text = path.read_text(encoding="utf-8", errors="replace").strip()
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            except OSError as exc:
+                raise ProbeError(f"{path}: {exc.strerror or exc}") from None
+            if text:
+                return text, str(path)
+        return None

@@ -1,0 +1,118 @@
+"""Pure-Python fakes of every fact source, for logic tests and for site authors
+writing their own checks. (Tests of the NVML integration use the fake
+``libnvidia-ml.so.1`` in ``slurmgpu.sim`` instead.)"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+from slurmgpu.facts import (
+    CLOCKS_EVENT_GPU_IDLE,
+    EccCounts,
+    FabricInfo,
+    GpuFacts,
+    IbFacts,
+    IbHca,
+    IbPort,
+    NodeFacts,
+    NvLink,
+    NvmlFacts,
+    PcieLink,
+    RemappedRows,
+    SoftwareVersions,
+)
+
+IB_COUNTERS = ("symbol_error", "link_downed", "link_error_recovery", "port_rcv_errors",
+               "port_xmit_discards", "local_link_integrity_errors", "excessive_buffer_overrun_errors")
+
+
+@dataclass
+class FakeNvmlSource:
+    facts: NvmlFacts
+    calls: list[frozenset[int] | None] = field(default_factory=list)
+
+    def collect(self, gpus: frozenset[int] | None = None) -> NvmlFacts:
+        self.calls.append(gpus)
+        result = copy.deepcopy(self.facts)
+        if gpus is not None:
+            result.gpus = [g for g in result.gpus if g.index in gpus]
+        return result
+
+
+@dataclass
+class FakeIbSource:
+    facts: IbFacts
+
+    def collect(self) -> IbFacts:
+        return copy.deepcopy(self.facts)
+
+
+@dataclass
+class FakeVersionSource:
+    versions: SoftwareVersions
+
+    def collect(self) -> SoftwareVersions:
+        return copy.deepcopy(self.versions)
+
+
+@dataclass
+class FakeClock:
+    now: float = 1_790_000_000.0
+    mono: float = 1000.0
+
+    def time(self) -> float:
+        return self.now
+
+    def monotonic(self) -> float:
+        return self.mono
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        self.mono += seconds
+
+
+def h100_gpu(index: int) -> GpuFacts:
+    return GpuFacts(
+        index=index,
+        name="NVIDIA H100 80GB HBM3",
+        uuid=f"GPU-00000000-0000-0000-0000-00000000000{index}",
+        serial=f"165322000000{index}",
+        pci_bus_id=f"00000000:{0x18 + index * 0x10:02X}:00.0",
+        vbios="96.00.99.00.01",
+        persistence_mode=True,
+        mig_current=False,
+        mig_pending=False,
+        ecc_enabled=True,
+        ecc_pending=True,
+        ecc=EccCounts(0, 0, 0, 0),
+        remapped_rows=RemappedRows(0, 0, False, False),
+        temperature_c=35,
+        slowdown_temp_c=87,
+        shutdown_temp_c=92,
+        power_w=70.0,
+        power_limit_w=700.0,
+        clocks_event_reasons=CLOCKS_EVENT_GPU_IDLE,
+        pcie=PcieLink(5, 5, 16, 16),
+        nvlinks=[NvLink(link, True, 0, 0, 0, 0) for link in range(18)],
+        fabric=FabricInfo(state=3, status=0, health_summary=1, clique_id=1),
+    )
+
+
+def ib_hca(index: int, *, rate: float = 400.0) -> IbHca:
+    port = IbPort(1, "ACTIVE", "LinkUp", rate, f"{rate:g} Gb/sec (4X NDR)", "InfiniBand",
+                  dict.fromkeys(IB_COUNTERS, 0))
+    return IbHca(f"mlx5_{index}", "28.39.1002", "MT_0000000838", "MT4129", [port])
+
+
+def make_facts(node: str = "gpu-h100-001", *, gpus: int = 8, ib_ports: int = 8,
+               collected_at: float = 1_790_000_000.0) -> NodeFacts:
+    """A healthy 8x H100 SXM node with 8 NDR ports; tests mutate what they need."""
+    return NodeFacts(
+        node=node,
+        collected_at=collected_at,
+        nvml=NvmlFacts(True, None, "550.90.07", "12.4", gpus, [h100_gpu(i) for i in range(gpus)]),
+        ib=IbFacts(True, [ib_hca(i) for i in range(ib_ports)]),
+        versions=SoftwareVersions(cuda_runtime="12.4", cuda_toolkit="12.4.1", nccl="2.21.5",
+                                  ofed="MLNX_OFED_LINUX-23.10-1.1.9.0", kernel="6.1.0-28-amd64"),
+    )

@@ -1,0 +1,1 @@
+from tests.simfixtures import *  # noqa: F403  (fake NVML library + scenario fixtures)
