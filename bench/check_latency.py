@@ -37,7 +37,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--scenario", default="h100-sxm-8")
-    parser.add_argument("--config", default=str(ROOT / "etc" / "slurmgpu.toml"))
+    parser.add_argument("--config", default=str(ROOT / "etc" / "sim-h100.toml"))
     parser.add_argument("--json", action="store_true", help="print results as JSON")
     args = parser.parse_args()
 

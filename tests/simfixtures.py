@@ -142,6 +142,8 @@ def fake_nvml_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
     try:
         return build_library(tmp_path_factory.mktemp("fake-nvml"))
     except SimToolchainError as exc:
+        if os.environ.get("CI"):  # CI installs the toolchain: a skip there would hide failures
+            raise
         pytest.skip(f"cannot build the fake NVML library: {exc}")
 
 

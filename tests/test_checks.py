@@ -528,3 +528,22 @@ def test_facts_round_trip_json() -> None:
     facts = make_facts()
     facts.xids = [XidEvent(79, 3, 12.5)]
     assert NodeFacts.from_json(facts.to_json()) == facts
+
+
+def test_ib_firmware_pin_ignores_ethernet_only_nics() -> None:
+    facts = make_facts()
+    facts.ib.hcas[7].fw_ver = "22.36.1010"
+    facts.ib.hcas[7].ports[0].link_layer = "Ethernet"
+    settings = ib_settings(count=7)
+    settings.pins.ib_firmware = ["28.39.*"]
+    assert problems(run(facts, settings, check="pin.ib_firmware")) == []
+    settings.ib.include_ethernet = True
+    assert [x.subject for x in problems(run(facts, settings, check="pin.ib_firmware"))] == ["mlx5_7"]
+
+
+def test_ib_rate_skips_ports_that_are_down() -> None:
+    facts = make_facts()
+    port = facts.ib.hcas[1].ports[0]
+    port.state, port.rate_gbps = "DOWN", 10.0
+    assert problems(run(facts, ib_settings(), check="ib.rate")) == []
+    assert problems(run(facts, ib_settings(), check="ib.port_state"))

@@ -58,14 +58,15 @@ def ib_port_state(ctx: CheckContext) -> Iterator[Finding]:
 
 
 @check("ib.rate", severity=Severity.FAIL, reads=("ib.ports.rate_gbps",),
-       summary="every InfiniBand port runs at [ib] rate_gbps or faster")
+       summary="every active InfiniBand port runs at [ib] rate_gbps or faster")
 def ib_rate(ctx: CheckContext) -> Iterator[Finding]:
     expected = ctx.settings.ib.rate_gbps
     if expected is None:
         yield not_applicable("IB rate not configured")
         return
     for hca, port in ib_ports(ctx):
-        if port.rate_gbps is not None and port.rate_gbps < expected:
+        # A port that is down reports a meaningless rate; ib.port_state covers it.
+        if port.state == "ACTIVE" and port.rate_gbps is not None and port.rate_gbps < expected:
             yield problem(Severity.FAIL, f"port at {port.rate_text or port.rate_gbps}, expected {expected:g} Gb/sec",
                           subject=_name(hca, port), rate_gbps=port.rate_gbps, expected=expected)
 

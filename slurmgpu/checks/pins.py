@@ -7,9 +7,9 @@ cannot run the site's jobs.
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Iterator
 
+from slurmgpu.checks.infiniband import ib_ports
 from slurmgpu.checks.registry import CheckContext, check, not_applicable, ok, problem
 from slurmgpu.config.versions_match import match_any
 from slurmgpu.result import Finding, Severity
@@ -80,8 +80,8 @@ def pin_vbios(ctx: CheckContext) -> Iterator[Finding]:
        summary="every InfiniBand HCA's firmware matches [pins] ib_firmware")
 def pin_ib_firmware(ctx: CheckContext) -> Iterator[Finding]:
     specs = ctx.settings.pins.ib_firmware
-    hcas = [h for h in ctx.facts.ib.hcas
-            if any(fnmatch.fnmatchcase(h.name, p) for p in ctx.settings.ib.devices)]
+    # The HCAs whose ports the IB checks judge (Ethernet-only NICs excluded by default).
+    hcas = list({id(h): h for h, _ in ib_ports(ctx)}.values())
     if not specs or not hcas:
         yield not_applicable("IB firmware not pinned" if not specs else "no InfiniBand HCAs")
         return

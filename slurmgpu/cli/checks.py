@@ -54,8 +54,11 @@ def parse_xid(text: str) -> XidEvent:
               help="Treat this XID as recently seen (repeatable); judged by the XID policy table.")
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict, findings and facts as JSON.")
 @click.option("--all", "show_all", is_flag=True, help="Also list OK and not-applicable findings.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="error",
+              show_default=True,
+              help="Log one canonical line per check result to stderr at this level (info: every result).")
 def check(config_file: str | None, gpus: str | None, node: str | None, xids: tuple[str, ...],
-          as_json: bool, show_all: bool) -> int:
+          as_json: bool, show_all: bool, log_level: str) -> int:
     """Check this node's GPUs, InfiniBand and software versions.
 
     Exit code: 0 OK, 1 WARN, 2 FAIL, 3 UNKNOWN (a check could not run, or bad
@@ -75,6 +78,11 @@ def check(config_file: str | None, gpus: str | None, node: str | None, xids: tup
     facts = gather(system_sources(settings), node=name, scope=scope, xids=events)
     verdict = evaluate(facts, settings, scope=scope)
     duration_ms = (time.perf_counter() - started) * 1000
+    if log_level != "error":  # structlog is only imported when someone wants the lines
+        from slurmgpu import log
+
+        log.configure(log_level)
+        log.log_verdict(verdict, phase="check")
     if as_json:
         click.echo(json.dumps(verdict_json(verdict, facts.to_json(), scope, duration_ms), indent=2))
     else:
