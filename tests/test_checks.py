@@ -547,3 +547,21 @@ def test_ib_rate_skips_ports_that_are_down() -> None:
     port.state, port.rate_gbps = "DOWN", 10.0
     assert problems(run(facts, ib_settings(), check="ib.rate")) == []
     assert problems(run(facts, ib_settings(), check="ib.port_state"))
+
+
+def test_ib_counters_rising_between_fixture_trees() -> None:
+    """Two real sysfs samples (tests/data/sysfs/ib-counters-rising) through the IB source."""
+    from pathlib import Path
+
+    from slurmgpu.sources.infiniband import SysfsIbSource
+
+    root = Path(__file__).parent / "data" / "sysfs" / "ib-counters-rising"
+    before = make_facts(collected_at=1000.0)
+    before.ib = SysfsIbSource(root / "before").collect()
+    now = make_facts(collected_at=1015.0)
+    now.ib = SysfsIbSource(root / "after").collect()
+    assert problems(run(now, ib_settings(), check="ib.errors")) == []  # absolute values still low
+    now.previous = before
+    f = problems(run(now, ib_settings(), check="ib.errors"))
+    assert [x.subject for x in f] == ["mlx5_2/1"]
+    assert {"symbol_error", "link_downed"} <= set(f[0].data["deltas"])
