@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import socket
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from slurmgpu.checks.registry import CheckContext, CheckSpec, enabled_checks, unknown
@@ -43,22 +43,30 @@ def node_name() -> str:
     return socket.gethostname().split(".")[0]
 
 
+Progress = Callable[[str], None]
+
+
+def _quiet(step: str) -> None:
+    pass
+
+
 def gather(sources: Sources, *, node: str, scope: frozenset[int] | None = None,
            xids: Iterable[XidEvent] = (), previous: NodeFacts | None = None,
-           want_ib: bool = True, want_versions: bool = True) -> NodeFacts:
-    return NodeFacts(
-        node=node,
-        collected_at=sources.clock.time(),
-        nvml=sources.nvml.collect(scope),
-        ib=sources.ib.collect() if want_ib else IbFacts(available=False, error="not collected"),
-        versions=sources.versions.collect() if want_versions else SoftwareVersions(),
-        xids=list(xids),
-        previous=previous,
-    )
+           want_ib: bool = True, want_versions: bool = True, progress: Progress = _quiet) -> NodeFacts:
+    """Collect facts. ``progress`` is told each step first, so a watchdog can say which hung."""
+    collected_at = sources.clock.time()
+    progress("gather:nvml")
+    nvml = sources.nvml.collect(scope)
+    progress("gather:infiniband")
+    ib = sources.ib.collect() if want_ib else IbFacts(available=False, error="not collected")
+    progress("gather:versions")
+    versions = sources.versions.collect() if want_versions else SoftwareVersions()
+    return NodeFacts(node=node, collected_at=collected_at, nvml=nvml, ib=ib, versions=versions,
+                     xids=list(xids), previous=previous)
 
 
 def evaluate(facts: NodeFacts, settings: Settings, *, scope: frozenset[int] | None = None,
-             checks: Sequence[CheckSpec] | None = None) -> Verdict:
+             checks: Sequence[CheckSpec] | None = None, progress: Progress = _quiet) -> Verdict:
     """Run every enabled check over the facts. Pure: no I/O."""
     started = time.perf_counter()
     policy = XidPolicy(settings.xid.overrides, settings.xid.unknown_action)
@@ -66,6 +74,7 @@ def evaluate(facts: NodeFacts, settings: Settings, *, scope: frozenset[int] | No
     specs = enabled_checks(settings.checks.disabled) if checks is None else checks
     findings: list[Finding] = []
     for spec in specs:
+        progress(f"check:{spec.id}")
         findings.extend(run_one(spec, ctx))
     duration = (time.perf_counter() - started) * 1000
     return Verdict(facts.node, tuple(findings), duration)

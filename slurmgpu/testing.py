@@ -5,7 +5,9 @@ writing their own checks. (Tests of the NVML integration use the fake
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 from slurmgpu.facts import (
     CLOCKS_EVENT_GPU_IDLE,
@@ -116,3 +118,64 @@ def make_facts(node: str = "gpu-h100-001", *, gpus: int = 8, ib_ports: int = 8,
         versions=SoftwareVersions(cuda_runtime="12.4", cuda_toolkit="12.4.1", nccl="2.21.5",
                                   ofed="MLNX_OFED_LINUX-23.10-1.1.9.0", kernel="6.1.0-28-amd64"),
     )
+
+
+class FakeSlurmClient:
+    """In-memory Slurm for logic tests (the real one is tested on the mini-cluster)."""
+
+    def __init__(self, nodes: list[str] | None = None) -> None:
+        from slurmgpu.slurm import NodeState
+
+        self.states = {n: NodeState(n, "idle") for n in (nodes or ["gpu-n1"])}
+        self.unreachable = False
+        self.calls: list[tuple[str, ...]] = []
+
+    def _check(self) -> None:
+        from slurmgpu.slurm import SlurmUnreachable
+
+        if self.unreachable:
+            raise SlurmUnreachable("slurmctld unreachable after 3 tries: Unable to contact slurm controller")
+
+    def node(self, name: str) -> Any:
+        from slurmgpu.slurm import SlurmError
+
+        self._check()
+        if name not in self.states:
+            raise SlurmError(f"no such node: {name}")
+        return self.states[name]
+
+    def nodes(self) -> list[Any]:
+        self._check()
+        return list(self.states.values())
+
+    def drain(self, node: str, reason: str) -> None:
+        self.node(node)
+        self.calls.append(("drain", node, reason))
+        self.states[node] = dataclasses.replace(self.states[node], flags=frozenset({"DRAIN"}), reason=reason,
+                                                reason_time=1.0)
+
+    def resume(self, node: str) -> None:
+        self.node(node)
+        self.calls.append(("resume", node))
+        self.states[node] = dataclasses.replace(self.states[node], flags=frozenset(), reason=None)
+
+    def jobs_on_node(self, node: str) -> list[Any]:
+        self._check()
+        return []
+
+    def job(self, job_id: str) -> Any:
+        from slurmgpu.slurm import SlurmError
+
+        raise SlurmError(f"no such job: {job_id}")
+
+    def signal_job(self, job_id: str, signal: str = "USR1", *, full: bool = False) -> None:
+        self._check()
+        self.calls.append(("signal", job_id, signal, str(full)))
+
+    def requeue(self, job_id: str) -> None:
+        self._check()
+        self.calls.append(("requeue", job_id))
+
+    def set_admin_comment(self, job_id: str, comment: str) -> None:
+        self._check()
+        self.calls.append(("admin_comment", job_id, comment))

@@ -164,6 +164,55 @@ class VersionsSettings:
     cuda_root: str = "/usr/local/cuda"
 
 
+OnError = Literal["fail-open", "fail-closed"]
+
+
+@dataclass
+class PrologSettings:
+    # The whole prolog (gather + checks + drain) is bounded by this watchdog.
+    timeout_s: float = 10.0
+    # An internal error or timeout: fail-open lets the job run (loud log line, reason
+    # recorded) so a slurmgpu bug can never drain a cluster; fail-closed drains.
+    on_error: OnError = "fail-open"
+    # Drain the node when the gate fails (off: only refuse the job).
+    drain: bool = True
+
+
+@dataclass
+class EpilogSettings:
+    timeout_s: float = 30.0
+    on_error: OnError = "fail-open"
+    drain: bool = True
+    # Processes still holding the job's GPUs after it ended: ignore, report or kill.
+    strays: Literal["ignore", "report", "kill"] = "report"
+    # GPU device node; {index} is the GPU index.
+    device_pattern: str = "/dev/nvidia{index}"
+
+
+@dataclass
+class HealthcheckSettings:
+    # Resume nodes drained by slurmgpu once they check healthy again.
+    resume: bool = True
+
+
+@dataclass
+class SlurmSettings:
+    # Directory holding scontrol/squeue/sinfo/scancel (default: PATH, then /usr/bin).
+    bin_dir: str | None = None
+    # Tries for a command when slurmctld does not answer, and the pause between them.
+    retries: int = 3
+    retry_delay_s: float = 1.0
+    command_timeout_s: float = 10.0
+
+
+@dataclass
+class PathsSettings:
+    # Per-job state (prolog -> epilog), pending actions; SLURMGPU_STATE_DIR overrides.
+    state_dir: str = "/var/lib/slurmgpu"
+    # Kernel log to read XIDs from; SLURMGPU_KMSG overrides.
+    kmsg: str = "/dev/kmsg"
+
+
 @dataclass
 class Settings:
     gpu: GpuSettings = field(default_factory=GpuSettings)
@@ -179,3 +228,8 @@ class Settings:
     checks: ChecksSettings = field(default_factory=ChecksSettings)
     nvml: NvmlSettings = field(default_factory=NvmlSettings)
     versions: VersionsSettings = field(default_factory=VersionsSettings)
+    prolog: PrologSettings = field(default_factory=PrologSettings)
+    epilog: EpilogSettings = field(default_factory=EpilogSettings)
+    healthcheck: HealthcheckSettings = field(default_factory=HealthcheckSettings)
+    slurm: SlurmSettings = field(default_factory=SlurmSettings)
+    paths: PathsSettings = field(default_factory=PathsSettings)

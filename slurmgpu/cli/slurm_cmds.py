@@ -1,0 +1,142 @@
+"""Slurm-facing commands: the prolog/epilog/healthcheck hooks and drain/resume/nodes."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import click
+
+from slurmgpu.config.schema import Settings
+
+
+def _settings(config_file: str | None, node: str | None) -> Settings:
+    from slurmgpu.checks.registry import all_checks
+    from slurmgpu.config.load import load_config
+
+    loaded = load_config(config_file, known_checks=[c.id for c in all_checks()])
+    return loaded.settings_for(node)
+
+
+def _client(settings: Settings) -> Any:
+    from slurmgpu.slurm.factory import make_client
+
+    return make_client(settings.slurm, env=os.environ)
+
+
+def _hook(phase: str, config_file: str | None) -> int:
+    from slurmgpu import log
+    from slurmgpu.gate import Gate, job_context
+
+    log.configure("info", json=True)
+    settings = _settings(config_file, job_context(os.environ).node)
+    gate = Gate(settings, os.environ, lambda: _client(settings))
+    return int(getattr(gate, phase)())
+
+
+config_option = click.option("--config", "config_file", metavar="FILE",
+                             help="Config file (default: $SLURMGPU_CONFIG or /etc/slurmgpu/slurmgpu.toml).")
+
+
+@click.command()
+@config_option
+def prolog(config_file: str | None) -> int:
+    """Slurm Prolog: gate the job on the health of the GPUs it was given.
+
+    Reads SLURMD_NODENAME, SLURM_JOB_ID and SLURM_JOB_GPUS (or CUDA_VISIBLE_DEVICES).
+    Exit 0: the job may start (OK, WARN, or an internal error under fail-open).
+    Exit 1: a check failed; the node is drained with a 'slurmgpu:' reason and Slurm
+    requeues the job.
+    """
+    return _hook("prolog", config_file)
+
+
+@click.command()
+@config_option
+def epilog(config_file: str | None) -> int:
+    """Slurm Epilog: re-check the job's GPUs, catch faults that appeared during the job
+    (XIDs, ECC, row remaps), report stray processes, record a per-job GPU summary, and
+    drain the node when it is now bad. Exit 1 only when a needed drain could not be done
+    (Slurm then drains the node itself)."""
+    return _hook("epilog", config_file)
+
+
+@click.command()
+@config_option
+def healthcheck(config_file: str | None) -> int:
+    """Slurm HealthCheckProgram: check the whole node; drain on FAIL; resume a node that
+    slurmgpu drained once it is healthy (never an operator's drain, never a rebooting
+    node, never a drain for an XID). Exit code is the verdict (0 OK .. 3 UNKNOWN)."""
+    return _hook("healthcheck", config_file)
+
+
+@click.command()
+@click.argument("node")
+@click.option("--reason", required=True, help="Why; stored as 'slurmgpu: <reason>'.")
+@config_option
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def drain(node: str, reason: str, config_file: str | None, as_json: bool) -> None:
+    """Drain NODE with a slurmgpu-owned reason (an operator's drain is left as it is)."""
+    from slurmgpu.actions import Actions
+
+    settings = _settings(config_file, node)
+    result = Actions(_client(settings), _state_dir(settings)).drain(node, reason)
+    _print_result(result, as_json)
+
+
+@click.command()
+@click.argument("node")
+@click.option("--force", is_flag=True, help="Also resume a node someone else drained.")
+@config_option
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def resume(node: str, force: bool, config_file: str | None, as_json: bool) -> None:
+    """Resume NODE if slurmgpu drained it (any drained node with --force)."""
+    from slurmgpu.actions import Actions
+
+    settings = _settings(config_file, node)
+    result = Actions(_client(settings), _state_dir(settings)).resume(node, force=force)
+    _print_result(result, as_json)
+    if result.action == "operator-drain-kept":
+        click.echo(f"slurmgpu: {node} was drained by someone else ({result.reason}); use --force",
+                   err=True)
+        sys.exit(1)
+
+
+@click.command()
+@click.option("--all", "show_all", is_flag=True, help="Show every drained node, not only slurmgpu's.")
+@config_option
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+def nodes(show_all: bool, config_file: str | None, as_json: bool) -> None:
+    """Nodes drained by slurmgpu: state, reason, since when."""
+    settings = _settings(config_file, None)
+    rows = [n for n in _client(settings).nodes() if n.drained and (show_all or n.owned_by_slurmgpu)]
+    if as_json:
+        click.echo(json.dumps([{"node": n.name, "state": n.state, "flags": sorted(n.flags),
+                                "reason": n.reason, "reason_user": n.reason_user,
+                                "since": n.reason_time, "slurmgpu": n.owned_by_slurmgpu} for n in rows],
+                              indent=2))
+        return
+    if not rows:
+        click.echo("no nodes drained by slurmgpu" if not show_all else "no drained nodes")
+        return
+    click.echo(f"{'NODE':<16} {'STATE':<14} {'SINCE':<20} REASON")
+    for n in rows:
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(n.reason_time)) if n.reason_time else "-"
+        state = n.state + "".join(f"+{f}" for f in sorted(n.flags))
+        click.echo(f"{n.name:<16} {state:<14} {since:<20} {n.reason or ''}")
+
+
+def _state_dir(settings: Settings) -> str:
+    from slurmgpu.gate import STATE_DIR_ENV
+
+    return os.environ.get(STATE_DIR_ENV) or settings.paths.state_dir
+
+
+def _print_result(result: Any, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps({"node": result.node, "action": result.action, "reason": result.reason}))
+    else:
+        click.echo(f"{result.node}: {result.action}" + (f" ({result.reason})" if result.reason else ""))

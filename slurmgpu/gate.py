@@ -1,0 +1,434 @@
+"""The Slurm hooks: prolog gate, epilog re-check, node healthcheck.
+
+Each hook gathers facts, runs the checks, decides, and acts through
+``slurmgpu.actions`` (the only place that drains or resumes). Every decision is
+one structured log line on stderr (slurmd keeps it) and one JSON line in
+``<state_dir>/gate.jsonl``.
+
+Safety rules: an internal error or a watchdog timeout follows ``on_error``
+(default fail-open: the job runs, the error is logged loudly and recorded), so
+a slurmgpu bug can never drain a cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slurmgpu.actions import Actions, drain_reason
+from slurmgpu.config.schema import Settings
+from slurmgpu.engine import Sources, evaluate, gather, node_name, system_sources
+from slurmgpu.facts import NodeFacts, XidEvent
+from slurmgpu.result import Severity, Verdict
+from slurmgpu.slurm import SlurmClient, SlurmError, SlurmUnreachable
+from slurmgpu.sources import kmsg
+
+STATE_DIR_ENV = "SLURMGPU_STATE_DIR"
+DEVICE_PATTERN_ENV = "SLURMGPU_DEVICE_PATTERN"
+EXIT_OK, EXIT_REFUSE = 0, 1
+
+
+@dataclass(frozen=True)
+class JobContext:
+    node: str
+    job_id: str | None = None
+    user: str | None = None
+    # GPU indices Slurm gave the job; empty: no GPUs; None: unknown (check all).
+    gpus: frozenset[int] | None = None
+
+
+def parse_gpu_indices(text: str | None) -> frozenset[int] | None:
+    """SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES ("0,1") -> {0, 1}; None when absent or not
+    indices (UUIDs, "NoDevFiles"): then the gate checks every GPU."""
+    if text is None:
+        return None
+    text = text.strip()
+    if not text:
+        return frozenset()
+    try:
+        return frozenset(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        return None
+
+
+def job_context(environ: Mapping[str, str]) -> JobContext:
+    gpus = parse_gpu_indices(environ.get("SLURM_JOB_GPUS"))
+    if gpus is None:
+        gpus = parse_gpu_indices(environ.get("CUDA_VISIBLE_DEVICES"))
+    return JobContext(
+        node=environ.get("SLURMD_NODENAME") or node_name(),
+        job_id=environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID"),
+        user=environ.get("SLURM_JOB_USER"),
+        gpus=gpus,
+    )
+
+
+class Watchdog:
+    """Bounds a hook. Runs ``on_timeout(step)`` in its own thread, so it fires even
+    while the main thread is stuck inside a C call (a hung NVML query)."""
+
+    def __init__(self, timeout_s: float, on_timeout: Callable[[str], None]) -> None:
+        self.step = "start"
+        self.started = time.monotonic()
+        self._timer = threading.Timer(timeout_s, lambda: on_timeout(self.step))
+        self._timer.daemon = True
+
+    def __enter__(self) -> Watchdog:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+
+    def __call__(self, step: str) -> None:
+        self.step = step
+
+
+@dataclass
+class Gate:
+    settings: Settings
+    environ: Mapping[str, str]
+    client_factory: Callable[[], SlurmClient]
+    sources: Sources | None = None
+    # For tests: what a watchdog does at the end (the real one leaves the process).
+    exit: Callable[[int], None] = os._exit
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    # -- paths -----------------------------------------------------------------
+
+    @property
+    def state_dir(self) -> Path:
+        return Path(self.environ.get(STATE_DIR_ENV) or self.settings.paths.state_dir)
+
+    @property
+    def kmsg_path(self) -> str:
+        return self.environ.get(kmsg.KMSG_ENV) or self.settings.paths.kmsg
+
+    @property
+    def device_pattern(self) -> str:
+        return self.environ.get(DEVICE_PATTERN_ENV) or self.settings.epilog.device_pattern
+
+    def _sources(self) -> Sources:
+        if self.sources is None:
+            self.sources = system_sources(self.settings)
+        return self.sources
+
+    def _actions(self) -> Actions:
+        return Actions(self.client_factory(), self.state_dir)
+
+    # -- prolog ----------------------------------------------------------------
+
+    def prolog(self) -> int:
+        job = job_context(self.environ)
+        cfg = self.settings.prolog
+        with Watchdog(cfg.timeout_s, lambda step: self._timed_out("prolog", job, step, cfg.on_error)) as dog:
+            try:
+                self._replay_pending()
+                facts = gather(self._sources(), node=job.node, scope=job.gpus, progress=dog)
+                verdict = evaluate(facts, self.settings, scope=job.gpus, progress=dog)
+                self._save_job_state(job, facts)
+                if verdict.severity is Severity.UNKNOWN:
+                    return self._internal_error("prolog", job, _unknown_summary(verdict), cfg.on_error)
+                dog("act")
+                return self._decide("prolog", job, verdict, drain=cfg.drain)
+            except Exception as exc:  # a bug must not drain the cluster (fail-open by default)
+                return self._internal_error("prolog", job, _describe(exc), cfg.on_error)
+
+    # -- epilog ----------------------------------------------------------------
+
+    def epilog(self) -> int:
+        job = job_context(self.environ)
+        cfg = self.settings.epilog
+        with Watchdog(cfg.timeout_s, lambda step: self._timed_out("epilog", job, step, cfg.on_error)) as dog:
+            try:
+                self._replay_pending()
+                before = self._load_job_state(job)
+                started = before.get("started_at") if before else None
+                # All GPUs, so kernel-log XIDs map to the right GPU; the verdict is scoped.
+                facts = gather(self._sources(), node=job.node, progress=dog)
+                dog("kmsg")
+                facts.xids = self._xids_since(facts, started)
+                verdict = evaluate(facts, self.settings, scope=job.gpus, progress=dog)
+                dog("strays")
+                strays = self._strays(job)
+                self._record_summary(job, facts, before, verdict, strays)
+                self._drop_job_state(job)
+                dog("act")
+                if verdict.severity is Severity.UNKNOWN:
+                    return self._internal_error("epilog", job, _unknown_summary(verdict), cfg.on_error)
+                return self._decide("epilog", job, verdict, drain=cfg.drain, exit_on_fail=EXIT_OK)
+            except Exception as exc:
+                return self._internal_error("epilog", job, _describe(exc), cfg.on_error)
+
+    # -- healthcheck -----------------------------------------------------------
+
+    def healthcheck(self) -> int:
+        job = JobContext(node=self.environ.get("SLURMD_NODENAME") or node_name())
+        try:
+            self._replay_pending()
+            facts = gather(self._sources(), node=job.node)
+            verdict = evaluate(facts, self.settings)
+            actions = self._actions()
+            if verdict.severity is Severity.FAIL:
+                result = actions.drain(job.node, drain_reason(verdict.findings))
+            elif verdict.severity in (Severity.OK, Severity.WARN) and self.settings.healthcheck.resume:
+                result = actions.resume_recovered(job.node)
+            else:
+                result = None
+            self._record("healthcheck", job, verdict, action=result.action if result else "none",
+                         reason=result.reason if result else None)
+            return verdict.severity.exit_code
+        except SlurmUnreachable as exc:
+            self._record("healthcheck", job, None, action="drain-deferred", error=str(exc))
+            return Severity.UNKNOWN.exit_code
+        except Exception as exc:
+            self._record("healthcheck", job, None, action="none", error=_describe(exc), level="error")
+            return Severity.UNKNOWN.exit_code
+
+    # -- shared ------------------------------------------------------------------
+
+    def _decide(self, phase: str, job: JobContext, verdict: Verdict, *, drain: bool,
+                exit_on_fail: int = EXIT_REFUSE) -> int:
+        if verdict.severity is not Severity.FAIL:
+            self._record(phase, job, verdict, action="none")
+            return EXIT_OK
+        reason = drain_reason(verdict.findings)
+        if not drain:
+            self._record(phase, job, verdict, action="refuse", reason=reason)
+            return exit_on_fail
+        try:
+            result = self._actions().drain(job.node, reason)
+        except SlurmError as exc:
+            # Exit non-zero: Slurm drains the node itself ("Prolog/Epilog error") and the
+            # drain is journalled for the next run.
+            self._record(phase, job, verdict, action="drain-failed", reason=reason, error=str(exc),
+                         level="error")
+            return EXIT_REFUSE
+        self._record(phase, job, verdict, action=result.action, reason=result.reason)
+        return exit_on_fail
+
+    def _internal_error(self, phase: str, job: JobContext, error: str, policy: str) -> int:
+        if policy == "fail-open":
+            self._record(phase, job, None, action="fail-open", error=error, level="error")
+            return EXIT_OK
+        reason = f"slurmgpu: internal error in {phase}: {error}"
+        try:
+            result = self._actions().drain(job.node, reason)
+            action = result.action
+        except Exception as exc:
+            action, error = "drain-failed", f"{error}; drain failed: {_describe(exc)}"
+        self._record(phase, job, None, action=f"fail-closed:{action}", reason=reason, error=error,
+                     level="error")
+        return EXIT_REFUSE
+
+    def _timed_out(self, phase: str, job: JobContext, step: str, policy: str) -> None:
+        timeout = getattr(self.settings, phase).timeout_s
+        code = self._internal_error(phase, job, f"watchdog: {phase} exceeded {timeout:g} s in {step}",
+                                    policy)
+        self.exit(code)
+
+    def _replay_pending(self) -> None:
+        if (self.state_dir / "pending-actions.jsonl").exists():
+            for result in self._actions().replay_pending():
+                self._record("replay", JobContext(node=result.node), None, action=result.action,
+                             reason=result.reason)
+
+    def _xids_since(self, facts: NodeFacts, since: float | None) -> list[XidEvent]:
+        if since is None:
+            return []
+        by_pci = {}
+        for gpu in facts.gpus:
+            key = kmsg.pci_key(gpu.pci_bus_id or "")
+            if key:
+                by_pci[key] = gpu.index
+        return kmsg.read_xids(self.kmsg_path, by_pci, since=since)
+
+    # -- per-job state (prolog -> epilog) -----------------------------------------
+
+    def _job_file(self, job: JobContext) -> Path | None:
+        if not job.job_id or not job.job_id.isdigit():
+            return None
+        return self.state_dir / "jobs" / f"{job.job_id}.json"
+
+    def _save_job_state(self, job: JobContext, facts: NodeFacts) -> None:
+        path = self._job_file(job)
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = {"started_at": facts.collected_at, "gpus": sorted(job.gpus) if job.gpus is not None else None,
+                "facts": _gpu_snapshot(facts)}
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
+
+    def _load_job_state(self, job: JobContext) -> dict[str, Any] | None:
+        path = self._job_file(job)
+        try:
+            return json.loads(path.read_text()) if path else None
+        except (OSError, ValueError):
+            return None
+
+    def _drop_job_state(self, job: JobContext) -> None:
+        path = self._job_file(job)
+        if path:
+            path.unlink(missing_ok=True)
+
+    # -- epilog extras --------------------------------------------------------------
+
+    def _strays(self, job: JobContext) -> list[dict[str, Any]]:
+        mode = self.settings.epilog.strays
+        if mode == "ignore" or not job.gpus:
+            return []
+        devices = {self.device_pattern.format(index=i): i for i in sorted(job.gpus)}
+        found = find_device_holders(devices)
+        if mode == "kill":
+            for proc in found:
+                try:
+                    os.kill(proc["pid"], 9)
+                    proc["killed"] = True
+                except OSError:
+                    proc["killed"] = False
+        return found
+
+    def _record_summary(self, job: JobContext, facts: NodeFacts, before: dict[str, Any] | None,
+                        verdict: Verdict, strays: list[dict[str, Any]]) -> None:
+        summary = job_summary(job, facts, before, verdict, strays)
+        self._append("job-summaries.jsonl", summary)
+        _log().info("job_gpu_summary", **summary)
+
+    # -- records ----------------------------------------------------------------------
+
+    def _record(self, phase: str, job: JobContext, verdict: Verdict | None, *, action: str,
+                reason: str | None = None, error: str | None = None, level: str = "info") -> None:
+        entry: dict[str, Any] = {
+            "time": time.time(), "phase": phase, "node": job.node, "job": job.job_id,
+            "gpus": sorted(job.gpus) if job.gpus is not None else None,
+            "verdict": verdict.severity.name if verdict else None, "action": action,
+        }
+        if reason:
+            entry["reason"] = reason
+        if error:
+            entry["error"] = error
+        if verdict:
+            entry["problems"] = [f"{f.check}{'' if f.gpu is None else f' GPU {f.gpu}'}: {f.message}"
+                                 for f in verdict.problems()]
+        self.records.append(entry)
+        self._append("gate.jsonl", entry)
+        log = _log()
+        if level == "error" or (verdict and verdict.severity is Severity.FAIL):
+            log.error(f"{phase}_decision", **entry)
+        else:
+            log.info(f"{phase}_decision", **entry)
+
+    def _append(self, name: str, entry: dict[str, Any]) -> None:
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            with open(self.state_dir / name, "a", encoding="utf-8") as f:
+                f.write(json.dumps(entry, default=str) + "\n")
+        except OSError as exc:  # a full or read-only disk must not change the decision
+            _log().warning("state_write_failed", file=name, error=str(exc))
+
+
+def _log() -> Any:
+    from slurmgpu import log
+
+    return log.get_logger()
+
+
+def _describe(exc: BaseException) -> str:
+    where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+    at = f" at {Path(where.filename).name}:{where.lineno}" if where else ""
+    return f"{type(exc).__name__}: {exc}{at}"
+
+
+def _unknown_summary(verdict: Verdict) -> str:
+    bad = [f"{f.check}: {f.message}" for f in verdict.findings if f.severity is Severity.UNKNOWN]
+    return "check(s) could not run: " + "; ".join(bad)
+
+
+def _gpu_snapshot(facts: NodeFacts) -> dict[str, Any]:
+    """What the epilog compares against: per GPU ECC counts, remapped rows, temperature."""
+    out = {}
+    for gpu in facts.gpus:
+        out[str(gpu.index)] = {
+            "ecc_corrected": gpu.ecc.corrected_volatile if gpu.ecc else None,
+            "ecc_uncorrected": gpu.ecc.uncorrected_volatile if gpu.ecc else None,
+            "remapped_rows": (gpu.remapped_rows.correctable + gpu.remapped_rows.uncorrectable
+                              if gpu.remapped_rows else None),
+            "temperature_c": gpu.temperature_c,
+        }
+    return out
+
+
+def _delta(now: int | None, then: int | None) -> int | None:
+    return None if now is None or then is None else now - then
+
+
+def job_summary(job: JobContext, facts: NodeFacts, before: dict[str, Any] | None, verdict: Verdict,
+                strays: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """One line per job: GPUs, hottest temperature seen, throttling, ECC/remap growth, XIDs."""
+    from slurmgpu.checks.thermal import HW_THROTTLE, reason_names
+    from slurmgpu.facts import CLOCKS_EVENT_SW_THERMAL
+
+    then = (before or {}).get("facts", {})
+    scope = job.gpus
+    gpus = [g for g in facts.gpus if scope is None or g.index in scope]
+    now = _gpu_snapshot(facts)
+    temps = [t for g in gpus for t in (now[str(g.index)]["temperature_c"],
+                                         then.get(str(g.index), {}).get("temperature_c")) if t is not None]
+    throttle = sorted({name for g in gpus if g.clocks_event_reasons
+                       for name in reason_names(g.clocks_event_reasons & (HW_THROTTLE | CLOCKS_EVENT_SW_THERMAL))})
+    deltas: dict[str, dict[str, int | None]] = {}
+    for g in gpus:
+        a, b = now[str(g.index)], then.get(str(g.index), {})
+        d = {k: _delta(a[k], b.get(k)) for k in ("ecc_corrected", "ecc_uncorrected", "remapped_rows")}
+        if any(v for v in d.values()):
+            deltas[str(g.index)] = d
+    return {
+        "job": job.job_id, "user": job.user, "node": job.node,
+        "gpus": sorted(scope) if scope is not None else [g.index for g in gpus],
+        "max_temp_c": max(temps) if temps else None,
+        "throttle_seen": throttle,
+        "ecc_delta": deltas,
+        "xids": [{"xid": x.xid, "gpu": x.gpu} for x in facts.xids if scope is None or x.gpu in scope
+                 or x.gpu is None],
+        "strays": list(strays),
+        "verdict": verdict.severity.name,
+    }
+
+
+def find_device_holders(devices: Mapping[str, int], proc_root: str = "/proc") -> list[dict[str, Any]]:
+    """Processes (other than this one) with one of these device files open."""
+    me = os.getpid()
+    found = []
+    try:
+        pids = [int(p) for p in os.listdir(proc_root) if p.isdigit()]
+    except OSError:
+        return []
+    for pid in pids:
+        if pid == me:
+            continue
+        fd_dir = f"{proc_root}/{pid}/fd"
+        try:
+            targets = {os.readlink(f"{fd_dir}/{fd}") for fd in os.listdir(fd_dir)}
+        except OSError:
+            continue  # gone, or not ours to look at
+        held = sorted(devices[t] for t in targets if t in devices)
+        if held:
+            found.append({"pid": pid, "gpus": held, "command": _command(proc_root, pid)})
+    return found
+
+
+def _command(proc_root: str, pid: int) -> str:
+    try:
+        raw = Path(f"{proc_root}/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "?"
+    return raw.replace(b"\0", b" ").decode("utf-8", "replace").strip()[:200]

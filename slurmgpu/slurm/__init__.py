@@ -1,0 +1,89 @@
+"""Talking to Slurm: one ``SlurmClient`` Protocol, two implementations
+(``cli.py``: scontrol/scancel/squeue/sinfo; ``pyslurm_client.py``: pyslurm).
+
+Every reason slurmgpu writes starts with ``REASON_PREFIX``; slurmgpu only ever
+resumes nodes whose reason starts with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from slurmgpu.errors import SlurmGpuError
+
+REASON_PREFIX = "slurmgpu:"
+
+
+class SlurmError(SlurmGpuError):
+    """A Slurm command failed (bad node name, request denied...)."""
+
+
+class SlurmUnreachable(SlurmError):
+    """slurmctld did not answer after the configured retries."""
+
+
+@dataclass(frozen=True)
+class NodeState:
+    name: str
+    # Base state, lower case: "idle", "allocated", "mixed", "down", "future", "unknown"...
+    state: str
+    # Flags, upper case: "DRAIN", "NOT_RESPONDING", "REBOOT_REQUESTED", "REBOOT_ISSUED",
+    # "COMPLETING", "MAINTENANCE", "RESERVED", "POWERED_DOWN", ...
+    flags: frozenset[str] = frozenset()
+    reason: str | None = None
+    reason_user: str | None = None
+    reason_time: float | None = None  # Unix time the reason was set
+
+    @property
+    def drained(self) -> bool:
+        """DRAIN flag set (drained or draining)."""
+        return "DRAIN" in self.flags
+
+    @property
+    def rebooting(self) -> bool:
+        return bool(self.flags & {"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"}) or self.state == "reboot"
+
+    @property
+    def owned_by_slurmgpu(self) -> bool:
+        return bool(self.reason) and self.reason.startswith(REASON_PREFIX)  # type: ignore[union-attr]
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    job_id: str
+    state: str  # upper case: "RUNNING", "PENDING", "COMPLETED", ...
+    user: str | None = None
+    nodes: tuple[str, ...] = ()  # expanded node names
+    # NVML/GRES indices of the GPUs the job holds, per node.
+    gpus: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    batch_host: str | None = None
+    restart_count: int = 0
+    state_reason: str | None = None
+    admin_comment: str | None = None
+
+
+class SlurmClient(Protocol):
+    def node(self, name: str) -> NodeState: ...
+
+    def nodes(self) -> list[NodeState]: ...
+
+    def drain(self, node: str, reason: str) -> None:
+        """Set DRAIN with this reason (sanitised: one line, bounded length)."""
+        ...
+
+    def resume(self, node: str) -> None: ...
+
+    def jobs_on_node(self, node: str) -> list[JobInfo]:
+        """Running (and completing) jobs with an allocation on this node."""
+        ...
+
+    def job(self, job_id: str) -> JobInfo: ...
+
+    def signal_job(self, job_id: str, signal: str = "USR1", *, full: bool = False) -> None:
+        """Signal the batch shell only (default) or, with full, every process of the job."""
+        ...
+
+    def requeue(self, job_id: str) -> None: ...
+
+    def set_admin_comment(self, job_id: str, comment: str) -> None: ...
