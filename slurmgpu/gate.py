@@ -76,9 +76,18 @@ class Watchdog:
 
     def __init__(self, timeout_s: float, on_timeout: Callable[[str], None]) -> None:
         self.step = "start"
-        self.started = time.monotonic()
-        self._timer = threading.Timer(timeout_s, lambda: on_timeout(self.step))
+        self.fired = threading.Event()
+        self._handled = threading.Event()
+        self._on_timeout = on_timeout
+        self._timer = threading.Timer(timeout_s, self._fire)
         self._timer.daemon = True
+
+    def _fire(self) -> None:
+        self.fired.set()
+        try:
+            self._on_timeout(self.step)
+        finally:
+            self._handled.set()
 
     def __enter__(self) -> Watchdog:
         self._timer.start()
@@ -86,6 +95,10 @@ class Watchdog:
 
     def __exit__(self, *exc: object) -> None:
         self._timer.cancel()
+        # Once the watchdog fired, its decision stands: let it finish (it ends the process)
+        # instead of racing it with the main thread's own exit.
+        if self.fired.is_set():
+            self._handled.wait(120)
 
     def __call__(self, step: str) -> None:
         self.step = step

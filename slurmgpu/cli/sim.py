@@ -153,3 +153,138 @@ def record_cmd(out: Path | None, name: str | None, description: str | None) -> N
         click.echo(dump_scenario(data), nl=False)
     else:
         write_scenario(out, data)
+
+
+# ------------------------------------------------------------------ sim cluster
+
+_dir_option = click.option(
+    "--dir", "directory", type=click.Path(file_okay=False, path_type=Path), default=None,
+    help="Cluster directory (default: $SLURMGPU_CLUSTER_DIR, else /tmp/slurmgpu-cluster).",
+)
+
+
+def _cluster(directory: Path | None) -> Any:
+    from slurmgpu.simcluster import SimCluster
+
+    return SimCluster(directory)
+
+
+@sim.group("cluster")
+def cluster() -> None:
+    """A real Slurm mini-cluster on this machine (root, no systemd): one slurmctld, one
+    slurmd per simulated node, each node's GPUs a simulator scenario.
+
+    \b
+    slurmgpu sim cluster up --nodes 4 --gpus 8
+    eval "$(slurmgpu sim cluster env)"; sinfo; sbatch --gres=gpu:2 --wrap 'nvidia-smi'
+    slurmgpu sim cluster inject gpu-n2 fault-ecc-dbe
+    slurmgpu sim cluster down
+
+    See docs/simcluster.md.
+    """
+
+
+@cluster.command("up")
+@click.option("--nodes", "-n", type=int, default=4, show_default=True, help="Number of nodes.")
+@click.option("--gpus", "-g", type=int, default=8, show_default=True, help="GPUs per node.")
+@click.option("--scenario", "-s", default="h100-sxm-8", show_default=True,
+              help="Bundled scenario name or JSON file every node starts from.")
+@click.option("--hooks/--no-hooks", default=True, show_default=True,
+              help="Prolog/Epilog/HealthCheck run slurmgpu (or just exit 0).")
+@click.option("--timeout", type=float, default=60, show_default=True,
+              help="Seconds to wait for every node to be idle.")
+@_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@_one_line_errors
+def cluster_up(nodes: int, gpus: int, scenario: str, hooks: bool, timeout: float,
+               directory: Path | None, as_json: bool) -> None:
+    """Install Slurm if needed, write the configs and start the daemons (idempotent)."""
+    import time
+
+    started = time.monotonic()
+    c = _cluster(directory)
+    c.up(nodes=nodes, gpus=gpus, scenario=scenario, hooks_enabled=hooks, timeout=timeout)
+    status = c.status()
+    status["elapsed_s"] = round(time.monotonic() - started, 2)
+    if as_json:
+        click.echo(json.dumps(status, indent=2))
+        return
+    click.echo(f"cluster up in {c.dir}: {len(c.nodes)} nodes x {c.gpus} GPUs, "
+               f"Slurm {status['slurm_version']} ({status['elapsed_s']} s)")
+    env_hint = f" --dir {shlex.quote(str(c.dir))}" if directory is not None else ""
+    click.echo(f'use it: eval "$(slurmgpu sim cluster env{env_hint})"')
+
+
+@cluster.command("down")
+@click.option("--purge", is_flag=True, help="Also remove the cluster directory.")
+@_dir_option
+@_one_line_errors
+def cluster_down(purge: bool, directory: Path | None) -> None:
+    """Stop the cluster's own daemons (by their recorded PIDs); idempotent."""
+    _cluster(directory).down(purge=purge)
+
+
+@cluster.command("status")
+@_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@_one_line_errors
+def cluster_status(directory: Path | None, as_json: bool) -> None:
+    """Daemons and node states. Exit 0 when the cluster is up, 1 otherwise."""
+    status = _cluster(directory).status()
+    if as_json:
+        click.echo(json.dumps(status, indent=2))
+    else:
+        click.echo(_render_status(status))
+    sys.exit(0 if status["up"] else 1)
+
+
+def _render_status(status: dict[str, Any]) -> str:
+    if not status["exists"]:
+        return f"no simulated cluster in {status['dir']}"
+    word = "up" if status["up"] else "DOWN"
+    lines = [f"cluster {status['dir']}: {word} (Slurm {status['slurm_version']}, "
+             f"{len(status['nodes'])} nodes x {status['gpus']} GPUs, "
+             f"scenario {status['scenario']}, hooks {'on' if status['hooks_enabled'] else 'off'})"]
+    for daemon in ("munged", "slurmctld"):
+        info = status[daemon]
+        lines.append(f"{daemon:<10} {'running pid ' + str(info['pid']) if info['running'] else 'stopped'}")
+    lines.append(f"{'NODE':<10} {'STATE':<12} SLURMD")
+    for node in status["nodes"]:
+        slurmd = f"running pid {node['slurmd_pid']}" if node["slurmd_running"] else "stopped"
+        lines.append(f"{node['name']:<10} {node['state']:<12} {slurmd} port {node['port']}")
+    return "\n".join(lines)
+
+
+@cluster.command("env")
+@_dir_option
+@_one_line_errors
+def cluster_env(directory: Path | None) -> None:
+    """Print export lines for Slurm clients: eval "$(slurmgpu sim cluster env)"."""
+    from slurmgpu.simcluster import path_additions
+
+    for key, value in _cluster(directory).env().items():
+        if key == "PATH":  # keep the shell's own PATH, only append what is missing
+            click.echo(f'export PATH="$PATH:{":".join(path_additions())}"')
+        else:
+            click.echo(f"export {key}={shlex.quote(value)}")
+
+
+@cluster.command("inject")
+@click.argument("node")
+@click.argument("scenario")
+@_dir_option
+@_one_line_errors
+def cluster_inject(node: str, scenario: str, directory: Path | None) -> None:
+    """Swap NODE's simulated GPUs for SCENARIO (bundled name or JSON file), atomically."""
+    _cluster(directory).inject(node, scenario)
+
+
+@cluster.command("inject-xid")
+@click.argument("node")
+@click.argument("gpu", type=int)
+@click.argument("xid", type=int)
+@_dir_option
+@_one_line_errors
+def cluster_inject_xid(node: str, gpu: int, xid: int, directory: Path | None) -> None:
+    """Log XID on NODE's GPU: a kernel-log record and an NVML event in its scenario."""
+    _cluster(directory).inject_xid(node, gpu, xid)

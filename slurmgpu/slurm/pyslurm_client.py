@@ -1,0 +1,288 @@
+"""``SlurmClient`` over pyslurm (the 25.x object API).
+
+API names checked against the pyslurm 25.11.2 sources:
+``pyslurm.Node.load(name)``, ``pyslurm.Nodes.load()``,
+``pyslurm.Node(name).modify(pyslurm.Node(state="DRAIN", reason=...))`` (states
+``DRAIN``/``RESUME``), ``pyslurm.Job.load(int)``, ``pyslurm.Jobs.load()``,
+``Job(id).send_signal("SIGUSR1", steps="batch"|"all")`` (names go through
+``signal.Signals[...]``, so they need the ``SIG`` prefix), ``Job(id).requeue()``,
+``Job(id).modify(pyslurm.JobSubmitDescription(admin_comment=...))``,
+``Job.get_resource_layout_per_node()[node]["gres"]`` ->
+``{"gpu": {"count": 2, "indexes": "0-1"}}``; errors are ``pyslurm.RPCError``.
+
+pyslurm only builds against the Slurm release it was written for (25.11.x needs
+Slurm 25.11), so ``available()`` checks major.minor against ``scontrol --version``
+and ``make_client`` falls back to the CLI otherwise. pyslurm is imported lazily.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from slurmgpu.slurm import JobInfo, NodeState, SlurmError, SlurmUnreachable
+from slurmgpu.slurm.cli import (
+    ACTIVE_JOB_STATES,
+    CliSlurmClient,
+    SlurmCommandError,
+    _check_job,
+    _check_node,
+    expand_hostlist,
+    is_unreachable,
+    parse_index_list,
+    parse_job_state,
+    parse_node_state,
+    parse_version,
+    sanitize_reason,
+)
+
+if TYPE_CHECKING:
+    from slurmgpu.config.schema import SlurmSettings
+
+T = TypeVar("T")
+
+
+def _import_pyslurm(env: Mapping[str, str] | None = None) -> Any:
+    """Import pyslurm. libslurm reads SLURM_CONF from the process environment when
+    pyslurm initialises (at import), so a SLURM_CONF in ``env`` is exported first."""
+    if "pyslurm" not in sys.modules and importlib.util.find_spec("pyslurm") is None:
+        raise ImportError("pyslurm is not installed")
+    if "pyslurm" not in sys.modules and env and env.get("SLURM_CONF"):
+        os.environ["SLURM_CONF"] = env["SLURM_CONF"]
+    import pyslurm
+
+    return pyslurm
+
+
+def pyslurm_version(mod: Any) -> str | None:
+    ver = getattr(mod, "__version__", None)
+    if not ver and callable(getattr(mod, "version", None)):
+        try:
+            ver = mod.version()
+        except Exception:
+            ver = None
+    return str(ver) if ver else None
+
+
+def available(env: Mapping[str, str] | None = None, bin_dir: str | None = None) -> tuple[bool, str]:
+    """(True, "pyslurm X matches Slurm Y") or (False, why not)."""
+    if "pyslurm" not in sys.modules and importlib.util.find_spec("pyslurm") is None:
+        return False, "pyslurm is not installed"
+    try:
+        mod = _import_pyslurm(env)
+    except Exception as exc:  # ImportError, or a libslurm load/symbol error
+        return False, f"import pyslurm failed: {type(exc).__name__}: {exc}"
+    ver = pyslurm_version(mod)
+    pv = parse_version(ver or "")
+    if pv is None:
+        return False, f"pyslurm version unknown ({ver!r})"
+    sv = CliSlurmClient(bin_dir=bin_dir, env=env).version()
+    if sv is None:
+        return False, "Slurm version unknown (scontrol --version failed)"
+    if pv != sv:
+        return False, (f"pyslurm {ver} is for Slurm {pv[0]}.{pv[1]:02d}, "
+                       f"running Slurm is {sv[0]}.{sv[1]:02d}")
+    return True, f"pyslurm {ver} matches Slurm {sv[0]}.{sv[1]:02d}"
+
+
+def _gpu_indices_from_layout(gres: Any) -> tuple[int, ...]:
+    """``{"gpu": {"count": 2, "indexes": "0-1"}, "gpu:a100": {...}}`` -> indices."""
+    out: set[int] = set()
+    if isinstance(gres, Mapping):
+        for name, val in gres.items():
+            if str(name).split(":", 1)[0] != "gpu" or not isinstance(val, Mapping):
+                continue
+            out.update(parse_index_list(str(val.get("indexes") or "")))
+    return tuple(sorted(out))
+
+
+def _signal_name(signal: str) -> str:
+    s = str(signal).strip().upper()
+    if s.isdigit() or s.startswith("SIG"):
+        return s
+    return f"SIG{s}"
+
+
+class PyslurmClient:
+    """``SlurmClient`` backed by pyslurm (needs a pyslurm built for this Slurm)."""
+
+    def __init__(
+        self,
+        *,
+        bin_dir: str | None = None,
+        env: Mapping[str, str] | None = None,
+        retries: int = 3,
+        retry_delay_s: float = 1.0,
+        command_timeout_s: float = 10.0,
+        sleep: Callable[[float], object] = time.sleep,
+        module: Any = None,
+    ) -> None:
+        self.bin_dir = bin_dir
+        self.env = dict(env or {})
+        self.retries = max(1, int(retries))
+        self.retry_delay_s = max(0.0, float(retry_delay_s))
+        # libslurm has its own timeouts (MessageTimeout); kept for interface parity.
+        self.command_timeout_s = float(command_timeout_s)
+        self._sleep = sleep
+        self._mod = module
+
+    @classmethod
+    def from_settings(cls, settings: SlurmSettings, env: Mapping[str, str] | None = None) -> PyslurmClient:
+        return cls(bin_dir=settings.bin_dir, env=env, retries=settings.retries,
+                   retry_delay_s=settings.retry_delay_s,
+                   command_timeout_s=settings.command_timeout_s)
+
+    @staticmethod
+    def available(env: Mapping[str, str] | None = None, bin_dir: str | None = None) -> tuple[bool, str]:
+        return available(env, bin_dir)
+
+    @property
+    def pyslurm(self) -> Any:
+        if self._mod is None:
+            self._mod = _import_pyslurm(self.env)
+        return self._mod
+
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        rpc_error = getattr(self.pyslurm, "RPCError", None)
+        base_error = getattr(self.pyslurm, "PyslurmError", rpc_error)
+        errors: tuple[type[BaseException], ...] = tuple(
+            e for e in (rpc_error, base_error)
+            if isinstance(e, type) and issubclass(e, BaseException)
+        ) or (RuntimeError,)
+        last = ""
+        for attempt in range(1, self.retries + 1):
+            try:
+                return fn()
+            except errors as exc:
+                msg = str(exc) or type(exc).__name__
+                if not is_unreachable(msg):
+                    raise SlurmCommandError(f"{what}: {msg}", output=msg) from exc
+                last = msg
+            if attempt < self.retries:
+                self._sleep(self.retry_delay_s)
+        raise SlurmUnreachable(f"slurmctld unreachable after {self.retries} tries: {last}")
+
+    # ----------------------------------------------------------------- nodes
+
+    @staticmethod
+    def _node_state(n: Any) -> NodeState:
+        state, flags = parse_node_state(str(getattr(n, "state", None) or "UNKNOWN"))
+        reason = getattr(n, "reason", None) or None
+        when = getattr(n, "reason_time", None)
+        return NodeState(
+            name=str(n.name),
+            state=state,
+            flags=flags,
+            reason=reason,
+            reason_user=(getattr(n, "reason_user", None) or None) if reason else None,
+            reason_time=float(when) if reason and when else None,
+        )
+
+    def node(self, name: str) -> NodeState:
+        name = _check_node(name)
+        try:
+            n = self._call("Node.load", lambda: self.pyslurm.Node.load(name))
+        except SlurmCommandError as exc:
+            low = exc.output.lower()
+            if "does not exist" in low or "invalid node name" in low or "not found" in low:
+                raise SlurmError(f"no such node: {name}") from exc
+            raise
+        return self._node_state(n)
+
+    def nodes(self) -> list[NodeState]:
+        nodes = self._call("Nodes.load", lambda: self.pyslurm.Nodes.load())
+        return [self._node_state(n) for n in nodes.values()]
+
+    def drain(self, node: str, reason: str) -> None:
+        node = _check_node(node)
+        text = sanitize_reason(reason)
+        mod = self.pyslurm
+        self._call("Node.modify", lambda: mod.Node(node).modify(mod.Node(state="DRAIN", reason=text)))
+
+    def resume(self, node: str) -> None:
+        node = _check_node(node)
+        mod = self.pyslurm
+        try:
+            self._call("Node.modify", lambda: mod.Node(node).modify(mod.Node(state="RESUME")))
+        except SlurmCommandError as exc:
+            if "invalid node state" in exc.output.lower():
+                return
+            raise
+
+    # ----------------------------------------------------------------- jobs
+
+    @staticmethod
+    def _job_info(j: Any) -> JobInfo:
+        nodes = expand_hostlist(getattr(j, "allocated_nodes", None))
+        gpus: dict[str, tuple[int, ...]] = {}
+        try:
+            layout = j.get_resource_layout_per_node() or {}
+        except Exception:
+            layout = {}
+        for node, res in layout.items():
+            idx = _gpu_indices_from_layout(res.get("gres") if isinstance(res, Mapping) else None)
+            if idx:
+                gpus[str(node)] = idx
+        reason = getattr(j, "state_reason", None)
+        return JobInfo(
+            job_id=str(j.id),
+            state=parse_job_state(getattr(j, "state", None)),
+            user=getattr(j, "user_name", None) or None,
+            nodes=nodes,
+            gpus=gpus,
+            batch_host=getattr(j, "batch_host", None) or None,
+            restart_count=int(getattr(j, "requeue_count", 0) or 0),
+            state_reason=None if reason in (None, "", "None") else str(reason),
+            admin_comment=getattr(j, "admin_comment", None) or None,
+        )
+
+    def jobs_on_node(self, node: str) -> list[JobInfo]:
+        node = _check_node(node)
+        jobs = self._call("Jobs.load", lambda: self.pyslurm.Jobs.load())
+        out = []
+        for j in jobs.values():
+            info = self._job_info(j)
+            if info.state in ACTIVE_JOB_STATES and node in info.nodes:
+                out.append(info)
+        return out
+
+    def _job_num(self, job_id: str) -> int:
+        jid = _check_job(job_id)
+        if not jid.isdigit():
+            raise SlurmError(f"pyslurm client needs a numeric job id, got {jid!r}")
+        return int(jid)
+
+    def job(self, job_id: str) -> JobInfo:
+        num = self._job_num(job_id)
+        try:
+            j = self._call("Job.load", lambda: self.pyslurm.Job.load(num))
+        except SlurmCommandError as exc:
+            if "invalid job id" in exc.output.lower():
+                raise SlurmError(f"no such job: {num}") from exc
+            raise
+        return self._job_info(j)
+
+    def signal_job(self, job_id: str, signal: str = "USR1", *, full: bool = False) -> None:
+        num = self._job_num(job_id)
+        sig = _signal_name(signal)
+        steps = "all" if full else "batch"
+        try:
+            self._call("Job.send_signal",
+                       lambda: self.pyslurm.Job(num).send_signal(sig, steps=steps))
+        except ValueError as exc:  # pyslurm: "Invalid Signal"
+            raise SlurmError(f"invalid signal: {signal!r}") from exc
+
+    def requeue(self, job_id: str) -> None:
+        num = self._job_num(job_id)
+        self._call("Job.requeue", lambda: self.pyslurm.Job(num).requeue())
+
+    def set_admin_comment(self, job_id: str, comment: str) -> None:
+        num = self._job_num(job_id)
+        text = sanitize_reason(comment, max_len=1024)
+        mod = self.pyslurm
+        self._call("Job.modify",
+                   lambda: mod.Job(num).modify(mod.JobSubmitDescription(admin_comment=text)))

@@ -1,0 +1,83 @@
+"""Fixtures for tests that need the real Slurm mini-cluster (``slurmgpu.simcluster``).
+
+tests/conftest.py star-imports this module (only the names in ``__all__``). Mark such tests
+``@pytest.mark.slurm``.
+
+- ``slurm_cluster`` (session): 4 nodes x 8 simulated H100s, hooks enabled, brought up once
+  per test session in ``/tmp/slurmgpu-test-cluster-<pid>`` (short: the munge socket path
+  must fit in 108 bytes; ``$SLURMGPU_TEST_CLUSTER_DIR`` overrides) and stopped at the end.
+  Needs root. Without root or Slurm (and no way to install it) the tests skip, but under
+  ``$CI`` they fail: CI must not silently skip them.
+- ``cluster`` (function): the same cluster after ``reset()`` (no jobs, fresh scenarios,
+  empty kmsg/state dirs, default slurmgpu.toml, all nodes idle), with SLURM_CONF, PATH and
+  SLURMGPU_CLUSTER_DIR set in ``os.environ`` for the test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+
+from slurmgpu.sim.build import SimToolchainError
+from slurmgpu.simcluster import SimCluster, SlurmNotAvailable
+
+__all__ = ["TEST_CLUSTER_GPUS", "TEST_CLUSTER_NODES", "cluster", "slurm_cluster"]
+
+TEST_CLUSTER_NODES = 4
+TEST_CLUSTER_GPUS = 8
+_DIR_PREFIX = "/tmp/slurmgpu-test-cluster-"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Registers the marker when this module is loaded as a plugin (``-p tests.slurmfixtures``)."""
+    config.addinivalue_line("markers", "slurm: needs the real Slurm mini-cluster")
+
+
+def _unavailable(reason: str) -> NoReturn:
+    if os.environ.get("CI"):  # CI installs Slurm and runs as root: a skip would hide failures
+        pytest.fail(f"simulated Slurm cluster unavailable under CI: {reason}", pytrace=False)
+    pytest.skip(f"simulated Slurm cluster unavailable: {reason}")
+
+
+def _reap_stale_clusters() -> None:
+    """Stop test clusters left behind by killed pytest sessions (their owner pid is gone)."""
+    for path in Path("/tmp").glob("slurmgpu-test-cluster-*"):
+        try:
+            owner = int(json.loads((path / "cluster.json").read_text())["owner_pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if owner != os.getpid() and not Path(f"/proc/{owner}").exists():
+            SimCluster(path).down(purge=True)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(request: pytest.FixtureRequest) -> Iterator[SimCluster]:
+    """The session's simulated Slurm cluster (see the module docstring)."""
+    if os.geteuid() != 0:
+        _unavailable("the cluster's daemons must run as root")
+    explicit = os.environ.get("SLURMGPU_TEST_CLUSTER_DIR")
+    if not explicit:
+        _reap_stale_clusters()
+    sim = SimCluster(explicit or f"{_DIR_PREFIX}{os.getpid()}")
+    try:
+        sim.up(nodes=TEST_CLUSTER_NODES, gpus=TEST_CLUSTER_GPUS, hooks_enabled=True)
+    except (SlurmNotAvailable, SimToolchainError) as exc:
+        _unavailable(str(exc))
+    yield sim
+    # Keep the directory (logs!) when something failed or the caller chose the directory.
+    failed = request.session.testsfailed > 0
+    sim.down(purge=not explicit and not failed)
+
+
+@pytest.fixture
+def cluster(slurm_cluster: SimCluster, monkeypatch: pytest.MonkeyPatch) -> SimCluster:
+    """The session cluster, reset for this test, with its client environment set."""
+    slurm_cluster.reset()
+    for key, value in slurm_cluster.env().items():
+        monkeypatch.setenv(key, value)
+    return slurm_cluster

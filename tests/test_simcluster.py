@@ -1,0 +1,344 @@
+"""The simulated Slurm cluster itself (slurmgpu.simcluster, `slurmgpu sim cluster`).
+
+Tests marked ``slurm`` share one session cluster (tests/slurmfixtures.py); each gets it
+reset. They turn the hooks off (``plain``) so they test Slurm and the simulator wiring, not
+slurmgpu's prolog.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from slurmgpu.cli import cli
+from slurmgpu.sim.scenario import load_scenario
+from slurmgpu.simcluster import (
+    ClusterError,
+    SimCluster,
+    fit_scenario,
+    render_cgroup_conf,
+    render_gres_conf,
+    render_hook,
+    render_slurm_conf,
+)
+from slurmgpu.sources.kmsg import pci_key, read_xids
+
+slurm = pytest.mark.slurm
+
+
+def slurmgpu_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "slurmgpu", *args], capture_output=True,
+                          text=True, env=env, timeout=60, check=False)
+
+
+def pids(sim: SimCluster) -> dict[str, Any]:
+    status = sim.status()
+    return {"munged": status["munged"]["pid"], "slurmctld": status["slurmctld"]["pid"],
+            **{n["name"]: n["slurmd_pid"] for n in status["nodes"]}}
+
+
+@pytest.fixture
+def plain(cluster: SimCluster) -> SimCluster:
+    """The reset cluster with hooks that just exit 0 (reset() turns them back on)."""
+    cluster.set_hooks_enabled(False)
+    return cluster
+
+
+# ------------------------------------------------------------- no Slurm needed
+
+
+def test_fit_scenario_trims_and_extends_with_fresh_ids() -> None:
+    base = load_scenario("h100-sxm-8")
+    base["events"] = [{"gpu": 1, "type": 8, "data": 79}, {"gpu": 6, "type": 8, "data": 48}]
+    four = fit_scenario(base, 4)
+    assert [g["uuid"] for g in four["gpus"]] == [g["uuid"] for g in base["gpus"][:4]]
+    assert four["events"] == [{"gpu": 1, "type": 8, "data": 79}]
+    ten = fit_scenario(base, 10)
+    assert len(ten["gpus"]) == 10
+    for key in ("uuid", "serial"):
+        assert len({g[key] for g in ten["gpus"]}) == 10
+    assert len({pci_key(g["pci"]["bus_id"]) for g in ten["gpus"]}) == 10
+    assert ten["gpus"][:8] == base["gpus"]
+    assert len(base["gpus"]) == 8  # the input is not changed
+
+
+def test_rendered_configs(tmp_path: Path) -> None:
+    state = {"nodes": ["gpu-n1", "gpu-n2"], "gpus": 4, "ctld_port": 17100,
+             "node_ports": [17101, 17102], "cpus": 4, "memory_mb": 16000}
+    conf = render_slurm_conf(tmp_path, state)
+    assert f"AuthInfo=socket={tmp_path}/munge/munge.socket.2,cred_expire=10" in conf
+    assert ("NodeName=gpu-n2 NodeHostname=localhost NodeAddr=127.0.0.1 Port=17102 CPUs=4 "
+            "RealMemory=16000 Gres=gpu:4 State=UNKNOWN") in conf
+    assert f"Prolog={tmp_path}/hooks/prolog" in conf and "PrologFlags=Alloc" in conf
+    gres = render_gres_conf(tmp_path, state)
+    assert f"NodeName=gpu-n1 Name=gpu File={tmp_path}/nodes/gpu-n1/dev/nvidia[0-3]" in gres
+    assert "CgroupPlugin=disabled" in render_cgroup_conf(tmp_path, (24, 11, 5))
+    assert "CgroupPlugin=cgroup/v1" in render_cgroup_conf(tmp_path, (22, 5, 8))
+    assert render_hook("prolog", tmp_path, tmp_path / "lib.so", enabled=False).endswith("exit 0\n")
+
+
+@pytest.mark.parametrize("command", ["up", "down", "status", "env", "inject", "inject-xid"])
+def test_cluster_commands_have_help(command: str) -> None:
+    result = CliRunner().invoke(cli, ["sim", "cluster", command, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "Usage:" in result.output and "--dir" in result.output
+
+
+def test_status_of_a_missing_cluster(tmp_path: Path) -> None:
+    proc = slurmgpu_cli("sim", "cluster", "status", "--json", "--dir", str(tmp_path / "none"))
+    assert proc.returncode == 1
+    assert json.loads(proc.stdout)["up"] is False
+    proc = slurmgpu_cli("sim", "cluster", "down", "--dir", str(tmp_path / "none"))
+    assert proc.returncode == 0, proc.stderr  # down is idempotent
+
+
+def test_errors_are_one_line_exit_3(tmp_path: Path) -> None:
+    proc = slurmgpu_cli("sim", "cluster", "inject", "gpu-n1", "h100-sxm-8", "--dir", str(tmp_path))
+    assert proc.returncode == 3
+    assert proc.stderr.startswith("slurmgpu: error: unknown node 'gpu-n1'")
+    assert proc.stderr.count("\n") == 1
+    (tmp_path / "precious").write_text("x")
+    with pytest.raises(ClusterError, match="holds no simulated cluster"):
+        SimCluster(tmp_path).down(purge=True)
+    assert (tmp_path / "precious").exists()
+
+
+# ---------------------------------------------------------------- the cluster
+
+
+@slurm
+def test_up_is_idempotent(cluster: SimCluster) -> None:
+    before = pids(cluster)
+    assert all(before.values())
+    started = time.monotonic()
+    cluster.up(nodes=4, gpus=8, hooks_enabled=True)
+    proc = slurmgpu_cli("sim", "cluster", "up", "--json", "--dir", str(cluster.dir))
+    assert proc.returncode == 0, proc.stderr
+    assert time.monotonic() - started < 10
+    assert pids(cluster) == before
+    assert json.loads(proc.stdout)["up"] is True
+    with pytest.raises(ClusterError, match="already up"):
+        cluster.up(nodes=2, gpus=8)
+
+
+@slurm
+def test_every_node_idle_with_eight_gpus(cluster: SimCluster) -> None:
+    assert cluster.node_states() == {f"gpu-n{i}": "idle" for i in range(1, 5)}
+    node = cluster.scontrol("show", "node", "gpu-n3")
+    assert "Gres=gpu:8" in node and f"Port={cluster.status()['nodes'][2]['port']}" in node
+    for name in cluster.nodes:
+        devices = sorted(p.name for p in (cluster.node_dir(name) / "dev").iterdir())
+        assert devices == [f"nvidia{i}" for i in range(8)]
+
+
+@slurm
+def test_jobs_get_disjoint_gpus(plain: SimCluster) -> None:
+    script = "echo $CUDA_VISIBLE_DEVICES; sleep 1"
+    jobs = [plain.sbatch(script, "--gres=gpu:2", "-w", "gpu-n2") for _ in range(2)]
+    seen = []
+    for job in jobs:
+        assert plain.wait_job(job) == "COMPLETED"
+        gpus = plain.job_output(job).strip().split(",")
+        assert len(gpus) == 2
+        seen += gpus
+    assert len(set(seen)) == 4  # both ran at once, on different GPUs
+
+
+@slurm
+def test_wrap_job_gets_two_gpus(plain: SimCluster) -> None:
+    job = plain.sbatch("", "--gres=gpu:2", "--wrap", "echo $CUDA_VISIBLE_DEVICES")
+    assert plain.wait_job(job) == "COMPLETED"
+    assert plain.job_output(job).strip() == "0,1"
+
+
+@slurm
+def test_hooks_export_the_node_environment(cluster: SimCluster, tmp_path: Path) -> None:
+    text = cluster.hook("prolog").read_text()
+    probe = tmp_path / "probe"
+    lines = [ln for ln in text.splitlines() if not ln.startswith(("exec ", "[ -x"))]
+    probe.write_text("\n".join([*lines, "exec /usr/bin/env"]) + "\n")
+    probe.chmod(0o755)
+    out = subprocess.run([str(probe)], env={"SLURMD_NODENAME": "gpu-n3"}, capture_output=True,
+                         text=True, check=True).stdout
+    env = dict(line.split("=", 1) for line in out.splitlines())
+    assert env["SLURMGPU_SIM_SCENARIO"] == str(cluster.scenario_path("gpu-n3"))
+    assert env["SLURMGPU_KMSG"] == str(cluster.kmsg_path("gpu-n3"))
+    assert env["SLURMGPU_STATE_DIR"] == str(cluster.state_dir("gpu-n3"))
+    assert env["SLURMGPU_DEVICE_PATTERN"] == str(cluster.node_dir("gpu-n3") / "dev/nvidia{index}")
+    assert env["SLURM_CONF"] == str(cluster.conf)
+    assert env["SLURMGPU_CONFIG"] == str(cluster.dir / "etc/slurmgpu.toml")
+    assert Path(env["SLURMGPU_NVML_LIBRARY"]).is_file()
+    assert env["SLURMGPU_BIN"].split()[0] and Path(env["SLURMGPU_BIN"].split()[0]).exists()
+    cluster.set_hooks_enabled(False)
+    assert cluster.run_hook("prolog", "gpu-n3", {"SLURM_JOB_ID": "1"}).returncode == 0
+
+
+@slurm
+def test_slurmd_runs_the_prolog_hook_with_the_node_environment(cluster: SimCluster) -> None:
+    hook = cluster.hook("prolog")
+    lines = [ln for ln in hook.read_text().splitlines() if not ln.startswith(("exec ", "[ -x"))]
+    out = cluster.dir / "jobs" / "prolog-$SLURM_JOB_ID.env"
+    hook.write_text("\n".join([*lines, f'/usr/bin/env > "{out}"', "exit 0"]) + "\n")
+    job = cluster.sbatch("", "--gres=gpu:3", "-w", "gpu-n4", "--wrap", "true")
+    assert cluster.wait_job(job) == "COMPLETED"
+    text = (cluster.dir / "jobs" / f"prolog-{job}.env").read_text()
+    env = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+    assert env["SLURMD_NODENAME"] == "gpu-n4" and env["SLURM_JOB_ID"] == job
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1,2"
+    assert env["SLURMGPU_SIM_SCENARIO"] == str(cluster.scenario_path("gpu-n4"))
+
+
+def check_json(sim: SimCluster, node: str) -> dict[str, Any]:
+    env = {**os.environ, **sim.node_env(node)}
+    proc = slurmgpu_cli("check", "--json", "--node", node, env=env)
+    assert proc.returncode in (0, 1, 2), proc.stderr
+    result: dict[str, Any] = json.loads(proc.stdout)
+    return result
+
+
+@slurm
+def test_inject_swaps_a_node_scenario_atomically(cluster: SimCluster) -> None:
+    path = cluster.scenario_path("gpu-n2")
+    inode = path.stat().st_ino
+    cluster.inject("gpu-n2", "fault-ecc-dbe")
+    assert path.stat().st_ino != inode  # rename over the old file, never rewritten in place
+    assert json.loads(path.read_text()) == load_scenario("fault-ecc-dbe")
+    assert sorted(p.name for p in path.parent.iterdir()) == ["dev", "kmsg", "scenario.json",
+                                                              "state"]
+    assert json.loads(cluster.scenario_path("gpu-n1").read_text()) == load_scenario("h100-sxm-8")
+    bad = check_json(cluster, "gpu-n2")
+    assert bad["verdict"] == "FAIL"
+    assert [(f["check"], f["gpu"]) for f in bad["findings"] if f["severity"] == "FAIL"] == [
+        ("ecc.uncorrected", 3)]
+    assert check_json(cluster, "gpu-n1")["verdict"] == "OK"
+    proc = slurmgpu_cli("sim", "cluster", "inject", "gpu-n4", "fault-gpu-lost",
+                        "--dir", str(cluster.dir))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(cluster.scenario_path("gpu-n4").read_text())["gpus"][5]["lost"] is True
+
+
+@slurm
+def test_inject_xid_logs_kmsg_and_an_nvml_event(cluster: SimCluster) -> None:
+    cluster.inject_xid("gpu-n3", 2, 79)
+    proc = slurmgpu_cli("sim", "cluster", "inject-xid", "gpu-n3", "5", "48",
+                        "--dir", str(cluster.dir))
+    assert proc.returncode == 0, proc.stderr
+    scenario = json.loads(cluster.scenario_path("gpu-n3").read_text())
+    keys = [pci_key(g["pci"]["bus_id"]) for g in scenario["gpus"]]
+    by_pci = {key: i for i, key in enumerate(keys) if key is not None}
+    xids = read_xids(str(cluster.kmsg_path("gpu-n3")), by_pci)
+    assert [(x.xid, x.gpu) for x in xids] == [(79, 2), (48, 5)]
+    assert all(x.timestamp is not None and abs(x.timestamp - time.time()) < 60 for x in xids)
+    assert scenario["events"] == [{"gpu": 2, "type": 8, "data": 79, "id": 1},
+                                  {"gpu": 5, "type": 8, "data": 48, "id": 2}]
+    assert cluster.kmsg_path("gpu-n1").read_text() == ""
+    proc = slurmgpu_cli("sim", "cluster", "inject-xid", "gpu-n3", "8", "79",
+                        "--dir", str(cluster.dir))
+    assert proc.returncode == 3 and "has no GPU 8" in proc.stderr
+
+
+@slurm
+def test_status_and_env_cli(cluster: SimCluster) -> None:
+    proc = slurmgpu_cli("sim", "cluster", "status", "--json", "--dir", str(cluster.dir))
+    assert proc.returncode == 0, proc.stderr
+    status = json.loads(proc.stdout)
+    assert status["up"] is True and status["slurmctld"]["responding"] is True
+    assert [(n["name"], n["state"], n["slurmd_running"]) for n in status["nodes"]] == [
+        (f"gpu-n{i}", "idle", True) for i in range(1, 5)]
+    text = slurmgpu_cli("sim", "cluster", "status", "--dir", str(cluster.dir))
+    assert text.returncode == 0 and "gpu-n4" in text.stdout and " up " in text.stdout
+    env = {k: v for k, v in os.environ.items() if k not in ("SLURM_CONF", "SLURMGPU_CLUSTER_DIR")}
+    shell = (f'eval "$("{sys.executable}" -m slurmgpu sim cluster env --dir {cluster.dir})" && '
+             'sinfo -h -N -o %N && echo "$SLURMGPU_CLUSTER_DIR"')
+    out = subprocess.run(["sh", "-c", shell], env=env, capture_output=True, text=True,
+                         timeout=30, check=True).stdout.split()
+    assert out == [*cluster.nodes, str(cluster.dir)]
+
+
+@slurm
+def test_reset_restores_a_clean_cluster(plain: SimCluster) -> None:
+    cluster = plain
+    job = cluster.sbatch("sleep 300", "--gres=gpu:1", "-w", "gpu-n1")
+    cluster.wait_job(job, states=("RUNNING",))
+    cluster.scontrol("update", "nodename=gpu-n2", "state=drain", "reason=test drain")
+    cluster.inject("gpu-n3", "fault-gpu-lost")
+    cluster.inject_xid("gpu-n4", 0, 79)
+    (cluster.state_dir("gpu-n4") / "leftover").write_text("x")
+    cluster.write_config("[gpu]\ncount = 7\n")
+    killed = cluster.status()["nodes"][3]["slurmd_pid"]
+    os.kill(killed, signal.SIGKILL)
+    cluster.reset()
+    assert cluster.status()["nodes"][3]["slurmd_running"]  # reset restarts a dead slurmd
+    assert cluster.wait_job(job) == "CANCELLED"
+    assert set(cluster.node_states().values()) == {"idle"}
+    base = json.loads((cluster.dir / "scenario.base.json").read_text())
+    assert json.loads(cluster.scenario_path("gpu-n3").read_text()) == base
+    assert cluster.kmsg_path("gpu-n4").read_text() == ""
+    assert list(cluster.state_dir("gpu-n4").iterdir()) == []
+    assert (cluster.dir / "etc/slurmgpu.toml").read_text() == cluster.default_config()
+    assert "exit 0" not in cluster.hook("prolog").read_text()  # hooks back as at up
+
+
+@slurm
+def test_down_stops_only_its_own_daemons(slurm_cluster: SimCluster) -> None:
+    before = pids(slurm_cluster)
+    mini = SimCluster(f"/tmp/slurmgpu-test-mini-{os.getpid()}")
+    try:
+        mini.up(nodes=1, gpus=2, hooks_enabled=False)
+        mine = pids(mini)
+        assert mini.status()["up"] and set(mine.values()).isdisjoint(before.values())
+        mini.down()
+        assert not any(Path(f"/proc/{pid}").exists() and _alive(pid) for pid in mine.values())
+        assert not list((mini.dir / "run").glob("*.pid"))
+        assert mini.dir.is_dir()  # down keeps the directory
+        mini.down()  # idempotent
+        assert pids(slurm_cluster) == before and slurm_cluster.status()["up"]
+    finally:
+        mini.down(purge=True)
+    assert not mini.dir.exists()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_install_writes_policy_rc_d_and_retries_after_update(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import slurmgpu.simcluster as simcluster
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    policy = tmp_path / "policy-rc.d"
+    log = tmp_path / "apt.log"
+    # The first install fails (stale package lists); `update` makes the retry succeed.
+    (bin_dir / "apt-get").write_text(
+        "#!/bin/sh\n"
+        f'echo "$* policy=$(cat {policy} 2>/dev/null | tail -1)" >> {log}\n'
+        f'[ "$1" = update ] && touch {tmp_path}/updated\n'
+        f'[ "$1" = install ] && [ ! -e {tmp_path}/updated ] && exit 100\n'
+        "exit 0\n"
+    )
+    (bin_dir / "apt-get").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.setattr(simcluster, "POLICY_RC_D", policy)
+    monkeypatch.setattr(simcluster.os, "geteuid", lambda: 0)
+    missing = iter([["slurmd"], []])
+    monkeypatch.setattr(simcluster, "missing_programs", lambda: next(missing))
+    simcluster.ensure_slurm_installed()
+    calls = log.read_text().splitlines()
+    install = "install -y -q --no-install-recommends slurmctld slurmd slurm-client munge"
+    assert calls == [f"{install} policy=exit 101", "update -q policy=exit 101",
+                     f"{install} policy=exit 101"]
+    assert not policy.exists()  # created for the install only

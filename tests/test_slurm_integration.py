@@ -1,0 +1,184 @@
+"""slurmgpu's Slurm hooks on a real Slurm mini-cluster (slurmctld + 4 slurmd + munge),
+8 simulated GPUs per node through the fake libnvidia-ml.so.1. Run with `pytest -m slurm`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurmgpu.simcluster import SimCluster
+from slurmgpu.sources.kmsg import read_xids
+
+pytestmark = pytest.mark.slurm
+
+FAST_SLURM = "[slurm]\nretries = 2\nretry_delay_s = 0.3\ncommand_timeout_s = 5\n"
+
+
+def reason(cluster: SimCluster, node: str) -> str:
+    out = cluster.scontrol("show", "node", "-o", node)
+    return out.split("Reason=", 1)[1].rsplit(" [", 1)[0] if "Reason=" in out else ""
+
+
+def state(cluster: SimCluster, node: str) -> str:
+    out = cluster.scontrol("show", "node", "-o", node)
+    return out.split("State=", 1)[1].split()[0]
+
+
+def wait_for(predicate: Any, timeout: float = 30, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def records(cluster: SimCluster, node: str, name: str = "gate.jsonl") -> list[dict[str, Any]]:
+    path = cluster.state_dir(node) / name
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def job_env(job: str = "777", gpus: str = "0,1") -> dict[str, str]:
+    return {"SLURM_JOB_ID": job, "SLURM_JOB_GPUS": gpus, "CUDA_VISIBLE_DEVICES": gpus,
+            "SLURM_JOB_USER": "root"}
+
+
+def test_healthy_job_runs(cluster: SimCluster) -> None:
+    job = cluster.sbatch("", "--gres=gpu:2", "--wrap", "echo gpus=$CUDA_VISIBLE_DEVICES")
+    assert cluster.wait_job(job) == "COMPLETED"
+    assert "gpus=0,1" in cluster.job_output(job)
+    node = cluster.job(job)["NodeList"]
+    assert records(cluster, node)[0]["verdict"] == "OK"
+
+
+def _break_every_gpu(data: dict[str, Any], fault: str) -> None:
+    for gpu in data["gpus"]:
+        if fault == "lost":
+            gpu["lost"] = True
+        else:
+            gpu["remapped_rows"]["failure"] = True
+
+
+@pytest.mark.parametrize(("fault", "check"), [("lost", "gpu.lost"), ("row-remap-failure", "mem.row_remap")])
+def test_job_on_bad_gpu_drains_node_and_requeues_elsewhere(cluster: SimCluster, fault: str,
+                                                           check: str) -> None:
+    # Every GPU of gpu-n1 (the scheduler's first pick) carries the fault.
+    from slurmgpu.sim.scenario import load_scenario
+
+    data = load_scenario("h100-sxm-8")
+    _break_every_gpu(data, fault)
+    cluster.inject("gpu-n1", data)
+    job = cluster.sbatch("", "--gres=gpu:2", "--wrap", "hostname")
+    assert cluster.wait_job(job, timeout=90) == "COMPLETED"
+    info = cluster.job(job)
+    assert info["NodeList"] != "gpu-n1"
+    assert int(info.get("Restarts", "0")) >= 1, "job never landed on the bad node (scheduler picked another)"
+    assert "DRAIN" in state(cluster, "gpu-n1")
+    assert reason(cluster, "gpu-n1").startswith(f"slurmgpu: {check} GPU 0 ")
+
+
+def test_fault_on_gpu_the_job_did_not_get(cluster: SimCluster) -> None:
+    cluster.inject("gpu-n2", "fault-gpu-lost")  # GPU 5 lost
+    job = cluster.sbatch("", "--gres=gpu:2", "-w", "gpu-n2", "--wrap", "true")
+    assert cluster.wait_job(job) == "COMPLETED"
+    assert "DRAIN" not in state(cluster, "gpu-n2")
+    proc = cluster.run_hook("healthcheck", "gpu-n2")
+    assert proc.returncode == 2, proc.stderr
+    assert reason(cluster, "gpu-n2").startswith("slurmgpu: gpu.lost GPU 5")
+
+
+def test_wrong_driver_pin_drains(cluster: SimCluster) -> None:
+    cluster.inject("gpu-n3", "fault-wrong-driver")
+    job = cluster.sbatch("", "--gres=gpu:1", "-w", "gpu-n3", "--wrap", "true")
+    wait_for(lambda: "DRAIN" in state(cluster, "gpu-n3"), what="gpu-n3 drained")
+    assert reason(cluster, "gpu-n3").startswith("slurmgpu: pin.driver NVIDIA driver 535.104.05 is off-pin")
+    # The prolog refused it: requeued, and pending because its only allowed node is drained.
+    wait_for(lambda: cluster.job(job)["JobState"] == "PENDING", what="job requeued")
+    assert int(cluster.job(job).get("Restarts", "0")) >= 1
+
+
+def test_xid_during_job_is_caught_by_the_epilog(cluster: SimCluster) -> None:
+    job = cluster.sbatch("", "--gres=gpu:2", "-w", "gpu-n4", "--wrap", "sleep 4")
+    assert cluster.wait_job(job, states=("RUNNING",)) == "RUNNING"
+    time.sleep(1)
+    cluster.inject_xid("gpu-n4", 1, 79)
+    assert read_xids(str(cluster.kmsg_path("gpu-n4")), {})  # the simulated kernel log has it
+    assert cluster.wait_job(job) == "COMPLETED"
+    wait_for(lambda: "DRAIN" in state(cluster, "gpu-n4"), what="epilog drain")
+    assert reason(cluster, "gpu-n4").startswith("slurmgpu: xid.recent GPU 1 XID 79")
+    summary = records(cluster, "gpu-n4", "job-summaries.jsonl")[-1]
+    assert summary["job"] == job and {"xid": 79, "gpu": 1} in summary["xids"]
+
+
+def test_healthcheck_resumes_its_own_drain_not_an_operators(cluster: SimCluster) -> None:
+    cluster.inject("gpu-n3", "fault-nvlink-down")
+    assert cluster.run_hook("healthcheck", "gpu-n3").returncode == 2
+    assert reason(cluster, "gpu-n3").startswith("slurmgpu: nvlink.state GPU 7")
+    cluster.scontrol("update", "nodename=gpu-n4", "state=drain", "reason=operator maintenance")
+    cluster.inject("gpu-n3", "h100-sxm-8")
+    assert cluster.run_hook("healthcheck", "gpu-n3").returncode == 0
+    assert cluster.run_hook("healthcheck", "gpu-n4").returncode == 0
+    wait_for(lambda: "DRAIN" not in state(cluster, "gpu-n3"), what="gpu-n3 resumed")
+    assert "DRAIN" in state(cluster, "gpu-n4") and reason(cluster, "gpu-n4") == "operator maintenance"
+
+
+def test_internal_error_fails_open_and_is_recorded(cluster: SimCluster) -> None:
+    cluster.write_config(cluster.default_config().replace("timeout_s = 20", "timeout_s = 0.001"))
+    job = cluster.sbatch("", "--gres=gpu:1", "-w", "gpu-n1", "--wrap", "true")
+    assert cluster.wait_job(job) == "COMPLETED"
+    assert "DRAIN" not in state(cluster, "gpu-n1")
+    rec = next(r for r in records(cluster, "gpu-n1") if r["action"] == "fail-open")
+    assert "watchdog: prolog exceeded" in rec["error"] and rec["job"] == job
+
+
+def test_internal_error_fail_closed_drains(cluster: SimCluster) -> None:
+    cluster.write_config(cluster.default_config().replace("timeout_s = 20",
+                                                          'timeout_s = 0.001\non_error = "fail-closed"'))
+    proc = cluster.run_hook("prolog", "gpu-n2", job_env())
+    assert proc.returncode == 1
+    assert reason(cluster, "gpu-n2").startswith("slurmgpu: internal error in prolog: watchdog")
+
+
+def test_slurmctld_down_drain_is_retried_and_not_lost(cluster: SimCluster) -> None:
+    cluster.write_config(cluster.default_config() + FAST_SLURM)
+    cluster.inject("gpu-n1", "fault-ecc-dbe")
+    cluster.stop_controller()
+    try:
+        start = time.monotonic()
+        proc = cluster.run_hook("prolog", "gpu-n1", job_env(gpus="3"))
+        assert proc.returncode == 1
+        assert time.monotonic() - start < 20
+        assert "slurmctld unreachable after 2 tries" in proc.stderr
+        journal = cluster.state_dir("gpu-n1") / "pending-actions.jsonl"
+        assert "ecc.uncorrected GPU 3" in journal.read_text()
+    finally:
+        cluster.start_controller()
+    assert cluster.run_hook("healthcheck", "gpu-n2").returncode == 0  # another node: journal is per node
+    assert cluster.run_hook("healthcheck", "gpu-n1").returncode == 2
+    assert reason(cluster, "gpu-n1").startswith("slurmgpu: ecc.uncorrected GPU 3")
+    assert not journal.exists()
+
+
+def test_hostile_reason_text_is_safe(cluster: SimCluster, tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    hostile = f"bad \"quotes\" 'single'; touch {marker}; $(touch {marker}) `touch {marker}`\nline2\t" + "x" * 1000
+    env = {**os.environ, **cluster.env(), "SLURMGPU_STATE_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "slurmgpu", "drain", "gpu-n2", "--reason", hostile, "--json"],
+                          env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    got = reason(cluster, "gpu-n2")
+    assert got.startswith('slurmgpu: bad "quotes" \'single\'; touch ')
+    assert "\n" not in got and len(got) <= 256 and not marker.exists()
+    listed = subprocess.run([sys.executable, "-m", "slurmgpu", "nodes", "--json"], env=env,
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert [n["node"] for n in json.loads(listed.stdout)] == ["gpu-n2"]
+    resumed = subprocess.run([sys.executable, "-m", "slurmgpu", "resume", "gpu-n2"], env=env,
+                             capture_output=True, text=True, timeout=60, check=False)
+    assert resumed.returncode == 0 and "resumed" in resumed.stdout
