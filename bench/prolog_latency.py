@@ -29,6 +29,14 @@ def pct(values: list[float], p: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
+def _lost_gpu0() -> dict:
+    from slurmgpu.sim.scenario import load_scenario
+
+    data = load_scenario("h100-sxm-8")
+    data["gpus"][0]["lost"] = True
+    return data
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=50)
@@ -55,6 +63,21 @@ def main() -> int:
                 return 1
             if i >= 3:
                 samples.append(elapsed)
+        # The FAIL path: GPU 0 of the second node lost; each run drains it (timed), then the
+        # node is resumed (not timed).
+        bad = cluster.nodes[1]
+        cluster.inject(bad, _lost_gpu0())
+        fail_samples = []
+        for i in range(max(args.runs // 5, 5)):
+            env = {"SLURM_JOB_ID": str(910000 + i), "SLURM_JOB_GPUS": "0,1", "SLURM_JOB_USER": "bench"}
+            start = time.perf_counter()
+            proc = cluster.run_hook("prolog", bad, env)
+            fail_samples.append((time.perf_counter() - start) * 1000)
+            if proc.returncode != 1:
+                print(proc.stderr, file=sys.stderr)
+                return 1
+            cluster.scontrol("update", f"nodename={bad}", "state=resume")
+        cluster.inject(bad, "h100-sxm-8")
         jobs = []
         for _ in range(args.jobs):
             start = time.perf_counter()
@@ -67,6 +90,8 @@ def main() -> int:
         result = {
             "prolog_runs": args.runs, "prolog_p50_ms": round(statistics.median(samples), 1),
             "prolog_p99_ms": round(pct(samples, 0.99), 1), "prolog_max_ms": round(max(samples), 1),
+            "fail_runs": len(fail_samples), "fail_drain_p50_ms": round(statistics.median(fail_samples), 1),
+            "fail_drain_max_ms": round(max(fail_samples), 1),
             "jobs": args.jobs, "job_submit_to_complete_p50_ms": round(statistics.median(jobs), 1),
             "gpus_per_node": 8, "job_gpus": 2,
         }
