@@ -154,7 +154,9 @@ def test_checks_list() -> None:
 
 @pytest.mark.parametrize("command", [
     ["--help"], ["check", "--help"], ["checks", "list", "--help"], ["config", "check", "--help"],
-    ["config", "explain", "--help"], ["sim", "--help"],
+    ["config", "explain", "--help"], ["sim", "--help"], ["prolog", "--help"], ["epilog", "--help"],
+    ["healthcheck", "--help"], ["drain", "--help"], ["resume", "--help"], ["nodes", "--help"],
+    ["sim", "cluster", "--help"],
 ])
 def test_help(command: list[str]) -> None:
     proc = slurmgpu(*command)

@@ -214,6 +214,46 @@ class PathsSettings:
 
 
 @dataclass
+class AgentSettings:
+    # Full poll of every fact (checks run on each); NVML events arrive in between.
+    interval_s: float = 15.0
+    # Software versions (NCCL, CUDA, OFED) change rarely and cost more: refreshed this often.
+    versions_interval_s: float = 300.0
+    # Local query socket for the prolog/epilog (root and slurm_user only).
+    socket: str = "/run/slurmgpu/agent.sock"
+    slurm_user: str = "slurm"
+    # A cached verdict older than this is refreshed (just the requested GPUs) before answering.
+    max_age_s: float = 30.0
+    # The prolog waits this long for the agent before falling back to the direct path.
+    query_timeout_s: float = 0.5
+    # Outgoing messages wait here until the collector acknowledges them.
+    spool_dir: str = "/var/spool/slurmgpu"
+    spool_max_mb: float = 64.0
+    heartbeat_s: float = 5.0
+    # NVML event watching (XID, ECC, clock changes) in a thread.
+    events: bool = True
+    # IB link flapping: link_downed rising in `flap_count` samples within `flap_window_s`
+    # is a strike (WARN); `flap_strikes` strikes fail the port.
+    flap_window_s: float = 300.0
+    flap_count: int = 2
+    flap_strikes: int = 2
+
+
+@dataclass
+class CollectorSettings:
+    # Where agents connect (the head node), and what the collector binds.
+    address: str = "tcp://localhost:7150"
+    bind: str = "tcp://*:7150"
+    db: str = "/var/lib/slurmgpu/fleet.db"
+    # CURVE keys: collector keypair, node keypairs, allow-list (see `slurmgpu keys`).
+    keys_dir: str = "/etc/slurmgpu/keys"
+    heartbeat_s: float = 5.0
+    # A node silent for this many heartbeat intervals is marked unreachable.
+    unreachable_after: int = 3
+    retention_days: int = 90
+
+
+@dataclass
 class Settings:
     gpu: GpuSettings = field(default_factory=GpuSettings)
     pins: PinSettings = field(default_factory=PinSettings)
@@ -233,3 +273,5 @@ class Settings:
     healthcheck: HealthcheckSettings = field(default_factory=HealthcheckSettings)
     slurm: SlurmSettings = field(default_factory=SlurmSettings)
     paths: PathsSettings = field(default_factory=PathsSettings)
+    agent: AgentSettings = field(default_factory=AgentSettings)
+    collector: CollectorSettings = field(default_factory=CollectorSettings)
