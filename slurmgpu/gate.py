@@ -113,6 +113,8 @@ class Gate:
     # For tests: what a watchdog does at the end (the real one leaves the process).
     exit: Callable[[int], None] = os._exit
     records: list[dict[str, Any]] = field(default_factory=list)
+    # Added to every record (the agent's warm path sets {"path": "agent"}).
+    record_extra: dict[str, Any] = field(default_factory=dict)
 
     # -- paths -----------------------------------------------------------------
 
@@ -300,7 +302,9 @@ class Gate:
         if mode == "ignore" or not job.gpus:
             return []
         devices = {self.device_pattern.format(index=i): i for i in sorted(job.gpus)}
-        found = find_device_holders(devices)
+        uid = self.environ.get("SLURM_JOB_UID")
+        found = find_device_holders(devices, uid=int(uid) if uid and uid.isdigit() else None,
+                                    ignore=self.settings.epilog.strays_ignore)
         if mode == "kill":
             for proc in found:
                 try:
@@ -324,6 +328,7 @@ class Gate:
             "time": time.time(), "phase": phase, "node": job.node, "job": job.job_id,
             "gpus": sorted(job.gpus) if job.gpus is not None else None,
             "verdict": verdict.severity.name if verdict else None, "action": action,
+            **self.record_extra,
         }
         if reason:
             entry["reason"] = reason
@@ -417,9 +422,12 @@ def job_summary(job: JobContext, facts: NodeFacts, before: dict[str, Any] | None
     }
 
 
-def find_device_holders(devices: Mapping[str, int], proc_root: str = "/proc") -> list[dict[str, Any]]:
-    """Processes (other than this one) with one of these device files open."""
+def find_device_holders(devices: Mapping[str, int], proc_root: str = "/proc", *, uid: int | None = None,
+                        ignore: Iterable[str] = ()) -> list[dict[str, Any]]:
+    """Processes (other than this one) with one of these device files open; only those of
+    ``uid`` when given, and none whose command line contains an ``ignore`` entry."""
     me = os.getpid()
+    ignore = [i for i in ignore if i]
     found = []
     try:
         pids = [int(p) for p in os.listdir(proc_root) if p.isdigit()]
@@ -434,9 +442,20 @@ def find_device_holders(devices: Mapping[str, int], proc_root: str = "/proc") ->
         except OSError:
             continue  # gone, or not ours to look at
         held = sorted(devices[t] for t in targets if t in devices)
-        if held:
-            found.append({"pid": pid, "gpus": held, "command": _command(proc_root, pid)})
+        if not held or (uid is not None and _owner(proc_root, pid) != uid):
+            continue
+        command = _command(proc_root, pid)
+        if any(pattern in command for pattern in ignore):
+            continue
+        found.append({"pid": pid, "gpus": held, "command": command})
     return found
+
+
+def _owner(proc_root: str, pid: int) -> int | None:
+    try:
+        return os.stat(f"{proc_root}/{pid}").st_uid
+    except OSError:
+        return None
 
 
 def _command(proc_root: str, pid: int) -> str:

@@ -356,6 +356,9 @@ def render_cgroup_conf(d: Path, version: tuple[int, int, int]) -> str:
 def hook_environment(d: Path, node: str, lib: Path) -> dict[str, str]:
     """What a hook exports for ``node`` (``node`` may be the shell text "$node")."""
     nd = f"{d}/nodes/{node}"
+    # The warm-path client (standard library only): run as a file with -I -S, it skips
+    # site-packages (~30 ms of interpreter start-up) and needs no slurmgpu on sys.path.
+    quick = repo_root() / "slurmgpu" / "quickgate.py"
     env = {
         "SLURM_CONF": f"{d}/etc/slurm.conf",
         "SLURMGPU_NVML_LIBRARY": str(lib),
@@ -365,6 +368,10 @@ def hook_environment(d: Path, node: str, lib: Path) -> dict[str, str]:
         "SLURMGPU_CONFIG": f"{d}/etc/slurmgpu.toml",
         "SLURMGPU_BIN": slurmgpu_command(),
         "SLURMGPU_DEVICE_PATTERN": f"{nd}/dev/nvidia{{index}}",
+        # The warm path: the prolog/epilog wrappers try the node's agent at this socket
+        # first (falling back to $SLURMGPU_BIN when no agent answers).
+        "SLURMGPU_AGENT_SOCKET": f"{nd}/agent.sock",
+        "SLURMGPU_QUICKGATE": f"{shlex.quote(sys.executable)} -I -S {shlex.quote(str(quick))}",
     }
     if _needs_pythonpath():
         env["PYTHONPATH"] = str(repo_root())

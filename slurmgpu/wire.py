@@ -21,10 +21,16 @@ Message types (body fields):
     ack             {"seqs": [int, ...]}       (collector -> agent)
     command         {"command": str, "args": {...}}   (collector -> agent)
     command-result  {"command_id": str, "ok": bool, "result": {...}}
+
+``facts``, ``gpu``, ``data``, ``args`` and ``result`` may be absent (or None); every other
+field listed is required. ``node`` is a Slurm node name ([A-Za-z0-9._-], at most 128).
+``encode`` validates too, so a sender never emits a frame the receiver would reject.
 """
 
 from __future__ import annotations
 
+import math
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -37,6 +43,9 @@ from slurmgpu.errors import SlurmGpuError
 PROTOCOL_VERSION = 1
 MAX_FRAME = 1 << 20  # 1 MiB: a full 8-GPU report is ~20 KiB
 MAX_NODE_NAME = 128
+MAX_ID = 64
+# Slurm node name characters (the same rule the CURVE allow-list uses for file names).
+_NODE_RE = re.compile(r"[A-Za-z0-9._-]+")
 
 HELLO, REPORT, EVENT, HEARTBEAT, ACK, COMMAND, COMMAND_RESULT = (
     "hello", "report", "event", "heartbeat", "ack", "command", "command-result")
@@ -65,9 +74,14 @@ class Envelope:
 
 
 def encode(message: Envelope) -> bytes:
-    frame: bytes = msgpack.packb(message.to_dict(), use_bin_type=True)
+    """Serialise ``message``; a message the other side would reject is a WireError here."""
+    try:
+        frame: bytes = msgpack.packb(message.to_dict(), use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise WireError(f"{message.type} message cannot be encoded: {exc}") from None
     if len(frame) > MAX_FRAME:
         raise WireError(f"{message.type} message is {len(frame)} bytes (max {MAX_FRAME})")
+    decode(frame)  # what we send must be what the receiver accepts
     return frame
 
 
@@ -82,19 +96,22 @@ def decode(frame: bytes) -> Envelope:
     if not isinstance(data, dict):
         raise WireError("frame is not a map")
     version = data.get("v")
-    if version != PROTOCOL_VERSION:
-        raise WireError(f"unsupported protocol version {version!r} (this side speaks {PROTOCOL_VERSION})")
+    # (True == 1 and 1.0 == 1 in Python: insist on a real int)
+    if type(version) is not int or version != PROTOCOL_VERSION:
+        raise WireError(f"unsupported protocol version {_short(version)} "
+                        f"(this side speaks {PROTOCOL_VERSION})")
     mtype, node, seq, body = data.get("type"), data.get("node"), data.get("seq"), data.get("body")
     mid, ts = data.get("id"), data.get("ts")
-    if mtype not in TYPES:
-        raise WireError(f"unknown message type {mtype!r}")
-    if not isinstance(node, str) or not 0 < len(node) <= MAX_NODE_NAME:
+    if not isinstance(mtype, str) or mtype not in TYPES:  # (a list is unhashable)
+        raise WireError(f"unknown message type {_short(mtype)}")
+    if not isinstance(node, str) or not 0 < len(node) <= MAX_NODE_NAME \
+            or not _NODE_RE.fullmatch(node):
         raise WireError("bad node name")
     if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
         raise WireError("bad sequence number")
-    if not isinstance(mid, str) or not 0 < len(mid) <= 64:
+    if not isinstance(mid, str) or not 0 < len(mid) <= MAX_ID:
         raise WireError("bad message id")
-    if not isinstance(ts, (int, float)) or isinstance(ts, bool):
+    if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not math.isfinite(ts):
         raise WireError("bad timestamp")
     if not isinstance(body, dict):
         raise WireError("body is not a map")
@@ -102,13 +119,29 @@ def decode(frame: bytes) -> Envelope:
     return Envelope(type=mtype, node=node, seq=seq, body=body, id=mid, ts=float(ts), v=version)
 
 
-def _require(body: dict[str, Any], key: str, kind: type, mtype: str) -> None:
+def _short(value: Any) -> str:
+    """repr() of an untrusted value, bounded for an error message."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _require(body: dict[str, Any], key: str, kind: type | tuple[type, ...], mtype: str, *,
+             optional: bool = False) -> None:
+    """``body[key]`` must be a ``kind`` (a bool is never an int/float here); with
+    ``optional`` the field may also be absent or None."""
     value = body.get(key)
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+    if optional and value is None:
+        return
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
         raise WireError(f"{mtype}: field {key!r} missing or of the wrong type")
 
 
 def _validate_body(mtype: str, body: dict[str, Any]) -> None:
+    if mtype == HELLO:
+        _require(body, "version", str, mtype)
+        _require(body, "gpus", int, mtype)
+        _require(body, "interval_s", (int, float), mtype)
     if mtype in (REPORT, EVENT):
         _require(body, "verdict", str, mtype)
         _require(body, "findings", list, mtype)
@@ -116,14 +149,21 @@ def _validate_body(mtype: str, body: dict[str, Any]) -> None:
             if not isinstance(f, dict) or not isinstance(f.get("check"), str) or \
                     not isinstance(f.get("severity"), str):
                 raise WireError(f"{mtype}: malformed finding")
+    if mtype == REPORT:
+        _require(body, "facts", dict, mtype, optional=True)
     if mtype == EVENT:
         _require(body, "kind", str, mtype)
+        _require(body, "gpu", int, mtype, optional=True)
+        _require(body, "data", int, mtype, optional=True)
     if mtype == ACK:
         _require(body, "seqs", list, mtype)
-        if not all(isinstance(s, int) and not isinstance(s, bool) for s in body["seqs"]):
-            raise WireError("ack: seqs must be integers")
+        if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
+                   for s in body["seqs"]):
+            raise WireError("ack: seqs must be non-negative integers")
     if mtype == COMMAND:
         _require(body, "command", str, mtype)
+        _require(body, "args", dict, mtype, optional=True)
     if mtype == COMMAND_RESULT:
         _require(body, "command_id", str, mtype)
         _require(body, "ok", bool, mtype)
+        _require(body, "result", dict, mtype, optional=True)

@@ -331,3 +331,20 @@ def test_unreachable_during_healthcheck_is_unknown(tmp_path: Path) -> None:
     assert records(tmp_path)[0]["action"] == "drain-deferred"
     with pytest.raises(SlurmUnreachable):
         Actions(client, tmp_path).drain(NODE, "x")
+
+
+def test_stray_scan_ignores_daemons_and_other_users(tmp_path: Path) -> None:
+    device = tmp_path / "nvidia0"
+    device.write_text("")
+    # A "daemon" holding the GPU: its command line contains an ignored name.
+    daemon = subprocess.Popen([sys.executable, "-c",
+                               f"f = open({str(device)!r}); import time; time.sleep(60)", "slurmgpu-agent"])
+    try:
+        deadline = time.time() + 10
+        while not find_device_holders({str(device): 0}) and time.time() < deadline:
+            time.sleep(0.05)
+        assert [p["pid"] for p in find_device_holders({str(device): 0})] == [daemon.pid]
+        assert find_device_holders({str(device): 0}, ignore=["slurmgpu"]) == []
+        assert find_device_holders({str(device): 0}, uid=12345) == []  # not the job user's
+    finally:
+        daemon.kill()

@@ -46,13 +46,15 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _register() -> None:
+    from slurmgpu.cli import agent_cmd, config_cmd, keys_cmd, sim, slurm_cmds
     from slurmgpu.cli import checks as checks_cmds
-    from slurmgpu.cli import config_cmd, sim, slurm_cmds
 
     cli.add_command(checks_cmds.check)
     cli.add_command(checks_cmds.checks)
     cli.add_command(config_cmd.config)
     cli.add_command(sim.sim)
+    cli.add_command(keys_cmd.keys)
+    cli.add_command(agent_cmd.agent)
     for command in (slurm_cmds.prolog, slurm_cmds.epilog, slurm_cmds.healthcheck, slurm_cmds.drain,
                     slurm_cmds.resume, slurm_cmds.nodes):
         cli.add_command(command)

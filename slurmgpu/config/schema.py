@@ -187,6 +187,10 @@ class EpilogSettings:
     strays: Literal["ignore", "report", "kill"] = "report"
     # GPU device node; {index} is the GPU index.
     device_pattern: str = "/dev/nvidia{index}"
+    # Holders that are never strays (substrings of the command line): node daemons keep
+    # /dev/nvidia* open by design. Only processes of the job's user count as strays.
+    strays_ignore: list[str] = field(default_factory=lambda: [
+        "slurmgpu", "nvidia-persistenced", "nv-hostengine", "dcgm"])
 
 
 @dataclass

@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""Warm prolog path: whole-process wall time of `slurmgpu-quickgate prolog` against a live
+agent-side server (slurmgpu.agent.local) holding the facts of 8 simulated H100s (the fake
+libnvidia-ml.so.1, scenario h100-sxm-8), and of the fallback when no agent answers
+(quickgate -> exec `slurmgpu prolog`, the full path, on the same simulated GPUs).
+
+    python bench/warm_prolog.py [--runs 200] [--fallback-runs 20] [--json]
+
+The server runs in its own process: slurmgpu.agent.core.Agent when it can be built from
+Settings, else a minimal agent here (engine.gather over the system sources, cached, the
+job's GPUs refreshed when older than max_age_s). Drains go to an in-memory Slurm.
+
+Target: warm p50 <= 50 ms, p99 <= 100 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+NODE = "bench-n1"
+CONFIG = """\
+[gpu]
+count = 8
+[checks]
+disabled = ["ib.*", "pin.*"]
+"""
+
+
+def pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * p
+    lo = int(k)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+# ----------------------------------------------------------------- server side
+
+
+class MiniAgent:
+    """The Agent members the local server uses, over engine.gather."""
+
+    def __init__(self, settings: Any, node: str) -> None:
+        from slurmgpu.engine import system_sources
+
+        self.settings = settings
+        self.node = node
+        self.sources = system_sources(settings)
+        self.lock = threading.Lock()
+        self._latest: Any = None
+        self.refresh(None)
+
+    def refresh(self, gpus: frozenset[int] | None) -> Any:
+        from slurmgpu.engine import evaluate, gather
+
+        facts = gather(self.sources, node=self.node, scope=gpus)
+        if gpus is None:
+            self._latest = (facts, evaluate(facts, self.settings), time.time())
+        return facts
+
+    def latest(self) -> Any:
+        return self._latest
+
+    def facts_for(self, gpus: frozenset[int] | None, max_age_s: float) -> Any:
+        with self.lock:
+            facts = self._latest[0]
+            if time.time() - facts.collected_at > max_age_s:
+                return self.refresh(gpus)
+            if gpus is None:
+                return facts
+            out = copy.copy(facts)
+            out.nvml = copy.copy(facts.nvml)
+            out.nvml.gpus = [g for g in facts.nvml.gpus if g.index in gpus]
+            return out
+
+
+def serve(path: str, config: str) -> int:
+    from slurmgpu.agent.local import serve_local
+    from slurmgpu.config.load import load_config
+    from slurmgpu.testing import FakeSlurmClient
+
+    settings = load_config(config).settings_for(NODE)
+    agent: Any = MiniAgent(settings, NODE)
+    print(json.dumps({"agent": "MiniAgent", "verdict": agent.latest()[1].severity.name}), flush=True)
+    client = FakeSlurmClient([NODE])
+    stop = threading.Event()
+    serve_local(agent, path, stop, client_factory=lambda env: client)
+    return 0
+
+
+# ----------------------------------------------------------------- client side
+
+
+def time_runs(cmd: list[str], env: dict[str, str], runs: int, warmup: int = 5) -> tuple[list[float], set[int]]:
+    samples, codes = [], set()
+    for i in range(runs + warmup):
+        run_env = {**env, "SLURM_JOB_ID": str(500000 + i)}
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, env=run_env, capture_output=True, check=False)
+        elapsed = (time.perf_counter() - start) * 1000
+        codes.add(proc.returncode)
+        if proc.returncode not in (0, 1):
+            sys.stderr.write(proc.stderr.decode(errors="replace"))
+        if i >= warmup:
+            samples.append(elapsed)
+    return samples, codes
+
+
+def summary(samples: list[float]) -> dict[str, float]:
+    return {"runs": len(samples), "p50_ms": round(statistics.median(samples), 1),
+            "p99_ms": round(pct(samples, 0.99), 1), "max_ms": round(max(samples), 1)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--fallback-runs", type=int, default=20)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--serve", nargs=2, metavar=("SOCKET", "CONFIG"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        return serve(*args.serve)
+
+    from slurmgpu.sim.build import build_library
+    from slurmgpu.sim.scenario import resolve_scenario
+
+    work = Path(tempfile.mkdtemp(prefix="sgwb-", dir="/tmp"))
+    sock = str(work / "agent.sock")
+    config = work / "slurmgpu.toml"
+    config.write_text(CONFIG)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(REPO),
+           "SLURMGPU_NVML_LIBRARY": str(build_library()),
+           "SLURMGPU_SIM_SCENARIO": str(resolve_scenario("h100-sxm-8")),
+           "SLURMGPU_CONFIG": str(config), "SLURMD_NODENAME": NODE,
+           "SLURM_JOB_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "0,1", "SLURM_JOB_USER": "bench",
+           "SLURMGPU_STATE_DIR": str(work / "state"), "SLURMGPU_KMSG": str(work / "kmsg"),
+           "SLURMGPU_AGENT_SOCKET": sock}
+    server = subprocess.Popen([sys.executable, __file__, "--serve", sock, str(config)], env=env,
+                              stdout=subprocess.PIPE, text=True)
+    result: dict[str, Any] = {"gpus_per_node": 8, "job_gpus": 2}
+    try:
+        assert server.stdout is not None
+        result["server"] = json.loads(server.stdout.readline())
+        deadline = time.monotonic() + 20
+        while not os.path.exists(sock):
+            if time.monotonic() > deadline or server.poll() is not None:
+                print("agent-side server did not start", file=sys.stderr)
+                return 1
+            time.sleep(0.05)
+        quick_m = [sys.executable, "-m", "slurmgpu.quickgate", "prolog"]
+        samples, codes = time_runs(quick_m, env, args.runs)
+        result["warm_python_m"] = {**summary(samples), "exit_codes": sorted(codes)}
+        quick_file = [sys.executable, "-I", "-S", str(REPO / "slurmgpu" / "quickgate.py"), "prolog"]
+        samples, codes = time_runs(quick_file, env, args.runs)
+        result["warm_python_IS_file"] = {**summary(samples), "exit_codes": sorted(codes)}
+        hook = work / "hook.sh"  # the sim cluster's shape: sh wrapper -> quick client
+        hook.write_text(f'#!/bin/sh\nexport SLURMGPU_QUICKGATE="{" ".join(quick_file[:-1])}"\n'
+                        f'exec {REPO / "prolog" / "slurmgpu-prolog"} "$@"\n')
+        hook.chmod(0o755)
+        samples, codes = time_runs([str(hook)], env, args.runs)
+        result["warm_hook_wrapper_IS"] = {**summary(samples), "exit_codes": sorted(codes)}
+        script = shutil.which("slurmgpu-quickgate") or str(Path(sys.executable).parent / "slurmgpu-quickgate")
+        if os.access(script, os.X_OK):
+            samples, codes = time_runs([script, "prolog"], env, args.runs)
+            result["warm_console_script"] = {**summary(samples), "exit_codes": sorted(codes)}
+        else:
+            result["warm_console_script"] = "not installed"
+        down = {**env, "SLURMGPU_AGENT_SOCKET": str(work / "down.sock")}
+        samples, codes = time_runs(quick_m, down, args.fallback_runs, warmup=2)
+        result["fallback_agent_down"] = {**summary(samples), "exit_codes": sorted(codes)}
+        direct = os.environ.get("SLURMGPU_BIN", "").split() or [sys.executable, "-m", "slurmgpu"]
+        samples, codes = time_runs([*direct, "prolog"], env, args.fallback_runs, warmup=2)
+        result["direct_full_path"] = {**summary(samples), "exit_codes": sorted(codes)}
+    finally:
+        server.terminate()
+        server.wait(10)
+        shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        for k, v in result.items():
+            print(f"{k:>22}: {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,380 @@
+"""The per-node agent: poll loop, NVML event reactions, cache, spool and link.
+
+Threads: the main loop (``run``) polls every ``[agent] interval_s`` and pings the
+systemd watchdog; ``EventWatcher`` waits on NVML events and calls
+``on_nvml_event``; ``Link`` owns the collector socket; the local query socket (if
+present) calls ``latest``/``facts_for``. Shared state is guarded by one lock; NVML
+collection and evaluation run outside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from slurmgpu import __version__, wire
+from slurmgpu.agent.flap import FlapTracker
+from slurmgpu.agent.notify import Notifier
+from slurmgpu.agent.spool import Spool
+from slurmgpu.config.schema import Settings
+from slurmgpu.engine import Sources, evaluate, gather, system_sources
+from slurmgpu.facts import IbFacts, NodeFacts, NvmlFacts, SoftwareVersions, XidEvent
+from slurmgpu.log import get_logger
+from slurmgpu.result import Finding, Severity, Verdict
+from slurmgpu.sources import Clock, SystemClock
+
+# XIDs seen by the event thread stay in the facts (and so in xid.recent) this long.
+XID_KEEP_S = 3600.0
+KEYS_RETRY_S = 60.0
+SPOOL_CHECK = "agent.spool"
+FLAP_CHECK = "ib.flap"
+
+
+def load_client_keys(bundle_dir: str) -> tuple[bytes, bytes, bytes]:
+    """(public, secret, collector_public), z85: ``slurmgpu.keys`` when installed, else the
+    zmq certificate files node.key_secret + collector.key in ``bundle_dir``."""
+    try:
+        from slurmgpu.keys import client_keys  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        import zmq.auth
+
+        public, secret = zmq.auth.load_certificate(os.path.join(bundle_dir, "node.key_secret"))
+        server, _ = zmq.auth.load_certificate(os.path.join(bundle_dir, "collector.key"))
+        if not secret:
+            raise ValueError(f"{bundle_dir}/node.key_secret holds no secret key") from None
+        return public, secret, server
+    keys: tuple[bytes, bytes, bytes] = client_keys(bundle_dir)
+    return keys
+
+
+def plain(value: Any) -> Any:
+    """Make finding data msgpack-safe (sets, tuples, odd objects)."""
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str, bytes)):
+        return value
+    return str(value)
+
+
+def findings_json(findings: Iterable[Finding]) -> list[dict[str, Any]]:
+    out = []
+    for f in findings:
+        data = f.to_json()
+        data["data"] = plain(data["data"])
+        out.append(data)
+    return out
+
+
+def _restrict(facts: NodeFacts, gpus: frozenset[int] | None) -> NodeFacts:
+    if gpus is None:
+        return facts
+    nvml = dataclasses.replace(facts.nvml, gpus=[g for g in facts.nvml.gpus if g.index in gpus])
+    return dataclasses.replace(facts, nvml=nvml)
+
+
+def _strip(facts: NodeFacts | None) -> NodeFacts | None:
+    return None if facts is None else dataclasses.replace(facts, previous=None)
+
+
+class Agent:
+    def __init__(self, settings: Settings, node: str, *, sources: Sources | None = None,
+                 keys_dir: str | None = None, clock: Clock | None = None,
+                 environ: dict[str, str] | None = None) -> None:
+        self.settings = settings
+        self.node = node
+        self.sources = sources if sources is not None else system_sources(settings)
+        self.keys_dir = keys_dir or settings.collector.keys_dir
+        self.clock: Clock = clock or SystemClock()
+        self.log = get_logger(component="agent", node=node)
+        self.notifier = Notifier(os.environ if environ is None else environ)
+        self.stop_event = threading.Event()
+        self.flaps = FlapTracker(settings.agent)
+        self.spool: Spool | None = None
+        self.link: Any = None  # slurmgpu.agent.link.Link once keys load
+        self.events: Any = None  # slurmgpu.agent.events.EventWatcher
+        self.polls = 0
+        self._lock = threading.RLock()
+        self._wake = threading.Event()
+        self._facts: NodeFacts | None = None
+        self._verdict: Verdict | None = None
+        self._at = 0.0  # monotonic time of the last full poll
+        self._gpu_at: dict[int, float] = {}  # monotonic time each GPU's facts were read
+        self._versions: SoftwareVersions | None = None
+        self._versions_at = 0.0
+        self._xids: list[XidEvent] = []
+        self._agent_findings: list[Finding] = []
+        self._refresh_ids: list[str] = []
+        self._keys_retry_at = 0.0
+
+    # ------------------------------------------------------------ query API (local socket)
+
+    def latest(self) -> tuple[NodeFacts, Verdict, float] | None:
+        with self._lock:
+            if self._facts is None or self._verdict is None:
+                return None
+            return self._facts, self._verdict, self.clock.monotonic() - self._at
+
+    def facts_for(self, gpus: frozenset[int] | None, max_age_s: float) -> NodeFacts:
+        """Cached facts when every requested GPU was read within ``max_age_s``; else
+        re-read just those GPUs (and update the cache with them)."""
+        now = self.clock.monotonic()
+        with self._lock:
+            base = self._facts
+            if base is not None:
+                wanted = gpus if gpus is not None else {g.index for g in base.gpus}
+                fresh = all(i in self._gpu_at and now - self._gpu_at[i] <= max_age_s for i in wanted)
+                if gpus is None:
+                    fresh = fresh and now - self._at <= max_age_s
+                if fresh:
+                    return _restrict(dataclasses.replace(base, xids=self._recent_xids()), gpus)
+        if base is None:
+            facts, _ = self.poll()
+            return _restrict(facts, gpus)
+        nvml = self.sources.nvml.collect(gpus)
+        with self._lock:
+            xids = self._recent_xids()
+        facts = NodeFacts(node=self.node, collected_at=self.clock.time(), nvml=nvml, ib=base.ib,
+                          versions=base.versions, xids=xids, previous=_strip(base))
+        self._merge_gpus(nvml, now)
+        return facts
+
+    # ------------------------------------------------------------ polling
+
+    def poll(self) -> tuple[NodeFacts, Verdict]:
+        """One full gather + evaluate (+ agent findings); updates the cache."""
+        agent_cfg = self.settings.agent
+        now = self.clock.monotonic()
+        with self._lock:
+            previous = _strip(self._facts)
+            want_versions = self._versions is None or now - self._versions_at >= agent_cfg.versions_interval_s
+            xids = self._recent_xids()
+        facts = gather(self.sources, node=self.node, xids=xids, previous=previous,
+                       want_versions=want_versions)
+        if want_versions:
+            self._versions, self._versions_at = facts.versions, now
+        elif self._versions is not None:
+            facts.versions = self._versions
+        verdict = evaluate(facts, self.settings)
+        extra = self.flaps.observe(facts.ib, now)
+        spool_error = self.spool.take_error() if self.spool is not None else None
+        if spool_error:
+            extra.append(Finding(SPOOL_CHECK, Severity.WARN, spool_error))
+        verdict = Verdict(self.node, verdict.findings + tuple(extra), verdict.duration_ms)
+        with self._lock:
+            self._facts, self._verdict, self._at = facts, verdict, now
+            self._agent_findings = extra
+            self._gpu_at = {g.index: now for g in facts.gpus}
+            self.polls += 1
+        return facts, verdict
+
+    def report_body(self, facts: NodeFacts, verdict: Verdict) -> dict[str, Any]:
+        return {"verdict": verdict.severity.name, "findings": findings_json(verdict.findings),
+                "facts": plain(facts.to_json())}
+
+    def poll_and_report(self) -> None:
+        try:
+            facts, verdict = self.poll()
+        except Exception as exc:  # a broken source must not stop the loop
+            self.log.exception("poll_failed", error=f"{type(exc).__name__}: {exc}")
+            return
+        self.submit(wire.REPORT, self.report_body(facts, verdict))
+        self.log.info("poll", verdict=verdict.severity.name,
+                      problems=len(verdict.problems()), duration_ms=round(verdict.duration_ms, 1))
+        with self._lock:
+            pending, self._refresh_ids = self._refresh_ids, []
+        for command_id in pending:
+            self.submit(wire.COMMAND_RESULT, {"command_id": command_id, "ok": True, "result": {
+                "verdict": verdict.severity.name, "collected_at": facts.collected_at}})
+
+    def _recent_xids(self) -> list[XidEvent]:
+        cutoff = self.clock.time() - XID_KEEP_S
+        self._xids = [x for x in self._xids if x.timestamp is None or x.timestamp >= cutoff]
+        return list(self._xids)
+
+    def _merge_gpus(self, nvml: NvmlFacts, now: float) -> None:
+        """Put freshly read GPUs into the cached facts and re-judge the node."""
+        if not nvml.available:
+            return
+        with self._lock:
+            base = self._facts
+            if base is None:
+                return
+            fresh = {g.index: g for g in nvml.gpus}
+            gpus = [fresh.pop(g.index, g) for g in base.gpus] + list(fresh.values())
+            gpus.sort(key=lambda g: g.index)
+            merged = dataclasses.replace(base, nvml=dataclasses.replace(base.nvml, gpus=gpus),
+                                         xids=self._recent_xids())
+            verdict = evaluate(merged, self.settings)
+            self._facts = merged
+            self._verdict = Verdict(self.node, verdict.findings + tuple(self._agent_findings),
+                                    verdict.duration_ms)
+            for index in {g.index for g in nvml.gpus}:
+                self._gpu_at[index] = now
+
+    # ------------------------------------------------------------ NVML events
+
+    def on_nvml_event(self, kind: str, gpu: int | None, data: int | None) -> None:
+        """Re-judge the GPU at once and send an ``event`` (called by the event thread)."""
+        now_wall, now = self.clock.time(), self.clock.monotonic()
+        scope = frozenset({gpu}) if gpu is not None else None
+        with self._lock:
+            if kind == "xid" and data is not None:
+                self._xids.append(XidEvent(xid=data, gpu=gpu, timestamp=now_wall, source="nvml event"))
+            base = self._facts
+            xids = self._recent_xids()
+        nvml = self.sources.nvml.collect(scope)
+        facts = NodeFacts(node=self.node, collected_at=now_wall, nvml=nvml,
+                          ib=base.ib if base else IbFacts(available=False, error="not collected yet"),
+                          versions=base.versions if base else SoftwareVersions(),
+                          xids=xids, previous=_strip(base))
+        verdict = evaluate(facts, self.settings, scope=scope)
+        findings = list(verdict.findings)
+        if kind == "gpu_lost" and verdict.severity is not Severity.FAIL:
+            findings.append(Finding("gpu.lost", Severity.FAIL,
+                                    "NVML event wait: GPU is lost (fell off the bus)", gpu=gpu))
+        verdict = Verdict(self.node, tuple(findings), verdict.duration_ms)
+        self.submit(wire.EVENT, {"kind": kind, "gpu": gpu, "data": data,
+                                 "verdict": verdict.severity.name,
+                                 "findings": findings_json(verdict.findings)})
+        self.log.warning("nvml_event", kind=kind, gpu=gpu, data=data, verdict=verdict.severity.name)
+        self._merge_gpus(nvml, now)
+
+    # ------------------------------------------------------------ messages
+
+    def submit(self, mtype: str, body: dict[str, Any]) -> int | None:
+        """Spool (then send) one acked message; returns its seq (None: not sendable)."""
+        spool = self.spool
+        if spool is None:
+            return None
+
+        def encode(seq: int) -> bytes:
+            return wire.encode(wire.Envelope(type=mtype, node=self.node, seq=seq, body=body))
+
+        try:
+            item = spool.append(mtype, encode)
+        except (wire.WireError, TypeError, ValueError) as exc:
+            self.log.error("message_not_encodable", type=mtype, error=str(exc))
+            return None
+        link = self.link
+        if link is not None:
+            if item.stored:
+                link.wake()
+            else:
+                link.send_unspooled(item.frame)
+        return item.seq
+
+    def hello_body(self) -> dict[str, Any]:
+        with self._lock:
+            gpus = self._facts.nvml.device_count if self._facts is not None else 0
+        return {"version": __version__, "gpus": gpus, "interval_s": self.settings.agent.interval_s}
+
+    def on_connected(self) -> None:
+        self.submit(wire.HELLO, self.hello_body())
+
+    def handle_command(self, message: wire.Envelope) -> None:
+        command = message.body.get("command")
+        self.log.info("command", command=command, command_id=message.id)
+        if command == "ping":
+            self.submit(wire.COMMAND_RESULT, {"command_id": message.id, "ok": True, "result": {
+                "pong": True, "node": self.node, "version": __version__}})
+        elif command == "refresh":
+            with self._lock:
+                self._refresh_ids.append(message.id)
+            self._wake.set()
+        else:
+            self.submit(wire.COMMAND_RESULT, {"command_id": message.id, "ok": False,
+                                              "result": {"error": "unknown command",
+                                                         "command": str(command)}})
+
+    # ------------------------------------------------------------ lifecycle
+
+    def open_spool(self) -> Spool:
+        if self.spool is None:
+            self.spool = Spool(self.settings.agent.spool_dir, self.settings.agent.spool_max_mb)
+        return self.spool
+
+    def start_link(self) -> bool:
+        from slurmgpu.agent.link import Link
+
+        self._keys_retry_at = self.clock.monotonic() + KEYS_RETRY_S
+        try:
+            keys = load_client_keys(self.keys_dir)
+        except Exception as exc:
+            self.log.error("collector_keys_missing", keys_dir=self.keys_dir,
+                           error=f"{type(exc).__name__}: {exc}", retry_s=KEYS_RETRY_S,
+                           note="running locally; messages are spooled")
+            return False
+        self.link = Link(address=self.settings.collector.address, node=self.node, keys=keys,
+                         spool=self.open_spool(), heartbeat_s=self.settings.agent.heartbeat_s,
+                         on_command=self.handle_command, on_connected=self.on_connected)
+        self.link.start()
+        return True
+
+    def start_events(self) -> None:
+        from slurmgpu.agent.events import EventWatcher
+        from slurmgpu.sources.nvml import PynvmlSource
+
+        if not self.settings.agent.events or not isinstance(self.sources.nvml, PynvmlSource):
+            return
+        self.events = EventWatcher(self.settings.nvml.library, self.on_nvml_event, self.stop_event,
+                                   node=self.node)
+        self.events.start()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self._wake.set()
+
+    def run(self, stop_event: threading.Event | None = None) -> None:
+        """Poll until ``stop()`` (or ``stop_event``); READY after the first poll."""
+        if stop_event is not None:
+            self.stop_event = stop_event
+        self.open_spool()
+        self.poll_and_report()  # first, so the hello can say how many GPUs there are
+        self.start_link()
+        self.notifier.ready()
+        self.start_events()
+        interval = self.settings.agent.interval_s
+        next_poll = self.clock.monotonic() + interval
+        self.notifier.ping_if_due(self.clock.monotonic())
+        try:
+            while not self.stop_event.is_set():
+                now = self.clock.monotonic()
+                wait = next_poll - now
+                ping = self.notifier.next_ping_in(now)
+                if ping is not None:
+                    wait = min(wait, ping)
+                if self.link is None:
+                    wait = min(wait, self._keys_retry_at - now)
+                self._wake.wait(max(0.0, min(wait, 60.0)))
+                self._wake.clear()
+                if self.stop_event.is_set():
+                    break
+                now = self.clock.monotonic()
+                with self._lock:
+                    refresh = bool(self._refresh_ids)
+                if refresh or now >= next_poll:
+                    self.poll_and_report()
+                    next_poll = next_poll + interval if not refresh else now + interval
+                    if next_poll <= now:  # fell behind (slow poll, suspend): no burst
+                        next_poll = now + interval
+                if self.link is None and now >= self._keys_retry_at:
+                    self.start_link()
+                self.notifier.ping_if_due(self.clock.monotonic())
+        finally:
+            self.notifier.stopping()
+            self.shutdown()
+
+    def shutdown(self) -> None:
+        self.stop_event.set()
+        if self.link is not None:
+            self.link.stop()
+            self.link.join(timeout=2.0)
+        if self.events is not None:
+            self.events.join(timeout=2.0)
+        if self.spool is not None:
+            self.spool.close()

@@ -1,0 +1,234 @@
+"""The agent's link to the collector: one zmq DEALER (CURVE client), one thread.
+
+Only this thread touches the socket. Other threads spool a message and call
+``wake()``; the thread then sends everything unacked after what it already sent on
+this connection, in seq order, straight from the spool. A completed CURVE handshake
+(socket monitor) starts a fresh pass over the whole spool, so a restarted collector
+or a new socket gets every unacked message again. ``IMMEDIATE`` keeps zmq from
+queueing messages for a peer that is not there. A collector silent for
+``SILENT_HEARTBEATS`` heartbeats gets a new socket (close + connect).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from slurmgpu import wire
+from slurmgpu.agent.spool import Spool
+from slurmgpu.log import get_logger
+
+SILENT_HEARTBEATS = 3
+BATCH = 200
+MONITOR_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+                  | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                  | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+
+CommandHandler = Callable[[wire.Envelope], None]
+
+
+class Link(threading.Thread):
+    def __init__(self, *, address: str, node: str, keys: tuple[bytes, bytes, bytes], spool: Spool,
+                 heartbeat_s: float, on_command: CommandHandler,
+                 on_connected: Callable[[], None] | None = None) -> None:
+        super().__init__(name="slurmgpu-link", daemon=True)
+        self.address = address
+        self.node = node
+        self.public, self.secret, self.server = keys
+        self.spool = spool
+        self.heartbeat_s = heartbeat_s
+        self.on_command = on_command
+        self.on_connected = on_connected
+        self.log = get_logger(component="link", node=node)
+        self._halt = threading.Event()
+        self._rfd, self._wfd = os.pipe()
+        os.set_blocking(self._rfd, False)
+        os.set_blocking(self._wfd, False)
+        self._volatile: deque[bytes] = deque(maxlen=1000)  # frames the spool could not keep
+        self._lock = threading.Lock()
+        self.connected = False
+        self.sent_upto = 0
+        self.reconnects = 0
+        self.received = 0
+        self.bad_frames = 0
+        self._ctx: zmq.Context[Any] | None = None
+        self._sock: zmq.Socket[Any] | None = None
+        self._monitor: zmq.Socket[Any] | None = None
+        self._last_rx = 0.0
+        self._blocked = False
+
+    # ------------------------------------------------------------ other threads
+
+    def wake(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._wfd, b"x")
+
+    def send_unspooled(self, frame: bytes) -> None:
+        """Best effort, once: for a message the spool failed to store."""
+        with self._lock:
+            self._volatile.append(frame)
+        self.wake()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.wake()
+
+    # ------------------------------------------------------------ the thread
+
+    def run(self) -> None:
+        self._ctx = zmq.Context()
+        try:
+            self._main()
+        except Exception as exc:  # pragma: no cover - logged, the agent keeps polling
+            self.log.exception("link_crashed", error=f"{type(exc).__name__}: {exc}")
+        finally:
+            self._close()
+            self._ctx.term()
+            for fd in (self._rfd, self._wfd):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def _open(self) -> None:
+        assert self._ctx is not None
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IMMEDIATE, 1)
+        sock.setsockopt(zmq.ROUTING_ID, self.node.encode())
+        sock.setsockopt(zmq.RECONNECT_IVL, 200)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)
+        sock.curve_publickey = self.public
+        sock.curve_secretkey = self.secret
+        sock.curve_serverkey = self.server
+        self._monitor = sock.get_monitor_socket(MONITOR_EVENTS)
+        sock.connect(self.address)
+        self._sock = sock
+        self.connected = False
+        self._blocked = False
+        self.sent_upto = 0
+        self._last_rx = time.monotonic()
+
+    def _close(self) -> None:
+        if self._sock is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._sock.disable_monitor()
+            self._sock.close(linger=0)
+            self._sock = None
+        if self._monitor is not None:
+            self._monitor.close(linger=0)
+            self._monitor = None
+        self.connected = False
+
+    def _main(self) -> None:
+        self._open()
+        next_heartbeat = time.monotonic()
+        while not self._halt.is_set():
+            assert self._sock is not None and self._monitor is not None
+            poller = zmq.Poller()
+            poller.register(self._sock, zmq.POLLIN | (zmq.POLLOUT if self._blocked else 0))
+            poller.register(self._monitor, zmq.POLLIN)
+            poller.register(self._rfd, zmq.POLLIN)
+            now = time.monotonic()
+            timeout = max(0.0, min(next_heartbeat, self._last_rx + SILENT_HEARTBEATS * self.heartbeat_s)
+                          - now)
+            ready = dict(poller.poll(int(timeout * 1000) + 1))
+            if self._halt.is_set():
+                return
+            if self._rfd in ready:
+                with contextlib.suppress(BlockingIOError, OSError):
+                    os.read(self._rfd, 4096)
+            if self._monitor in ready:
+                self._monitor_events()
+            if ready.get(self._sock, 0) & zmq.POLLIN:
+                self._receive()
+            now = time.monotonic()
+            if now - self._last_rx > SILENT_HEARTBEATS * self.heartbeat_s:
+                self.log.info("collector_silent_reconnecting", address=self.address,
+                              silent_s=round(now - self._last_rx, 1), connected=self.connected)
+                self._close()
+                self._open()
+                self.reconnects += 1
+                continue
+            if self.connected:
+                self._flush()
+            if now >= next_heartbeat:
+                next_heartbeat = now + self.heartbeat_s
+                if self.connected:
+                    self._send(wire.encode(wire.Envelope(type=wire.HEARTBEAT, node=self.node, seq=0)))
+
+    def _monitor_events(self) -> None:
+        assert self._monitor is not None
+        while True:
+            try:
+                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            kind = event["event"]
+            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.log.info("collector_connected", address=self.address)
+                self.connected = True
+                self.sent_upto = 0
+                self._last_rx = time.monotonic()
+                if self.on_connected is not None:
+                    self.on_connected()  # spools a hello; _flush sends it with the backlog
+            elif kind == zmq.EVENT_DISCONNECTED:
+                if self.connected:
+                    self.log.info("collector_disconnected", address=self.address)
+                self.connected = False
+            else:
+                self.log.error("collector_handshake_failed", address=self.address, event=int(kind),
+                               hint="check the CURVE keys (node keypair allowed, collector.key)")
+
+    def _send(self, frame: bytes) -> bool:
+        assert self._sock is not None
+        try:
+            self._sock.send(frame, zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
+
+    def _flush(self) -> None:
+        with self._lock:
+            volatile = list(self._volatile)
+            self._volatile.clear()
+        self._blocked = False
+        for frame in volatile:
+            self._send(frame)
+        while True:
+            rows = self.spool.pending(self.sent_upto, BATCH)
+            for seq, frame in rows:
+                if not self._send(frame):
+                    self._blocked = True  # poll for POLLOUT, then go on from sent_upto
+                    return
+                self.sent_upto = seq
+            if len(rows) < BATCH:
+                return
+
+    def _receive(self) -> None:
+        assert self._sock is not None
+        while True:
+            try:
+                frame = self._sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._last_rx = time.monotonic()
+            self.received += 1
+            try:
+                message = wire.decode(frame)
+            except wire.WireError as exc:
+                self.bad_frames += 1
+                self.log.warning("bad_frame_from_collector", error=str(exc))
+                continue
+            if message.type == wire.ACK:
+                self.spool.delete(message.body["seqs"])
+            elif message.type == wire.COMMAND:
+                self.on_command(message)
+            elif message.type != wire.HEARTBEAT:
+                self.log.warning("unexpected_message", type=message.type)

@@ -1,0 +1,402 @@
+"""The agent's local query socket: the warm prolog/epilog path.
+
+A Unix-domain stream socket (default ``/run/slurmgpu/agent.sock``, mode 0600). Only
+uid 0, the uid of ``[agent] slurm_user`` and the agent's own uid may ask; the peer
+is identified with ``SO_PEERCRED``. Protocol: one JSON request line, one JSON
+response line (UTF-8, newline-terminated):
+
+``{"op": "status"}``
+    -> ``{"ok": true, "node": ..., "verdict": "OK"|..|null, "problems": [...],
+    "age_s": seconds since those facts were collected}``
+``{"op": "gate", "gpus": [0, 1]}`` (``gpus`` absent/null: every GPU)
+    -> ``{"ok": true, "verdict": ..., "exit": <severity exit code>, "problems": [...]}``;
+    decides only, acts on nothing.
+``{"op": "prolog"|"epilog", "env": {SLURM*, SLURMGPU*, CUDA_VISIBLE_DEVICES}}``
+    -> ``{"ok": true, "exit": <hook exit code>, "record": <last gate record>,
+    "records": [every record of this run]}``. The decision is ``slurmgpu.gate.Gate``,
+    the same code as ``slurmgpu prolog``, fed from the agent's cached facts
+    (``Agent.facts_for``) instead of NVML/sysfs; its records carry ``"path": "agent"``.
+    With ``"ack": true`` in the request the agent first sends ``{"ack": true,
+    "wait_s": <the longest it may take>}`` once the request is accepted, so a client can
+    give up quickly on a hung agent yet wait for a slow drain of a live one.
+
+Anything else (bad JSON, unknown op, a disallowed peer) -> ``{"ok": false, "error": ...}``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import socket
+import socketserver
+import stat
+import struct
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from slurmgpu.config.schema import Settings
+from slurmgpu.engine import Sources, evaluate
+from slurmgpu.facts import IbFacts, NodeFacts, NvmlFacts, SoftwareVersions
+from slurmgpu.gate import EXIT_OK, EXIT_REFUSE, Gate
+from slurmgpu.result import Verdict
+from slurmgpu.slurm import SlurmClient
+from slurmgpu.sources import SystemClock
+
+MAX_REQUEST_BYTES = 256 * 1024
+READ_TIMEOUT_S = 5.0
+POLL_S = 0.2
+#: Job variables a hook may pass (the same filter as ``slurmgpu.quickgate``).
+ENV_PREFIXES = ("SLURM", "SLURMGPU")
+ENV_NAMES = frozenset({"CUDA_VISIBLE_DEVICES"})
+_PEERCRED = struct.Struct("3i")
+
+ClientFactory = Callable[[Mapping[str, str]], SlurmClient]
+
+
+class AgentLike(Protocol):
+    """What the server needs of ``slurmgpu.agent.core.Agent``."""
+
+    settings: Settings
+    node: str
+
+    def latest(self) -> tuple[NodeFacts, Verdict, float] | None: ...
+
+    def facts_for(self, gpus: frozenset[int] | None, max_age_s: float) -> NodeFacts: ...
+
+
+# ------------------------------------------------------------------------ peers
+
+
+def allowed_uids(slurm_user: str | None) -> frozenset[int]:
+    """uid 0, this process's uid, and the uid of ``slurm_user`` (when that user exists)."""
+    uids = {0, os.geteuid()}
+    slurm_uid = _uid_of(slurm_user)
+    if slurm_uid is not None:
+        uids.add(slurm_uid)
+    return frozenset(uids)
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a Unix socket."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+    pid, uid, gid = _PEERCRED.unpack(raw)
+    return pid, uid, gid
+
+
+def peer_allowed(uid: int, allowed: frozenset[int]) -> bool:
+    return uid in allowed
+
+
+def job_env(raw: Any) -> dict[str, str]:
+    """The job variables of a request, filtered to the names a hook may pass."""
+    if not isinstance(raw, dict):
+        raise ValueError("'env' must be an object of strings")
+    env = {}
+    for key, value in raw.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise ValueError("'env' must be an object of strings")
+        if key in ENV_NAMES or key.startswith(ENV_PREFIXES):
+            env[key] = value
+    return env
+
+
+# ---------------------------------------------------------------------- sources
+
+
+class _Snapshot:
+    """One gate run's view of the agent's facts: NVML from ``facts_for`` (fresh enough,
+    just the job's GPUs), IB and software versions from the same snapshot."""
+
+    def __init__(self, agent: AgentLike, max_age_s: float) -> None:
+        self.agent = agent
+        self.max_age_s = max_age_s
+        self.facts: NodeFacts | None = None
+
+    def nvml(self, gpus: frozenset[int] | None) -> NvmlFacts:
+        self.facts = self.agent.facts_for(gpus, self.max_age_s)
+        return self.facts.nvml
+
+    def any_facts(self) -> NodeFacts:
+        if self.facts is None:
+            latest = self.agent.latest()
+            self.facts = latest[0] if latest else self.agent.facts_for(frozenset(), self.max_age_s)
+        return self.facts
+
+
+class _AgentNvml:
+    def __init__(self, snap: _Snapshot) -> None:
+        self.snap = snap
+
+    def collect(self, gpus: frozenset[int] | None = None) -> NvmlFacts:
+        return self.snap.nvml(gpus)
+
+
+class _AgentIb:
+    def __init__(self, snap: _Snapshot) -> None:
+        self.snap = snap
+
+    def collect(self) -> IbFacts:
+        return self.snap.any_facts().ib
+
+
+class _AgentVersions:
+    def __init__(self, snap: _Snapshot) -> None:
+        self.snap = snap
+
+    def collect(self) -> SoftwareVersions:
+        return self.snap.any_facts().versions
+
+
+def agent_sources(agent: AgentLike, max_age_s: float | None = None) -> Sources:
+    """Sources that answer from the agent's cache (no NVML, sysfs or ctypes work when fresh)."""
+    snap = _Snapshot(agent, agent.settings.agent.max_age_s if max_age_s is None else max_age_s)
+    return Sources(_AgentNvml(snap), _AgentIb(snap), _AgentVersions(snap), SystemClock())
+
+
+# ---------------------------------------------------------------------- requests
+
+
+def _problems(verdict: Verdict) -> list[str]:
+    return [f"{f.check}{'' if f.gpu is None else f' GPU {f.gpu}'}: {f.message}"
+            for f in verdict.problems()]
+
+
+def _error(message: str) -> dict[str, Any]:
+    return {"ok": False, "error": message}
+
+
+def _default_client_factory(settings: Settings) -> ClientFactory:
+    def factory(env: Mapping[str, str]) -> SlurmClient:
+        from slurmgpu.slurm.factory import make_client
+
+        return make_client(settings.slurm, env={**os.environ, **env})
+
+    return factory
+
+
+class LocalService:
+    """The request logic, apart from the socket (tests call ``handle`` directly)."""
+
+    def __init__(self, agent: AgentLike, client_factory: ClientFactory | None = None) -> None:
+        self.agent = agent
+        self.client_factory = client_factory or _default_client_factory(agent.settings)
+
+    def parse(self, line: bytes) -> dict[str, Any]:
+        try:
+            request = json.loads(line)
+        except ValueError as exc:
+            raise ValueError(f"bad request: not JSON ({exc})") from None
+        if not isinstance(request, dict) or not isinstance(request.get("op"), str):
+            raise ValueError("bad request: expected an object with an 'op'")
+        return request
+
+    def handle(self, request: Mapping[str, Any],
+               ack: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        op = request.get("op")
+        if op == "status":
+            return self.status()
+        if op == "gate":
+            return self.gate(request.get("gpus"))
+        if op in ("prolog", "epilog"):
+            return self.hook(str(op), job_env(request.get("env", {})), ack)
+        return _error(f"unknown op {op!r} (status, gate, prolog, epilog)")
+
+    def status(self) -> dict[str, Any]:
+        latest = self.agent.latest()
+        if latest is None:
+            return {"ok": True, "node": self.agent.node, "verdict": None, "problems": [],
+                    "age_s": None}
+        facts, verdict, at = latest
+        return {"ok": True, "node": self.agent.node, "verdict": verdict.severity.name,
+                "problems": _problems(verdict), "at": at,
+                "age_s": round(max(0.0, time.time() - facts.collected_at), 3)}
+
+    def gate(self, gpus: Any) -> dict[str, Any]:
+        if gpus is None:
+            scope = None
+        elif isinstance(gpus, list) and all(isinstance(g, int) and not isinstance(g, bool)
+                                            for g in gpus):
+            scope = frozenset(gpus)
+        else:
+            raise ValueError("'gpus' must be a list of GPU indices")
+        settings = self.agent.settings
+        facts = self.agent.facts_for(scope, settings.agent.max_age_s)
+        verdict = evaluate(facts, settings, scope=scope)
+        return {"ok": True, "node": self.agent.node, "verdict": verdict.severity.name,
+                "exit": verdict.severity.exit_code, "problems": _problems(verdict),
+                "age_s": round(max(0.0, time.time() - facts.collected_at), 3)}
+
+    def hook(self, phase: str, env: dict[str, str],
+             ack: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Run ``Gate.prolog``/``Gate.epilog`` on the agent's facts; the watchdog's
+        decision (fail-open/closed) becomes the reply instead of a process exit."""
+        settings = self.agent.settings
+        node = env.setdefault("SLURMD_NODENAME", self.agent.node)
+        if node != self.agent.node:
+            return _error(f"this agent serves {self.agent.node}, not {node}")
+        cfg = getattr(settings, phase)
+        # The watchdog answers after timeout_s; allow for its own (fail-closed) drain.
+        bound = cfg.timeout_s + settings.slurm.command_timeout_s * 2 + 5
+        if ack is not None:
+            ack({"ok": True, "ack": True, "wait_s": bound})
+        decided = threading.Event()
+        lock = threading.Lock()
+        outcome: dict[str, Any] = {}
+        gate: Gate
+
+        def finish(code: int) -> None:
+            with lock:  # the first decision stands: the watchdog's when it fired
+                if "exit" not in outcome:
+                    outcome["exit"] = int(code)
+                    outcome["records"] = list(gate.records)
+                    decided.set()
+
+        gate = Gate(settings, env, lambda: self.client_factory(env),
+                    sources=agent_sources(self.agent), exit=finish,
+                    record_extra={"path": "agent"})
+
+        def run() -> None:
+            try:
+                code = getattr(gate, phase)()
+            except BaseException:  # Gate catches Exception; anything else follows on_error
+                code = EXIT_OK if cfg.on_error == "fail-open" else EXIT_REFUSE
+            finish(code)
+
+        threading.Thread(target=run, name=f"slurmgpu-{phase}", daemon=True).start()
+        if not decided.wait(bound):
+            return _error(f"{phase} did not decide in time")
+        records = outcome["records"]
+        return {"ok": True, "exit": outcome["exit"], "record": records[-1] if records else None,
+                "records": records}
+
+
+# ------------------------------------------------------------------------ server
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    server: _Server
+
+    def handle(self) -> None:
+        sock: socket.socket = self.request
+        try:
+            pid, uid, _gid = peer_credentials(sock)
+        except OSError as exc:
+            self._send(_error(f"cannot identify the peer: {exc}"))
+            return
+        if not peer_allowed(uid, self.server.allowed):
+            _log().warning("local_query_refused", pid=pid, uid=uid, socket=self.server.path)
+            self._send(_error(f"uid {uid} may not query the agent"))
+            return
+        service = self.server.service
+        try:
+            line = self._read_line()
+            request = service.parse(line)
+            reply = service.handle(request, self._send if request.get("ack") else None)
+        except (ValueError, TimeoutError) as exc:
+            reply = _error(str(exc))
+        except Exception as exc:  # a bug answers an error (the client falls back)
+            _log().error("local_query_failed", error=f"{type(exc).__name__}: {exc}")
+            reply = _error(f"internal error: {type(exc).__name__}: {exc}")
+        self._send(reply)
+
+    def _read_line(self) -> bytes:
+        sock: socket.socket = self.request
+        sock.settimeout(READ_TIMEOUT_S)
+        data = b""
+        while b"\n" not in data:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+            if len(data) > MAX_REQUEST_BYTES:
+                raise ValueError("bad request: too long")
+        return data.split(b"\n", 1)[0]
+
+    def _send(self, reply: dict[str, Any]) -> None:
+        # OSError: the client gave up (and fell back); nothing to tell it.
+        with contextlib.suppress(OSError):
+            self.request.sendall(json.dumps(reply, default=str).encode() + b"\n")
+
+
+class _Server(socketserver.ThreadingUnixStreamServer):
+    daemon_threads = True
+    block_on_close = False
+
+    def __init__(self, path: str, service: LocalService, allowed: frozenset[int]) -> None:
+        self.path = path
+        self.service = service
+        self.allowed = allowed
+        super().__init__(path, _Handler)
+
+
+def _prepare_path(path: str) -> None:
+    directory = Path(path).parent
+    if not directory.is_dir():
+        directory.mkdir(parents=True, exist_ok=True)
+        os.chmod(directory, 0o755)
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise OSError(f"{path} exists and is not a socket; not replacing it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(0.5)
+    try:
+        probe.connect(path)
+    except OSError:
+        os.unlink(path)  # stale: nobody listens
+        return
+    finally:
+        probe.close()
+    raise OSError(f"another process already serves {path}")
+
+
+def serve_local(agent: AgentLike, path: str, stop_event: threading.Event, *,
+                client_factory: ClientFactory | None = None,
+                ready: threading.Event | None = None) -> None:
+    """Serve the local socket at ``path`` until ``stop_event`` is set (run it in a thread)."""
+    settings = agent.settings
+    _prepare_path(path)
+    allowed = allowed_uids(settings.agent.slurm_user)
+    server = _Server(path, LocalService(agent, client_factory), allowed)
+    inode = None
+    try:
+        os.chmod(path, 0o600)
+        slurm_uid = _uid_of(settings.agent.slurm_user)
+        if os.geteuid() == 0 and slurm_uid not in (None, 0):
+            os.chown(path, slurm_uid, -1)  # 0600 yet connectable by the slurm user
+        inode = os.stat(path).st_ino
+        server.timeout = POLL_S
+        _log().info("local_socket_listening", socket=path, allowed_uids=sorted(allowed))
+        if ready is not None:
+            ready.set()
+        while not stop_event.is_set():
+            server.handle_request()
+    finally:
+        server.server_close()
+        try:
+            if inode is not None and os.stat(path).st_ino == inode:
+                os.unlink(path)
+        except OSError:
+            pass
+
+
+def _uid_of(user: str | None) -> int | None:
+    if not user:
+        return None
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        return None
+
+
+def _log() -> Any:
+    from slurmgpu import log
+
+    return log.get_logger()

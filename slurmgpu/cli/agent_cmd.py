@@ -1,0 +1,88 @@
+"""`slurmgpu agent`: the per-node daemon (systemd unit daemon/slurmgpu-agent.service)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from typing import Any
+
+import click
+
+KEYS_ENV = "SLURMGPU_KEYS_DIR"
+
+
+def default_node_name() -> str:
+    from slurmgpu.engine import node_name
+
+    return os.environ.get("SLURMD_NODENAME") or node_name()
+
+
+@click.command()
+@click.option("--config", "config_file", metavar="FILE",
+              help="Config file (default: $SLURMGPU_CONFIG or /etc/slurmgpu/slurmgpu.toml).")
+@click.option("--node", metavar="NAME", help="Node name (default: $SLURMD_NODENAME or the short hostname).")
+@click.option("--keys-dir", metavar="DIR",
+              help="CURVE key bundle (default: $SLURMGPU_KEYS_DIR, else [collector] keys_dir).")
+@click.option("--once", is_flag=True, help="Poll once and exit (debugging); nothing is sent.")
+@click.option("--json", "as_json", is_flag=True, help="With --once: print the report body as JSON.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
+              show_default=True)
+def agent(config_file: str | None, node: str | None, keys_dir: str | None, once: bool,
+          as_json: bool, log_level: str) -> int:
+    """Watch this node's GPUs and InfiniBand; report to the collector. Runs until SIGTERM."""
+    from slurmgpu import log
+    from slurmgpu.agent.core import Agent
+    from slurmgpu.checks.registry import all_checks
+    from slurmgpu.config.load import load_config
+
+    log.configure(log_level)
+    name = node or default_node_name()
+    settings = load_config(config_file, known_checks=[c.id for c in all_checks()]).settings_for(name)
+    keys = keys_dir or os.environ.get(KEYS_ENV) or settings.collector.keys_dir
+    the_agent = Agent(settings, name, keys_dir=keys)
+
+    if once:
+        facts, verdict = the_agent.poll()
+        body = the_agent.report_body(facts, verdict)
+        if as_json:
+            click.echo(json.dumps(body, indent=2, sort_keys=True, default=str))
+        else:
+            click.echo(f"{name}: {verdict.severity.name} - {len(verdict.problems())} problem(s) "
+                       f"in {verdict.duration_ms:.0f} ms")
+        return 0
+
+    def on_signal(signum: int, frame: Any) -> None:
+        the_agent.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    _start_local(the_agent)
+    the_agent.run()
+    return 0
+
+
+def _start_local(the_agent: Any) -> None:
+    """The local query socket (prolog/epilog), when this build has it."""
+    try:
+        from slurmgpu.agent.local import serve_local  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        return
+    thread = threading.Thread(target=serve_local, name="slurmgpu-local",
+                              args=(the_agent, the_agent.settings.agent.socket, the_agent.stop_event),
+                              daemon=True)
+    thread.start()
+
+
+def main() -> None:
+    from slurmgpu.cli import cli
+    from slurmgpu.cli import main as cli_main
+
+    if "agent" not in cli.commands:
+        cli.add_command(agent)
+    cli_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,259 @@
+"""The wire envelope: round trips, every validation error, frame bounds, and fuzzing
+(``decode`` never raises anything but WireError)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from slurmgpu import wire
+from slurmgpu.wire import Envelope, WireError, decode, encode
+
+FINDING = {"check": "ecc.uncorrected", "severity": "FAIL", "gpu": 3, "message": "DBE"}
+BODIES: dict[str, dict[str, Any]] = {
+    wire.HELLO: {"version": "0.1.0", "gpus": 8, "interval_s": 30.0},
+    wire.REPORT: {"verdict": "FAIL", "findings": [FINDING], "facts": {"driver": "550.54"}},
+    wire.EVENT: {"kind": "xid", "gpu": 2, "data": 79, "verdict": "FAIL", "findings": [FINDING]},
+    wire.HEARTBEAT: {},
+    wire.ACK: {"seqs": [1, 2, 17]},
+    wire.COMMAND: {"command": "recheck", "args": {"checks": ["ecc"]}},
+    wire.COMMAND_RESULT: {"command_id": "c0ffee", "ok": True, "result": {"verdict": "OK"}},
+}
+
+
+def frame(**overrides: Any) -> bytes:
+    """A valid report frame with some top-level fields replaced (or removed with ...)."""
+    data: dict[str, Any] = {"v": 1, "id": "a" * 32, "node": "gpu-n1", "seq": 5,
+                            "ts": 1790000000.5, "type": "report", "body": BODIES[wire.REPORT]}
+    for key, value in overrides.items():
+        if value is ...:
+            data.pop(key)
+        else:
+            data[key] = value
+    return msgpack.packb(data, use_bin_type=True)
+
+
+def body_frame(mtype: str, body: Any) -> bytes:
+    return frame(type=mtype, body=body)
+
+
+def test_types_cover_the_bodies() -> None:
+    assert set(BODIES) == wire.TYPES
+
+
+@pytest.mark.parametrize("mtype", sorted(wire.TYPES))
+def test_round_trip_every_type(mtype: str) -> None:
+    seq = 0 if mtype == wire.HEARTBEAT else 42
+    message = Envelope(type=mtype, node="gpu-h100-001.cluster_a", seq=seq, body=BODIES[mtype])
+    back = decode(encode(message))
+    assert back == message
+    assert back.to_dict() == message.to_dict()
+
+
+def test_integer_timestamp_becomes_float() -> None:
+    assert decode(frame(ts=1790000000)).ts == 1790000000.0
+
+
+@pytest.mark.parametrize(("overrides", "match"), [
+    ({"v": 2}, "unsupported protocol version 2"),
+    ({"v": ...}, "unsupported protocol version None"),
+    ({"v": True}, "unsupported protocol version True"),
+    ({"v": 1.0}, "unsupported protocol version 1.0"),
+    ({"v": "1"}, "unsupported protocol version"),
+    ({"type": "gossip"}, "unknown message type 'gossip'"),
+    ({"type": ...}, "unknown message type None"),
+    ({"type": ["report"]}, "unknown message type"),
+    ({"type": {"a": 1}}, "unknown message type"),
+    ({"node": ""}, "bad node name"),
+    ({"node": "x" * 129}, "bad node name"),
+    ({"node": 7}, "bad node name"),
+    ({"node": "gpu n1"}, "bad node name"),
+    ({"node": "gpu-n1\n"}, "bad node name"),
+    ({"node": "../etc"}, "bad node name"),
+    ({"node": ...}, "bad node name"),
+    ({"seq": -1}, "bad sequence number"),
+    ({"seq": True}, "bad sequence number"),
+    ({"seq": False}, "bad sequence number"),
+    ({"seq": 1.5}, "bad sequence number"),
+    ({"seq": "1"}, "bad sequence number"),
+    ({"seq": ...}, "bad sequence number"),
+    ({"id": ""}, "bad message id"),
+    ({"id": "x" * 65}, "bad message id"),
+    ({"id": 12}, "bad message id"),
+    ({"id": ...}, "bad message id"),
+    ({"ts": "now"}, "bad timestamp"),
+    ({"ts": True}, "bad timestamp"),
+    ({"ts": math.nan}, "bad timestamp"),
+    ({"ts": math.inf}, "bad timestamp"),
+    ({"ts": ...}, "bad timestamp"),
+    ({"body": []}, "body is not a map"),
+    ({"body": None}, "body is not a map"),
+    ({"body": ...}, "body is not a map"),
+])
+def test_envelope_errors(overrides: dict[str, Any], match: str) -> None:
+    with pytest.raises(WireError, match=match):
+        decode(frame(**overrides))
+
+
+def test_node_name_limits() -> None:
+    assert decode(frame(node="x" * 128)).node == "x" * 128
+    assert decode(frame(node="a.B_9-z")).node == "a.B_9-z"
+    assert decode(frame(id="x" * 64)).id == "x" * 64
+
+
+@pytest.mark.parametrize(("mtype", "body", "match"), [
+    # hello
+    ("hello", {"gpus": 8, "interval_s": 30.0}, "'version'"),
+    ("hello", {"version": "1", "gpus": True, "interval_s": 30.0}, "'gpus'"),
+    ("hello", {"version": "1", "gpus": 8, "interval_s": "30"}, "'interval_s'"),
+    # report / event: findings
+    ("report", {"findings": []}, "'verdict'"),
+    ("report", {"verdict": "OK"}, "'findings'"),
+    ("report", {"verdict": "OK", "findings": {}}, "'findings'"),
+    ("report", {"verdict": "OK", "findings": ["x"]}, "malformed finding"),
+    ("report", {"verdict": "OK", "findings": [{"check": "a"}]}, "malformed finding"),
+    ("report", {"verdict": "OK", "findings": [{"severity": "OK"}]}, "malformed finding"),
+    ("report", {"verdict": "OK", "findings": [{"check": 1, "severity": "OK"}]},
+     "malformed finding"),
+    ("report", {"verdict": "OK", "findings": [], "facts": []}, "'facts'"),
+    ("event", {"verdict": "OK", "findings": [FINDING]}, "'kind'"),
+    ("event", {"kind": "xid", "verdict": "OK", "findings": [[]]}, "malformed finding"),
+    ("event", {"kind": "xid", "gpu": "0", "verdict": "OK", "findings": []}, "'gpu'"),
+    ("event", {"kind": "xid", "data": 7.5, "verdict": "OK", "findings": []}, "'data'"),
+    # ack
+    ("ack", {}, "'seqs'"),
+    ("ack", {"seqs": "1,2"}, "'seqs'"),
+    ("ack", {"seqs": [1, "2"]}, "seqs must be non-negative integers"),
+    ("ack", {"seqs": [1, True]}, "seqs must be non-negative integers"),
+    ("ack", {"seqs": [1.0]}, "seqs must be non-negative integers"),
+    ("ack", {"seqs": [-3]}, "seqs must be non-negative integers"),
+    # command / command-result
+    ("command", {}, "'command'"),
+    ("command", {"command": 5}, "'command'"),
+    ("command", {"command": "recheck", "args": [1]}, "'args'"),
+    ("command-result", {"ok": True}, "'command_id'"),
+    ("command-result", {"command_id": "c1"}, "'ok'"),
+    ("command-result", {"command_id": "c1", "ok": 1}, "'ok'"),
+    ("command-result", {"command_id": 1, "ok": True}, "'command_id'"),
+    ("command-result", {"command_id": "c1", "ok": False, "result": "boom"}, "'result'"),
+])
+def test_body_errors(mtype: str, body: dict[str, Any], match: str) -> None:
+    with pytest.raises(WireError, match=match):
+        decode(body_frame(mtype, body))
+    with pytest.raises(WireError, match=match):  # the sender refuses it too
+        encode(Envelope(type=mtype, node="n1", seq=1, body=body))
+
+
+def test_optional_fields_may_be_absent_or_none() -> None:
+    decode(body_frame("event", {"kind": "gpu_lost", "gpu": None, "data": None,
+                                "verdict": "FAIL", "findings": []}))
+    decode(body_frame("report", {"verdict": "OK", "findings": []}))
+    decode(body_frame("command", {"command": "recheck"}))
+    decode(body_frame("command-result", {"command_id": "c1", "ok": False}))
+
+
+@pytest.mark.parametrize("junk", [b"", b"\xc1", b"\x93\x01\x02\x03", b"\x01", b"\xa3abc",
+                                  msgpack.packb({1: 2}), msgpack.packb({"v": 1}) + b"\x00",
+                                  b"\xdf\xff\xff\xff\xff"])
+def test_not_a_message(junk: bytes) -> None:
+    with pytest.raises(WireError):
+        decode(junk)
+
+
+def test_oversized_frame_rejected_on_encode_and_decode() -> None:
+    big = {"verdict": "OK", "findings": [], "facts": {"blob": "x" * wire.MAX_FRAME}}
+    with pytest.raises(WireError, match=r"report message is \d+ bytes \(max 1048576\)"):
+        encode(Envelope(type="report", node="n1", seq=1, body=big))
+    raw = msgpack.packb({"v": 1, "id": "a", "node": "n1", "seq": 1, "ts": 1.0, "type": "report",
+                         "body": big}, use_bin_type=True)
+    with pytest.raises(WireError, match="exceeds 1048576"):
+        decode(raw)
+    # Just under the bound is fine.
+    filler = wire.MAX_FRAME - len(encode(Envelope(type="report", node="n1", seq=1, id="a", ts=1.0,
+                                                  body={"verdict": "OK", "findings": [],
+                                                        "facts": {"blob": ""}}))) - 8
+    ok = Envelope(type="report", node="n1", seq=1, id="a", ts=1.0,
+                  body={"verdict": "OK", "findings": [], "facts": {"blob": "x" * filler}})
+    assert len(encode(ok)) <= wire.MAX_FRAME
+
+
+def test_unencodable_body_is_a_wire_error() -> None:
+    with pytest.raises(WireError, match="cannot be encoded"):
+        encode(Envelope(type="report", node="n1", seq=1,
+                        body={"verdict": "OK", "findings": [], "facts": {"x": object()}}))
+
+
+# ---------------------------------------------------------------------------- fuzzing
+
+FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+scalars = (st.none() | st.booleans() | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+           | st.floats(allow_nan=True) | st.text(max_size=20) | st.binary(max_size=20))
+values = st.recursive(
+    scalars,
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=20)
+keys = st.sampled_from(["v", "id", "node", "seq", "ts", "type", "body"]) | st.text(max_size=6)
+# Envelope-shaped maps whose fields are sometimes right and sometimes anything at all.
+envelopes = st.fixed_dictionaries(
+    {},
+    optional={
+        "v": st.just(1) | values,
+        "id": st.just("abc") | values,
+        "node": st.just("gpu-n1") | values,
+        "seq": st.integers(min_value=0, max_value=10) | values,
+        "ts": st.just(1.5) | values,
+        "type": st.sampled_from(sorted(wire.TYPES)) | values,
+        "body": st.fixed_dictionaries({}, optional={
+            k: values for k in ("version", "gpus", "interval_s", "verdict", "findings", "facts",
+                                "kind", "gpu", "data", "seqs", "command", "args", "command_id",
+                                "ok", "result")}) | values,
+    },
+)
+
+
+def _decodes_or_wire_error(raw: bytes) -> None:
+    with contextlib.suppress(WireError):
+        decode(raw)
+
+
+@FUZZ
+@given(st.binary(max_size=4096))
+def test_decode_arbitrary_bytes(raw: bytes) -> None:
+    _decodes_or_wire_error(raw)
+
+
+@FUZZ
+@given(st.dictionaries(keys, values, max_size=8) | envelopes)
+def test_decode_arbitrary_maps(data: dict[str, Any]) -> None:
+    _decodes_or_wire_error(msgpack.packb(data, use_bin_type=True))
+
+
+@FUZZ
+@given(values)
+def test_decode_arbitrary_values(data: Any) -> None:
+    _decodes_or_wire_error(msgpack.packb(data, use_bin_type=True))
+
+
+@pytest.mark.parametrize("mtype", sorted(wire.TYPES))
+def test_truncated_frames(mtype: str) -> None:
+    raw = encode(Envelope(type=mtype, node="n1", seq=1, body=BODIES[mtype]))
+    for end in range(len(raw)):
+        with pytest.raises(WireError):
+            decode(raw[:end])
+
+
+@FUZZ
+@given(st.sampled_from(sorted(wire.TYPES)), st.data())
+def test_mutated_frames(mtype: str, data: st.DataObject) -> None:
+    raw = bytearray(encode(Envelope(type=mtype, node="n1", seq=1, body=BODIES[mtype])))
+    i = data.draw(st.integers(min_value=0, max_value=len(raw) - 1))
+    raw[i] = data.draw(st.integers(min_value=0, max_value=255))
+    _decodes_or_wire_error(bytes(raw))
