@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _register() -> None:
-    from slurmgpu.cli import agent_cmd, config_cmd, keys_cmd, sim, slurm_cmds
+    from slurmgpu.cli import agent_cmd, config_cmd, fleet_cmd, keys_cmd, sim, slurm_cmds
     from slurmgpu.cli import checks as checks_cmds
 
     cli.add_command(checks_cmds.check)
@@ -55,6 +55,9 @@ def _register() -> None:
     cli.add_command(sim.sim)
     cli.add_command(keys_cmd.keys)
     cli.add_command(agent_cmd.agent)
+    cli.add_command(fleet_cmd.collector)
+    cli.add_command(fleet_cmd.fleet)
+    sim.sim.add_command(fleet_cmd.fleet_sim)
     for command in (slurm_cmds.prolog, slurm_cmds.epilog, slurm_cmds.healthcheck, slurm_cmds.drain,
                     slurm_cmds.resume, slurm_cmds.nodes):
         cli.add_command(command)

@@ -1,0 +1,204 @@
+"""`slurmgpu collector`, `slurmgpu fleet` and `slurmgpu sim fleet` (``fleet_sim``).
+
+zmq and the collector are imported inside the commands, so `slurmgpu --help` stays light.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from slurmgpu.config.schema import CollectorSettings, Settings
+
+
+def _settings(config_file: str | None) -> Settings:
+    from slurmgpu.config.load import load_config
+
+    return load_config(config_file).settings_for(None)
+
+
+def _collector_settings(settings: Settings, **overrides: Any) -> CollectorSettings:
+    changes = {k: v for k, v in overrides.items() if v is not None}
+    return dataclasses.replace(settings.collector, **changes)
+
+
+def sd_notify(state: str, environ: dict[str, str] | None = None) -> bool:
+    """Send a systemd notification (``READY=1``...) if NOTIFY_SOCKET is set."""
+    env = os.environ if environ is None else environ
+    address = env.get("NOTIFY_SOCKET")
+    if not address:
+        return False
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+            sock.connect(address)
+            sock.sendall(state.encode())
+    except OSError:
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------- collector
+
+
+@click.command("collector")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
+              help="Config file (default: $SLURMGPU_CONFIG or /etc/slurmgpu/slurmgpu.toml).")
+@click.option("--bind", default=None, help="ZeroMQ endpoint to bind (collector.bind).")
+@click.option("--db", default=None, help="SQLite database (collector.db).")
+@click.option("--keys-dir", default=None, help="CURVE keys and allow-list (collector.keys_dir).")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+def collector(config_file: str | None, bind: str | None, db: str | None, keys_dir: str | None,
+              log_level: str) -> None:
+    """Run the fleet collector until SIGTERM/SIGINT (SIGHUP reloads the allow-list)."""
+    from slurmgpu import log
+    from slurmgpu.collector.server import Collector
+
+    log.configure(log_level, json=True)
+    settings = _collector_settings(_settings(config_file), bind=bind, db=db, keys_dir=keys_dir)
+    try:
+        server = Collector(settings)
+    except OSError as exc:
+        raise click.ClickException(f"{exc.filename or settings.db}: {exc.strerror or exc}") from None
+    stop = threading.Event()
+
+    def _stop(*_: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    sd_notify("READY=1\nSTATUS=listening on " + server.endpoint)
+    server.run(stop)
+    sd_notify("STOPPING=1")
+
+
+# --------------------------------------------------------------------------- fleet
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = max(0, int(seconds))
+    if s < 120:
+        return f"{s}s ago"
+    if s < 7200:
+        return f"{s // 60}m ago"
+    if s < 172800:
+        return f"{s // 3600}h ago"
+    return f"{s // 86400}d ago"
+
+
+def _drained(settings: Settings) -> dict[str, bool] | None:
+    """{node: drained} from Slurm, or None when Slurm can't be asked."""
+    from slurmgpu.slurm.factory import make_client
+
+    quick = dataclasses.replace(settings.slurm, retries=1)
+    try:
+        return {n.name: n.drained for n in make_client(quick).nodes()}
+    except Exception:  # no Slurm here, slurmctld down, pyslurm mismatch: the column says "?"
+        return None
+
+
+@click.command("fleet")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
+              help="Config file (default: $SLURMGPU_CONFIG or /etc/slurmgpu/slurmgpu.toml).")
+@click.option("--db", default=None, help="SQLite database (default: collector.db).")
+@click.option("--json", "as_json", is_flag=True, help="JSON output.")
+def fleet(config_file: str | None, db: str | None, as_json: bool) -> None:
+    """Fleet health from the collector's database: one line per node."""
+    from slurmgpu.collector.store import Store
+
+    settings = _settings(config_file)
+    path = db or settings.collector.db
+    if not Path(path).is_file():
+        raise click.ClickException(f"{path}: no fleet database (is the collector running?)")
+    store = Store(path)
+    try:
+        rows = store.fleet()
+    finally:
+        store.close()
+    drained = _drained(settings)
+    now = time.time()
+    for r in rows:
+        r["drained"] = None if drained is None else drained.get(r["node"])
+        r["last_seen_age_s"] = None if r["last_seen"] is None else round(now - r["last_seen"], 1)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo("no nodes have reported yet")
+        return
+    width = max(16, *(len(r["node"]) for r in rows))
+    click.echo(f"{'NODE':<{width}} {'VERDICT':<8} {'LAST SEEN':<10} {'REACHABLE':<9} "
+               f"{'DRAINED?':<8} WORST FINDING")
+    for r in rows:
+        worst = "-"
+        if r["worst_check"]:
+            gpu = f" gpu{r['worst_gpu']}" if r["worst_gpu"] is not None else ""
+            worst = f"{r['worst_severity']} {r['worst_check']}{gpu}: {r['worst_message'] or ''}"
+        d = r["drained"]
+        drained_text = "?" if drained is None else ("-" if d is None else ("yes" if d else "no"))
+        click.echo(f"{r['node']:<{width}} {r['verdict'] or '-':<8} {_age(r['last_seen_age_s']):<10} "
+                   f"{'yes' if r['reachable'] else 'NO':<9} {drained_text:<8} {worst[:100]}")
+
+
+# --------------------------------------------------------------------------- sim fleet
+
+
+@click.command("fleet")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None)
+@click.option("--nodes", "count", type=click.IntRange(1, 100_000), default=100, show_default=True)
+@click.option("--rate", type=click.FloatRange(min=0), default=1 / 15, show_default="1/15",
+              help="Reports per second per node; 0: as fast as --window allows.")
+@click.option("--window", type=click.IntRange(1, 10_000), default=16, show_default=True,
+              help="With --rate 0: unacknowledged reports allowed per node.")
+@click.option("--duration", type=click.FloatRange(min=0.1), default=30.0, show_default=True)
+@click.option("--address", default=None, help="Collector endpoint (collector.address).")
+@click.option("--keys-dir", default=None,
+              help="The collector's keys dir: node keys are allow-listed in its nodes/.")
+@click.option("--prefix", default="sim", show_default=True, help="Node name prefix.")
+@click.option("--connect-timeout", type=float, default=60.0, show_default=True,
+              help="Seconds to wait for every node's hello to be acked.")
+@click.option("--json", "as_json", is_flag=True)
+def fleet_sim(config_file: str | None, count: int, rate: float, window: int, duration: float,
+              address: str | None, keys_dir: str | None, prefix: str, connect_timeout: float,
+              as_json: bool) -> None:
+    """Simulate N agents sending reports to a collector and print the send/ack rates.
+
+    The node keys are written to the collector's allow-list; a collector that is
+    already running picks them up within 30 s (or at once on SIGHUP).
+    """
+    from slurmgpu import simfleet
+
+    settings = _collector_settings(_settings(config_file), address=address, keys_dir=keys_dir)
+    nodes = simfleet.make_nodes(settings.keys_dir, count, prefix=prefix)
+    click.echo(f"allow-listed {count} simulated nodes in {settings.keys_dir}/nodes "
+               "(a running collector needs SIGHUP or up to 30 s)", err=True)
+    server_key = simfleet.collector_public_key(settings.keys_dir)
+    with simfleet.SimFleet(settings.address, server_key, nodes) as sim:
+        connected = sim.hello(connect_timeout)
+        if connected < count:
+            click.echo(f"only {connected}/{count} nodes connected within {connect_timeout}s", err=True)
+        stats = sim.run(duration, rate or None, window=window)
+        stats.connected = connected
+    summary = stats.summary()
+    if as_json:
+        click.echo(json.dumps(summary))
+    else:
+        click.echo(f"nodes {summary['nodes']} (connected {connected}), sent {stats.sent} "
+                   f"({summary['send_rate']}/s), acked {stats.acked} ({summary['ack_rate']}/s), "
+                   f"ack latency p50 {summary['ack_p50_ms']} ms p99 {summary['ack_p99_ms']} ms")
+    if stats.acked < stats.sent:
+        sys.exit(1)

@@ -1,0 +1,373 @@
+"""The collector: a ZeroMQ ROUTER (CURVE server) that stores what agents send.
+
+Security: every connection is a CURVE handshake checked by ZAP against the allow-list
+(``<keys_dir>/nodes/*.key``); the authenticated public key travels with each frame as
+its "User-Id" and is mapped to the node name the key file is named after. A frame whose
+envelope ``node`` or routing id differs from the key's node is rejected, so a node's key
+can only speak for that node. A key revoked while its connection is up is refused from
+the next allow-list reload (SIGHUP, or within 30 s).
+
+Delivery: for each acked type (hello, report, event, command-result) the collector
+stores the message and, only after the batch COMMITs, acks its seq; a duplicate
+(node, seq) is not stored again but is acked again. Nothing else is acked.
+
+The loop is single-threaded (plus libzmq's I/O thread and the ZAP thread). All methods,
+``send_command`` included, must be called from the thread that runs the loop.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import sqlite3
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import zmq
+from zmq.auth.thread import ThreadAuthenticator
+
+from slurmgpu import keys
+from slurmgpu.collector.store import Store
+from slurmgpu.config.schema import CollectorSettings
+from slurmgpu.errors import SlurmGpuError
+from slurmgpu.log import get_logger
+from slurmgpu.wire import (
+    ACK,
+    ACKED,
+    COMMAND,
+    HEARTBEAT,
+    MAX_FRAME,
+    Envelope,
+    WireError,
+    decode,
+    encode,
+)
+
+MAX_BATCH = 1000
+ALLOW_LIST_RELOAD_S = 30.0
+PRUNE_EVERY_S = 3600.0
+STATS_EVERY_S = 60.0
+REJECT_LOG_EVERY_S = 10.0
+# libzmq drops (and disconnects) a peer sending a frame above this before Python sees it;
+# frames between MAX_FRAME and this are read and counted as "oversized".
+TRANSPORT_MAX_FRAME = 4 * MAX_FRAME
+HWM = 100_000
+
+
+class CollectorError(SlurmGpuError):
+    """The collector could not start or could not deliver a command."""
+
+
+@dataclass
+class Counters:
+    received: int = 0
+    stored: int = 0
+    duplicates: int = 0
+    acks_sent: int = 0
+    acks_failed: int = 0
+    heartbeats_received: int = 0
+    heartbeats_sent: int = 0
+    batches: int = 0
+    store_errors: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"received": self.received, "stored": self.stored, "duplicates": self.duplicates,
+                "acks_sent": self.acks_sent, "acks_failed": self.acks_failed,
+                "heartbeats_received": self.heartbeats_received,
+                "heartbeats_sent": self.heartbeats_sent, "batches": self.batches,
+                "store_errors": self.store_errors, "rejected": dict(self.rejected)}
+
+
+class Collector:
+    def __init__(self, settings: CollectorSettings, *, store: Store | None = None,
+                 max_batch: int = MAX_BATCH) -> None:
+        self.settings = settings
+        self.log = get_logger(component="collector")
+        self.counters = Counters()
+        self.max_batch = max_batch
+        self.keys_dir = Path(settings.keys_dir)
+        public, secret = keys.server_keys(self.keys_dir)
+        self.allowed: dict[bytes, str] = keys.allowed_nodes(self.keys_dir)
+        self._allow_stamp = self._nodes_dir_stamp()
+        self.store = store if store is not None else Store(settings.db)
+        self._own_store = store is None
+        self.ctx = zmq.Context()
+        self.auth = ThreadAuthenticator(self.ctx)
+        self.auth.start()
+        self.auth.configure_curve(domain="*", location=str(self.keys_dir / keys.NODES_DIR))
+        sock = self.ctx.socket(zmq.ROUTER)
+        sock.curve_server = True
+        sock.curve_publickey = public
+        sock.curve_secretkey = secret
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.setsockopt(zmq.MAXMSGSIZE, TRANSPORT_MAX_FRAME)
+        sock.setsockopt(zmq.RCVHWM, HWM)
+        sock.setsockopt(zmq.SNDHWM, HWM)
+        sock.setsockopt(zmq.LINGER, 0)
+        # ZMTP heartbeats drop dead connections, so a restarted agent (same routing id)
+        # is not locked out by its own stale connection.
+        ivl = max(100, int(settings.heartbeat_s * 1000))
+        sock.setsockopt(zmq.HEARTBEAT_IVL, ivl)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, ivl * max(2, settings.unreachable_after))
+        try:
+            sock.bind(settings.bind)
+        except zmq.ZMQError as exc:
+            self._teardown(sock)
+            raise CollectorError(f"cannot bind {settings.bind}: {exc}") from None
+        self.sock = sock
+        self.endpoint: str = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        now = time.monotonic()
+        self._seen: dict[str, float] = {}  # node -> wall time last heard (this process)
+        self._next_heartbeat = now + settings.heartbeat_s
+        self._next_reload = now + ALLOW_LIST_RELOAD_S
+        self._next_prune = now  # prune once at start, then hourly
+        self._next_stats = now + STATS_EVERY_S
+        self._reload_requested = False
+        self._reject_logged: dict[str, float] = {}
+        self._reject_suppressed: Counter[str] = Counter()
+        self._closed = False
+        self.log.info("collector_listening", endpoint=self.endpoint, nodes=len(self.allowed),
+                      db=str(self.store.path))
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def run(self, stop_event: threading.Event) -> None:
+        """Serve until ``stop_event`` is set. Installs a SIGHUP handler (allow-list
+        reload) when called from the main thread."""
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGHUP, lambda *_: self.request_reload())
+        try:
+            while not stop_event.is_set():
+                self.serve_once(200)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.log.info("collector_stopped", **self.counters.snapshot())
+        self._teardown(self.sock)
+        if self._own_store:
+            self.store.close()
+
+    def _teardown(self, sock: zmq.Socket[Any]) -> None:
+        sock.close(linger=0)
+        self.auth.stop()
+        self.ctx.term()
+
+    def request_reload(self) -> None:
+        """Reload the allow-list at the next loop turn (signal-safe)."""
+        self._reload_requested = True
+
+    # ------------------------------------------------------------------ the loop
+
+    def serve_once(self, timeout_ms: int = 0) -> int:
+        """Wait up to ``timeout_ms`` for frames, handle up to ``max_batch`` of them (one
+        transaction, then the acks), run the periodic tasks. Returns frames handled."""
+        handled = 0
+        if self.sock.poll(timeout_ms, zmq.POLLIN):
+            handled = self._drain()
+        self._periodic()
+        return handled
+
+    def _drain(self) -> int:
+        # A batch is ~100k short-lived, acyclic objects (decoded msgpack): the cyclic GC
+        # would traverse them over and over (it nearly halves throughput). Reference
+        # counting frees them; the GC runs again between batches.
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._drain_batch()
+        finally:
+            if was_enabled:
+                gc.enable()
+
+    def _drain_batch(self) -> int:
+        batch: list[tuple[str, Envelope]] = []
+        to_ack: list[tuple[bytes, str, int]] = []
+        handled = 0
+        sock = self.sock
+        now = time.time()
+        while handled < self.max_batch:
+            try:
+                parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            handled += 1
+            self._accept(parts, batch, to_ack, now)
+        if not batch:
+            return handled
+        self.counters.batches += 1
+        try:
+            new = self.store.store_batch(batch, received_at=now)
+        except sqlite3.Error as exc:
+            # Nothing is acked: the agents resend, nothing is lost.
+            self.counters.store_errors += 1
+            self.log.error("store_failed", error=str(exc), messages=len(batch))
+            return handled
+        self.counters.stored += len(new)
+        self.counters.duplicates += len(to_ack) - len(new)
+        self._send_acks(to_ack)
+        return handled
+
+    def _accept(self, parts: list[Any], batch: list[tuple[str, Envelope]],
+                to_ack: list[tuple[bytes, str, int]], now: float) -> None:
+        self.counters.received += 1
+        if len(parts) != 2:
+            self._reject("frames", frames=len(parts))
+            return
+        routing_id: bytes = parts[0].bytes
+        frame = parts[1]
+        try:
+            user = frame.get("User-Id")
+        except (zmq.ZMQError, KeyError):
+            user = None
+        node = self.allowed.get(user.encode("ascii", "replace")) if isinstance(user, str) else None
+        if node is None:
+            self._reject("unknown_key", key=keys.fingerprint(user.encode()) if user else None)
+            return
+        data: bytes = frame.bytes
+        if len(data) > MAX_FRAME:
+            self._reject("oversized", node=node, size=len(data))
+            return
+        try:
+            env = decode(data)
+        except WireError as exc:
+            reason = "version" if "protocol version" in str(exc) else "malformed"
+            self._reject(reason, node=node, error=str(exc))
+            return
+        if env.node != node:
+            self._reject("node_mismatch", node=node, claimed=env.node)
+            return
+        if routing_id != node.encode():
+            self._reject("routing_mismatch", node=node,
+                         routing_id=routing_id.decode("utf-8", "replace")[:64])
+            return
+        if env.type == HEARTBEAT:
+            self.counters.heartbeats_received += 1
+        elif env.type not in ACKED:
+            self._reject("unexpected_type", node=node, type=env.type)
+            return
+        self._seen[node] = now
+        batch.append((node, env))
+        if env.type in ACKED:
+            to_ack.append((routing_id, node, env.seq))
+
+    def _send_acks(self, to_ack: list[tuple[bytes, str, int]]) -> None:
+        per_peer: dict[bytes, tuple[str, list[int]]] = {}
+        for routing_id, node, seq in to_ack:
+            per_peer.setdefault(routing_id, (node, []))[1].append(seq)
+        for routing_id, (node, seqs) in per_peer.items():
+            # Packed directly: wire.encode re-validates, which is pure overhead for our own acks.
+            frame = msgpack.packb(Envelope(type=ACK, node=node, seq=0, body={"seqs": seqs}).to_dict(),
+                                  use_bin_type=True)
+            if self._send(routing_id, frame):
+                self.counters.acks_sent += 1
+            else:
+                self.counters.acks_failed += 1
+
+    def _send(self, routing_id: bytes, frame: bytes) -> bool:
+        try:
+            self.sock.send_multipart([routing_id, frame], zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError:  # EHOSTUNREACH (gone) or EAGAIN (its queue is full)
+            return False
+
+    def _reject(self, reason: str, **detail: Any) -> None:
+        self.counters.rejected[reason] += 1
+        now = time.monotonic()
+        last = self._reject_logged.get(reason)
+        if last is not None and now - last < REJECT_LOG_EVERY_S:
+            self._reject_suppressed[reason] += 1
+            return
+        self._reject_logged[reason] = now
+        suppressed = self._reject_suppressed.pop(reason, 0)
+        self.log.warning("message_rejected", reason=reason, suppressed=suppressed, **detail)
+
+    # ------------------------------------------------------------------ commands
+
+    def send_command(self, node: str, command: str, args: dict[str, Any] | None = None) -> str:
+        """Send a command to a connected node; returns the command id (the envelope id,
+        echoed as ``command_id`` in the command-result)."""
+        command_id = uuid.uuid4().hex
+        env = Envelope(type=COMMAND, node=node, seq=0, body={"command": command, "args": args or {}},
+                       id=command_id)
+        if not self._send(node.encode(), encode(env)):
+            raise CollectorError(f"node {node} is not connected (or its queue is full)")
+        self.log.info("command_sent", node=node, command=command, command_id=command_id)
+        return command_id
+
+    # ------------------------------------------------------------------ periodic
+
+    def _periodic(self) -> None:
+        mono = time.monotonic()
+        if self._reload_requested or mono >= self._next_reload:
+            force = self._reload_requested
+            self._reload_requested = False
+            self._next_reload = mono + ALLOW_LIST_RELOAD_S
+            self.reload_allow_list(force=force)
+        if mono >= self._next_heartbeat:
+            self._next_heartbeat = mono + self.settings.heartbeat_s
+            self._heartbeat()
+        if mono >= self._next_prune:
+            self._next_prune = mono + PRUNE_EVERY_S
+            try:
+                deleted = self.store.prune(self.settings.retention_days)
+                if deleted:
+                    self.log.info("pruned", rows=deleted, retention_days=self.settings.retention_days)
+            except sqlite3.Error as exc:
+                self.log.error("prune_failed", error=str(exc))
+        if mono >= self._next_stats:
+            self._next_stats = mono + STATS_EVERY_S
+            self.log.info("collector_stats", **self.counters.snapshot())
+
+    def _heartbeat(self) -> None:
+        now = time.time()
+        window = self.settings.unreachable_after * self.settings.heartbeat_s
+        for node, seen in list(self._seen.items()):
+            if now - seen > window:
+                del self._seen[node]
+                continue
+            if self._send(node.encode(), encode(Envelope(type=HEARTBEAT, node=node, seq=0))):
+                self.counters.heartbeats_sent += 1
+        try:
+            gone = self.store.mark_unreachable(now, window)
+        except sqlite3.Error as exc:
+            self.log.error("mark_unreachable_failed", error=str(exc))
+            return
+        for node in gone:
+            self.log.warning("node_unreachable", node=node, silent_s=window)
+
+    def _nodes_dir_stamp(self) -> int | None:
+        try:
+            return os.stat(self.keys_dir / keys.NODES_DIR).st_mtime_ns
+        except OSError:
+            return None
+
+    def reload_allow_list(self, *, force: bool = True) -> bool:
+        """Re-read the allow-list (and re-configure ZAP) if it changed or ``force``.
+        A broken allow-list keeps the previous one (logged). Returns True if reloaded."""
+        stamp = self._nodes_dir_stamp()
+        if not force and stamp == self._allow_stamp:
+            return False
+        try:
+            allowed = keys.allowed_nodes(self.keys_dir)
+        except SlurmGpuError as exc:
+            self.log.error("allow_list_invalid", error=str(exc), kept=len(self.allowed))
+            return False
+        self.auth.configure_curve(domain="*", location=str(self.keys_dir / keys.NODES_DIR))
+        self._allow_stamp = stamp
+        added = len(set(allowed) - set(self.allowed))
+        removed = len(set(self.allowed) - set(allowed))
+        self.allowed = allowed
+        self.log.info("allow_list_loaded", nodes=len(allowed), added=added, removed=removed)
+        return True

@@ -1,0 +1,409 @@
+"""The collector's SQLite store.
+
+One database file (WAL, ``synchronous=NORMAL``): a crash may lose the last
+transactions that were committed but not yet checkpointed by the OS, never corrupt
+the file; the collector acknowledges a message only after its batch commits.
+
+The schema is versioned: ``schema_version`` holds the number of migrations applied
+and ``MIGRATIONS`` (in order) brings any older file up to date at open.
+
+Throughput: ``store_batch`` writes a whole batch (hundreds to thousands of messages)
+in one transaction with ``executemany``; the latest report and the node row are
+written once per node per batch, not once per message.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from slurmgpu.errors import SlurmGpuError
+from slurmgpu.wire import COMMAND_RESULT, EVENT, HEARTBEAT, HELLO, REPORT, Envelope
+
+# Severity names in verdict order (OK < WARN < UNKNOWN < FAIL), as slurmgpu.result ranks them.
+_RANK = {"OK": 0, "WARN": 1, "UNKNOWN": 2, "FAIL": 3}
+_STORED = frozenset({HELLO, REPORT, EVENT, COMMAND_RESULT})
+_MAX_TEXT = 1024
+
+
+def _script(db: sqlite3.Connection, script: str) -> None:
+    """Run ``;``-separated DDL inside the caller's transaction (``executescript`` would
+    COMMIT first)."""
+    for statement in script.split(";"):
+        if statement.strip():
+            db.execute(statement)
+
+
+def _migration_1(db: sqlite3.Connection) -> None:
+    _script(db, """
+        CREATE TABLE nodes (
+            node TEXT PRIMARY KEY,
+            first_seen REAL NOT NULL,
+            last_seen REAL NOT NULL,
+            last_seq INTEGER NOT NULL DEFAULT 0,
+            verdict TEXT,
+            verdict_ts REAL,
+            worst_check TEXT,
+            worst_severity TEXT,
+            worst_message TEXT,
+            worst_gpu INTEGER,
+            reachable INTEGER NOT NULL DEFAULT 1,
+            unreachable_since REAL,
+            agent_version TEXT
+        );
+        CREATE TABLE messages (
+            node TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            type TEXT NOT NULL,
+            ts REAL NOT NULL,
+            received_at REAL NOT NULL,
+            PRIMARY KEY (node, seq)
+        ) WITHOUT ROWID;
+        CREATE TABLE reports (
+            node TEXT PRIMARY KEY,
+            seq INTEGER NOT NULL,
+            ts REAL NOT NULL,
+            verdict TEXT NOT NULL,
+            body BLOB NOT NULL
+        );
+        CREATE TABLE report_history (
+            node TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            ts REAL NOT NULL,
+            verdict TEXT NOT NULL
+        );
+        CREATE INDEX report_history_node_ts ON report_history (node, ts);
+        CREATE TABLE findings (
+            node TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            ts REAL NOT NULL,
+            check_id TEXT NOT NULL,
+            severity TEXT NOT NULL,
+            gpu INTEGER,
+            subject TEXT,
+            message TEXT
+        );
+        CREATE INDEX findings_node_ts ON findings (node, ts);
+        CREATE TABLE events (
+            node TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            ts REAL NOT NULL,
+            kind TEXT NOT NULL,
+            gpu INTEGER,
+            data INTEGER,
+            verdict TEXT NOT NULL,
+            body BLOB NOT NULL
+        );
+        CREATE INDEX events_ts ON events (ts);
+        CREATE INDEX events_node_ts ON events (node, ts);
+        CREATE TABLE command_results (
+            node TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            ts REAL NOT NULL,
+            command_id TEXT NOT NULL,
+            ok INTEGER NOT NULL,
+            result BLOB NOT NULL
+        );
+        CREATE INDEX command_results_id ON command_results (command_id)
+    """)
+
+
+# Applied in order at open; the schema version is the number applied. Append only.
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migration_1]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class StoreError(SlurmGpuError):
+    """The database is newer than this slurmgpu, or unusable."""
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    text = value if isinstance(value, str) else str(value)
+    return text[:_MAX_TEXT]
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < (1 << 63):
+        return value
+    return None
+
+
+class Store:
+    """The fleet database. Not thread-safe: one owner (the collector loop)."""
+
+    def __init__(self, path: str | os.PathLike[str], *, timeout_s: float = 10.0) -> None:
+        self.path = Path(path)
+        if str(path) != ":memory:":
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(str(path), timeout=timeout_s, isolation_level=None,
+                                  check_same_thread=False)
+        self.db.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
+        self.db.execute("PRAGMA journal_mode = WAL")
+        self.db.execute("PRAGMA synchronous = NORMAL")
+        self.db.execute("PRAGMA foreign_keys = OFF")
+        self._migrate()
+
+    # ------------------------------------------------------------------ schema
+
+    def schema_version(self) -> int:
+        row = self.db.execute("SELECT version FROM schema_version").fetchone()
+        return int(row[0]) if row else 0
+
+    def _migrate(self) -> None:
+        has_table = self.db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
+                                    "name = 'schema_version'").fetchone()
+        if has_table and self.schema_version() == SCHEMA_VERSION:
+            return  # up to date: no write transaction (readers never block the collector)
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            self.db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            current = self.schema_version()
+            if current > SCHEMA_VERSION:
+                raise StoreError(f"{self.path}: schema version {current} is newer than this "
+                                 f"slurmgpu understands ({SCHEMA_VERSION})")
+            if current == 0:
+                self.db.execute("DELETE FROM schema_version")
+                self.db.execute("INSERT INTO schema_version (version) VALUES (0)")
+            for number in range(current, SCHEMA_VERSION):
+                MIGRATIONS[number](self.db)
+                self.db.execute("UPDATE schema_version SET version = ?", (number + 1,))
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+
+    def close(self) -> None:
+        self.db.close()
+
+    # ------------------------------------------------------------------ writes
+
+    def store_batch(self, batch: Sequence[tuple[str, Envelope]], *,
+                    received_at: float | None = None) -> list[tuple[str, int]]:
+        """Store a batch of validated messages in one transaction.
+
+        Heartbeats only refresh ``nodes.last_seen``. Acked types (hello, report,
+        event, command-result) are stored once per (node, seq); the return value is
+        the (node, seq) pairs newly stored by this call (duplicates are left out).
+        """
+        if not batch:
+            return []
+        now = time.time() if received_at is None else received_at
+        # Deduplicate within the batch first (an agent may resend before the ack arrives).
+        candidates: dict[tuple[str, int], Envelope] = {}
+        touched: set[str] = set()
+        for node, env in batch:
+            touched.add(node)
+            if env.type in _STORED:
+                candidates.setdefault((node, env.seq), env)
+        db = self.db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            existing = self._existing(list(candidates)) if candidates else set()
+            new = [(key, env) for key, env in candidates.items() if key not in existing]
+            self._write(new, touched, now)
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return [key for key, _ in new]
+
+    def _existing(self, keys: list[tuple[str, int]]) -> set[tuple[str, int]]:
+        found: set[tuple[str, int]] = set()
+        chunk = 400  # 2 parameters each, well under SQLITE_MAX_VARIABLE_NUMBER
+        for i in range(0, len(keys), chunk):
+            part = keys[i:i + chunk]
+            sql = ("SELECT node, seq FROM messages WHERE (node, seq) IN (VALUES "
+                   + ",".join(["(?,?)"] * len(part)) + ")")
+            params = [x for key in part for x in key]
+            found.update((str(n), int(s)) for n, s in self.db.execute(sql, params))
+        return found
+
+    def _write(self, new: list[tuple[tuple[str, int], Envelope]], touched: set[str], now: float) -> None:
+        db = self.db
+        messages: list[tuple[Any, ...]] = []
+        history: list[tuple[Any, ...]] = []
+        findings: list[tuple[Any, ...]] = []
+        events: list[tuple[Any, ...]] = []
+        results: list[tuple[Any, ...]] = []
+        latest_report: dict[str, Envelope] = {}
+        # Per node: [last_seq, verdict_ts, verdict, worst finding, agent_version]
+        node_rows: dict[str, list[Any]] = {node: [0, None, None, None, None] for node in touched}
+        for (node, seq), env in new:
+            body = env.body
+            messages.append((node, seq, env.type, env.ts, now))
+            row = node_rows[node]
+            if seq > row[0]:
+                row[0] = seq
+            if env.type in (REPORT, EVENT):
+                verdict = _text(body.get("verdict")) or "UNKNOWN"
+                worst: dict[str, Any] = {}
+                worst_rank = 0
+                for f in body.get("findings", ()):
+                    severity = f.get("severity")
+                    if severity == "OK":  # the common case, kept cheap
+                        continue
+                    severity = str(severity).upper()
+                    if severity == "OK":
+                        continue
+                    findings.append((node, seq, env.ts, _text(f.get("check")), severity,
+                                     _int(f.get("gpu")), _text(f.get("subject")),
+                                     _text(f.get("message"))))
+                    rank = _RANK.get(severity, _RANK["UNKNOWN"])
+                    if rank > worst_rank:
+                        worst, worst_rank = f, rank
+                if row[1] is None or env.ts >= row[1]:
+                    row[1], row[2], row[3] = env.ts, verdict, worst
+                if env.type == REPORT:
+                    history.append((node, seq, env.ts, verdict))
+                    prev = latest_report.get(node)
+                    if prev is None or env.ts >= prev.ts:
+                        latest_report[node] = env
+                else:
+                    events.append((node, seq, env.ts, _text(body.get("kind")), _int(body.get("gpu")),
+                                   _int(body.get("data")), verdict,
+                                   msgpack.packb(body, use_bin_type=True)))
+            elif env.type == HELLO:
+                row[4] = _text(body.get("version"))
+            elif env.type == COMMAND_RESULT:
+                results.append((node, seq, env.ts, _text(body.get("command_id")), int(bool(body.get("ok"))),
+                                msgpack.packb(body.get("result"), use_bin_type=True)))
+        if messages:
+            db.executemany("INSERT INTO messages (node, seq, type, ts, received_at) VALUES (?,?,?,?,?)",
+                           messages)
+        if history:
+            db.executemany("INSERT INTO report_history (node, seq, ts, verdict) VALUES (?,?,?,?)", history)
+        if findings:
+            db.executemany("INSERT INTO findings (node, seq, ts, check_id, severity, gpu, subject, message) "
+                           "VALUES (?,?,?,?,?,?,?,?)", findings)
+        if events:
+            db.executemany("INSERT INTO events (node, seq, ts, kind, gpu, data, verdict, body) "
+                           "VALUES (?,?,?,?,?,?,?,?)", events)
+        if results:
+            db.executemany("INSERT INTO command_results (node, seq, ts, command_id, ok, result) "
+                           "VALUES (?,?,?,?,?,?)", results)
+        if latest_report:
+            db.executemany(
+                "INSERT INTO reports (node, seq, ts, verdict, body) VALUES (?,?,?,?,?) "
+                "ON CONFLICT (node) DO UPDATE SET seq = excluded.seq, ts = excluded.ts, "
+                "verdict = excluded.verdict, body = excluded.body WHERE excluded.ts >= reports.ts",
+                [(node, env.seq, env.ts, _text(env.body.get("verdict")) or "UNKNOWN",
+                  msgpack.packb(env.body, use_bin_type=True)) for node, env in latest_report.items()])
+        rows = []
+        for node, (last_seq, verdict_ts, verdict, worst, version) in node_rows.items():
+            w = worst or {}
+            rows.append((node, now, now, last_seq, verdict, verdict_ts, _text(w.get("check")),
+                         _text(w.get("severity")), _text(w.get("message")), _int(w.get("gpu")), version))
+        db.executemany(
+            "INSERT INTO nodes (node, first_seen, last_seen, last_seq, verdict, verdict_ts, worst_check, "
+            "worst_severity, worst_message, worst_gpu, reachable, unreachable_since, agent_version) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?,1,NULL,?) ON CONFLICT (node) DO UPDATE SET "
+            "last_seen = max(nodes.last_seen, excluded.last_seen), "
+            "last_seq = max(nodes.last_seq, excluded.last_seq), "
+            "reachable = 1, unreachable_since = NULL, "
+            "agent_version = coalesce(excluded.agent_version, nodes.agent_version), "
+            "verdict = CASE WHEN excluded.verdict_ts >= coalesce(nodes.verdict_ts, -1) "
+            "  THEN excluded.verdict ELSE nodes.verdict END, "
+            "worst_check = CASE WHEN excluded.verdict_ts >= coalesce(nodes.verdict_ts, -1) "
+            "  THEN excluded.worst_check ELSE nodes.worst_check END, "
+            "worst_severity = CASE WHEN excluded.verdict_ts >= coalesce(nodes.verdict_ts, -1) "
+            "  THEN excluded.worst_severity ELSE nodes.worst_severity END, "
+            "worst_message = CASE WHEN excluded.verdict_ts >= coalesce(nodes.verdict_ts, -1) "
+            "  THEN excluded.worst_message ELSE nodes.worst_message END, "
+            "worst_gpu = CASE WHEN excluded.verdict_ts >= coalesce(nodes.verdict_ts, -1) "
+            "  THEN excluded.worst_gpu ELSE nodes.worst_gpu END, "
+            "verdict_ts = max(coalesce(nodes.verdict_ts, -1), coalesce(excluded.verdict_ts, -1))",
+            rows)
+
+    def touch(self, nodes: Iterable[str], now: float | None = None) -> None:
+        """Record that these nodes were heard from (heartbeats)."""
+        when = time.time() if now is None else now
+        self.store_batch([(n, Envelope(type=HEARTBEAT, node=n, seq=0)) for n in nodes], received_at=when)
+
+    def mark_unreachable(self, now: float, after_s: float) -> list[str]:
+        """Mark nodes silent for more than ``after_s`` unreachable; return the newly marked."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            rows = self.db.execute(
+                "UPDATE nodes SET reachable = 0, unreachable_since = ? "
+                "WHERE reachable = 1 AND last_seen < ? RETURNING node", (now, now - after_s)).fetchall()
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        return sorted(str(r[0]) for r in rows)
+
+    def prune(self, retention_days: float, *, now: float | None = None) -> int:
+        """Delete history older than the retention; returns the rows deleted.
+        The latest report and the node rows are kept whatever their age."""
+        cutoff = (time.time() if now is None else now) - retention_days * 86400.0
+        deleted = 0
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            for sql in ("DELETE FROM messages WHERE received_at < ?",
+                        "DELETE FROM report_history WHERE ts < ?",
+                        "DELETE FROM findings WHERE ts < ?",
+                        "DELETE FROM events WHERE ts < ?",
+                        "DELETE FROM command_results WHERE ts < ?"):
+                deleted += self.db.execute(sql, (cutoff,)).rowcount
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        return deleted
+
+    # ------------------------------------------------------------------ reads
+
+    def fleet(self) -> list[dict[str, Any]]:
+        cur = self.db.execute(
+            "SELECT node, verdict, first_seen, last_seen, last_seq, worst_check, worst_severity, "
+            "worst_message, worst_gpu, reachable, unreachable_since, agent_version FROM nodes ORDER BY node")
+        names = [d[0] for d in cur.description]
+        out = []
+        for row in cur:
+            item = dict(zip(names, row, strict=True))
+            item["reachable"] = bool(item["reachable"])
+            out.append(item)
+        return out
+
+    def events(self, node: str | None = None, since: float | None = None,
+               limit: int | None = None) -> list[dict[str, Any]]:
+        sql = "SELECT node, seq, ts, kind, gpu, data, verdict, body FROM events"
+        where: list[str] = []
+        params: list[Any] = []
+        if node is not None:
+            where.append("node = ?")
+            params.append(node)
+        if since is not None:
+            where.append("ts >= ?")
+            params.append(since)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY ts, node, seq"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        out = []
+        for n, seq, ts, kind, gpu, data, verdict, body in self.db.execute(sql, params):
+            out.append({"node": n, "seq": seq, "ts": ts, "kind": kind, "gpu": gpu, "data": data,
+                        "verdict": verdict, "body": msgpack.unpackb(body, raw=False)})
+        return out
+
+    def latest_report(self, node: str) -> dict[str, Any] | None:
+        row = self.db.execute("SELECT seq, ts, verdict, body FROM reports WHERE node = ?", (node,)).fetchone()
+        if row is None:
+            return None
+        return {"node": node, "seq": row[0], "ts": row[1], "verdict": row[2],
+                "body": msgpack.unpackb(row[3], raw=False)}
+
+    def count(self, table: str) -> int:
+        if table not in {"nodes", "messages", "reports", "report_history", "findings", "events",
+                         "command_results"}:
+            raise ValueError(f"unknown table {table!r}")
+        return int(self.db.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
