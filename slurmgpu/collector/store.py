@@ -143,6 +143,7 @@ class Store:
         self.path = Path(path)
         if str(path) != ":memory:":
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._high: dict[str, int] | None = None
         self.db = sqlite3.connect(str(path), timeout=timeout_s, isolation_level=None,
                                   check_same_thread=False)
         self.db.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
@@ -212,19 +213,35 @@ class Store:
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
+            self._high = None  # reload from the database: what is stored is what counts
             raise
+        high = self._high_water()
+        for node, seq in (key for key, _ in new):
+            if seq > high.get(node, 0):
+                high[node] = seq
         return [key for key, _ in new]
 
     def _existing(self, keys: list[tuple[str, int]]) -> set[tuple[str, int]]:
+        """Which of these (node, seq) are already stored.
+
+        Agents send each node's seqs in increasing order, so almost every message is
+        above the node's high-water mark (the largest stored seq, kept in memory) and
+        needs no query; only resends at or below it cost an indexed point lookup.
+        """
+        high = self._high_water()
         found: set[tuple[str, int]] = set()
-        chunk = 400  # 2 parameters each, well under SQLITE_MAX_VARIABLE_NUMBER
-        for i in range(0, len(keys), chunk):
-            part = keys[i:i + chunk]
-            sql = ("SELECT node, seq FROM messages WHERE (node, seq) IN (VALUES "
-                   + ",".join(["(?,?)"] * len(part)) + ")")
-            params = [x for key in part for x in key]
-            found.update((str(n), int(s)) for n, s in self.db.execute(sql, params))
+        for node, seq in keys:
+            if seq > high.get(node, 0):
+                continue
+            if self.db.execute("SELECT 1 FROM messages WHERE node = ? AND seq = ?", (node, seq)).fetchone():
+                found.add((node, seq))
         return found
+
+    def _high_water(self) -> dict[str, int]:
+        if self._high is None:
+            self._high = {str(n): int(m) for n, m in
+                          self.db.execute("SELECT node, max(seq) FROM messages GROUP BY node")}
+        return self._high
 
     def _write(self, new: list[tuple[tuple[str, int], Envelope]], touched: set[str], now: float) -> None:
         db = self.db
