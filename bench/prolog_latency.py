@@ -49,7 +49,7 @@ def main() -> int:
     from slurmgpu.simcluster import SimCluster
 
     cluster = SimCluster(args.dir or "/tmp/slurmgpu-bench-cluster")
-    cluster.up(nodes=2, gpus=8)
+    cluster.up(nodes=2, gpus=8, agents=False)  # the cold (direct) path; bench/warm_prolog.py times the agent path
     try:
         samples = []
         for i in range(args.runs + 3):

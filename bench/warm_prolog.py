@@ -93,8 +93,17 @@ def serve(path: str, config: str) -> int:
     from slurmgpu.testing import FakeSlurmClient
 
     settings = load_config(config).settings_for(NODE)
-    agent: Any = MiniAgent(settings, NODE)
-    print(json.dumps({"agent": "MiniAgent", "verdict": agent.latest()[1].severity.name}), flush=True)
+    agent: Any
+    try:
+        from slurmgpu.agent.core import Agent
+
+        agent = Agent(settings, NODE)
+        agent.poll()  # the first poll fills the cache, as the running agent's loop does
+        kind = "Agent"
+    except Exception as exc:  # keep the bench usable if the agent cannot be built here
+        print(f"real Agent unavailable ({exc}); using MiniAgent", file=sys.stderr)
+        agent, kind = MiniAgent(settings, NODE), "MiniAgent"
+    print(json.dumps({"agent": kind, "verdict": agent.latest()[1].severity.name}), flush=True)
     client = FakeSlurmClient([NODE])
     stop = threading.Event()
     serve_local(agent, path, stop, client_factory=lambda env: client)

@@ -191,26 +191,33 @@ def cluster() -> None:
               help="Bundled scenario name or JSON file every node starts from.")
 @click.option("--hooks/--no-hooks", default=True, show_default=True,
               help="Prolog/Epilog/HealthCheck run slurmgpu (or just exit 0).")
+@click.option("--agents/--no-agents", default=None,
+              help="Also run a collector and one slurmgpu agent per node, with generated "
+                   "CURVE keys [default: agents on a fresh cluster; a running one keeps "
+                   "its choice].")
 @click.option("--timeout", type=float, default=60, show_default=True,
-              help="Seconds to wait for every node to be idle.")
+              help="Seconds to wait for every node to be idle (and every agent ready).")
 @_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 @_one_line_errors
-def cluster_up(nodes: int, gpus: int, scenario: str, hooks: bool, timeout: float,
-               directory: Path | None, as_json: bool) -> None:
+def cluster_up(nodes: int, gpus: int, scenario: str, hooks: bool, agents: bool | None,
+               timeout: float, directory: Path | None, as_json: bool) -> None:
     """Install Slurm if needed, write the configs and start the daemons (idempotent)."""
     import time
 
     started = time.monotonic()
     c = _cluster(directory)
-    c.up(nodes=nodes, gpus=gpus, scenario=scenario, hooks_enabled=hooks, timeout=timeout)
+    c.up(nodes=nodes, gpus=gpus, scenario=scenario, hooks_enabled=hooks, timeout=timeout,
+         agents=agents)
     status = c.status()
     status["elapsed_s"] = round(time.monotonic() - started, 2)
     if as_json:
         click.echo(json.dumps(status, indent=2))
         return
+    agents_text = (f", {len(c.nodes)} agents + collector at {status['collector']['address']}"
+                   if status["agents"] else "")
     click.echo(f"cluster up in {c.dir}: {len(c.nodes)} nodes x {c.gpus} GPUs, "
-               f"Slurm {status['slurm_version']} ({status['elapsed_s']} s)")
+               f"Slurm {status['slurm_version']}{agents_text} ({status['elapsed_s']} s)")
     env_hint = f" --dir {shlex.quote(str(c.dir))}" if directory is not None else ""
     click.echo(f'use it: eval "$(slurmgpu sim cluster env{env_hint})"')
 
@@ -245,13 +252,21 @@ def _render_status(status: dict[str, Any]) -> str:
     lines = [f"cluster {status['dir']}: {word} (Slurm {status['slurm_version']}, "
              f"{len(status['nodes'])} nodes x {status['gpus']} GPUs, "
              f"scenario {status['scenario']}, hooks {'on' if status['hooks_enabled'] else 'off'})"]
-    for daemon in ("munged", "slurmctld"):
+    daemons = ["munged", "slurmctld"] + (["collector"] if status.get("agents") else [])
+    for daemon in daemons:
         info = status[daemon]
-        lines.append(f"{daemon:<10} {'running pid ' + str(info['pid']) if info['running'] else 'stopped'}")
-    lines.append(f"{'NODE':<10} {'STATE':<12} SLURMD")
+        extra = f" {info['address']}" if daemon == "collector" and info["running"] else ""
+        lines.append(f"{daemon:<10} {'running pid ' + str(info['pid']) if info['running'] else 'stopped'}"
+                     f"{extra}")
+    agents = bool(status.get("agents"))
+    lines.append(f"{'NODE':<10} {'STATE':<12} {'SLURMD':<34}{' AGENT' if agents else ''}")
     for node in status["nodes"]:
         slurmd = f"running pid {node['slurmd_pid']}" if node["slurmd_running"] else "stopped"
-        lines.append(f"{node['name']:<10} {node['state']:<12} {slurmd} port {node['port']}")
+        agent = ""
+        if agents:
+            agent = f" running pid {node['agent_pid']}" if node.get("agent_running") else " stopped"
+        lines.append(f"{node['name']:<10} {node['state']:<12} {slurmd + ' port ' + str(node['port']):<34}"
+                     f"{agent}")
     return "\n".join(lines)
 
 

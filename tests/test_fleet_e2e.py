@@ -1,0 +1,163 @@
+"""The fleet end to end on a real Slurm mini-cluster: 2 nodes x 8 simulated GPUs, one
+`slurmgpu agent` per node and one collector (the ``fleet`` fixture). Run with `pytest -m slurm`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+import zmq.auth
+
+from slurmgpu import wire
+from slurmgpu.sim.scenario import load_scenario
+from slurmgpu.simcluster import SimCluster
+from tests.agenthelpers import spool_rows
+
+pytestmark = pytest.mark.slurm
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 20, what: str = "condition",
+             interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def query(fleet: SimCluster, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    conn = sqlite3.connect(f"file:{fleet.collector_db()}?mode=ro", uri=True, timeout=5)
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
+def records(fleet: SimCluster, node: str) -> list[dict[str, Any]]:
+    path = fleet.state_dir(node) / "gate.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def node_line(fleet: SimCluster, node: str) -> str:
+    return fleet.scontrol("show", "node", "-o", node)
+
+
+def test_xid_reaches_the_collector_db_within_2s(fleet: SimCluster) -> None:
+    start = time.time()
+    fleet.inject_xid("gpu-n2", 3, 79)
+    rows = wait_for(lambda: query(fleet, "SELECT kind, gpu, data, verdict FROM events "
+                                  "WHERE node = 'gpu-n2' AND ts >= ?", start),
+                    timeout=2, what="the XID event row", interval=0.01)
+    assert rows[0] == ("xid", 3, 79, "FAIL")
+
+
+def test_prolog_takes_the_agent_path_and_falls_back_without_it(fleet: SimCluster) -> None:
+    job = fleet.sbatch("", "--gres=gpu:2", "-w", "gpu-n1", "--wrap", "echo gpus=$CUDA_VISIBLE_DEVICES")
+    assert fleet.wait_job(job) == "COMPLETED"
+    assert "gpus=0,1" in fleet.job_output(job)
+    prolog = [r for r in records(fleet, "gpu-n1") if r["phase"] == "prolog" and r["job"] == job]
+    assert prolog and prolog[-1]["path"] == "agent" and prolog[-1]["verdict"] == "OK"
+
+    fleet.kill_agent("gpu-n1")
+    assert not fleet.agent_status("gpu-n1")["ok"]
+    job2 = fleet.sbatch("", "--gres=gpu:2", "-w", "gpu-n1", "--wrap", "true")
+    assert fleet.wait_job(job2) == "COMPLETED"
+    prolog = [r for r in records(fleet, "gpu-n1") if r["phase"] == "prolog" and r["job"] == job2]
+    assert prolog and prolog[-1].get("path") != "agent" and prolog[-1]["verdict"] == "OK"
+
+
+def test_lost_gpu_drains_through_the_agent_and_requeues(fleet: SimCluster) -> None:
+    data = load_scenario("h100-sxm-8")
+    for gpu in data["gpus"]:
+        gpu["lost"] = True
+    fleet.inject("gpu-n1", data)
+    wait_for(lambda: fleet.agent_status("gpu-n1").get("verdict") == "FAIL", 10,
+             "the agent to see the lost GPUs")
+    job = fleet.sbatch("", "--gres=gpu:2", "-w", "gpu-n1", "--wrap", "true")
+    wait_for(lambda: "DRAIN" in node_line(fleet, "gpu-n1"), what="gpu-n1 drained")
+    assert "Reason=slurmgpu: gpu.lost GPU 0" in node_line(fleet, "gpu-n1")
+    prolog = wait_for(lambda: [r for r in records(fleet, "gpu-n1")
+                               if r["phase"] == "prolog" and r["job"] == job], 5, "gate record")
+    assert prolog[-1]["path"] == "agent" and prolog[-1]["verdict"] == "FAIL"
+    # Requeued (not failed), and pending: its only allowed node is drained.
+    wait_for(lambda: fleet.job(job)["JobState"] == "PENDING", what="job requeued")
+    assert int(fleet.job(job).get("Restarts", "0")) >= 1
+
+
+def test_spooled_messages_survive_kill_9_and_arrive_once(fleet: SimCluster) -> None:
+    node = "gpu-n2"
+    collector = fleet.collector_pid()
+    assert collector is not None
+    os.kill(collector, signal.SIGSTOP)  # nothing is acked: the agent's messages stay spooled
+    try:
+        for xid in (13, 31, 43):
+            fleet.inject_xid(node, 1, xid)
+        time.sleep(2.5)  # and at least one periodic report
+        fleet.kill_agent(node)
+        spooled = [seq for seq, _ in spool_rows(fleet.agent_spool(node))]
+        assert len(spooled) >= 3, spooled
+    finally:
+        os.kill(collector, signal.SIGCONT)
+    fleet.restart_agent(node)
+    wait_for(lambda: {s for (s,) in query(fleet, "SELECT seq FROM messages WHERE node = ?", node)}
+             >= set(spooled), 10, "every spooled message in the collector DB")
+    for table in ("messages", "events", "report_history"):
+        total, distinct = query(fleet, f"SELECT count(*), count(DISTINCT seq) FROM {table} "
+                                "WHERE node = ?", node)[0]
+        assert total == distinct, f"{table}: a (node, seq) stored twice"
+    # The killed agent's XID events, from its spool. (The restarted agent reports them again
+    # under new seqs: the fake NVML hands a new event set every event still in the file.)
+    xids = [d for s, d in query(fleet, "SELECT seq, data FROM events WHERE node = ? AND "
+                                "kind = 'xid'", node) if s in set(spooled)]
+    assert sorted(xids) == [13, 31, 43]
+
+
+def test_fleet_json_lists_both_nodes(fleet: SimCluster) -> None:
+    env = {**os.environ, **fleet.env()}
+    env.pop("SLURMGPU_CONFIG", None)
+    proc = subprocess.run([sys.executable, "-m", "slurmgpu", "fleet", "--json", "--db",
+                           str(fleet.collector_db())], env=env, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["node"]: r for r in json.loads(proc.stdout)}
+    assert set(rows) == {"gpu-n1", "gpu-n2"}
+    for row in rows.values():
+        assert row["verdict"] in ("OK", "WARN", "FAIL", "UNKNOWN") and row["reachable"]
+
+
+def test_a_key_not_on_the_allow_list_cannot_report(fleet: SimCluster, tmp_path: Path) -> None:
+    public, secret = zmq.auth.load_certificate(
+        zmq.auth.create_certificates(str(tmp_path), "intruder")[1])
+    server, _ = zmq.auth.load_certificate(str(fleet.keys_dir / "collector.key"))
+    seq = 10**9
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    try:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = public, secret, server
+        sock.connect(fleet.collector_address)
+        for node in ("gpu-n1", "intruder"):
+            report = wire.Envelope(type=wire.REPORT, node=node, seq=seq,
+                                   body={"verdict": "FAIL", "findings": [], "facts": {}})
+            sock.send(wire.encode(report), flags=zmq.NOBLOCK)
+        assert not sock.poll(1500), "the collector answered an unlisted key"
+    except zmq.Again:
+        pass  # never connected: nothing could be sent at all
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+    assert query(fleet, "SELECT node, seq FROM messages WHERE seq = ? OR node = 'intruder'",
+                 seq) == []
+    assert {n for (n,) in query(fleet, "SELECT node FROM nodes")} <= {"gpu-n1", "gpu-n2"}
