@@ -5,8 +5,9 @@
 For each fleet size: fresh DB and keys, collector started with `slurmgpu collector`,
 every node's hello acked (all connected), then reports as fast as a per-node window of
 unacknowledged reports allows for --duration seconds. Reported: stored reports/s from
-the acks received and from the DB row count (report_history), ack latency p50/p99, and
-the collector's CPU time per report.
+the acks received and from the DB row count (``messages`` rows of type report: one per
+stored, deduplicated report; ``report_history`` only records changes), ack latency
+p50/p99, and the collector's CPU time per report.
 
     python bench/collector_ingest.py [--nodes 100,1000,10000] [--duration 10] [--json]
 
@@ -44,7 +45,7 @@ def free_port() -> int:
 
 def reports_in_db(db: Path) -> int:
     with sqlite3.connect(db, timeout=30) as conn:
-        return int(conn.execute("SELECT count(*) FROM report_history").fetchone()[0])
+        return int(conn.execute("SELECT count(*) FROM messages WHERE type = 'report'").fetchone()[0])
 
 
 def sender(address: str, server_key: bytes, nodes: list[simfleet.SimNode], duration: float,

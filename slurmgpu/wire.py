@@ -24,7 +24,9 @@ Message types (body fields):
 
 ``facts``, ``gpu``, ``data``, ``args`` and ``result`` may be absent (or None); every other
 field listed is required. ``node`` is a Slurm node name ([A-Za-z0-9._-], at most 128).
-``encode`` validates too, so a sender never emits a frame the receiver would reject.
+``encode`` validates too, so a sender never emits a frame the receiver would reject;
+``encode_unchecked`` skips that self-check, for frames whose fields the caller builds
+itself (the collector's acks and heartbeats, the load simulator).
 """
 
 from __future__ import annotations
@@ -75,14 +77,40 @@ class Envelope:
 
 def encode(message: Envelope) -> bytes:
     """Serialise ``message``; a message the other side would reject is a WireError here."""
+    frame = encode_unchecked(message)
+    decode(frame)  # what we send must be what the receiver accepts
+    return frame
+
+
+def encode_unchecked(message: Envelope) -> bytes:
+    """Serialise ``message`` without validating it (only msgpack-ability and the size
+    bound are checked). For senders that construct well-formed messages themselves;
+    anything built from outside input goes through ``encode``."""
     try:
         frame: bytes = msgpack.packb(message.to_dict(), use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
         raise WireError(f"{message.type} message cannot be encoded: {exc}") from None
     if len(frame) > MAX_FRAME:
         raise WireError(f"{message.type} message is {len(frame)} bytes (max {MAX_FRAME})")
-    decode(frame)  # what we send must be what the receiver accepts
     return frame
+
+
+def raw_body(frame: bytes) -> bytes | None:
+    """The packed bytes of the ``body`` value of a frame ``decode`` accepted, sliced out
+    of the frame (no re-packing: unpacking them gives the decoded body); None if not found.
+    Only the top-level keys are read; the values before ``body`` are skipped in C."""
+    try:
+        unpacker = msgpack.Unpacker(raw=True, max_buffer_size=len(frame) + 1)
+        unpacker.feed(frame)
+        for _ in range(unpacker.read_map_header()):
+            if unpacker.unpack() == b"body":
+                start = unpacker.tell()
+                unpacker.skip()
+                return bytes(frame[start:unpacker.tell()])
+            unpacker.skip()
+    except Exception:  # not expected for a decoded frame; the caller re-packs
+        return None
+    return None
 
 
 def decode(frame: bytes) -> Envelope:

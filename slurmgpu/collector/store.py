@@ -9,7 +9,17 @@ and ``MIGRATIONS`` (in order) brings any older file up to date at open.
 
 Throughput: ``store_batch`` writes a whole batch (hundreds to thousands of messages)
 in one transaction with ``executemany``; the latest report and the node row are
-written once per node per batch, not once per message.
+written once per node per batch, not once per message. The latest report's body is
+the body bytes as received (sliced out of the frame when the caller passes it), not
+re-packed.
+
+History keeps changes, not repetitions: a report whose verdict and non-OK findings
+(check, severity, gpu, subject, message) equal the previous report's from that node
+adds no ``report_history``/``findings`` rows; it is still deduplicated (``messages``),
+acked, and it still refreshes the node row and the latest report. So
+``report_history`` holds one row per change of a node's state (plus one for the first
+report each node sends after the collector starts), which is what trend views want;
+``messages`` has one row per stored message. Events are always recorded in full.
 """
 
 from __future__ import annotations
@@ -24,12 +34,18 @@ from typing import Any
 import msgpack
 
 from slurmgpu.errors import SlurmGpuError
-from slurmgpu.wire import COMMAND_RESULT, EVENT, HEARTBEAT, HELLO, REPORT, Envelope
+from slurmgpu.wire import COMMAND_RESULT, EVENT, HEARTBEAT, HELLO, REPORT, Envelope, raw_body
 
 # Severity names in verdict order (OK < WARN < UNKNOWN < FAIL), as slurmgpu.result ranks them.
 _RANK = {"OK": 0, "WARN": 1, "UNKNOWN": 2, "FAIL": 3}
 _STORED = frozenset({HELLO, REPORT, EVENT, COMMAND_RESULT})
 _MAX_TEXT = 1024
+
+# A batch item: (node, message) or (node, message, frame) where ``frame`` is the
+# bytes ``message`` was decoded from (lets the store keep the body without re-packing).
+BatchItem = tuple[str, Envelope] | tuple[str, Envelope, bytes]
+# A report's state for the history: (verdict, its non-OK findings' rows).
+_State = tuple[str, tuple[tuple[Any, ...], ...]]
 
 
 def _script(db: sqlite3.Connection, script: str) -> None:
@@ -136,6 +152,16 @@ def _int(value: Any) -> int | None:
     return None
 
 
+def _body_bytes(item: BatchItem) -> bytes:
+    """The packed body: sliced from the frame when the item carries it, else re-packed."""
+    if len(item) > 2:
+        data = raw_body(item[2])
+        if data is not None:
+            return data
+    packed: bytes = msgpack.packb(item[1].body, use_bin_type=True)
+    return packed
+
+
 class Store:
     """The fleet database. Not thread-safe: one owner (the collector loop)."""
 
@@ -144,6 +170,8 @@ class Store:
         if str(path) != ":memory:":
             self.path.parent.mkdir(parents=True, exist_ok=True)
         self._high: dict[str, int] | None = None
+        # node -> state of the last report written to report_history (this process)
+        self._last_state: dict[str, _State] = {}
         self.db = sqlite3.connect(str(path), timeout=timeout_s, isolation_level=None,
                                   check_same_thread=False)
         self.db.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
@@ -186,35 +214,39 @@ class Store:
 
     # ------------------------------------------------------------------ writes
 
-    def store_batch(self, batch: Sequence[tuple[str, Envelope]], *,
+    def store_batch(self, batch: Sequence[BatchItem], *,
                     received_at: float | None = None) -> list[tuple[str, int]]:
         """Store a batch of validated messages in one transaction.
 
         Heartbeats only refresh ``nodes.last_seen``. Acked types (hello, report,
         event, command-result) are stored once per (node, seq); the return value is
         the (node, seq) pairs newly stored by this call (duplicates are left out).
+        An item may carry the frame its message was decoded from (see ``BatchItem``).
         """
         if not batch:
             return []
         now = time.time() if received_at is None else received_at
         # Deduplicate within the batch first (an agent may resend before the ack arrives).
-        candidates: dict[tuple[str, int], Envelope] = {}
+        candidates: dict[tuple[str, int], BatchItem] = {}
         touched: set[str] = set()
-        for node, env in batch:
+        for item in batch:
+            node, env = item[0], item[1]
             touched.add(node)
             if env.type in _STORED:
-                candidates.setdefault((node, env.seq), env)
+                candidates.setdefault((node, env.seq), item)
         db = self.db
+        states: dict[str, _State] = {}
         db.execute("BEGIN IMMEDIATE")
         try:
             existing = self._existing(list(candidates)) if candidates else set()
-            new = [(key, env) for key, env in candidates.items() if key not in existing]
-            self._write(new, touched, now)
+            new = [(key, item) for key, item in candidates.items() if key not in existing]
+            self._write(new, touched, now, states)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             self._high = None  # reload from the database: what is stored is what counts
             raise
+        self._last_state.update(states)  # only what is committed
         high = self._high_water()
         for node, seq in (key for key, _ in new):
             if seq > high.get(node, 0):
@@ -243,17 +275,20 @@ class Store:
                           self.db.execute("SELECT node, max(seq) FROM messages GROUP BY node")}
         return self._high
 
-    def _write(self, new: list[tuple[tuple[str, int], Envelope]], touched: set[str], now: float) -> None:
+    def _write(self, new: list[tuple[tuple[str, int], BatchItem]], touched: set[str], now: float,
+               states: dict[str, _State]) -> None:
         db = self.db
+        last_state = self._last_state
         messages: list[tuple[Any, ...]] = []
         history: list[tuple[Any, ...]] = []
         findings: list[tuple[Any, ...]] = []
         events: list[tuple[Any, ...]] = []
         results: list[tuple[Any, ...]] = []
-        latest_report: dict[str, Envelope] = {}
+        latest_report: dict[str, BatchItem] = {}
         # Per node: [last_seq, verdict_ts, verdict, worst finding, agent_version]
         node_rows: dict[str, list[Any]] = {node: [0, None, None, None, None] for node in touched}
-        for (node, seq), env in new:
+        for (node, seq), item in new:
+            env = item[1]
             body = env.body
             messages.append((node, seq, env.type, env.ts, now))
             row = node_rows[node]
@@ -263,6 +298,7 @@ class Store:
                 verdict = _text(body.get("verdict")) or "UNKNOWN"
                 worst: dict[str, Any] = {}
                 worst_rank = 0
+                bad: list[tuple[Any, ...]] = []
                 for f in body.get("findings", ()):
                     severity = f.get("severity")
                     if severity == "OK":  # the common case, kept cheap
@@ -270,20 +306,24 @@ class Store:
                     severity = str(severity).upper()
                     if severity == "OK":
                         continue
-                    findings.append((node, seq, env.ts, _text(f.get("check")), severity,
-                                     _int(f.get("gpu")), _text(f.get("subject")),
-                                     _text(f.get("message"))))
+                    bad.append((_text(f.get("check")), severity, _int(f.get("gpu")),
+                                _text(f.get("subject")), _text(f.get("message"))))
                     rank = _RANK.get(severity, _RANK["UNKNOWN"])
                     if rank > worst_rank:
                         worst, worst_rank = f, rank
                 if row[1] is None or env.ts >= row[1]:
                     row[1], row[2], row[3] = env.ts, verdict, worst
                 if env.type == REPORT:
-                    history.append((node, seq, env.ts, verdict))
+                    state = (verdict, tuple(bad))
+                    if state != (states.get(node) or last_state.get(node)):
+                        states[node] = state
+                        history.append((node, seq, env.ts, verdict))
+                        findings.extend((node, seq, env.ts, *b) for b in bad)
                     prev = latest_report.get(node)
-                    if prev is None or env.ts >= prev.ts:
-                        latest_report[node] = env
+                    if prev is None or env.ts >= prev[1].ts:
+                        latest_report[node] = item
                 else:
+                    findings.extend((node, seq, env.ts, *b) for b in bad)
                     events.append((node, seq, env.ts, _text(body.get("kind")), _int(body.get("gpu")),
                                    _int(body.get("data")), verdict,
                                    msgpack.packb(body, use_bin_type=True)))
@@ -311,8 +351,8 @@ class Store:
                 "INSERT INTO reports (node, seq, ts, verdict, body) VALUES (?,?,?,?,?) "
                 "ON CONFLICT (node) DO UPDATE SET seq = excluded.seq, ts = excluded.ts, "
                 "verdict = excluded.verdict, body = excluded.body WHERE excluded.ts >= reports.ts",
-                [(node, env.seq, env.ts, _text(env.body.get("verdict")) or "UNKNOWN",
-                  msgpack.packb(env.body, use_bin_type=True)) for node, env in latest_report.items()])
+                [(node, item[1].seq, item[1].ts, _text(item[1].body.get("verdict")) or "UNKNOWN",
+                  _body_bytes(item)) for node, item in latest_report.items()])
         rows = []
         for node, (last_seq, verdict_ts, verdict, worst, version) in node_rows.items():
             w = worst or {}
@@ -374,6 +414,9 @@ class Store:
         except BaseException:
             self.db.execute("ROLLBACK")
             raise
+        # The next report of every node is recorded again, so a node whose state has not
+        # changed for longer than the retention still has its current state in the history.
+        self._last_state.clear()
         return deleted
 
     # ------------------------------------------------------------------ reads
