@@ -181,6 +181,11 @@ def main() -> int:
         hook.chmod(0o755)
         samples, codes = time_runs([str(hook)], env, args.runs)
         result["warm_hook_wrapper_IS"] = {**summary(samples), "exit_codes": sorted(codes)}
+        # As shipped: prolog/slurmgpu-prolog -> prolog/slurmgpu-quickgate (shebang
+        # `env -S python3 -I -S`, the system python3), no overrides in the environment.
+        shipped = {k: v for k, v in env.items() if k != "SLURMGPU_QUICKGATE"}
+        samples, codes = time_runs([str(REPO / "prolog" / "slurmgpu-prolog")], shipped, args.runs)
+        result["warm_shipped_wrapper"] = {**summary(samples), "exit_codes": sorted(codes)}
         script = shutil.which("slurmgpu-quickgate") or str(Path(sys.executable).parent / "slurmgpu-quickgate")
         if os.access(script, os.X_OK):
             samples, codes = time_runs([script, "prolog"], env, args.runs)

@@ -1,3 +1,4 @@
+#!/usr/bin/env -S python3 -I -S
 """``slurmgpu-quickgate prolog|epilog``: the warm hook path, standard library only.
 
 Asks the node's agent (``slurmgpu.agent.local``) to run the prolog/epilog gate on its

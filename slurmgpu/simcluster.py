@@ -1062,7 +1062,10 @@ class SimCluster:
         except ValueError as exc:
             raise ClusterError(f"{node} GPU {gpu}: {exc}") from exc
         events = data.setdefault("events", [])
-        next_id = max([int(e.get("id", i + 1)) for i, e in enumerate(events)] + [0]) + 1
+        # Ids unique across resets (microseconds): the fake delivers each id once per
+        # event set, so a restarted count would hide new events from a running agent.
+        next_id = max([int(e.get("id", i + 1)) for i, e in enumerate(events)] +
+                      [time.time_ns() // 1000]) + 1
         events.append({"gpu": gpu, "type": XID_EVENT_TYPE, "data": xid, "id": next_id})
         write_scenario(path, data)
         self._mark_agent_dirty(node)
@@ -1186,6 +1189,21 @@ class SimCluster:
                                       [p for p in SANE_PATH.split(os.pathsep)
                                        if p not in path.split(os.pathsep)])
         return env
+
+    def start_collector(self, timeout: float = 15) -> None:
+        """Start the collector again (same port and database) after a stop or a kill."""
+        self._start_collector(timeout)
+
+    def kill_collector(self, sig: int = 9) -> None:
+        """Kill the collector (SIGKILL by default) to test that nothing is lost."""
+        pid = self.collector_pid()
+        if pid is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        deadline = time.monotonic() + 10
+        while _proc_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
 
     def _start_collector(self, timeout: float = 15) -> None:
         """Start the collector (if ours is not running) and wait until it listens."""

@@ -355,7 +355,7 @@ def test_spool_outlives_collector_outage_and_kill9(tmp_path: Path, fake_nvml_lib
         collector = FakeCollector(port, collector_secret).start()
         try:
             wait_until(lambda: all(s in collector.stored for s, _ in before), what="the backlog to arrive",
-                       timeout=5)
+                       timeout=20)  # a reconnect on a loaded 2-core CI machine can take seconds
             wait_until(lambda: not [s for s, _ in spool_rows(spool) if s <= before[-1][0]],
                        what="acked rows to be deleted")
             # after the reconnect, the first pass over the spool came in seq order

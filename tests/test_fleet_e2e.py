@@ -161,3 +161,38 @@ def test_a_key_not_on_the_allow_list_cannot_report(fleet: SimCluster, tmp_path: 
     assert query(fleet, "SELECT node, seq FROM messages WHERE seq = ? OR node = 'intruder'",
                  seq) == []
     assert {n for (n,) in query(fleet, "SELECT node FROM nodes")} <= {"gpu-n1", "gpu-n2"}
+
+
+def test_collector_killed_under_load_loses_nothing(fleet: SimCluster) -> None:
+    """kill -9 the collector while agents keep producing events; after a restart every
+    event and every node's latest report is in the database exactly once."""
+    since = time.time()
+    address = fleet.collector_address
+    fleet.kill_collector(signal.SIGKILL)
+    injected = {"gpu-n1": [(0, 31), (1, 48), (2, 94)], "gpu-n2": [(3, 63), (4, 92), (5, 13)]}
+    for node, xids in injected.items():
+        for gpu, xid in xids:
+            fleet.inject_xid(node, gpu, xid)
+            time.sleep(0.2)
+    time.sleep(1.0)  # agents spool while the collector is gone
+    fleet.start_collector()
+
+    def all_there() -> bool:
+        rows = query(fleet, "SELECT node, gpu, data FROM events WHERE kind = 'xid' AND ts >= ?", since)
+        return all((node, gpu, xid) in rows for node, xids in injected.items() for gpu, xid in xids)
+
+    assert fleet.collector_address == address  # agents reconnect to the same place
+    try:
+        wait_for(all_there, timeout=30, what="every spooled event after the collector restart")
+    except AssertionError:
+        print(query(fleet, "SELECT node, gpu, data, ts FROM events WHERE ts >= ?", since - 60), since)
+        print(query(fleet, "SELECT node, max(seq) FROM messages GROUP BY node"))
+        raise
+    dupes = query(fleet, "SELECT node, gpu, data, count(*) FROM events WHERE kind = 'xid' AND ts >= ? "
+                         "GROUP BY node, gpu, data HAVING count(*) > 1", since)
+    assert dupes == []
+    assert query(fleet, "SELECT count(*) FROM messages GROUP BY node, seq HAVING count(*) > 1") == []
+    latest = dict(query(fleet, "SELECT node, ts FROM reports"))
+    assert set(latest) == {"gpu-n1", "gpu-n2"}
+    wait_for(lambda: all(ts >= since for ts in dict(query(fleet, "SELECT node, ts FROM reports")).values()),
+             timeout=20, what="a fresh report from every node")

@@ -378,11 +378,19 @@ def test_hook_wrappers_try_the_quick_client_first(served: Served) -> None:
     proc = subprocess.run([str(REPO / "prolog" / "slurmgpu-prolog")], env=env,
                           capture_output=True, text=True, timeout=30, check=False)
     assert proc.returncode == 0 and '"path": "agent"' in proc.stderr
-    # No quick client installed: straight to the full path.
-    bin_, marker = fake_bin(served.tmp, code=5)
-    env = served.env(SLURMGPU_QUICKGATE="/nonexistent/slurmgpu-quickgate", SLURMGPU_BIN=bin_)
-    proc = subprocess.run([str(REPO / "epilog" / "slurmgpu-epilog")], env=env,
+    # As shipped: the quick client beside the wrapper (prolog/slurmgpu-quickgate).
+    shipped = served.env()
+    shipped.pop("SLURMGPU_QUICKGATE", None)
+    proc = subprocess.run([str(REPO / "prolog" / "slurmgpu-prolog")], env=shipped,
                           capture_output=True, text=True, timeout=30, check=False)
+    assert proc.returncode == 0 and '"path": "agent"' in proc.stderr, proc.stderr
+    # No quick client installed (a wrapper alone, a missing override): the full path.
+    bin_, marker = fake_bin(served.tmp, code=5)
+    lonely = served.tmp / "slurmgpu-epilog"
+    shutil.copy(REPO / "epilog" / "slurmgpu-epilog", lonely)
+    env = served.env(SLURMGPU_QUICKGATE="/nonexistent/slurmgpu-quickgate", SLURMGPU_BIN=bin_)
+    env["PATH"] = "/usr/bin:/bin"  # no slurmgpu-quickgate console script either
+    proc = subprocess.run([str(lonely)], env=env, capture_output=True, text=True, timeout=30, check=False)
     assert proc.returncode == 5 and marker.read_text().strip() == "epilog"
 
 

@@ -34,7 +34,7 @@
 
 #define SIM_ENV "SLURMGPU_SIM_SCENARIO"
 #define MAX_GPUS 64
-#define EVENT_POLL_MS 10
+#define EVENT_POLL_MS 50
 #define EVENT_SET_MAGIC 0x5EA7F00DU
 #define DEFAULT_EVENT_TYPES                                                                   \
     (nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError |                        \
