@@ -37,7 +37,7 @@ SOCKET_ENV = "SLURMGPU_AGENT_SOCKET"
 TIMEOUT_ENV = "SLURMGPU_AGENT_TIMEOUT"
 CONFIG_ENV = "SLURMGPU_CONFIG"
 BIN_ENV = "SLURMGPU_BIN"
-PHASES = ("prolog", "epilog")
+PHASES = ("prolog", "epilog", "healthcheck")
 #: Extra wait past the agent's own bound (from its ack) for the decision to arrive.
 ACK_MARGIN_S = 1.0
 ENV_PREFIXES = ("SLURM", "SLURMGPU")
@@ -181,7 +181,7 @@ def full_path(phase: str, args: Sequence[str], environ: Mapping[str, str]) -> No
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] not in PHASES:
-        sys.stderr.write("usage: slurmgpu-quickgate prolog|epilog [--config FILE]\n")
+        sys.stderr.write("usage: slurmgpu-quickgate prolog|epilog|healthcheck [--config FILE]\n")
         return 2
     phase, rest = args[0], args[1:]
     environ = os.environ

@@ -408,3 +408,15 @@ def test_sim_hooks_export_the_warm_path() -> None:
     env = hook_environment(Path("/tmp/c"), "gpu-n1", Path("/lib/x.so"))
     assert env["SLURMGPU_AGENT_SOCKET"] == "/tmp/c/nodes/gpu-n1/agent.sock"
     assert env["SLURMGPU_QUICKGATE"].endswith("quickgate.py")
+
+
+def test_healthcheck_through_quickgate_drains_then_resumes(served: Served) -> None:
+    served.agent.facts.gpus[6].lost = True  # outside any job: the healthcheck sees the whole node
+    proc = quickgate(served.env(), "healthcheck")
+    assert proc.returncode == 2, proc.stderr
+    record = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert record["path"] == "agent" and record["phase"] == "healthcheck" and record["action"] == "drained"
+    assert served.client.calls[0][2].startswith("slurmgpu: gpu.lost GPU 6")
+    served.agent.facts.gpus[6].lost = False
+    proc = quickgate(served.env(), "healthcheck")
+    assert proc.returncode == 0 and json.loads(proc.stderr.strip().splitlines()[-1])["action"] == "resumed"

@@ -204,7 +204,24 @@ class LocalService:
             return self.gate(request.get("gpus"))
         if op in ("prolog", "epilog"):
             return self.hook(str(op), job_env(request.get("env", {})), ack)
-        return _error(f"unknown op {op!r} (status, gate, prolog, epilog)")
+        if op == "healthcheck":
+            return self.healthcheck(job_env(request.get("env", {})), ack)
+        return _error(f"unknown op {op!r} (status, gate, prolog, epilog, healthcheck)")
+
+    def healthcheck(self, env: dict[str, str],
+                    ack: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """``Gate.healthcheck`` on the agent's facts (whole node; drains/resumes)."""
+        node = env.setdefault("SLURMD_NODENAME", self.agent.node)
+        if node != self.agent.node:
+            return _error(f"this agent serves {self.agent.node}, not {node}")
+        settings = self.agent.settings
+        if ack is not None:
+            ack({"ok": True, "ack": True, "wait_s": settings.slurm.command_timeout_s * 3 + 5})
+        gate = Gate(settings, env, lambda: self.client_factory(env), sources=agent_sources(self.agent),
+                    exit=lambda code: None, record_extra={"path": "agent"})
+        code = gate.healthcheck()
+        records = list(gate.records)
+        return {"ok": True, "exit": code, "record": records[-1] if records else None, "records": records}
 
     def status(self) -> dict[str, Any]:
         latest = self.agent.latest()
