@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -18,6 +16,7 @@ from typing import Any
 
 import click
 
+from slurmgpu.agent.notify import notify as sd_notify
 from slurmgpu.config.schema import CollectorSettings, Settings
 
 
@@ -30,23 +29,6 @@ def _settings(config_file: str | None) -> Settings:
 def _collector_settings(settings: Settings, **overrides: Any) -> CollectorSettings:
     changes = {k: v for k, v in overrides.items() if v is not None}
     return dataclasses.replace(settings.collector, **changes)
-
-
-def sd_notify(state: str, environ: dict[str, str] | None = None) -> bool:
-    """Send a systemd notification (``READY=1``...) if NOTIFY_SOCKET is set."""
-    env = os.environ if environ is None else environ
-    address = env.get("NOTIFY_SOCKET")
-    if not address:
-        return False
-    if address.startswith("@"):
-        address = "\0" + address[1:]
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
-            sock.connect(address)
-            sock.sendall(state.encode())
-    except OSError:
-        return False
-    return True
 
 
 # --------------------------------------------------------------------------- collector
