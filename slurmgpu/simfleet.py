@@ -14,6 +14,7 @@ N nodes need ~2N+50 fds; ``raise_fd_limit`` lifts the soft RLIMIT_NOFILE to the 
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import resource
@@ -85,8 +86,17 @@ def make_nodes(keys_dir: str | Path, count: int, *, prefix: str = "sim",
 _CHECKS = ("gpu.ecc", "gpu.thermal", "gpu.pcie", "gpu.nvlink")
 
 
+@functools.cache
+def _facts_blob(gpus: int) -> bytes:
+    """A real agent's facts for an 8x H100 node with 8 IB ports (~13 KB), pre-packed as
+    the agent sends them."""
+    from slurmgpu.testing import make_facts
+
+    return _packed(make_facts(gpus=gpus).to_json())
+
+
 def report_body(rng: random.Random, gpus: int = 8, *, problem: bool = False) -> dict[str, Any]:
-    """A realistic report body: per-GPU findings plus node facts (~3 KB packed)."""
+    """A report body shaped like the agent's: non-OK findings, passing check ids, facts."""
     findings: list[dict[str, Any]] = []
     for g in range(gpus):
         for check in _CHECKS:
@@ -98,10 +108,11 @@ def report_body(rng: random.Random, gpus: int = 8, *, problem: bool = False) -> 
         f["severity"] = rng.choice(("WARN", "WARN", "FAIL"))
         f["message"] = f"GPU {f['gpu']}: {f['check']} out of range"
         verdict = f["severity"]
-    facts = {"driver": "550.54.15", "cuda": "12.4", "gpus": [
-        {"index": g, "uuid": f"GPU-{rng.getrandbits(64):016x}", "temp_c": rng.randint(30, 80),
-         "power_w": rng.randint(60, 700)} for g in range(gpus)]}
-    return {"verdict": verdict, "findings": findings, "facts": facts}
+    facts = _facts_blob(gpus)
+    # As the real agent sends it: problems in full, the checks that passed by id.
+    problems = [f for f in findings if f["severity"] != "OK"]
+    ok_checks = sorted({f["check"] for f in findings} - {f["check"] for f in problems})
+    return {"verdict": verdict, "findings": problems, "ok_checks": ok_checks, "facts": facts}
 
 
 def _packed(value: Any) -> bytes:

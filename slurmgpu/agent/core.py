@@ -15,6 +15,8 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
+import msgpack
+
 from slurmgpu import __version__, wire
 from slurmgpu.agent.flap import FlapTracker
 from slurmgpu.agent.notify import Notifier
@@ -173,8 +175,15 @@ class Agent:
         return facts, verdict
 
     def report_body(self, facts: NodeFacts, verdict: Verdict) -> dict[str, Any]:
-        return {"verdict": verdict.severity.name, "findings": findings_json(verdict.findings),
-                "facts": plain(facts.to_json())}
+        """Problems in full; checks that found nothing wrong by id only (the collector
+        keeps non-OK findings, and OK findings were most of a report's bytes)."""
+        problems = [f for f in verdict.findings if f.severity is not Severity.OK]
+        bad = {f.check for f in problems}
+        ok_checks = sorted({f.check for f in verdict.findings} - bad)
+        return {"verdict": verdict.severity.name, "findings": findings_json(problems),
+                "ok_checks": ok_checks,
+                # Pre-packed: the collector keeps them as bytes (no 13 KB decode per report).
+                "facts": msgpack.packb(plain(facts.to_json()), use_bin_type=True)}
 
     def poll_and_report(self) -> None:
         try:

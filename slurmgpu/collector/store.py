@@ -459,8 +459,10 @@ class Store:
         row = self.db.execute("SELECT seq, ts, verdict, body FROM reports WHERE node = ?", (node,)).fetchone()
         if row is None:
             return None
-        return {"node": node, "seq": row[0], "ts": row[1], "verdict": row[2],
-                "body": msgpack.unpackb(row[3], raw=False)}
+        body = msgpack.unpackb(row[3], raw=False)
+        if isinstance(body.get("facts"), bytes):  # agents send facts pre-packed
+            body["facts"] = msgpack.unpackb(body["facts"], raw=False)
+        return {"node": node, "seq": row[0], "ts": row[1], "verdict": row[2], "body": body}
 
     def count(self, table: str) -> int:
         if table not in {"nodes", "messages", "reports", "report_history", "findings", "events",
