@@ -257,6 +257,36 @@ class CollectorSettings:
     retention_days: int = 90
 
 
+AutomationAction = Literal["none", "warn", "checkpoint", "drain", "drain-now", "reboot"]
+
+
+@dataclass
+class AutomationSettings:
+    """The collector's automatic drains/resumes (``slurmgpu.collector.policy``)."""
+
+    # Record every decision but make no Slurm call.
+    dry_run: bool = False
+    # Allow the "reboot" action (XIDs the table marks reboot); otherwise such nodes drain.
+    reboot_allowed: bool = False
+    # Consecutive reports with a strike-counted WARN (thermal.throttle) before it drains.
+    strikes: int = 3
+    # Site overrides: "check" or "check:SEVERITY" -> action.
+    policy: dict[str, AutomationAction] = field(default_factory=dict)
+    # Circuit breaker: at most this fraction of the fleet drained by slurmgpu at once ...
+    max_fraction: float = 0.10
+    # ... and at most this many new drains in any rolling hour.
+    max_per_hour: int = 5
+    # The same check failing on this fraction of the fleet within the window trips it at once.
+    storm_fraction: float = 0.25
+    storm_window_s: float = 300.0
+    # Auto-resume: this many consecutive OK reports spanning at least resume_after_s.
+    resume_healthy_reports: int = 3
+    resume_after_s: float = 600.0
+    # Lemon: this many drains within the window -> stays drained, never auto-resumed.
+    lemon_drains: int = 3
+    lemon_window_s: float = 7 * 86400.0
+
+
 @dataclass
 class Settings:
     gpu: GpuSettings = field(default_factory=GpuSettings)
@@ -279,3 +309,4 @@ class Settings:
     paths: PathsSettings = field(default_factory=PathsSettings)
     agent: AgentSettings = field(default_factory=AgentSettings)
     collector: CollectorSettings = field(default_factory=CollectorSettings)
+    automation: AutomationSettings = field(default_factory=AutomationSettings)

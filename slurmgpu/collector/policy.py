@@ -1,0 +1,325 @@
+"""The collector's automation decisions: what to do about a node's report.
+
+Pure apart from two things injected by the caller: the ``SlurmClient`` (all
+Slurm calls go through ``slurmgpu.actions.Actions``) and a state directory
+holding one small JSON file, so strikes, healthy streaks, drain history and the
+circuit breaker survive a restart.
+
+* Policy table: (check, severity, context) -> one of ``ACTIONS``.
+* Circuit breaker: caps the fraction of the fleet drained and the drains per
+  rolling hour; a "storm" (one check failing on a large part of the fleet) trips
+  it at once. Once open, every drain is held until ``release()``.
+* Auto-resume with hysteresis; lemon nodes (drained too often) are never resumed.
+* Dry run: every decision recorded, no Slurm call made.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from slurmgpu.actions import Actions, with_prefix
+from slurmgpu.config.schema import AutomationSettings
+from slurmgpu.slurm import SlurmClient, SlurmError, SlurmUnreachable
+
+ACTIONS = ("none", "warn", "checkpoint", "drain", "drain-now", "reboot")
+_RANK = {a: i for i, a in enumerate(ACTIONS)}
+DRAINING = frozenset({"drain", "drain-now", "reboot"})
+SEVERITIES = ("OK", "WARN", "FAIL", "UNKNOWN")
+# XID table action -> automation action (reboot depends on reboot_allowed).
+_XID_ACTIONS = {"ignore": "none", "warn": "warn", "checkpoint": "checkpoint", "drain": "drain",
+                "reset": "drain", "reboot": "reboot"}
+DRAIN_NOW_XIDS = frozenset({79})  # GPU has fallen off the bus
+STATE_FILE = "automation.json"
+LOG_KEEP = 100
+HOUR = 3600.0
+
+
+class Clock(Protocol):
+    def time(self) -> float: ...
+
+
+class _SystemClock:
+    def time(self) -> float:
+        return time.time()
+
+
+@dataclass(frozen=True)
+class Decision:
+    node: str
+    action: str  # one of ACTIONS, or "resume"
+    reason: str
+    held: bool = False
+    dry_run: bool = False
+    trigger: str = ""  # the check id (or "healthy" for a resume)
+    # What happened: an ActionResult action ("drained", "resumed", ...), "held",
+    # "dry-run", "recorded" (warn/checkpoint: no Slurm call), "unreachable", "error: ...".
+    result: str = ""
+    time: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class PolicyTable:
+    """Finding -> action: site overrides, then the built-in rules."""
+
+    def __init__(self, settings: AutomationSettings) -> None:
+        self.settings = settings
+        self.overrides: dict[tuple[str, str | None], str] = {}
+        for key, action in settings.policy.items():
+            if action not in ACTIONS:
+                raise ValueError(f"[automation] policy {key!r}: unknown action {action!r}")
+            check, _, sev = key.partition(":")
+            if sev and sev.upper() not in SEVERITIES:
+                raise ValueError(f"[automation] policy {key!r}: unknown severity {sev!r}")
+            self.overrides[(check.strip(), sev.upper() or None)] = action
+
+    def action(self, finding: Mapping[str, Any], strikes: int = 1) -> str:
+        """``strikes``: consecutive reports (this one included) with this check not OK."""
+        check = str(finding.get("check", ""))
+        severity = str(finding.get("severity", "OK")).upper()
+        if severity == "OK" or finding.get("not_applicable"):
+            return "none"
+        for key in ((check, severity), (check, None)):
+            if key in self.overrides:
+                return self._allowed(self.overrides[key])
+        data = finding.get("data") or {}
+        if check == "xid.recent":
+            if data.get("xid") in DRAIN_NOW_XIDS:
+                return "drain-now"
+            return self._allowed(_XID_ACTIONS.get(str(data.get("action")), "drain" if severity == "FAIL" else "warn"))
+        if check == "mem.row_remap" and "pending" in str(finding.get("message", "")):
+            return "checkpoint" if strikes < 2 else "drain"
+        if check == "thermal.throttle" and severity == "WARN":
+            return "drain" if strikes >= self.settings.strikes else "warn"
+        return "drain" if severity == "FAIL" else "warn"
+
+    def _allowed(self, action: str) -> str:
+        return "drain" if action == "reboot" and not self.settings.reboot_allowed else action
+
+
+@dataclass
+class _State:
+    fleet: int = 0
+    seen: list[str] = field(default_factory=list)
+    strikes: dict[str, dict[str, int]] = field(default_factory=dict)  # node -> check -> n
+    healthy: dict[str, list[float]] = field(default_factory=dict)  # node -> [count, first]
+    drained: dict[str, dict[str, Any]] = field(default_factory=dict)  # by us, still drained
+    history: dict[str, list[float]] = field(default_factory=dict)  # node -> drain times
+    drain_times: list[float] = field(default_factory=list)  # all new drains, last hour
+    failing: dict[str, dict[str, float]] = field(default_factory=dict)  # check -> node -> time
+    breaker: dict[str, Any] = field(default_factory=lambda: {"open": False, "since": None, "why": None})
+    held: dict[str, dict[str, Any]] = field(default_factory=dict)
+    lemons: dict[str, dict[str, Any]] = field(default_factory=dict)
+    log: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, path: Path) -> _State:
+        try:
+            raw = json.loads(path.read_text())
+        except FileNotFoundError:
+            return cls()
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in names})
+
+
+class Automation:
+    def __init__(self, settings: AutomationSettings, client: SlurmClient, state_dir: str | Path,
+                 clock: Clock | None = None) -> None:
+        self.settings = settings
+        self.policy = PolicyTable(settings)
+        self.client = client
+        self.actions = Actions(client, state_dir)
+        self.path = Path(state_dir) / STATE_FILE
+        self.clock: Clock = clock or _SystemClock()
+        self.state = _State.load(self.path)
+
+    # ---- fleet and breaker
+
+    def fleet_size(self, n: int) -> None:
+        if n != self.state.fleet:
+            self.state.fleet = n
+            self._save()
+
+    def _fleet(self) -> int:
+        return max(self.state.fleet, len(self.state.seen))
+
+    def _trip(self, why: str, now: float) -> None:
+        if not self.state.breaker.get("open"):
+            self.state.breaker = {"open": True, "since": now, "why": why}
+
+    def release(self) -> None:
+        """Operator: close the breaker. Held drains are re-decided on the nodes' next reports."""
+        self.state.breaker = {"open": False, "since": None, "why": None}
+        self.state.held.clear()
+        self.state.failing.clear()
+        self._save()
+
+    def clear_lemon(self, node: str) -> None:
+        """Operator: the node was repaired; its drain history starts afresh."""
+        self.state.lemons.pop(node, None)
+        self.state.history.pop(node, None)
+        self._save()
+
+    def status(self) -> dict[str, Any]:
+        b = self.state.breaker
+        return {
+            "breaker_open": bool(b.get("open")),
+            "since": b.get("since"),
+            "why": b.get("why"),
+            "held": [dict(v, node=k) for k, v in sorted(self.state.held.items())],
+            "lemons": dict(self.state.lemons),
+            "drained": sorted(self.state.drained),
+            "dry_run": self.settings.dry_run,
+        }
+
+    # ---- reports
+
+    def on_report(self, node: str, verdict: str, findings: list[dict[str, Any]],
+                  now: float | None = None) -> list[Decision]:
+        now = self.clock.time() if now is None else now
+        st = self.state
+        if node not in st.seen:
+            st.seen.append(node)
+        bad = [f for f in findings
+               if str(f.get("severity", "OK")).upper() != "OK" and not f.get("not_applicable")]
+        old = st.strikes.get(node, {})
+        strikes = {c: old.get(c, 0) + 1 for c in {str(f.get("check", "")) for f in bad}}
+        if strikes:
+            st.strikes[node] = strikes
+        else:
+            st.strikes.pop(node, None)
+        decisions: list[Decision] = []
+        if str(verdict).upper() == "OK" and not bad:
+            st.held.pop(node, None)
+            decisions += self._healthy(node, now)
+        else:
+            st.healthy.pop(node, None)
+            decisions += self._unhealthy(node, bad, strikes, now)
+        st.log = (st.log + [d.to_json() for d in decisions])[-LOG_KEEP:]
+        self._save()
+        return decisions
+
+    def _unhealthy(self, node: str, bad: list[dict[str, Any]], strikes: dict[str, int],
+                   now: float) -> list[Decision]:
+        worst, trigger = "none", None
+        for f in sorted(bad, key=lambda f: str(f.get("check", ""))):
+            check = str(f.get("check", ""))
+            action = self.policy.action(f, strikes.get(check, 1))
+            if action in DRAINING:
+                self._note_failing(check, node, now)
+            if _RANK[action] > _RANK[worst]:
+                worst, trigger = action, f
+        if trigger is None:
+            return []
+        check = str(trigger.get("check", ""))
+        reason = _reason(trigger, strikes.get(check, 1))
+        if worst not in DRAINING:
+            result = "dry-run" if self.settings.dry_run else "recorded"
+            return [self._decision(node, worst, reason, check, result, now)]
+        return self._drain(node, worst, reason, check, now)
+
+    def _note_failing(self, check: str, node: str, now: float) -> None:
+        window = self.state.failing.setdefault(check, {})
+        window[node] = now
+        for n in [n for n, t in window.items() if now - t > self.settings.storm_window_s]:
+            del window[n]
+        threshold = max(2, math.ceil(self.settings.storm_fraction * self._fleet() - 1e-9))
+        if len(window) >= threshold:
+            self._trip(f"storm: {check} failing on {len(window)} of {self._fleet()} nodes "
+                       f"within {self.settings.storm_window_s:g} s", now)
+
+    def _drain(self, node: str, action: str, reason: str, check: str, now: float) -> list[Decision]:
+        st, s = self.state, self.settings
+        if node in st.drained:
+            if s.dry_run or self._still_drained(node):
+                return []  # idempotent: already drained by us
+            st.drained.pop(node)  # someone resumed it while it still fails: drain again
+        st.drain_times = [t for t in st.drain_times if now - t < HOUR]
+        limit = max(1, math.floor(s.max_fraction * self._fleet() + 1e-9))
+        if len(st.drained) + 1 > limit:
+            self._trip(f"fraction: {len(st.drained)} of {self._fleet()} nodes drained "
+                       f"(max_fraction {s.max_fraction:g})", now)
+        elif len(st.drain_times) >= s.max_per_hour:
+            self._trip(f"rate: {len(st.drain_times)} drains in the last hour "
+                       f"(max_per_hour {s.max_per_hour})", now)
+        if st.breaker.get("open"):
+            st.held[node] = {"action": action, "reason": reason, "trigger": check, "time": now}
+            return [self._decision(node, action, reason, check, "held", now, held=True)]
+        st.held.pop(node, None)
+        if s.dry_run:
+            result = "dry-run"
+        else:
+            try:
+                result = self.actions.drain(node, reason).action
+            except SlurmUnreachable:
+                result = "unreachable"  # journaled by Actions; replayed later
+            except SlurmError as e:
+                return [self._decision(node, action, reason, check, f"error: {e}", now)]
+        if result in ("drained", "dry-run", "unreachable", "already-drained"):
+            st.drained[node] = {"time": now, "trigger": check, "reason": reason}
+        if result in ("drained", "dry-run", "unreachable"):
+            st.drain_times.append(now)
+            history = [t for t in st.history.get(node, []) if now - t < s.lemon_window_s] + [now]
+            st.history[node] = history
+            if len(history) >= s.lemon_drains and node not in st.lemons:
+                st.lemons[node] = {"since": now, "why": f"{len(history)} drains within "
+                                   f"{s.lemon_window_s:g} s, last: {reason}"}
+        return [self._decision(node, action, reason, check, result, now)]
+
+    def _still_drained(self, node: str) -> bool:
+        try:
+            return bool(self.client.node(node).drained)
+        except SlurmError:
+            return True  # cannot tell: do not drain twice
+
+    def _healthy(self, node: str, now: float) -> list[Decision]:
+        st, s = self.state, self.settings
+        if node not in st.drained or node in st.lemons:
+            return []
+        count, first = st.healthy.get(node, [0, now])
+        count += 1
+        st.healthy[node] = [count, first]
+        if count < s.resume_healthy_reports or now - first < s.resume_after_s:
+            return []
+        reason = f"{int(count)} OK reports over {now - first:g} s"
+        st.healthy.pop(node, None)
+        if s.dry_run:
+            result = "dry-run"
+        else:
+            try:
+                result = self.actions.resume_recovered(node).action
+            except SlurmError as e:
+                return [self._decision(node, "resume", reason, "healthy", f"error: {e}", now)]
+        if result != "rebooting-left-alone":
+            # resumed, or no longer ours to resume (operator drain, sticky XID drain, not drained)
+            st.drained.pop(node, None)
+        return [self._decision(node, "resume", reason, "healthy", result, now)]
+
+    # ---- helpers
+
+    def _decision(self, node: str, action: str, reason: str, trigger: str, result: str, now: float,
+                  *, held: bool = False) -> Decision:
+        return Decision(node, action, reason, held=held, dry_run=self.settings.dry_run,
+                        trigger=trigger, result=result, time=now)
+
+    def _save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(dataclasses.asdict(self.state), sort_keys=True))
+        os.replace(tmp, self.path)
+
+
+def _reason(finding: Mapping[str, Any], strikes: int) -> str:
+    gpu, subject = finding.get("gpu"), finding.get("subject")
+    where = f" GPU {gpu}" if gpu is not None else (f" {subject}" if subject else "")
+    times = f" ({strikes} reports)" if strikes > 1 else ""
+    return with_prefix(f"{finding.get('check', '')}{where} {finding.get('message', '')}{times}")

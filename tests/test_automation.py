@@ -1,0 +1,256 @@
+"""The collector's automation policy: drains, breaker, resume hysteresis, lemons, dry run."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurmgpu.collector.policy import Automation, Decision, PolicyTable
+from slurmgpu.config.schema import AutomationSettings
+from slurmgpu.testing import FakeClock, FakeSlurmClient
+
+NODES = [f"gpu-{i:03d}" for i in range(1, 101)]
+
+
+def finding(check: str, severity: str = "FAIL", message: str = "broken", gpu: int | None = 0,
+            **data: Any) -> dict[str, Any]:
+    return {"check": check, "severity": severity, "gpu": gpu, "subject": None, "message": message,
+            "not_applicable": False, "data": data}
+
+
+FAIL = [finding("ecc.uncorrected", message="3 volatile uncorrected ECC errors")]
+THROTTLE = [finding("thermal.throttle", "WARN", "HW slowdown active")]
+
+
+def make(tmp_path: Path, nodes: int = 40, **kw: Any) -> tuple[Automation, FakeSlurmClient, FakeClock]:
+    client = FakeSlurmClient(NODES[:nodes])
+    clock = FakeClock()
+    auto = Automation(AutomationSettings(**kw), client, tmp_path, clock)
+    auto.fleet_size(nodes)
+    return auto, client, clock
+
+
+def drains(client: FakeSlurmClient) -> list[str]:
+    return [c[1] for c in client.calls if c[0] == "drain"]
+
+
+def ok(auto: Automation, node: str, clock: FakeClock) -> list[Decision]:
+    return auto.on_report(node, "OK", [], clock.time())
+
+
+def test_fail_drains_once(tmp_path: Path) -> None:
+    auto, client, clock = make(tmp_path)
+    [d] = auto.on_report("gpu-001", "FAIL", FAIL, clock.time())
+    assert (d.action, d.result, d.held, d.trigger) == ("drain", "drained", False, "ecc.uncorrected")
+    assert client.states["gpu-001"].reason == "slurmgpu: ecc.uncorrected GPU 0 3 volatile uncorrected ECC errors"
+    clock.advance(15)
+    assert auto.on_report("gpu-001", "FAIL", FAIL, clock.time()) == []
+    assert drains(client) == ["gpu-001"]
+
+
+def test_thermal_warn_then_drain_after_strikes(tmp_path: Path) -> None:
+    auto, client, clock = make(tmp_path, strikes=3)
+    for _ in range(2):
+        [d] = auto.on_report("gpu-002", "WARN", THROTTLE, clock.time())
+        assert (d.action, d.result) == ("warn", "recorded")
+        clock.advance(15)
+    [d] = auto.on_report("gpu-002", "WARN", THROTTLE, clock.time())
+    assert (d.action, d.result) == ("drain", "drained")
+    assert "(3 reports)" in (client.states["gpu-002"].reason or "")
+
+
+def test_strikes_reset_by_a_clean_report(tmp_path: Path) -> None:
+    auto, client, clock = make(tmp_path, strikes=2)
+    auto.on_report("gpu-002", "WARN", THROTTLE, clock.time())
+    ok(auto, "gpu-002", clock)
+    [d] = auto.on_report("gpu-002", "WARN", THROTTLE, clock.time())
+    assert d.action == "warn" and drains(client) == []
+
+
+def test_xid_actions(tmp_path: Path) -> None:
+    auto, client, clock = make(tmp_path)
+    [d] = auto.on_report("gpu-003", "FAIL", [finding("xid.recent", message="XID 79", xid=79, action="drain")],
+                         clock.time())
+    assert (d.action, d.result) == ("drain-now", "drained")
+    assert client.states["gpu-003"].reason == "slurmgpu: xid.recent GPU 0 XID 79"
+    decisions = []
+    for _ in range(4):  # an XID drain is sticky: healthy reports do not resume it
+        clock.advance(300)
+        decisions += ok(auto, "gpu-003", clock)
+    assert [d.result for d in decisions] == ["sticky-drain-kept"] and client.states["gpu-003"].drained
+    table = PolicyTable(AutomationSettings())
+    assert table.action(finding("xid.recent", "WARN", xid=13, action="warn")) == "warn"
+    assert table.action(finding("xid.recent", "OK", xid=1, action="ignore")) == "none"
+    assert table.action(finding("xid.recent", xid=48, action="reset")) == "drain"
+    assert table.action(finding("xid.recent", xid=154, action="reboot")) == "drain"
+    allowed = PolicyTable(AutomationSettings(reboot_allowed=True))
+    assert allowed.action(finding("xid.recent", xid=154, action="reboot")) == "reboot"
+
+
+def test_row_remap_pending_checkpoint_then_drain(tmp_path: Path) -> None:
+    table = PolicyTable(AutomationSettings())
+    pending = finding("mem.row_remap", message="row remap pending: GPU reset needed")
+    assert table.action(pending, 1) == "checkpoint"
+    assert table.action(pending, 2) == "drain"
+
+
+def test_site_overrides(tmp_path: Path) -> None:
+    table = PolicyTable(AutomationSettings(policy={"ecc.uncorrected": "drain-now",
+                                                   "thermal.throttle:WARN": "none"}))
+    assert table.action(FAIL[0]) == "drain-now"
+    assert table.action(THROTTLE[0], 10) == "none"
+    assert table.action(finding("thermal.throttle", "FAIL")) == "drain"
+    with pytest.raises(ValueError, match="severity"):
+        PolicyTable(AutomationSettings(policy={"x:BAD": "warn"}))
+
+
+def test_storm_trips_breaker_and_caps_fraction(tmp_path: Path) -> None:
+    auto, client, clock = make(tmp_path, nodes=40)
+    pin = [finding("pins.driver", message="driver 550.54 not in pins", gpu=None)]
+    decisions = []
+    for node in NODES[:30]:
+        decisions += auto.on_report(node, "FAIL", pin, clock.time())
+        clock.advance(5)
+    assert len(drains(client)) == 4  # 10 % of 40
+    assert sum(d.held for d in decisions) == 26
+    status = auto.status()
+    assert status["breaker_open"] and len(status["held"]) == 26
+    assert status["why"].startswith("fraction")
+
+
+def test_storm_alone_trips_breaker(tmp_path: Path) -> None:
+    auto, client, clock = make(tmp_path, nodes=40, max_fraction=0.9, max_per_hour=100)
+    pin = [finding("pins.driver", gpu=None)]
+    for node in NODES[:12]:
+        auto.on_report(node, "FAIL", pin, clock.time())
+    assert len(drains(client)) == 9
+    assert auto.status()["why"].startswith("storm: pins.driver failing on 10 of 40")
+
+
+def test_storm_window_expires(tmp_path: Path) -> None:
+    auto, client, clock = make(tmp_path, nodes=40, max_fraction=0.9, max_per_hour=100)
+    pin = [finding("pins.driver", gpu=None)]
+    for node in NODES[:12]:
+        auto.on_report(node, "FAIL", pin, clock.time())
+        clock.advance(60)  # never 10 within 300 s
+    assert len(drains(client)) == 12 and not auto.status()["breaker_open"]
+
+
+def test_per_hour_cap_and_release(tmp_path: Path) -> None:
+    auto, client, clock = make(tmp_path, nodes=100)
+    checks = ["ecc.uncorrected", "mem.retired_pages", "nvlink.state", "pcie.link", "fabric.state",
+              "gpu.count", "ib.rate"]
+    for node, check in zip(NODES, checks, strict=False):
+        auto.on_report(node, "FAIL", [finding(check)], clock.time())
+        clock.advance(60)
+    assert len(drains(client)) == 5
+    assert auto.status()["why"].startswith("rate: 5 drains")
+    assert [h["node"] for h in auto.status()["held"]] == NODES[5:7]
+    clock.advance(3600)  # the hour has passed, but the breaker stays open until released
+    [d] = auto.on_report(NODES[5], "FAIL", [finding(checks[5])], clock.time())
+    assert d.held
+    auto.release()
+    assert not auto.status()["breaker_open"] and auto.status()["held"] == []
+    [d] = auto.on_report(NODES[5], "FAIL", [finding(checks[5])], clock.time())
+    assert (d.held, d.result) == (False, "drained")
+
+
+def test_auto_resume_hysteresis(tmp_path: Path) -> None:
+    auto, client, clock = make(tmp_path)
+    auto.on_report("gpu-001", "FAIL", FAIL, clock.time())
+    for _ in range(3):  # 3 OK reports but only 400 s
+        clock.advance(200)
+        assert ok(auto, "gpu-001", clock) == []
+    clock.advance(200)  # 4th report: the streak now spans 600 s
+    [d] = ok(auto, "gpu-001", clock)
+    assert (d.action, d.result) == ("resume", "resumed")
+    assert client.calls[-1] == ("resume", "gpu-001")
+    assert ok(auto, "gpu-001", clock) == []
+
+
+def test_unhealthy_report_resets_streak(tmp_path: Path) -> None:
+    auto, client, clock = make(tmp_path)
+    auto.on_report("gpu-001", "FAIL", FAIL, clock.time())
+    for _ in range(2):
+        clock.advance(400)
+        ok(auto, "gpu-001", clock)
+    clock.advance(400)
+    auto.on_report("gpu-001", "WARN", THROTTLE, clock.time())
+    for _ in range(2):
+        clock.advance(400)
+        assert ok(auto, "gpu-001", clock) == []
+    assert ("resume", "gpu-001") not in client.calls
+
+
+def test_operator_drained_node_never_resumed(tmp_path: Path) -> None:
+    auto, client, clock = make(tmp_path)
+    auto.on_report("gpu-001", "FAIL", FAIL, clock.time())
+    client.states["gpu-001"] = dataclasses.replace(client.states["gpu-001"], reason="bob: replacing DIMM")
+    decisions = []
+    for _ in range(4):
+        clock.advance(300)
+        decisions += ok(auto, "gpu-001", clock)
+    assert ("resume", "gpu-001") not in client.calls
+    assert [d.result for d in decisions] == ["operator-drain-kept"]
+    assert "gpu-001" not in auto.status()["drained"]
+    # an operator drain found at drain time is kept too
+    client.states["gpu-002"] = dataclasses.replace(client.states["gpu-002"], flags=frozenset({"DRAIN"}),
+                                                   reason="alice: maintenance")
+    [d] = auto.on_report("gpu-002", "FAIL", FAIL, clock.time())
+    assert d.result == "operator-drain-kept" and client.states["gpu-002"].reason == "alice: maintenance"
+
+
+def test_lemon_stays_drained(tmp_path: Path) -> None:
+    auto, client, clock = make(tmp_path)
+    for _ in range(3):
+        auto.on_report("gpu-001", "FAIL", FAIL, clock.time())
+        for _ in range(4):
+            clock.advance(300)
+            ok(auto, "gpu-001", clock)
+    assert drains(client) == ["gpu-001"] * 3
+    assert "gpu-001" in auto.status()["lemons"]
+    assert client.states["gpu-001"].drained
+    assert [c for c in client.calls if c[0] == "resume"] == [("resume", "gpu-001")] * 2
+    auto.clear_lemon("gpu-001")
+    assert auto.status()["lemons"] == {}
+
+
+def test_dry_run_records_without_calls(tmp_path: Path) -> None:
+    auto, client, clock = make(tmp_path, dry_run=True)
+    [d] = auto.on_report("gpu-001", "FAIL", FAIL, clock.time())
+    assert (d.action, d.dry_run, d.result) == ("drain", True, "dry-run")
+    assert auto.on_report("gpu-001", "FAIL", FAIL, clock.time()) == []
+    decisions = []
+    for _ in range(4):
+        clock.advance(300)
+        decisions += ok(auto, "gpu-001", clock)
+    assert [(d.action, d.result) for d in decisions] == [("resume", "dry-run")]
+    assert client.calls == []
+    assert auto.state.log[0]["action"] == "drain"
+
+
+def test_state_survives_restart(tmp_path: Path) -> None:
+    auto, client, clock = make(tmp_path, nodes=100)
+    for i, node in enumerate(NODES[:6]):
+        auto.on_report(node, "FAIL", [finding(f"check.{i}")], clock.time())
+    auto.on_report("gpu-050", "WARN", THROTTLE, clock.time())
+    again = Automation(AutomationSettings(), client, tmp_path, clock)
+    status = again.status()
+    assert status["breaker_open"] and [h["node"] for h in status["held"]] == ["gpu-006"]
+    assert status["drained"] == NODES[:5]
+    assert again.on_report("gpu-001", "FAIL", FAIL, clock.time()) == []  # still drained: idempotent
+    again.on_report("gpu-050", "WARN", THROTTLE, clock.time())
+    [d] = again.on_report("gpu-050", "WARN", THROTTLE, clock.time())
+    assert d.action == "drain" and d.held  # third strike counted across the restart
+
+
+def test_settings_in_config(tmp_path: Path) -> None:
+    from slurmgpu.config.load import load_config
+
+    path = tmp_path / "s.toml"
+    path.write_text('[automation]\ndry_run = true\n[automation.policy]\n"thermal.throttle:WARN" = "none"\n')
+    cfg = load_config(str(path), environ={})
+    assert cfg.settings_for("gpu-001").automation.policy == {"thermal.throttle:WARN": "none"}
