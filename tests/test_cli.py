@@ -156,7 +156,8 @@ def test_checks_list() -> None:
     ["--help"], ["check", "--help"], ["checks", "list", "--help"], ["config", "check", "--help"],
     ["config", "explain", "--help"], ["sim", "--help"], ["prolog", "--help"], ["epilog", "--help"],
     ["healthcheck", "--help"], ["drain", "--help"], ["resume", "--help"], ["nodes", "--help"],
-    ["sim", "cluster", "--help"],
+    ["sim", "cluster", "--help"], ["breaker", "status", "--help"], ["breaker", "release", "--help"],
+    ["agent", "--help"], ["collector", "--help"], ["fleet", "--help"], ["keys", "--help"],
 ])
 def test_help(command: list[str]) -> None:
     proc = slurmgpu(*command)

@@ -57,6 +57,7 @@ def _register() -> None:
     cli.add_command(agent_cmd.agent)
     cli.add_command(fleet_cmd.collector)
     cli.add_command(fleet_cmd.fleet)
+    cli.add_command(fleet_cmd.breaker)
     sim.sim.add_command(fleet_cmd.fleet_sim)
     for command in (slurm_cmds.prolog, slurm_cmds.epilog, slurm_cmds.healthcheck, slurm_cmds.drain,
                     slurm_cmds.resume, slurm_cmds.nodes):

@@ -12,18 +12,35 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from slurmgpu.agent.notify import notify as sd_notify
 from slurmgpu.config.schema import CollectorSettings, Settings
 
+if TYPE_CHECKING:
+    from slurmgpu.collector.policy import Automation
+
 
 def _settings(config_file: str | None) -> Settings:
     from slurmgpu.config.load import load_config
 
     return load_config(config_file).settings_for(None)
+
+
+def _automation(settings: Settings, *, dry_run: bool = False) -> Automation:
+    """The collector's Automation (its state file in ``paths.state_dir``)."""
+    from slurmgpu.collector.policy import Automation
+    from slurmgpu.slurm.factory import make_client
+
+    auto = settings.automation
+    if dry_run:
+        auto = dataclasses.replace(auto, dry_run=True)
+    try:
+        return Automation(auto, make_client(settings.slurm), settings.paths.state_dir)
+    except ValueError as exc:  # a bad [automation] policy entry
+        raise click.ClickException(str(exc)) from None
 
 
 def _collector_settings(settings: Settings, **overrides: Any) -> CollectorSettings:
@@ -42,16 +59,25 @@ def _collector_settings(settings: Settings, **overrides: Any) -> CollectorSettin
 @click.option("--keys-dir", default=None, help="CURVE keys and allow-list (collector.keys_dir).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--dry-run", is_flag=True,
+              help="With [automation] enabled: record every decision, make no Slurm call.")
 def collector(config_file: str | None, bind: str | None, db: str | None, keys_dir: str | None,
-              log_level: str) -> None:
-    """Run the fleet collector until SIGTERM/SIGINT (SIGHUP reloads the allow-list)."""
+              log_level: str, dry_run: bool) -> None:
+    """Run the fleet collector until SIGTERM/SIGINT (SIGHUP reloads the allow-list).
+
+    With ``[automation] enabled = true`` it also drains and resumes nodes from their
+    reports (``slurmgpu breaker`` shows and releases its circuit breaker)."""
     from slurmgpu import log
     from slurmgpu.collector.server import Collector
 
     log.configure(log_level, json=True)
-    settings = _collector_settings(_settings(config_file), bind=bind, db=db, keys_dir=keys_dir)
+    full = _settings(config_file)
+    settings = _collector_settings(full, bind=bind, db=db, keys_dir=keys_dir)
+    automation = _automation(full, dry_run=dry_run) if full.automation.enabled else None
+    if dry_run and automation is None:
+        click.echo("--dry-run has no effect: [automation] enabled is false", err=True)
     try:
-        server = Collector(settings)
+        server = Collector(settings, automation=automation)
     except OSError as exc:
         raise click.ClickException(f"{exc.filename or settings.db}: {exc.strerror or exc}") from None
     stop = threading.Event()
@@ -112,6 +138,7 @@ def fleet(config_file: str | None, db: str | None, as_json: bool) -> None:
     finally:
         store.close()
     drained = _drained(settings)
+    breaker = _breaker_line(settings)
     now = time.time()
     for r in rows:
         r["drained"] = None if drained is None else drained.get(r["node"])
@@ -121,6 +148,8 @@ def fleet(config_file: str | None, db: str | None, as_json: bool) -> None:
         return
     if not rows:
         click.echo("no nodes have reported yet")
+        if breaker:
+            click.echo(breaker)
         return
     width = max(16, *(len(r["node"]) for r in rows))
     click.echo(f"{'NODE':<{width}} {'VERDICT':<8} {'LAST SEEN':<10} {'REACHABLE':<9} "
@@ -134,6 +163,94 @@ def fleet(config_file: str | None, db: str | None, as_json: bool) -> None:
         drained_text = "?" if drained is None else ("-" if d is None else ("yes" if d else "no"))
         click.echo(f"{r['node']:<{width}} {r['verdict'] or '-':<8} {_age(r['last_seen_age_s']):<10} "
                    f"{'yes' if r['reachable'] else 'NO':<9} {drained_text:<8} {worst[:100]}")
+    if breaker:
+        click.echo(breaker)
+
+
+def _breaker_line(settings: Settings) -> str | None:
+    """One line on the automation's breaker and lemons, if the automation has a state file."""
+    from slurmgpu.collector.policy import STATE_FILE
+
+    if not (Path(settings.paths.state_dir) / STATE_FILE).is_file():
+        return None
+    try:
+        status = _automation(settings).status()
+    except Exception as exc:  # unreadable state: say so, the fleet table still stands
+        return f"automation: state unreadable ({type(exc).__name__}: {exc})"
+    return _breaker_text(status)
+
+
+def _breaker_text(status: dict[str, Any]) -> str:
+    if status["breaker_open"]:
+        state = f"OPEN since {_age(time.time() - status['since']) if status['since'] else '?'}: {status['why']}"
+        if status["held"]:
+            state += f"; {len(status['held'])} drain(s) held"
+    else:
+        state = "closed"
+    lemons = ", ".join(sorted(status["lemons"])) or "none"
+    dry = " (dry run)" if status.get("dry_run") else ""
+    return f"automation{dry}: breaker {state}; lemons: {lemons}"
+
+
+# --------------------------------------------------------------------------- breaker
+
+
+@click.group("breaker")
+def breaker() -> None:
+    """The automation's circuit breaker (state in paths.state_dir)."""
+
+
+def _breaker_automation(config_file: str | None) -> Automation:
+    from slurmgpu.cli import fail
+
+    try:
+        return _automation(_settings(config_file))
+    except click.ClickException as exc:
+        fail(exc.format_message())
+    except Exception as exc:  # bad config, unreadable state file
+        fail(str(exc) or type(exc).__name__)
+    raise AssertionError("unreachable")
+
+
+_CONFIG = click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
+                       help="Config file (default: $SLURMGPU_CONFIG or /etc/slurmgpu/slurmgpu.toml).")
+_JSON = click.option("--json", "as_json", is_flag=True, help="JSON output.")
+
+
+def _show(status: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(status, indent=2, sort_keys=True))
+        return
+    click.echo(_breaker_text(status))
+    for held in status["held"]:
+        click.echo(f"  held: {held['node']} {held.get('action', '')}: {held.get('reason', '')}")
+    for node, lemon in sorted(status["lemons"].items()):
+        click.echo(f"  lemon: {node}: {lemon.get('why', '')}")
+
+
+@breaker.command("status")
+@_CONFIG
+@_JSON
+def breaker_status(config_file: str | None, as_json: bool) -> None:
+    """Show the breaker (open/closed, why), held drains and lemon nodes."""
+    _show(_breaker_automation(config_file).status(), as_json)
+
+
+@breaker.command("release")
+@_CONFIG
+@_JSON
+def breaker_release(config_file: str | None, as_json: bool) -> None:
+    """Close the breaker; held drains are re-decided on the nodes' next reports.
+
+    A running collector picks the released state up at its next loop turn."""
+    from slurmgpu.cli import fail
+
+    auto = _breaker_automation(config_file)
+    try:
+        auto.release()
+    except OSError as exc:
+        fail(f"{auto.path}: {exc.strerror or exc}")
+    _show(auto.status(), as_json)
 
 
 # --------------------------------------------------------------------------- sim fleet

@@ -11,6 +11,11 @@ Delivery: for each acked type (hello, report, event, command-result) the collect
 stores the message and, only after the batch COMMITs, acks its seq; a duplicate
 (node, seq) is not stored again but is acked again. Nothing else is acked.
 
+Automation (optional): after a batch's acks are sent, every newly stored report and
+event is passed to ``Automation.on_report`` and its decisions are stored in the
+``decisions`` table. A failing automation call is logged and counted; it never stops
+the loop and never delays an ack.
+
 The loop is single-threaded (plus libzmq's I/O thread and the ZAP thread). All methods,
 ``send_command`` included, must be called from the thread that runs the loop.
 """
@@ -28,7 +33,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import zmq
@@ -43,14 +48,19 @@ from slurmgpu.wire import (
     ACK,
     ACKED,
     COMMAND,
+    EVENT,
     HEARTBEAT,
     MAX_FRAME,
     PROTOCOL_VERSION,
+    REPORT,
     Envelope,
     WireError,
     decode,
     encode,
 )
+
+if TYPE_CHECKING:
+    from slurmgpu.collector.policy import Automation, Decision
 
 MAX_BATCH = 1000
 ALLOW_LIST_RELOAD_S = 30.0
@@ -78,6 +88,8 @@ class Counters:
     heartbeats_sent: int = 0
     batches: int = 0
     store_errors: int = 0
+    decisions: int = 0
+    automation_errors: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
 
     def snapshot(self) -> dict[str, Any]:
@@ -85,7 +97,8 @@ class Counters:
                 "acks_sent": self.acks_sent, "acks_failed": self.acks_failed,
                 "heartbeats_received": self.heartbeats_received,
                 "heartbeats_sent": self.heartbeats_sent, "batches": self.batches,
-                "store_errors": self.store_errors, "rejected": dict(self.rejected)}
+                "store_errors": self.store_errors, "decisions": self.decisions,
+                "automation_errors": self.automation_errors, "rejected": dict(self.rejected)}
 
 
 def _packed(value: Any) -> bytes:
@@ -128,8 +141,9 @@ class _FrameBuilder:
 
 class Collector:
     def __init__(self, settings: CollectorSettings, *, store: Store | None = None,
-                 max_batch: int = MAX_BATCH) -> None:
+                 automation: Automation | None = None, max_batch: int = MAX_BATCH) -> None:
         self.settings = settings
+        self.automation = automation
         self.log = get_logger(component="collector")
         self.counters = Counters()
         self.max_batch = max_batch
@@ -175,8 +189,10 @@ class Collector:
         self._reject_logged: dict[str, float] = {}
         self._reject_suppressed: Counter[str] = Counter()
         self._closed = False
+        self._auto_stamp: tuple[int, int, int] | None = None
+        self._automation_fleet_size()
         self.log.info("collector_listening", endpoint=self.endpoint, nodes=len(self.allowed),
-                      db=str(self.store.path))
+                      db=str(self.store.path), automation=automation is not None)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -258,6 +274,8 @@ class Collector:
         self.counters.stored += len(new)
         self.counters.duplicates += len(to_ack) - len(new)
         self._send_acks(to_ack)
+        if self.automation is not None and new:
+            self._automate(batch, new, now)
         return handled
 
     def _accept(self, parts: list[Any], batch: list[tuple[str, Envelope, bytes]],
@@ -302,6 +320,81 @@ class Collector:
         batch.append((node, env, data))
         if env.type in ACKED:
             to_ack.append((routing_id, node, env.seq))
+
+    # ------------------------------------------------------------------ automation
+
+    def _automate(self, batch: list[tuple[str, Envelope, bytes]], new: list[tuple[str, int]],
+                  now: float) -> None:
+        """Feed the newly stored reports and events to the automation (after the acks)."""
+        automation = self.automation
+        if automation is None:
+            return
+        self._automation_sync()
+        fresh = set(new)
+        decisions: list[Decision] = []
+        for node, env, _data in batch:
+            if env.type not in (REPORT, EVENT) or (node, env.seq) not in fresh:
+                continue
+            fresh.discard((node, env.seq))  # a seq repeated within the batch counts once
+            body = env.body if isinstance(env.body, dict) else {}
+            findings = [f for f in body.get("findings") or () if isinstance(f, dict)]
+            try:
+                decisions.extend(automation.on_report(node, str(body.get("verdict", "UNKNOWN")),
+                                                      findings, now))
+            except Exception as exc:  # a policy bug must not take the collector down
+                self.counters.automation_errors += 1
+                self.log.error("automation_failed", node=node, seq=env.seq,
+                               error=f"{type(exc).__name__}: {exc}")
+        self._auto_stamp = self._automation_stamp()
+        if not decisions:
+            return
+        for d in decisions:
+            self.log.info("automation_decision", node=d.node, action=d.action, result=d.result,
+                          held=d.held, dry_run=d.dry_run, trigger=d.trigger, reason=d.reason)
+        try:
+            self.counters.decisions += self.store.add_decisions(decisions)
+        except sqlite3.Error as exc:
+            self.counters.store_errors += 1
+            self.log.error("decisions_store_failed", error=str(exc), decisions=len(decisions))
+
+    def _automation_fleet_size(self) -> None:
+        if self.automation is None:
+            return
+        self._automation_sync()
+        try:
+            self.automation.fleet_size(len(self.allowed))
+        except Exception as exc:
+            self.counters.automation_errors += 1
+            self.log.error("automation_failed", error=f"{type(exc).__name__}: {exc}")
+        self._auto_stamp = self._automation_stamp()
+
+    def _automation_stamp(self) -> tuple[int, int, int] | None:
+        if self.automation is None:
+            return None
+        try:
+            st = os.stat(self.automation.path)
+        except (OSError, AttributeError, TypeError):  # no state file (yet), or no path
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def _automation_sync(self) -> None:
+        """Reload the automation's state if someone else wrote its file since we did
+        (``slurmgpu breaker release``), so an operator's release is not overwritten."""
+        automation = self.automation
+        if automation is None or self._auto_stamp is None:
+            return
+        stamp = self._automation_stamp()
+        if stamp is None or stamp == self._auto_stamp:
+            return
+        try:
+            automation.state = type(automation.state).load(automation.path)
+        except Exception as exc:  # unreadable/corrupt: keep the state in memory
+            self.counters.automation_errors += 1
+            self.log.error("automation_state_unreadable", path=str(automation.path), error=str(exc))
+        else:
+            self.log.info("automation_state_reloaded", path=str(automation.path),
+                          breaker_open=bool(automation.state.breaker.get("open")))
+        self._auto_stamp = stamp
 
     def _send_acks(self, to_ack: list[tuple[bytes, str, int]]) -> None:
         per_peer: dict[bytes, tuple[str, list[int]]] = {}
@@ -354,6 +447,8 @@ class Collector:
             self._reload_requested = False
             self._next_reload = mono + ALLOW_LIST_RELOAD_S
             self.reload_allow_list(force=force)
+        if self.automation is not None:
+            self._automation_sync()
         if mono >= self._next_heartbeat:
             self._next_heartbeat = mono + self.settings.heartbeat_s
             self._heartbeat()
@@ -408,5 +503,6 @@ class Collector:
         added = len(set(allowed) - set(self.allowed))
         removed = len(set(self.allowed) - set(allowed))
         self.allowed = allowed
+        self._automation_fleet_size()
         self.log.info("allow_list_loaded", nodes=len(allowed), added=added, removed=removed)
         return True

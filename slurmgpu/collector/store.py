@@ -130,8 +130,26 @@ def _migration_1(db: sqlite3.Connection) -> None:
     """)
 
 
+def _migration_2(db: sqlite3.Connection) -> None:
+    """The automation's decisions (``slurmgpu.collector.policy.Decision``)."""
+    _script(db, """
+        CREATE TABLE decisions (
+            id INTEGER PRIMARY KEY,
+            time REAL NOT NULL,
+            node TEXT NOT NULL,
+            action TEXT NOT NULL,
+            reason TEXT,
+            held INTEGER NOT NULL DEFAULT 0,
+            dry_run INTEGER NOT NULL DEFAULT 0,
+            trigger TEXT,
+            result TEXT
+        );
+        CREATE INDEX decisions_node_time ON decisions (node, time)
+    """)
+
+
 # Applied in order at open; the schema version is the number applied. Append only.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migration_1]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migration_1, _migration_2]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -379,6 +397,23 @@ class Store:
             "verdict_ts = max(coalesce(nodes.verdict_ts, -1), coalesce(excluded.verdict_ts, -1))",
             rows)
 
+    def add_decisions(self, decisions: Iterable[Any]) -> int:
+        """Record automation decisions (objects with the ``Decision`` fields) in one
+        transaction; returns the rows written."""
+        rows = [(float(d.time), _text(d.node), _text(d.action), _text(d.reason), int(bool(d.held)),
+                 int(bool(d.dry_run)), _text(d.trigger), _text(d.result)) for d in decisions]
+        if not rows:
+            return 0
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            self.db.executemany("INSERT INTO decisions (time, node, action, reason, held, dry_run, "
+                                "trigger, result) VALUES (?,?,?,?,?,?,?,?)", rows)
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        return len(rows)
+
     def touch(self, nodes: Iterable[str], now: float | None = None) -> None:
         """Record that these nodes were heard from (heartbeats)."""
         when = time.time() if now is None else now
@@ -408,7 +443,8 @@ class Store:
                         "DELETE FROM report_history WHERE ts < ?",
                         "DELETE FROM findings WHERE ts < ?",
                         "DELETE FROM events WHERE ts < ?",
-                        "DELETE FROM command_results WHERE ts < ?"):
+                        "DELETE FROM command_results WHERE ts < ?",
+                        "DELETE FROM decisions WHERE time < ?"):
                 deleted += self.db.execute(sql, (cutoff,)).rowcount
             self.db.execute("COMMIT")
         except BaseException:
@@ -455,6 +491,25 @@ class Store:
                         "verdict": verdict, "body": msgpack.unpackb(body, raw=False)})
         return out
 
+    def decisions(self, node: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """The latest automation decisions (all nodes, or one), oldest first."""
+        sql = "SELECT id, time, node, action, reason, held, dry_run, trigger, result FROM decisions"
+        params: list[Any] = []
+        if node is not None:
+            sql += " WHERE node = ?"
+            params.append(node)
+        sql += " ORDER BY id DESC LIMIT ?"
+        params.append(max(0, int(limit)))
+        cur = self.db.execute(sql, params)
+        names = [d[0] for d in cur.description]
+        out = []
+        for row in cur:
+            item = dict(zip(names, row, strict=True))
+            item["held"], item["dry_run"] = bool(item["held"]), bool(item["dry_run"])
+            out.append(item)
+        out.reverse()
+        return out
+
     def latest_report(self, node: str) -> dict[str, Any] | None:
         row = self.db.execute("SELECT seq, ts, verdict, body FROM reports WHERE node = ?", (node,)).fetchone()
         if row is None:
@@ -466,6 +521,6 @@ class Store:
 
     def count(self, table: str) -> int:
         if table not in {"nodes", "messages", "reports", "report_history", "findings", "events",
-                         "command_results"}:
+                         "command_results", "decisions"}:
             raise ValueError(f"unknown table {table!r}")
         return int(self.db.execute(f"SELECT count(*) FROM {table}").fetchone()[0])

@@ -264,6 +264,8 @@ AutomationAction = Literal["none", "warn", "checkpoint", "drain", "drain-now", "
 class AutomationSettings:
     """The collector's automatic drains/resumes (``slurmgpu.collector.policy``)."""
 
+    # Run the automation in the collector (off: the collector only records).
+    enabled: bool = False
     # Record every decision but make no Slurm call.
     dry_run: bool = False
     # Allow the "reboot" action (XIDs the table marks reboot); otherwise such nodes drain.
