@@ -66,8 +66,8 @@ def make_settings(tmp_path: Path, keys_dir: Path, **kw: Any) -> CollectorSetting
 
 
 @contextlib.contextmanager
-def running(cfg: CollectorSettings) -> Iterator[Collector]:
-    collector = Collector(cfg)
+def running(cfg: CollectorSettings, automation: Any = None) -> Iterator[Collector]:
+    collector = Collector(cfg, automation=automation)
     stop = threading.Event()
     thread = threading.Thread(target=collector.run, args=(stop,), daemon=True)
     thread.start()

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,29 +12,16 @@ from click.testing import CliRunner
 
 from slurmgpu.cli import fleet_cmd
 from slurmgpu.collector.policy import STATE_FILE, Automation
-from slurmgpu.collector.server import Collector
 from slurmgpu.collector.store import Store
-from slurmgpu.config.schema import AutomationSettings, CollectorSettings
+from slurmgpu.config.schema import AutomationSettings
 from slurmgpu.testing import FakeSlurmClient
 from slurmgpu.wire import EVENT, REPORT
-from tests.test_collector import Agent, ctx, db_rows, keys_dir, make_settings  # noqa: F401
+from tests.test_collector import Agent, ctx, db_rows, keys_dir, make_settings, running  # noqa: F401
 
 ECC = {"check": "ecc.uncorrected", "severity": "FAIL", "gpu": 0, "subject": None,
        "message": "3 volatile uncorrected ECC errors", "not_applicable": False, "data": {}}
 
 
-@contextlib.contextmanager
-def running(cfg: CollectorSettings, automation: Any) -> Iterator[Collector]:
-    collector = Collector(cfg, automation=automation)
-    stop = threading.Event()
-    thread = threading.Thread(target=collector.run, args=(stop,), daemon=True)
-    thread.start()
-    try:
-        yield collector
-        assert thread.is_alive(), "the collector loop died"
-    finally:
-        stop.set()
-        thread.join(10)
 
 
 def automation(tmp_path: Path, **kw: Any) -> tuple[Automation, FakeSlurmClient]:
