@@ -241,6 +241,14 @@ class AgentSettings:
     flap_window_s: float = 300.0
     flap_count: int = 2
     flap_strikes: int = 2
+    # Per-job directories (<jobs_dir>/<job id>/checkpoint): made by the prolog, owned by
+    # the job's user, removed by the epilog; SLURMGPU_JOBS_DIR overrides.
+    jobs_dir: str = "/run/slurmgpu/jobs"
+    # While a checkpoint request is open, look for the job's ack this often.
+    checkpoint_poll_s: float = 0.25
+    # Collector unreachable and a drain-now-class event (GPU lost, XID 79): signal the
+    # jobs' local processes with this signal ("" turns the fallback off).
+    fallback_signal: str = "USR1"
 
 
 @dataclass
@@ -255,6 +263,8 @@ class CollectorSettings:
     # A node silent for this many heartbeat intervals is marked unreachable.
     unreachable_after: int = 3
     retention_days: int = 90
+    # Prometheus /metrics ("host:port"; "" = off), e.g. "0.0.0.0:9750".
+    metrics_bind: str = ""
 
 
 AutomationAction = Literal["none", "warn", "checkpoint", "drain", "drain-now", "reboot"]
@@ -287,6 +297,14 @@ class AutomationSettings:
     # Lemon: this many drains within the window -> stays drained, never auto-resumed.
     lemon_drains: int = 3
     lemon_window_s: float = 7 * 86400.0
+    # Checkpoint coordination ("checkpoint" and "drain-now" actions on a node running jobs):
+    # the signal sent to each job (scancel --signal), to the batch shell or, with
+    # checkpoint_full, to every process of the job ...
+    checkpoint_signal: str = "USR1"
+    checkpoint_full: bool = False
+    # ... and how long a job has to ack before the node is drained (and, for drain-now,
+    # the job requeued) anyway.
+    checkpoint_deadline_s: float = 300.0
 
 
 @dataclass
