@@ -35,7 +35,7 @@ class ActionResult:
 
     @property
     def changed(self) -> bool:
-        return self.action in ("drained", "resumed")
+        return self.action in ("drained", "resumed", "reboot-requested")
 
 
 def drain_reason(findings: Sequence[Finding]) -> str:
@@ -61,18 +61,29 @@ class Actions:
         self.journal = Path(state_dir) / "pending-actions.jsonl"
 
     def drain(self, node: str, reason: str) -> ActionResult:
+        return self._take_away("drain", node, reason)
+
+    def reboot(self, node: str, reason: str) -> ActionResult:
+        """``scontrol reboot ASAP nextstate=RESUME``: drain now, reboot when idle,
+        resume after. An operator's drain is kept and a rebooting node left alone;
+        a node slurmgpu drained is rebooted. Unreachable slurmctld: journaled."""
+        return self._take_away("reboot", node, reason)
+
+    def _take_away(self, action: str, node: str, reason: str) -> ActionResult:
         reason = with_prefix(reason)
         try:
             current = self.client.node(node)
             if current.drained and not current.owned_by_slurmgpu:
                 return ActionResult(node, "operator-drain-kept", current.reason)
-            if current.drained:
+            if action == "drain" and current.drained:
                 return ActionResult(node, "already-drained", current.reason)
-            self.client.drain(node, reason)
+            if action == "reboot" and current.rebooting:
+                return ActionResult(node, "already-rebooting", current.reason)
+            (self.client.reboot if action == "reboot" else self.client.drain)(node, reason)
         except SlurmUnreachable:
-            self._remember({"action": "drain", "node": node, "reason": reason, "time": time.time()})
+            self._remember({"action": action, "node": node, "reason": reason, "time": time.time()})
             raise
-        return ActionResult(node, "drained", reason)
+        return ActionResult(node, "reboot-requested" if action == "reboot" else "drained", reason)
 
     def resume(self, node: str, *, force: bool = False) -> ActionResult:
         """Resume a node slurmgpu drained (any drained node with force)."""
@@ -95,7 +106,8 @@ class Actions:
         return self.resume(node)
 
     def replay_pending(self) -> list[ActionResult]:
-        """Retry drains that could not reach slurmctld earlier. Unreachable again: kept."""
+        """Retry drains and reboots that could not reach slurmctld earlier (by the
+        entry's "action"; none: drain). Unreachable again: kept."""
         try:
             lines = self.journal.read_text().splitlines()
         except FileNotFoundError:
@@ -104,12 +116,13 @@ class Actions:
         for line in lines:
             try:
                 entry = json.loads(line)
-                results.append(self.drain(entry["node"], entry["reason"]))
+                redo = self.reboot if entry.get("action") == "reboot" else self.drain
+                results.append(redo(entry["node"], entry["reason"]))
             except SlurmUnreachable:
                 keep.append(line)
             except (SlurmError, ValueError, KeyError):
                 continue  # node gone or garbage line: nothing sensible to retry
-        # drain() re-journals unreachable entries itself; write back only what is left.
+        # drain()/reboot() re-journal unreachable entries themselves; write back only what is left.
         self._rewrite(keep)
         return results
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slurmgpu import jobfiles
 from slurmgpu.actions import Actions, drain_reason
 from slurmgpu.config.schema import Settings
 from slurmgpu.engine import Sources, evaluate, gather, node_name, system_sources
@@ -150,11 +151,13 @@ class Gate:
                 verdict = evaluate(facts, self.settings, scope=job.gpus, progress=dog)
                 self._save_job_state(job, facts)
                 if verdict.severity is Severity.UNKNOWN:
-                    return self._internal_error("prolog", job, _unknown_summary(verdict), cfg.on_error)
+                    return self._job_dir_if_ok(job, self._internal_error(
+                        "prolog", job, _unknown_summary(verdict), cfg.on_error))
                 dog("act")
-                return self._decide("prolog", job, verdict, drain=cfg.drain)
+                return self._job_dir_if_ok(job, self._decide("prolog", job, verdict, drain=cfg.drain))
             except Exception as exc:  # a bug must not drain the cluster (fail-open by default)
-                return self._internal_error("prolog", job, _describe(exc), cfg.on_error)
+                return self._job_dir_if_ok(job, self._internal_error("prolog", job, _describe(exc),
+                                                                      cfg.on_error))
 
     # -- epilog ----------------------------------------------------------------
 
@@ -163,6 +166,7 @@ class Gate:
         cfg = self.settings.epilog
         with Watchdog(cfg.timeout_s, lambda step: self._timed_out("epilog", job, step, cfg.on_error)) as dog:
             try:
+                self._remove_job_dir(job)
                 self._replay_pending()
                 before = self._load_job_state(job)
                 started = before.get("started_at") if before else None
@@ -294,6 +298,36 @@ class Gate:
         path = self._job_file(job)
         if path:
             path.unlink(missing_ok=True)
+
+    # -- the job's directory (<jobs_dir>/<job id>/, for checkpoint requests) ---------
+
+    def _jobs_dir(self) -> Path:
+        """$SLURMGPU_JOBS_DIR of the hook, else of this process (the agent, on its warm
+        path: where it writes checkpoint requests), else ``[agent] jobs_dir``."""
+        env = self.environ if self.environ.get(jobfiles.JOBS_DIR_ENV) else os.environ
+        return jobfiles.jobs_dir(self.settings, env)
+
+    def _job_dir_if_ok(self, job: JobContext, code: int) -> int:
+        """After a prolog that lets the job run: make its directory (0700, the job's
+        uid/gid). A failure is logged; it never changes the decision."""
+        if code != EXIT_OK or not job.job_id:
+            return code
+        try:
+            uid, gid = (self.environ.get(k, "") for k in ("SLURM_JOB_UID", "SLURM_JOB_GID"))
+            jobfiles.make_job_dir(self._jobs_dir(), job.job_id,
+                                  int(uid) if uid.isdigit() else None,
+                                  int(gid) if gid.isdigit() else None)
+        except (OSError, ValueError) as exc:
+            _log().warning("job_dir_failed", job=job.job_id, error=str(exc))
+        return code
+
+    def _remove_job_dir(self, job: JobContext) -> None:
+        if not job.job_id:
+            return
+        try:
+            jobfiles.remove_job_dir(self._jobs_dir(), job.job_id)
+        except (OSError, ValueError) as exc:
+            _log().warning("job_dir_remove_failed", job=job.job_id, error=str(exc))
 
     # -- epilog extras --------------------------------------------------------------
 

@@ -44,7 +44,10 @@ SLURM_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 SLURM_PROGRAMS = ("slurmctld", "slurmd", "scontrol", "sbatch", "sinfo", "squeue", "scancel",
                   "munged", "mungekey")
 POLICY_RC_D = Path("/usr/sbin/policy-rc.d")
-HOOKS = ("prolog", "epilog", "healthcheck")
+HOOKS = ("prolog", "epilog", "healthcheck", "taskprolog")
+#: The TaskProlog only exports $SLURMGPU_CHECKPOINT_FILE: it stays on with hooks disabled.
+ALWAYS_ON_HOOKS = ("taskprolog",)
+TASKPROLOG = "prolog/slurmgpu-taskprolog"
 #: The repository's thin wrappers that the prolog/epilog hooks exec when present.
 HOOK_WRAPPERS = {"prolog": "prolog/slurmgpu-prolog", "epilog": "epilog/slurmgpu-epilog"}
 SANE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -317,6 +320,7 @@ def render_slurm_conf(d: Path, state: Mapping[str, Any]) -> str:
         f"Prolog={hooks}/prolog",
         f"Epilog={hooks}/epilog",
         f"HealthCheckProgram={hooks}/healthcheck",
+        f"TaskProlog={hooks}/taskprolog",
         "HealthCheckInterval=0",
         "ReturnToService=2",
         "MinJobAge=300",
@@ -371,6 +375,8 @@ def hook_environment(d: Path, node: str, lib: Path) -> dict[str, str]:
         "SLURMGPU_SIM_SCENARIO": f"{nd}/scenario.json",
         "SLURMGPU_KMSG": f"{nd}/kmsg",
         "SLURMGPU_STATE_DIR": f"{nd}/state",
+        # Per-job directories (checkpoint request files), as the agent's [agent] jobs_dir.
+        "SLURMGPU_JOBS_DIR": f"{nd}/jobs",
         "SLURMGPU_CONFIG": f"{d}/etc/slurmgpu.toml",
         "SLURMGPU_BIN": slurmgpu_command(),
         "SLURMGPU_DEVICE_PATTERN": f"{nd}/dev/nvidia{{index}}",
@@ -396,6 +402,10 @@ def render_hook(name: str, d: Path, lib: Path, *, enabled: bool) -> str:
     for key, value in hook_environment(d, "@NODE@", lib).items():
         quoted = "'" + "'\"$node\"'".join(value.replace("'", "'\\''").split("@NODE@")) + "'"
         lines.append(f"export {key}={quoted}")
+    if name == "taskprolog":
+        script = shlex.quote(str(repo_root() / TASKPROLOG))
+        lines.append(f"exec {shlex.quote(sys.executable)} -I -S {script}")
+        return "\n".join(lines) + "\n"
     wrapper = HOOK_WRAPPERS.get(name)
     if wrapper is not None:
         target = shlex.quote(str(repo_root() / wrapper))
@@ -409,7 +419,8 @@ def render_hook(name: str, d: Path, lib: Path, *, enabled: bool) -> str:
 
 
 def render_agent_config(base: str, *, socket_path: Path, spool: Path, address: str,
-                        keys_dir: Path, interval_s: float = AGENT_INTERVAL_S,
+                        keys_dir: Path, jobs_dir: Path | None = None,
+                        interval_s: float = AGENT_INTERVAL_S,
                         heartbeat_s: float = AGENT_HEARTBEAT_S,
                         max_age_s: float = AGENT_MAX_AGE_S) -> str:
     """A node agent's config: the cluster's slurmgpu.toml (``base``) plus ``[agent]`` and
@@ -418,7 +429,8 @@ def render_agent_config(base: str, *, socket_path: Path, spool: Path, address: s
     tables = {
         "agent": [f"interval_s = {interval_s}", f"heartbeat_s = {heartbeat_s}",
                   f"max_age_s = {max_age_s}", f"socket = {json.dumps(str(socket_path))}",
-                  f"spool_dir = {json.dumps(str(spool))}"],
+                  f"spool_dir = {json.dumps(str(spool))}"]
+                 + ([f"jobs_dir = {json.dumps(str(jobs_dir))}"] if jobs_dir is not None else []),
         "collector": [f"address = {json.dumps(address)}",
                       f"keys_dir = {json.dumps(str(keys_dir))}"],
     }
@@ -538,6 +550,10 @@ class SimCluster:
 
     def kmsg_path(self, node: str) -> Path:
         return self.node_dir(node) / "kmsg"
+
+    def jobs_dir(self, node: str) -> Path:
+        """The node's per-job directories (``SLURMGPU_JOBS_DIR`` of its hooks and agent)."""
+        return self.node_dir(node) / "jobs"
 
     def state_dir(self, node: str) -> Path:
         return self.node_dir(node) / "state"
@@ -835,6 +851,7 @@ class SimCluster:
         nd = self.dir / "nodes" / node
         shutil.rmtree(nd, ignore_errors=True)
         (nd / "state").mkdir(parents=True)
+        (nd / "jobs").mkdir()
         (nd / "dev").mkdir()
         (self.dir / "spool" / node).mkdir(parents=True, exist_ok=True)
         write_scenario(nd / "scenario.json", base)
@@ -1089,8 +1106,8 @@ class SimCluster:
         slurmd runs the files afresh for every job, so this takes effect at once.
         """
         for name in HOOKS:
-            _write_atomic(self.hook(name), render_hook(name, self.dir, self.library,
-                                                       enabled=enabled), 0o755)
+            _write_atomic(self.hook(name), render_hook(
+                name, self.dir, self.library, enabled=enabled or name in ALWAYS_ON_HOOKS), 0o755)
         if self._state:
             self._state["hooks_enabled"] = enabled
             self._save_state()
@@ -1130,6 +1147,10 @@ class SimCluster:
                 self.kmsg_path(node).write_text("", encoding="utf-8")
                 _empty_dir(self.state_dir(node))
             self.write_config(self.default_config())
+            for node in self.nodes:
+                _empty_dir(self.jobs_dir(node))
+            if self._state.get("automation") is not None:
+                self.set_automation(None, timeout)
             if self._state.get("agents_at_up"):
                 # Dead agents come back; agents of nodes a test injected into are restarted
                 # (they remember XIDs for an hour and NVML event ids per event set).
@@ -1190,6 +1211,40 @@ class SimCluster:
                                        if p not in path.split(os.pathsep)])
         return env
 
+    @property
+    def collector_state_dir(self) -> Path:
+        """The collector's ``paths.state_dir`` (the automation's state file, its journal)."""
+        return self.dir / "collector-state"
+
+    def set_automation(self, settings: str | None, timeout: float = 15) -> None:
+        """Restart the collector with ``[automation] enabled = true`` plus ``settings`` (TOML
+        lines of that table), or without automation (None). Its state starts afresh."""
+        if not self._state:
+            raise ClusterError(f"no simulated cluster in {self.dir}")
+        self.kill_collector(signal.SIGTERM)
+        self._clear_automation_state()
+        if settings is None:
+            self._state.pop("automation", None)
+        else:
+            self._state["automation"] = settings
+        self._save_state()
+        self._start_collector(timeout)
+
+    def _clear_automation_state(self) -> None:
+        """With the collector stopped: no automation state, no pending checkpoints."""
+        import sqlite3
+
+        _empty_dir(self.collector_state_dir)
+        if self.collector_db().is_file():
+            db = sqlite3.connect(str(self.collector_db()), timeout=10)
+            try:
+                with db:
+                    for table in ("pending_drains", "checkpoints", "job_events", "decisions"):
+                        with contextlib.suppress(sqlite3.OperationalError):  # older schema
+                            db.execute(f"DELETE FROM {table}")
+            finally:
+                db.close()
+
     def start_collector(self, timeout: float = 15) -> None:
         """Start the collector again (same port and database) after a stop or a kill."""
         self._start_collector(timeout)
@@ -1219,13 +1274,16 @@ class SimCluster:
             self._save_state()
         address = self.collector_address
         config = self.dir / "etc" / "collector.toml"
+        automation = self._state.get("automation")
         _write_atomic(config, (
             "# Generated by `slurmgpu sim cluster`: the simulated cluster's collector.\n"
             "[collector]\n"
             f"bind = {json.dumps(address)}\naddress = {json.dumps(address)}\n"
             f"db = {json.dumps(str(self.collector_db()))}\n"
             f"keys_dir = {json.dumps(str(self.keys_dir))}\n"
-            f"heartbeat_s = {AGENT_HEARTBEAT_S}\n"))
+            f"heartbeat_s = {AGENT_HEARTBEAT_S}\n"
+            f"[paths]\nstate_dir = {json.dumps(str(self.collector_state_dir))}\n"
+            + (f"[automation]\nenabled = true\n{automation}\n" if automation is not None else "")))
         log = self._service_log(COLLECTOR)
         spawn_detached([sys.executable, "-m", "slurmgpu", "collector", "--config", str(config),
                         "--bind", address, "--db", str(self.collector_db()),
@@ -1253,7 +1311,8 @@ class SimCluster:
         self.agent_spool(node).mkdir(parents=True, exist_ok=True)
         _write_atomic(self.agent_config_path(node), render_agent_config(
             base, socket_path=self.agent_socket(node), spool=self.agent_spool(node),
-            address=self.collector_address, keys_dir=self.bundle_dir(node)))
+            address=self.collector_address, keys_dir=self.bundle_dir(node),
+            jobs_dir=self.jobs_dir(node)))
         return _digest(base)
 
     def _spawn_agent(self, node: str) -> None:

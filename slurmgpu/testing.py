@@ -129,6 +129,14 @@ class FakeSlurmClient:
         self.states = {n: NodeState(n, "idle") for n in (nodes or ["gpu-n1"])}
         self.unreachable = False
         self.calls: list[tuple[str, ...]] = []
+        self.jobs: dict[str, Any] = {}  # job id -> JobInfo (add_job)
+
+    def add_job(self, job_id: str, nodes: list[str], state: str = "RUNNING", user: str | None = None) -> Any:
+        from slurmgpu.slurm import JobInfo
+
+        job = JobInfo(job_id, state, user=user, nodes=tuple(nodes), batch_host=nodes[0] if nodes else None)
+        self.jobs[job_id] = job
+        return job
 
     def _check(self) -> None:
         from slurmgpu.slurm import SlurmUnreachable
@@ -159,14 +167,25 @@ class FakeSlurmClient:
         self.calls.append(("resume", node))
         self.states[node] = dataclasses.replace(self.states[node], flags=frozenset(), reason=None)
 
+    def reboot(self, node: str, reason: str) -> None:
+        """Like ``scontrol reboot ASAP nextstate=RESUME``: drained, reboot requested."""
+        self.node(node)
+        self.calls.append(("reboot", node, reason))
+        self.states[node] = dataclasses.replace(
+            self.states[node], flags=frozenset({"DRAIN", "REBOOT_REQUESTED"}), reason=reason,
+            reason_time=1.0)
+
     def jobs_on_node(self, node: str) -> list[Any]:
         self._check()
-        return []
+        return [j for j in self.jobs.values() if node in j.nodes and j.state in ("RUNNING", "COMPLETING")]
 
     def job(self, job_id: str) -> Any:
         from slurmgpu.slurm import SlurmError
 
-        raise SlurmError(f"no such job: {job_id}")
+        self._check()
+        if job_id not in self.jobs:
+            raise SlurmError(f"no such job: {job_id}")
+        return self.jobs[job_id]
 
     def signal_job(self, job_id: str, signal: str = "USR1", *, full: bool = False) -> None:
         self._check()
@@ -175,6 +194,9 @@ class FakeSlurmClient:
     def requeue(self, job_id: str) -> None:
         self._check()
         self.calls.append(("requeue", job_id))
+        if job_id in self.jobs:
+            self.jobs[job_id] = dataclasses.replace(self.jobs[job_id], state="PENDING", nodes=(),
+                                                    restart_count=self.jobs[job_id].restart_count + 1)
 
     def set_admin_comment(self, job_id: str, comment: str) -> None:
         self._check()

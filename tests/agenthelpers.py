@@ -215,15 +215,27 @@ def spool_rows(spool_dir: Path) -> list[tuple[int, str]]:
         conn.close()
 
 
-def wait_until(pred: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+def wait_until(pred: Callable[[], Any], timeout: float = 10.0, what: str = "condition",
+               interval: float = 0.02) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = pred()
         if value:
             return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
-__all__ = ["AgentProcess", "FakeCollector", "free_port", "make_bundle", "spool_rows",
+def query_db(path: Path, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    """One read-only query on a collector database another process writes."""
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
+__all__ = ["AgentProcess", "FakeCollector", "free_port", "make_bundle", "query_db", "spool_rows",
            "wait_until", "write_config"]

@@ -1,2 +1,10 @@
+import pytest
+
 from tests.simfixtures import *  # noqa: F403  (fake NVML library + scenario fixtures)
 from tests.slurmfixtures import *  # noqa: F403  (the real Slurm mini-cluster)
+
+
+@pytest.fixture(autouse=True)
+def _private_jobs_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hooks run by tests make per-job directories: keep them out of /run/slurmgpu/jobs."""
+    monkeypatch.setenv("SLURMGPU_JOBS_DIR", str(tmp_path_factory.mktemp("jobs")))

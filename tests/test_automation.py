@@ -254,3 +254,24 @@ def test_settings_in_config(tmp_path: Path) -> None:
     path.write_text('[automation]\ndry_run = true\n[automation.policy]\n"thermal.throttle:WARN" = "none"\n')
     cfg = load_config(str(path), environ={})
     assert cfg.settings_for("gpu-001").automation.policy == {"thermal.throttle:WARN": "none"}
+
+
+def test_reboot_action_when_allowed(tmp_path: Path) -> None:
+    auto, client, clock = make(tmp_path, reboot_allowed=True)
+    [d] = auto.on_report("gpu-001", "FAIL", [finding("xid.recent", xid=154, action="reboot")], clock.time())
+    assert (d.action, d.result) == ("reboot", "reboot-requested")
+    assert [c[0] for c in client.calls] == ["reboot"]
+    assert client.states["gpu-001"].rebooting and client.states["gpu-001"].reason.startswith("slurmgpu: xid.recent")
+
+
+def test_refused_reboot_drains_instead(tmp_path: Path) -> None:
+    from slurmgpu.slurm import SlurmError
+
+    auto, client, clock = make(tmp_path, reboot_allowed=True)
+
+    def refuse(node: str, reason: str) -> None:
+        raise SlurmError("cannot reboot: Slurm has no RebootProgram configured")
+
+    client.reboot = refuse  # type: ignore[method-assign]
+    [d] = auto.on_report("gpu-001", "FAIL", [finding("xid.recent", xid=154, action="reboot")], clock.time())
+    assert (d.action, d.result) == ("reboot", "drained") and drains(client) == ["gpu-001"]

@@ -417,7 +417,9 @@ def test_fleet_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     result = CliRunner().invoke(fleet_cmd.fleet, ["--config", str(config), "--db",
                                                   str(tmp_path / "f.db"), "--json"])
     assert result.exit_code == 0, result.output
-    rows = {r["node"]: r for r in json.loads(result.output)}
+    doc = json.loads(result.output)
+    assert doc["automation"] is None and doc["pending_checkpoints"] == []
+    rows = {r["node"]: r for r in doc["nodes"]}
     assert rows["gpu-a"]["verdict"] == "FAIL" and rows["gpu-a"]["drained"] is True
     assert rows["gpu-a"]["worst_check"] == "gpu.ecc" and rows["gpu-b"]["drained"] is False
 

@@ -6,11 +6,9 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,28 +19,15 @@ import zmq.auth
 from slurmgpu import wire
 from slurmgpu.sim.scenario import load_scenario
 from slurmgpu.simcluster import SimCluster
-from tests.agenthelpers import spool_rows
+from tests.agenthelpers import query_db, spool_rows, wait_until
 
 pytestmark = pytest.mark.slurm
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 20, what: str = "condition",
-             interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def query(fleet: SimCluster, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    conn = sqlite3.connect(f"file:{fleet.collector_db()}?mode=ro", uri=True, timeout=5)
-    try:
-        return conn.execute(sql, params).fetchall()
-    finally:
-        conn.close()
+    return query_db(fleet.collector_db(), sql, *params)
 
 
 def records(fleet: SimCluster, node: str) -> list[dict[str, Any]]:
@@ -57,7 +42,7 @@ def node_line(fleet: SimCluster, node: str) -> str:
 def test_xid_reaches_the_collector_db_within_2s(fleet: SimCluster) -> None:
     start = time.time()
     fleet.inject_xid("gpu-n2", 3, 79)
-    rows = wait_for(lambda: query(fleet, "SELECT kind, gpu, data, verdict FROM events "
+    rows = wait_until(lambda: query(fleet, "SELECT kind, gpu, data, verdict FROM events "
                                   "WHERE node = 'gpu-n2' AND ts >= ?", start),
                     timeout=2, what="the XID event row", interval=0.01)
     assert rows[0] == ("xid", 3, 79, "FAIL")
@@ -83,16 +68,16 @@ def test_lost_gpu_drains_through_the_agent_and_requeues(fleet: SimCluster) -> No
     for gpu in data["gpus"]:
         gpu["lost"] = True
     fleet.inject("gpu-n1", data)
-    wait_for(lambda: fleet.agent_status("gpu-n1").get("verdict") == "FAIL", 10,
+    wait_until(lambda: fleet.agent_status("gpu-n1").get("verdict") == "FAIL", 10,
              "the agent to see the lost GPUs")
     job = fleet.sbatch("", "--gres=gpu:2", "-w", "gpu-n1", "--wrap", "true")
-    wait_for(lambda: "DRAIN" in node_line(fleet, "gpu-n1"), what="gpu-n1 drained")
+    wait_until(lambda: "DRAIN" in node_line(fleet, "gpu-n1"), what="gpu-n1 drained")
     assert "Reason=slurmgpu: gpu.lost GPU 0" in node_line(fleet, "gpu-n1")
-    prolog = wait_for(lambda: [r for r in records(fleet, "gpu-n1")
+    prolog = wait_until(lambda: [r for r in records(fleet, "gpu-n1")
                                if r["phase"] == "prolog" and r["job"] == job], 5, "gate record")
     assert prolog[-1]["path"] == "agent" and prolog[-1]["verdict"] == "FAIL"
     # Requeued (not failed), and pending: its only allowed node is drained.
-    wait_for(lambda: fleet.job(job)["JobState"] == "PENDING", what="job requeued")
+    wait_until(lambda: fleet.job(job)["JobState"] == "PENDING", what="job requeued")
     assert int(fleet.job(job).get("Restarts", "0")) >= 1
 
 
@@ -111,7 +96,7 @@ def test_spooled_messages_survive_kill_9_and_arrive_once(fleet: SimCluster) -> N
     finally:
         os.kill(collector, signal.SIGCONT)
     fleet.restart_agent(node)
-    wait_for(lambda: {s for (s,) in query(fleet, "SELECT seq FROM messages WHERE node = ?", node)}
+    wait_until(lambda: {s for (s,) in query(fleet, "SELECT seq FROM messages WHERE node = ?", node)}
              >= set(spooled), 10, "every spooled message in the collector DB")
     for table in ("messages", "events", "report_history"):
         total, distinct = query(fleet, f"SELECT count(*), count(DISTINCT seq) FROM {table} "
@@ -131,7 +116,9 @@ def test_fleet_json_lists_both_nodes(fleet: SimCluster) -> None:
                            str(fleet.collector_db())], env=env, capture_output=True, text=True,
                           timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
-    rows = {r["node"]: r for r in json.loads(proc.stdout)}
+    doc = json.loads(proc.stdout)
+    rows = {r["node"]: r for r in doc["nodes"]}
+    assert doc["pending_checkpoints"] == []
     assert set(rows) == {"gpu-n1", "gpu-n2"}
     for row in rows.values():
         assert row["verdict"] in ("OK", "WARN", "FAIL", "UNKNOWN") and row["reachable"]
@@ -183,7 +170,7 @@ def test_collector_killed_under_load_loses_nothing(fleet: SimCluster) -> None:
 
     assert fleet.collector_address == address  # agents reconnect to the same place
     try:
-        wait_for(all_there, timeout=30, what="every spooled event after the collector restart")
+        wait_until(all_there, timeout=30, what="every spooled event after the collector restart")
     except AssertionError:
         print(query(fleet, "SELECT node, gpu, data, ts FROM events WHERE ts >= ?", since - 60), since)
         print(query(fleet, "SELECT node, max(seq) FROM messages GROUP BY node"))
@@ -194,5 +181,5 @@ def test_collector_killed_under_load_loses_nothing(fleet: SimCluster) -> None:
     assert query(fleet, "SELECT count(*) FROM messages GROUP BY node, seq HAVING count(*) > 1") == []
     latest = dict(query(fleet, "SELECT node, ts FROM reports"))
     assert set(latest) == {"gpu-n1", "gpu-n2"}
-    wait_for(lambda: all(ts >= since for ts in dict(query(fleet, "SELECT node, ts FROM reports")).values()),
+    wait_until(lambda: all(ts >= since for ts in dict(query(fleet, "SELECT node, ts FROM reports")).values()),
              timeout=20, what="a fresh report from every node")

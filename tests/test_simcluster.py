@@ -212,7 +212,7 @@ def test_inject_swaps_a_node_scenario_atomically(cluster: SimCluster) -> None:
     cluster.inject("gpu-n2", "fault-ecc-dbe")
     assert path.stat().st_ino != inode  # rename over the old file, never rewritten in place
     assert json.loads(path.read_text()) == load_scenario("fault-ecc-dbe")
-    assert sorted(p.name for p in path.parent.iterdir()) == ["dev", "kmsg", "scenario.json",
+    assert sorted(p.name for p in path.parent.iterdir()) == ["dev", "jobs", "kmsg", "scenario.json",
                                                               "state"]
     assert json.loads(cluster.scenario_path("gpu-n1").read_text()) == load_scenario("h100-sxm-8")
     bad = check_json(cluster, "gpu-n2")

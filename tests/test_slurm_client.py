@@ -511,6 +511,56 @@ def test_command_argv_no_shell_hostile_text_verbatim() -> None:
     assert runner.envs[0]["SLURM_CONF"] == "/etc/x/slurm.conf"
 
 
+def test_reboot_argv_reason_sanitised_like_drain() -> None:
+    runner = FakeRunner({}, default=cp())
+    c, _ = client(runner)
+    hostile = 'slurmgpu: "a" \'b\'; $(reboot) `id`\nnext\tline' + "x" * 1000
+    c.reboot("gpu-n1", hostile)
+    c.drain("gpu-n1", hostile)
+    clean = sanitize_reason(hostile)
+    assert len(clean) == 256
+    assert runner.commands() == [
+        ("scontrol", "reboot", "ASAP", "nextstate=RESUME", f"reason={clean}", "gpu-n1"),
+        ("scontrol", "update", "nodename=gpu-n1", "state=drain", f"reason={clean}"),
+    ]
+    assert runner.calls[0][0] == "/opt/slurm/bin/scontrol"
+
+
+# Measured: Debian's Slurm 22.05.8, slurm.conf without RebootProgram.
+NO_REBOOT_PROGRAM = cp(1, "", "scontrol: error: RebootProgram isn't defined\n"
+                              "scontrol_reboot_nodes error: Unspecified error\n")
+
+
+def test_reboot_without_reboot_program_is_a_clear_error() -> None:
+    runner = FakeRunner({}, default=NO_REBOOT_PROGRAM)
+    c, sleeps = client(runner)
+    with pytest.raises(SlurmError) as exc:
+        c.reboot("gpu-n1", "slurmgpu: x")
+    assert not isinstance(exc.value, SlurmUnreachable)
+    assert str(exc.value) == ("cannot reboot gpu-n1: Slurm has no RebootProgram configured "
+                              "(slurm.conf RebootProgram=...): "
+                              "scontrol: error: RebootProgram isn't defined")
+    assert len(runner.calls) == 1 and sleeps == []  # a rejection: not retried
+
+
+def test_reboot_unreachable_retries_then_raises() -> None:
+    runner = FakeRunner({}, default=recorded("unreachable_requeue"))
+    c, sleeps = client(runner, retries=2)
+    with pytest.raises(SlurmUnreachable):
+        c.reboot("gpu-n1", "x")
+    assert len(runner.calls) == 2 and sleeps == [0.5]
+
+
+def test_reboot_other_rejection_unchanged() -> None:
+    runner = FakeRunner({}, default=cp(1, "", "scontrol: error: Invalid node name specified\n"))
+    c, _ = client(runner)
+    with pytest.raises(SlurmError, match=r"^scontrol reboot: scontrol: error: Invalid node name"):
+        c.reboot("gpu-nX", "x")
+    with pytest.raises(SlurmError, match="invalid node name"):
+        c.reboot("gpu-n[1-2]", "x")
+    assert len(runner.calls) == 1
+
+
 @pytest.mark.parametrize("bad", ["", "gpu-n[1-2]", "a,b", "a b", "-x", "n=1", "a\nb"])
 def test_invalid_node_names_rejected_before_running(bad: str) -> None:
     runner = FakeRunner({})
@@ -670,6 +720,32 @@ def test_pyslurm_client_mapping() -> None:
     assert sleeps == [0.2, 0.2]
 
 
+def test_pyslurm_reboot_goes_through_scontrol(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pyslurm has no reboot call: the same scontrol argv, with the client's settings."""
+    runner = FakeRunner({}, default=cp())
+    made: list[CliSlurmClient] = []
+    real_init = CliSlurmClient.__init__
+
+    def init(self: CliSlurmClient, **kw: Any) -> None:
+        real_init(self, runner=runner, **kw)
+        made.append(self)
+
+    monkeypatch.setattr(CliSlurmClient, "__init__", init)
+    mod = fake_pyslurm()
+    c = PyslurmClient(module=mod, bin_dir="/opt/slurm/bin", env={"SLURM_CONF": "/etc/x/slurm.conf"},
+                      retries=4, retry_delay_s=0.3, command_timeout_s=7)
+    c.reboot("gpu-n2", "slurmgpu: a\nb")
+    assert runner.commands() == [
+        ("scontrol", "reboot", "ASAP", "nextstate=RESUME", "reason=slurmgpu: a b", "gpu-n2")]
+    [cli] = made
+    assert (cli.bin_dir, cli.retries, cli.retry_delay_s, cli.command_timeout_s) == (
+        "/opt/slurm/bin", 4, 0.3, 7)
+    assert cli.env["SLURM_CONF"] == "/etc/x/slurm.conf"
+    assert mod.log == []
+    with pytest.raises(SlurmError, match="invalid node name"):
+        c.reboot("a b", "x")
+
+
 def test_pyslurm_available_reports_why(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
@@ -819,6 +895,47 @@ class TestContract:
         comment = f'{REASON_PREFIX} gpu 2; "x" $(reboot)\nline2 a=b'
         client.set_admin_comment(jid, comment)
         assert client.job(jid).admin_comment == sanitize_reason(comment, max_len=1024)
+
+    @staticmethod
+    def _reboot_program(cluster: Any) -> str | None:
+        m = re.search(r"(?m)^RebootProgram\s*=\s*(\S+)", cluster.scontrol("show", "config"))
+        return None if m is None or m.group(1) == "(null)" else m.group(1)
+
+    def test_reboot_without_reboot_program_refused(self, client: Any, cluster: Any) -> None:
+        if self._reboot_program(cluster):
+            pytest.skip("the cluster has a RebootProgram: test_reboot covers it")
+        node = cluster.nodes[2]
+        with pytest.raises(SlurmError, match=r"^cannot reboot .*no RebootProgram configured.*"
+                                             r"RebootProgram isn't defined$") as exc:
+            client.reboot(node, f"{REASON_PREFIX} reboot test")
+        assert not isinstance(exc.value, SlurmUnreachable)
+        got = client.node(node)  # refused: nothing changed
+        assert got.state == "idle" and not got.drained and not got.rebooting and got.reason is None
+
+    def test_reboot(self, client: Any, cluster: Any) -> None:
+        if not self._reboot_program(cluster):
+            pytest.skip("the simulated cluster's slurm.conf has no RebootProgram: "
+                        "scontrol reboot is refused (\"RebootProgram isn't defined\")")
+        node = cluster.nodes[1]
+        # A running job keeps the ASAP reboot pending (REBOOT_REQUESTED) and is not killed.
+        jid = cluster.sbatch("", "-w", node, "-o", "/dev/null", "--wrap", "sleep 60")
+        cluster.wait_job(jid, states=("RUNNING",), timeout=30)
+        reason = f'{REASON_PREFIX} xid 79 GPU 2 "q" $(id)\nline2'
+        try:
+            client.reboot(node, reason)
+            got = client.node(node)
+            assert got.drained and got.rebooting and got.owned_by_slurmgpu
+            assert "REBOOT_REQUESTED" in got.flags
+            assert got.reason is not None and got.reason.startswith(sanitize_reason(reason))
+            assert client.job(jid).state == "RUNNING"
+            assert "NextState=RESUME" in cluster.scontrol("-o", "show", "node", node)
+        finally:
+            # Once idle the node would go REBOOT_ISSUED until ResumeTimeout (the sim's
+            # RebootProgram reboots nothing), which reset() cannot undo. cancel_reboot
+            # also lifts the reboot's drain (measured, 22.05).
+            cluster.scontrol("cancel_reboot", node)
+        got = client.node(node)
+        assert not got.rebooting and not got.drained
 
     def test_unknown_node_and_job(self, client: Any) -> None:
         with pytest.raises(SlurmError, match="no such node: gpu-nX") as exc:

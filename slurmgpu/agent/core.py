@@ -17,7 +17,8 @@ from typing import Any
 
 import msgpack
 
-from slurmgpu import __version__, wire
+from slurmgpu import __version__, jobfiles, wire
+from slurmgpu.agent.checkpoints import CheckpointWatcher
 from slurmgpu.agent.flap import FlapTracker
 from slurmgpu.agent.notify import Notifier
 from slurmgpu.agent.spool import Spool
@@ -112,6 +113,9 @@ class Agent:
         self._agent_findings: list[Finding] = []
         self._refresh_ids: list[str] = []
         self._keys_retry_at = 0.0
+        self.checkpoints = CheckpointWatcher(
+            node=node, jobs_dir=jobfiles.jobs_dir(settings, os.environ if environ is None else environ),
+            poll_s=settings.agent.checkpoint_poll_s, submit=self.submit, clock=self.clock)
 
     # ------------------------------------------------------------ query API (local socket)
 
@@ -252,6 +256,36 @@ class Agent:
                                  "findings": findings_json(verdict.findings)})
         self.log.warning("nvml_event", kind=kind, gpu=gpu, data=data, verdict=verdict.severity.name)
         self._merge_gpus(nvml, now)
+        self.local_fallback(gpu, verdict.findings)
+
+    def link_connected(self) -> bool:
+        link = self.link
+        return link is not None and bool(getattr(link, "connected", False))
+
+    def local_fallback(self, gpu: int | None, findings: Iterable[Finding]) -> list[dict[str, Any]]:
+        """Collector unreachable and a "drain-now" finding (XID 79, ...): ask every local
+        job to checkpoint and signal it ourselves (``CheckpointWatcher.local_fallback``);
+        a ``local_checkpoint`` event tells the collector once the link is back."""
+        signal_name = self.settings.agent.fallback_signal
+        if not signal_name or self.link_connected():
+            return []
+        from slurmgpu.collector.policy import PolicyTable
+
+        try:
+            table = PolicyTable(self.settings.automation)
+        except ValueError as exc:
+            self.log.error("local_fallback_policy_invalid", error=str(exc))
+            return []
+        trigger = [f for f in findings_json(findings) if table.action(f) == "drain-now"]
+        if not trigger:
+            return []
+        jobs = self.checkpoints.local_fallback(
+            trigger, signal_name=signal_name,
+            deadline_s=self.settings.automation.checkpoint_deadline_s)
+        if jobs:
+            self.submit(wire.EVENT, {"kind": "local_checkpoint", "gpu": gpu, "data": None,
+                                     "verdict": "FAIL", "findings": trigger, "jobs": jobs})
+        return jobs
 
     # ------------------------------------------------------------ messages
 
@@ -295,6 +329,10 @@ class Agent:
             with self._lock:
                 self._refresh_ids.append(message.id)
             self._wake.set()
+        elif command == "checkpoint":
+            args = message.body.get("args")
+            ok, result = self.checkpoints.request(message.id, args if isinstance(args, dict) else {})
+            self.submit(wire.COMMAND_RESULT, {"command_id": message.id, "ok": ok, "result": result})
         else:
             self.submit(wire.COMMAND_RESULT, {"command_id": message.id, "ok": False,
                                               "result": {"error": "unknown command",
@@ -380,6 +418,8 @@ class Agent:
 
     def shutdown(self) -> None:
         self.stop_event.set()
+        self.checkpoints.stop()
+        self.checkpoints.join(timeout=2.0)
         if self.link is not None:
             self.link.stop()
             self.link.join(timeout=2.0)

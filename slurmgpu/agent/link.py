@@ -54,7 +54,7 @@ class Link(threading.Thread):
         os.set_blocking(self._wfd, False)
         self._volatile: deque[bytes] = deque(maxlen=1000)  # frames the spool could not keep
         self._lock = threading.Lock()
-        self.connected = False
+        self._up = False
         self.sent_upto = 0
         self.reconnects = 0
         self.received = 0
@@ -66,6 +66,12 @@ class Link(threading.Thread):
         self._blocked = False
 
     # ------------------------------------------------------------ other threads
+
+    @property
+    def connected(self) -> bool:
+        """The CURVE handshake is done and the collector was heard from (any frame, its
+        heartbeats included) within SILENT_HEARTBEATS heartbeat intervals."""
+        return self._up and time.monotonic() - self._last_rx <= SILENT_HEARTBEATS * self.heartbeat_s
 
     def wake(self) -> None:
         with contextlib.suppress(BlockingIOError, OSError):
@@ -110,7 +116,7 @@ class Link(threading.Thread):
         self._monitor = sock.get_monitor_socket(MONITOR_EVENTS)
         sock.connect(self.address)
         self._sock = sock
-        self.connected = False
+        self._up = False
         self._blocked = False
         self.sent_upto = 0
         self._last_rx = time.monotonic()
@@ -124,7 +130,7 @@ class Link(threading.Thread):
         if self._monitor is not None:
             self._monitor.close(linger=0)
             self._monitor = None
-        self.connected = False
+        self._up = False
 
     def _main(self) -> None:
         self._open()
@@ -151,16 +157,16 @@ class Link(threading.Thread):
             now = time.monotonic()
             if now - self._last_rx > SILENT_HEARTBEATS * self.heartbeat_s:
                 self.log.info("collector_silent_reconnecting", address=self.address,
-                              silent_s=round(now - self._last_rx, 1), connected=self.connected)
+                              silent_s=round(now - self._last_rx, 1), connected=self._up)
                 self._close()
                 self._open()
                 self.reconnects += 1
                 continue
-            if self.connected:
+            if self._up:
                 self._flush()
             if now >= next_heartbeat:
                 next_heartbeat = now + self.heartbeat_s
-                if self.connected:
+                if self._up:
                     self._send(wire.encode(wire.Envelope(type=wire.HEARTBEAT, node=self.node, seq=0)))
 
     def _monitor_events(self) -> None:
@@ -173,15 +179,15 @@ class Link(threading.Thread):
             kind = event["event"]
             if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.log.info("collector_connected", address=self.address)
-                self.connected = True
+                self._up = True
                 self.sent_upto = 0
                 self._last_rx = time.monotonic()
                 if self.on_connected is not None:
                     self.on_connected()  # spools a hello; _flush sends it with the backlog
             elif kind == zmq.EVENT_DISCONNECTED:
-                if self.connected:
+                if self._up:
                     self.log.info("collector_disconnected", address=self.address)
-                self.connected = False
+                self._up = False
             else:
                 self.log.error("collector_handshake_failed", address=self.address, event=int(kind),
                                hint="check the CURVE keys (node keypair allowed, collector.key)")

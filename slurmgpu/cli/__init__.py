@@ -46,8 +46,11 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _register() -> None:
-    from slurmgpu.cli import agent_cmd, config_cmd, fleet_cmd, keys_cmd, sim, slurm_cmds
+    from slurmgpu.cli import agent_cmd, config_cmd, fleet_cmd, jobs_cmd, keys_cmd, sim, slurm_cmds
     from slurmgpu.cli import checks as checks_cmds
+    from slurmgpu.cli.ckpt_cmd import ckpt
+
+    cli.add_command(ckpt)
 
     cli.add_command(checks_cmds.check)
     cli.add_command(checks_cmds.checks)
@@ -58,6 +61,8 @@ def _register() -> None:
     cli.add_command(fleet_cmd.collector)
     cli.add_command(fleet_cmd.fleet)
     cli.add_command(fleet_cmd.breaker)
+    cli.add_command(fleet_cmd.lemon)
+    cli.add_command(jobs_cmd.jobs)
     sim.sim.add_command(fleet_cmd.fleet_sim)
     for command in (slurm_cmds.prolog, slurm_cmds.epilog, slurm_cmds.healthcheck, slurm_cmds.drain,
                     slurm_cmds.resume, slurm_cmds.nodes):

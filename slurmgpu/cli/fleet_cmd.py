@@ -135,22 +135,34 @@ def fleet(config_file: str | None, db: str | None, as_json: bool) -> None:
     store = Store(path)
     try:
         rows = store.fleet()
+        pending = _pending_checkpoints(store)
     finally:
         store.close()
     drained = _drained(settings)
-    breaker = _breaker_line(settings)
+    status = _automation_status(settings)
+    breaker = _breaker_text(status) if isinstance(status, dict) else status
     now = time.time()
     for r in rows:
         r["drained"] = None if drained is None else drained.get(r["node"])
         r["last_seen_age_s"] = None if r["last_seen"] is None else round(now - r["last_seen"], 1)
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        click.echo(json.dumps({"nodes": rows, "pending_checkpoints": pending,
+                               "automation": status if isinstance(status, dict) else
+                               ({"error": status} if status else None)}, indent=2))
         return
-    if not rows:
+    if rows:
+        _fleet_table(rows, drained is None)
+    else:
         click.echo("no nodes have reported yet")
-        if breaker:
-            click.echo(breaker)
-        return
+    if breaker:
+        click.echo(breaker)
+    for p in pending:
+        jobs = ", ".join(f"{j['job_id']} ({j['state']}, deadline in {j['deadline'] - now:.0f}s)"
+                         for j in p["jobs"]) or "-"
+        click.echo(f"checkpointing: {p['node']} {p['action']} waits for job(s) {jobs}")
+
+
+def _fleet_table(rows: list[dict[str, Any]], slurm_unknown: bool) -> None:
     width = max(16, *(len(r["node"]) for r in rows))
     click.echo(f"{'NODE':<{width}} {'VERDICT':<8} {'LAST SEEN':<10} {'REACHABLE':<9} "
                f"{'DRAINED?':<8} WORST FINDING")
@@ -160,24 +172,34 @@ def fleet(config_file: str | None, db: str | None, as_json: bool) -> None:
             gpu = f" gpu{r['worst_gpu']}" if r["worst_gpu"] is not None else ""
             worst = f"{r['worst_severity']} {r['worst_check']}{gpu}: {r['worst_message'] or ''}"
         d = r["drained"]
-        drained_text = "?" if drained is None else ("-" if d is None else ("yes" if d else "no"))
+        drained_text = "?" if slurm_unknown else ("-" if d is None else ("yes" if d else "no"))
         click.echo(f"{r['node']:<{width}} {r['verdict'] or '-':<8} {_age(r['last_seen_age_s']):<10} "
                    f"{'yes' if r['reachable'] else 'NO':<9} {drained_text:<8} {worst[:100]}")
-    if breaker:
-        click.echo(breaker)
 
 
-def _breaker_line(settings: Settings) -> str | None:
-    """One line on the automation's breaker and lemons, if the automation has a state file."""
+def _pending_checkpoints(store: Any) -> list[dict[str, Any]]:
+    """Nodes whose drain waits for their jobs' checkpoints, with those jobs."""
+    requests = {c["id"]: c for c in store.checkpoints(active=True, limit=100_000)}
+    out = []
+    for p in store.pending_drains():
+        jobs = [{"job_id": c["job_id"], "state": c["state"], "deadline": c["deadline"]}
+                for c in (requests.get(i) for i in p["checkpoints"]) if c is not None]
+        out.append({"node": p["node"], "action": p["action"], "since": p["since"],
+                    "reason": p["reason"], "jobs": jobs})
+    return out
+
+
+def _automation_status(settings: Settings) -> dict[str, Any] | str | None:
+    """The automation's status (breaker, held, lemons) if it has a state file; a message
+    when that file is unreadable; None when there is no automation."""
     from slurmgpu.collector.policy import STATE_FILE
 
     if not (Path(settings.paths.state_dir) / STATE_FILE).is_file():
         return None
     try:
-        status = _automation(settings).status()
+        return _automation(settings).status()
     except Exception as exc:  # unreadable state: say so, the fleet table still stands
         return f"automation: state unreadable ({type(exc).__name__}: {exc})"
-    return _breaker_text(status)
 
 
 def _breaker_text(status: dict[str, Any]) -> str:
@@ -251,6 +273,63 @@ def breaker_release(config_file: str | None, as_json: bool) -> None:
     except OSError as exc:
         fail(f"{auto.path}: {exc.strerror or exc}")
     _show(auto.status(), as_json)
+
+
+# --------------------------------------------------------------------------- lemon
+
+
+@click.group("lemon")
+def lemon() -> None:
+    """Lemon nodes: drained too often, kept drained until an operator clears them."""
+
+
+def _lemon_rows(status: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"node": node, "since": info.get("since"), "why": info.get("why")}
+            for node, info in sorted(status["lemons"].items())]
+
+
+@lemon.command("list")
+@_CONFIG
+@_JSON
+def lemon_list(config_file: str | None, as_json: bool) -> None:
+    """List lemon nodes: node, since when, why."""
+    rows = _lemon_rows(_breaker_automation(config_file).status())
+    if as_json:
+        click.echo(json.dumps(rows, indent=2, sort_keys=True))
+        return
+    if not rows:
+        click.echo("no lemon nodes")
+        return
+    now = time.time()
+    for row in rows:
+        since = _age(now - row["since"]) if row["since"] else "?"
+        click.echo(f"{row['node']}  since {since}  {row['why'] or ''}")
+
+
+@lemon.command("clear")
+@click.argument("node")
+@_CONFIG
+@_JSON
+def lemon_clear(node: str, config_file: str | None, as_json: bool) -> None:
+    """Forget that NODE is a lemon (it was repaired): its drain history starts afresh.
+
+    Exit 1, state file unchanged, when NODE is not a lemon. The node stays drained:
+    resume it with `slurmgpu resume NODE` once it is back in shape."""
+    from slurmgpu.cli import fail
+
+    auto = _breaker_automation(config_file)
+    info = auto.status()["lemons"].get(node)
+    if info is None:
+        fail(f"{node} is not a lemon", code=1)
+    try:
+        auto.clear_lemon(node)
+    except OSError as exc:
+        fail(f"{auto.path}: {exc.strerror or exc}")
+    if as_json:
+        click.echo(json.dumps({"node": node, "cleared": True, "since": info.get("since"),
+                               "why": info.get("why")}, indent=2, sort_keys=True))
+    else:
+        click.echo(f"{node}: lemon cleared")
 
 
 # --------------------------------------------------------------------------- sim fleet

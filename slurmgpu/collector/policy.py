@@ -23,15 +23,20 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from slurmgpu.actions import Actions, with_prefix
 from slurmgpu.config.schema import AutomationSettings
+from slurmgpu.log import get_logger
 from slurmgpu.slurm import SlurmClient, SlurmError, SlurmUnreachable
+
+if TYPE_CHECKING:
+    from slurmgpu.collector.checkpoint import Checkpoints
 
 ACTIONS = ("none", "warn", "checkpoint", "drain", "drain-now", "reboot")
 _RANK = {a: i for i, a in enumerate(ACTIONS)}
-DRAINING = frozenset({"drain", "drain-now", "reboot"})
+# Actions that take the node away (drain at once, or after the jobs' checkpoints).
+DRAINING = frozenset({"checkpoint", "drain", "drain-now", "reboot"})
 SEVERITIES = ("OK", "WARN", "FAIL", "UNKNOWN")
 # XID table action -> automation action (reboot depends on reboot_allowed).
 _XID_ACTIONS = {"ignore": "none", "warn": "warn", "checkpoint": "checkpoint", "drain": "drain",
@@ -92,6 +97,8 @@ class PolicyTable:
             if key in self.overrides:
                 return self._allowed(self.overrides[key])
         data = finding.get("data") or {}
+        if check == "gpu.lost" and severity == "FAIL":
+            return "drain-now"  # off the bus: the jobs on it are already failing
         if check == "xid.recent":
             if data.get("xid") in DRAIN_NOW_XIDS:
                 return "drain-now"
@@ -141,6 +148,13 @@ class Automation:
         self.path = Path(state_dir) / STATE_FILE
         self.clock: Clock = clock or _SystemClock()
         self.state = _State.load(self.path)
+        self.checkpoints: Checkpoints | None = None
+
+    def attach_checkpoints(self, checkpoints: Checkpoints) -> None:
+        """Coordinate "checkpoint"/"drain-now" with the jobs on the node: their drain
+        waits for the jobs' acks (or deadline) and comes back through ``finish_pending``."""
+        self.checkpoints = checkpoints
+        checkpoints.drain_node = self.finish_pending
 
     # ---- fleet and breaker
 
@@ -177,7 +191,8 @@ class Automation:
             "why": b.get("why"),
             "held": [dict(v, node=k) for k, v in sorted(self.state.held.items())],
             "lemons": dict(self.state.lemons),
-            "drained": sorted(self.state.drained),
+            "drained": sorted(n for n, v in self.state.drained.items() if not v.get("pending")),
+            "checkpointing": sorted(n for n, v in self.state.drained.items() if v.get("pending")),
             "dry_run": self.settings.dry_run,
         }
 
@@ -240,8 +255,8 @@ class Automation:
     def _drain(self, node: str, action: str, reason: str, check: str, now: float) -> list[Decision]:
         st, s = self.state, self.settings
         if node in st.drained:
-            if s.dry_run or self._still_drained(node):
-                return []  # idempotent: already drained by us
+            if s.dry_run or st.drained[node].get("pending") or self._still_drained(node):
+                return []  # idempotent: already drained (or draining after checkpoints) by us
             st.drained.pop(node)  # someone resumed it while it still fails: drain again
         st.drain_times = [t for t in st.drain_times if now - t < HOUR]
         limit = max(1, math.floor(s.max_fraction * self._fleet() + 1e-9))
@@ -255,25 +270,71 @@ class Automation:
             st.held[node] = {"action": action, "reason": reason, "trigger": check, "time": now}
             return [self._decision(node, action, reason, check, "held", now, held=True)]
         st.held.pop(node, None)
+        waiting = 0
+        if not s.dry_run and action in ("checkpoint", "drain-now") and self.checkpoints is not None:
+            # Jobs run there: they are told to checkpoint; the drain comes at their ack.
+            waiting = self.checkpoints.begin(node, action, reason, check, now)
         if s.dry_run:
             result = "dry-run"
+        elif waiting:
+            result = "checkpointing"
         else:
             try:
-                result = self.actions.drain(node, reason).action
+                result = self._take_away(node, action, reason)
             except SlurmUnreachable:
                 result = "unreachable"  # journaled by Actions; replayed later
             except SlurmError as e:
                 return [self._decision(node, action, reason, check, f"error: {e}", now)]
-        if result in ("drained", "dry-run", "unreachable", "already-drained"):
+        if result in ("drained", "dry-run", "unreachable", "already-drained", "checkpointing",
+                      "reboot-requested", "already-rebooting"):
             st.drained[node] = {"time": now, "trigger": check, "reason": reason}
-        if result in ("drained", "dry-run", "unreachable"):
+            if result == "checkpointing":
+                st.drained[node]["pending"] = action
+        if result in ("drained", "dry-run", "unreachable", "checkpointing", "reboot-requested"):
             st.drain_times.append(now)
             history = [t for t in st.history.get(node, []) if now - t < s.lemon_window_s] + [now]
             st.history[node] = history
             if len(history) >= s.lemon_drains and node not in st.lemons:
                 st.lemons[node] = {"since": now, "why": f"{len(history)} drains within "
                                    f"{s.lemon_window_s:g} s, last: {reason}"}
+        if waiting:
+            reason = f"{reason} (waiting for {waiting} job checkpoint(s))"
         return [self._decision(node, action, reason, check, result, now)]
+
+    def _take_away(self, node: str, action: str, reason: str) -> str:
+        """Drain, or for "reboot" `scontrol reboot ASAP nextstate=RESUME` (a drain when
+        Slurm refuses the reboot, e.g. no RebootProgram)."""
+        if action == "reboot":
+            try:
+                return self.actions.reboot(node, reason).action
+            except SlurmUnreachable:
+                raise
+            except SlurmError as e:
+                get_logger(component="automation").warning("reboot_refused_draining", node=node,
+                                                           error=str(e))
+        return self.actions.drain(node, reason).action
+
+    def finish_pending(self, node: str, action: str, reason: str, trigger: str,
+                       now: float) -> Decision:
+        """The jobs on ``node`` have checkpointed (or run out of time): drain it now."""
+        st = self.state
+        try:
+            result = self.actions.drain(node, reason).action
+        except SlurmUnreachable:
+            result = "unreachable"
+        except SlurmError as e:
+            result = f"error: {e}"
+        entry = st.drained.get(node)
+        if entry is not None:
+            entry.pop("pending", None)
+        if result not in ("drained", "already-drained", "unreachable"):
+            st.drained.pop(node, None)  # an operator's drain, or an error: not ours
+        elif entry is None:
+            st.drained[node] = {"time": now, "trigger": trigger, "reason": reason}
+        decision = self._decision(node, action, reason, trigger, result, now)
+        st.log = [*st.log, decision.to_json()][-LOG_KEEP:]
+        self._save()
+        return decision
 
     def _still_drained(self, node: str) -> bool:
         try:
@@ -283,7 +344,7 @@ class Automation:
 
     def _healthy(self, node: str, now: float) -> list[Decision]:
         st, s = self.state, self.settings
-        if node not in st.drained or node in st.lemons:
+        if node not in st.drained or node in st.lemons or st.drained[node].get("pending"):
             return []
         count, first = st.healthy.get(node, [0, now])
         count += 1

@@ -40,6 +40,7 @@ import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
 from slurmgpu import keys
+from slurmgpu.collector.checkpoint import Checkpoints
 from slurmgpu.collector.store import Store
 from slurmgpu.config.schema import CollectorSettings
 from slurmgpu.errors import SlurmGpuError
@@ -48,6 +49,7 @@ from slurmgpu.wire import (
     ACK,
     ACKED,
     COMMAND,
+    COMMAND_RESULT,
     EVENT,
     HEARTBEAT,
     MAX_FRAME,
@@ -60,6 +62,7 @@ from slurmgpu.wire import (
 )
 
 if TYPE_CHECKING:
+    from slurmgpu.collector.metrics import MetricsServer
     from slurmgpu.collector.policy import Automation, Decision
 
 MAX_BATCH = 1000
@@ -154,6 +157,11 @@ class Collector:
         self._allow_stamp = self._nodes_dir_stamp()
         self.store = store if store is not None else Store(settings.db)
         self._own_store = store is None
+        self.checkpoints: Checkpoints | None = None
+        if automation is not None and hasattr(automation, "attach_checkpoints"):
+            self.checkpoints = Checkpoints(self.store, automation.client, automation.settings,
+                                           send=self.send_command)
+            automation.attach_checkpoints(self.checkpoints)
         self.ctx = zmq.Context()
         self.auth = ThreadAuthenticator(self.ctx)
         self.auth.start()
@@ -193,6 +201,19 @@ class Collector:
         self._automation_fleet_size()
         self.log.info("collector_listening", endpoint=self.endpoint, nodes=len(self.allowed),
                       db=str(self.store.path), automation=automation is not None)
+        # Prometheus /metrics (collector/metrics.py): computed at scrape time in its own thread.
+        self.metrics_server: MetricsServer | None = None
+        if settings.metrics_bind:
+            from slurmgpu.collector.metrics import start_metrics_server
+
+            try:
+                self.metrics_server = start_metrics_server(self, settings.metrics_bind)
+            except (OSError, ValueError) as exc:
+                self.close()
+                detail = str(exc) if isinstance(exc, ValueError) else (
+                    f"collector.metrics_bind = {settings.metrics_bind!r}: cannot serve metrics: {exc}")
+                raise CollectorError(detail) from None
+            self.log.info("metrics_listening", url=self.metrics_server.url)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -211,6 +232,9 @@ class Collector:
         if self._closed:
             return
         self._closed = True
+        metrics_server = getattr(self, "metrics_server", None)  # None: not started (yet)
+        if metrics_server is not None:
+            metrics_server.shutdown()
         self.log.info("collector_stopped", **self.counters.snapshot())
         self._teardown(self.sock)
         if self._own_store:
@@ -276,6 +300,8 @@ class Collector:
         self._send_acks(to_ack)
         if self.automation is not None and new:
             self._automate(batch, new, now)
+        if self.checkpoints is not None and new:
+            self._checkpoint_messages(batch, new, now)
         return handled
 
     def _accept(self, parts: list[Any], batch: list[tuple[str, Envelope, bytes]],
@@ -346,6 +372,45 @@ class Collector:
                 self.log.error("automation_failed", node=node, seq=env.seq,
                                error=f"{type(exc).__name__}: {exc}")
         self._auto_stamp = self._automation_stamp()
+        self._record_decisions(decisions)
+
+    def _checkpoint_messages(self, batch: list[tuple[str, Envelope, bytes]],
+                             new: list[tuple[str, int]], now: float) -> None:
+        """Acks of checkpoint requests (command results) and agents' local fallbacks."""
+        checkpoints = self.checkpoints
+        if checkpoints is None:
+            return
+        fresh = set(new)
+        decisions: list[Decision] = []
+        for node, env, _data in batch:
+            body = env.body if isinstance(env.body, dict) else {}
+            if (node, env.seq) not in fresh:
+                continue
+            try:
+                if env.type == COMMAND_RESULT:
+                    decisions += checkpoints.on_result(node, body, now)
+                elif env.type == EVENT and body.get("kind") == "local_checkpoint":
+                    checkpoints.on_local(node, body, now)
+            except Exception as exc:
+                self.counters.automation_errors += 1
+                self.log.error("checkpoint_message_failed", node=node, seq=env.seq,
+                               error=f"{type(exc).__name__}: {exc}")
+        self._record_decisions(decisions)
+
+    def _checkpoint_tick(self) -> None:
+        if self.checkpoints is None:
+            return
+        self._automation_sync()
+        try:
+            decisions = self.checkpoints.tick(time.time())
+        except Exception as exc:
+            self.counters.automation_errors += 1
+            self.log.error("checkpoint_tick_failed", error=f"{type(exc).__name__}: {exc}")
+            return
+        self._auto_stamp = self._automation_stamp()
+        self._record_decisions(decisions)
+
+    def _record_decisions(self, decisions: list[Decision]) -> None:
         if not decisions:
             return
         for d in decisions:
@@ -442,6 +507,8 @@ class Collector:
 
     def _periodic(self) -> None:
         mono = time.monotonic()
+        if self.metrics_server is not None:
+            self.metrics_server.sample()  # at most once a second, cheap
         if self._reload_requested or mono >= self._next_reload:
             force = self._reload_requested
             self._reload_requested = False
@@ -449,6 +516,7 @@ class Collector:
             self.reload_allow_list(force=force)
         if self.automation is not None:
             self._automation_sync()
+        self._checkpoint_tick()
         if mono >= self._next_heartbeat:
             self._next_heartbeat = mono + self.settings.heartbeat_s
             self._heartbeat()

@@ -24,6 +24,7 @@ report each node sends after the collector starts), which is what trend views wa
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import time
@@ -148,9 +149,69 @@ def _migration_2(db: sqlite3.Connection) -> None:
     """)
 
 
+def _migration_3(db: sqlite3.Connection) -> None:
+    """Checkpoint coordination (``slurmgpu.collector.checkpoint``): one row per request
+    to a job, the nodes waiting for their jobs before they drain, and every job's
+    timeline (detected, signalled, delivered, acked, drained, requeued...)."""
+    _script(db, """
+        CREATE TABLE checkpoints (
+            id INTEGER PRIMARY KEY,
+            job_id TEXT NOT NULL,
+            action TEXT NOT NULL,
+            reason TEXT,
+            trigger_node TEXT NOT NULL,
+            nodes TEXT NOT NULL,
+            user TEXT,
+            requested REAL NOT NULL,
+            deadline REAL NOT NULL,
+            state TEXT NOT NULL,
+            acked_at REAL,
+            acked_by TEXT,
+            closed REAL
+        );
+        CREATE INDEX checkpoints_job ON checkpoints (job_id);
+        CREATE INDEX checkpoints_state ON checkpoints (state);
+        CREATE TABLE pending_drains (
+            node TEXT PRIMARY KEY,
+            action TEXT NOT NULL,
+            reason TEXT,
+            trigger TEXT,
+            since REAL NOT NULL,
+            checkpoints TEXT NOT NULL
+        );
+        CREATE TABLE job_events (
+            id INTEGER PRIMARY KEY,
+            job_id TEXT NOT NULL,
+            ts REAL NOT NULL,
+            kind TEXT NOT NULL,
+            node TEXT,
+            detail TEXT
+        );
+        CREATE INDEX job_events_job ON job_events (job_id, ts)
+    """)
+
+
 # Applied in order at open; the schema version is the number applied. Append only.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migration_1, _migration_2]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migration_1, _migration_2, _migration_3]
 SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def _dicts(cur: sqlite3.Cursor) -> list[dict[str, Any]]:
+    """A query's rows as {column: value} dicts."""
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row, strict=True)) for row in cur]
+
+
+class _Transaction:
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.db.execute("COMMIT" if exc_type is None else "ROLLBACK")
 
 
 class StoreError(SlurmGpuError):
@@ -414,6 +475,80 @@ class Store:
             raise
         return len(rows)
 
+    def transaction(self) -> _Transaction:
+        """``with store.transaction():`` one write transaction (BEGIN IMMEDIATE ... COMMIT,
+        ROLLBACK on any exception)."""
+        return _Transaction(self.db)
+
+    # ---- checkpoint coordination (rows written inside the caller's transaction)
+
+    def add_checkpoint(self, row: dict[str, Any]) -> int:
+        cur = self.db.execute(
+            "INSERT INTO checkpoints (job_id, action, reason, trigger_node, nodes, user, requested, "
+            "deadline, state) VALUES (?,?,?,?,?,?,?,?,?)",
+            (row["job_id"], row["action"], _text(row.get("reason")), row["trigger_node"],
+             json.dumps(list(row["nodes"])), _text(row.get("user")), row["requested"],
+             row["deadline"], row.get("state", "open")))
+        return int(cur.lastrowid or 0)
+
+    def update_checkpoint(self, checkpoint_id: int, **fields: Any) -> None:
+        allowed = {"state", "acked_at", "acked_by", "closed", "deadline", "action", "nodes"}
+        if not fields or set(fields) - allowed:
+            raise ValueError(f"bad checkpoint fields {sorted(fields)}")
+        if "nodes" in fields:
+            fields["nodes"] = json.dumps(list(fields["nodes"]))
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        self.db.execute(f"UPDATE checkpoints SET {sets} WHERE id = ?",
+                        [*fields.values(), checkpoint_id])
+
+    def checkpoints(self, *, job_id: str | None = None, active: bool = False,
+                    limit: int = 1000) -> list[dict[str, Any]]:
+        """Checkpoint requests, oldest first; ``active``: not closed yet (open, or acked /
+        expired with the node's drain still to be carried out)."""
+        sql = ("SELECT id, job_id, action, reason, trigger_node, nodes, user, requested, deadline, "
+               "state, acked_at, acked_by, closed FROM checkpoints")
+        where: list[str] = []
+        params: list[Any] = []
+        if job_id is not None:
+            where.append("job_id = ?")
+            params.append(job_id)
+        if active:
+            where.append("closed IS NULL")
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY id LIMIT ?"
+        params.append(max(0, int(limit)))
+        out = _dicts(self.db.execute(sql, params))
+        for item in out:
+            item["nodes"] = json.loads(item["nodes"])
+        return out
+
+    def set_pending_drain(self, node: str, action: str, reason: str, trigger: str, since: float,
+                          checkpoint_ids: Sequence[int]) -> None:
+        self.db.execute(
+            "INSERT INTO pending_drains (node, action, reason, trigger, since, checkpoints) "
+            "VALUES (?,?,?,?,?,?) ON CONFLICT (node) DO UPDATE SET checkpoints = excluded.checkpoints",
+            (node, action, _text(reason), _text(trigger), since, json.dumps(list(checkpoint_ids))))
+
+    def remove_pending_drain(self, node: str) -> None:
+        self.db.execute("DELETE FROM pending_drains WHERE node = ?", (node,))
+
+    def pending_drains(self) -> list[dict[str, Any]]:
+        cur = self.db.execute("SELECT node, action, reason, trigger, since, checkpoints "
+                              "FROM pending_drains ORDER BY since, node")
+        return [{"node": n, "action": a, "reason": r, "trigger": t, "since": s,
+                 "checkpoints": json.loads(c)} for n, a, r, t, s, c in cur]
+
+    def add_job_event(self, job_id: str, ts: float, kind: str, node: str | None = None,
+                      detail: str | None = None) -> None:
+        self.db.execute("INSERT INTO job_events (job_id, ts, kind, node, detail) VALUES (?,?,?,?,?)",
+                        (job_id, ts, kind, _text(node), _text(detail)))
+
+    def job_events(self, job_id: str) -> list[dict[str, Any]]:
+        cur = self.db.execute("SELECT ts, kind, node, detail FROM job_events WHERE job_id = ? "
+                              "ORDER BY ts, id", (job_id,))
+        return [{"ts": ts, "kind": k, "node": n, "detail": d} for ts, k, n, d in cur]
+
     def touch(self, nodes: Iterable[str], now: float | None = None) -> None:
         """Record that these nodes were heard from (heartbeats)."""
         when = time.time() if now is None else now
@@ -444,7 +579,9 @@ class Store:
                         "DELETE FROM findings WHERE ts < ?",
                         "DELETE FROM events WHERE ts < ?",
                         "DELETE FROM command_results WHERE ts < ?",
-                        "DELETE FROM decisions WHERE time < ?"):
+                        "DELETE FROM decisions WHERE time < ?",
+                        "DELETE FROM job_events WHERE ts < ?",
+                        "DELETE FROM checkpoints WHERE state != 'open' AND requested < ?"):
                 deleted += self.db.execute(sql, (cutoff,)).rowcount
             self.db.execute("COMMIT")
         except BaseException:
@@ -500,13 +637,9 @@ class Store:
             params.append(node)
         sql += " ORDER BY id DESC LIMIT ?"
         params.append(max(0, int(limit)))
-        cur = self.db.execute(sql, params)
-        names = [d[0] for d in cur.description]
-        out = []
-        for row in cur:
-            item = dict(zip(names, row, strict=True))
+        out = _dicts(self.db.execute(sql, params))
+        for item in out:
             item["held"], item["dry_run"] = bool(item["held"]), bool(item["dry_run"])
-            out.append(item)
         out.reverse()
         return out
 
@@ -521,6 +654,7 @@ class Store:
 
     def count(self, table: str) -> int:
         if table not in {"nodes", "messages", "reports", "report_history", "findings", "events",
-                         "command_results", "decisions"}:
+                         "command_results", "decisions", "checkpoints", "pending_drains",
+                         "job_events"}:
             raise ValueError(f"unknown table {table!r}")
         return int(self.db.execute(f"SELECT count(*) FROM {table}").fetchone()[0])

@@ -74,6 +74,13 @@ class SlurmClient(Protocol):
 
     def resume(self, node: str) -> None: ...
 
+    def reboot(self, node: str, reason: str) -> None:
+        """``scontrol reboot ASAP nextstate=RESUME reason=<reason> <node>``: drain now,
+        reboot when idle, resume after. Reason sanitised like ``drain``'s. Needs a
+        ``RebootProgram`` in slurm.conf: without one Slurm refuses and a ``SlurmError``
+        saying so is raised."""
+        ...
+
     def jobs_on_node(self, node: str) -> list[JobInfo]:
         """Running (and completing) jobs with an allocation on this node."""
         ...

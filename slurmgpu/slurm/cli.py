@@ -502,6 +502,16 @@ def _check_job(job_id: str | int) -> str:
     return jid
 
 
+def _no_reboot_program(node: str, exc: SlurmCommandError) -> SlurmCommandError | None:
+    """The clear error for a reboot refused for want of a RebootProgram, else None."""
+    if "rebootprogram" not in exc.output.lower():
+        return None
+    return SlurmCommandError(
+        f"cannot reboot {node}: Slurm has no RebootProgram configured "
+        f"(slurm.conf RebootProgram=...): {_first_line(exc.output)}",
+        output=exc.output, returncode=exc.returncode)
+
+
 # --------------------------------------------------------------------------- client
 
 
@@ -695,6 +705,26 @@ class CliSlurmClient:
             if "invalid node state specified" in exc.output.lower():
                 return  # not drained/down: already resumed
             raise
+
+    def reboot(self, node: str, reason: str) -> None:
+        """``scontrol reboot ASAP nextstate=RESUME reason=... NODE``.
+
+        Slurm 22.05 without a ``RebootProgram`` refuses (exit 1, measured):
+        ``scontrol: error: RebootProgram isn't defined`` /
+        ``scontrol_reboot_nodes error: Unspecified error``; that becomes a
+        ``SlurmCommandError`` naming the missing setting. With one, an idle node
+        shows ``IDLE+DRAIN+REBOOT_REQUESTED``, then ``DOWN+DRAIN+REBOOT_ISSUED``
+        with ``" : reboot issued"`` appended to the reason.
+        """
+        node = _check_node(node)
+        try:
+            self.run("scontrol", "reboot", "ASAP", "nextstate=RESUME",
+                     f"reason={sanitize_reason(reason)}", node)
+        except SlurmCommandError as exc:
+            clear = _no_reboot_program(node, exc)
+            if clear is None:
+                raise
+            raise clear from exc
 
     # ----------------------------------------------------------------- jobs
 

@@ -9,6 +9,9 @@ API names checked against the pyslurm 25.11.2 sources:
 ``Job(id).modify(pyslurm.JobSubmitDescription(admin_comment=...))``,
 ``Job.get_resource_layout_per_node()[node]["gres"]`` ->
 ``{"gpu": {"count": 2, "indexes": "0-1"}}``; errors are ``pyslurm.RPCError``.
+pyslurm has no reboot call (``Node`` offers load/create/modify/delete only, and
+libslurm's reboot RPC is not part of its object API), so ``reboot`` runs the same
+``scontrol reboot`` argv as the CLI client.
 
 pyslurm only builds against the Slurm release it was written for (25.11.x needs
 Slurm 25.11), so ``available()`` checks major.minor against ``scontrol --version``
@@ -212,6 +215,16 @@ class PyslurmClient:
             if "invalid node state" in exc.output.lower():
                 return
             raise
+
+    def reboot(self, node: str, reason: str) -> None:
+        """pyslurm has no reboot API: ``scontrol reboot ASAP nextstate=RESUME ...``
+        through ``CliSlurmClient`` (same argv, sanitising, retries and errors)."""
+        self._cli().reboot(node, reason)
+
+    def _cli(self) -> CliSlurmClient:
+        return CliSlurmClient(bin_dir=self.bin_dir, env=self.env, retries=self.retries,
+                              retry_delay_s=self.retry_delay_s,
+                              command_timeout_s=self.command_timeout_s, sleep=self._sleep)
 
     # ----------------------------------------------------------------- jobs
 

@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""Collector /metrics scrape latency for fleets of 1,000 and 10,000 nodes.
+
+For each fleet size: a fresh DB seeded through ``Store.store_batch`` / ``add_decisions``
+(each node: a hello, ``--changes`` reports that each change its state, so
+``report_history``/``findings`` hold that much history; the last report of 10% of the
+nodes FAIL with two GPU findings, 10% WARN; one XID event per 10 nodes; a decision per
+failing node; a few checkpoint rows), a real ``Collector`` (CURVE keys, no agents) with
+``metrics_bind = 127.0.0.1:0`` and an Automation, then ``--scrapes`` HTTP GETs of
+/metrics. Reported: scrape wall time p50/p99/max (HTTP, parse not included), the
+response size and sample count.
+
+    python bench/metrics_scrape.py [--nodes 1000,10000] [--changes 3] [--scrapes 20] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from slurmgpu import keys
+from slurmgpu.collector.policy import Automation, Decision
+from slurmgpu.collector.server import Collector
+from slurmgpu.config.schema import AutomationSettings, CollectorSettings
+from slurmgpu.testing import FakeSlurmClient
+from slurmgpu.wire import EVENT, HELLO, REPORT, Envelope
+
+GPUS = 8
+
+
+def _report(node: str, seq: int, ts: float, verdict: str) -> Envelope:
+    findings: list[dict[str, Any]] = [
+        {"check": "ecc.volatile", "severity": "OK", "gpu": g, "message": "ok"} for g in range(GPUS)]
+    if verdict == "FAIL":
+        findings += [{"check": "ecc.uncorrected", "severity": "FAIL", "gpu": 1, "message": "3 DBE"},
+                     {"check": "thermal.throttle", "severity": "WARN", "gpu": 5, "message": "hot"}]
+    elif verdict == "WARN":
+        findings.append({"check": "thermal.throttle", "severity": "WARN", "gpu": seq % GPUS,
+                         "message": f"hot {seq}"})
+    return Envelope(type=REPORT, node=node, seq=seq, ts=ts,
+                    body={"verdict": verdict, "findings": findings, "facts": {}})
+
+
+def seed(collector: Collector, nodes: int, changes: int) -> None:
+    store = collector.store
+    now = time.time()
+    names = [f"gpu-{i:05d}" for i in range(nodes)]
+    batch: list[tuple[str, Envelope]] = []
+
+    def flush() -> None:
+        store.store_batch(batch, received_at=now)
+        batch.clear()
+
+    for i, node in enumerate(names):
+        batch.append((node, Envelope(type=HELLO, node=node, seq=1, ts=now - 3600,
+                                     body={"version": "1", "gpus": GPUS, "interval_s": 15.0})))
+        for c in range(changes):  # alternate OK/WARN: each report is a state change
+            verdict = "WARN" if c % 2 else "OK"
+            if c == changes - 1:
+                verdict = "FAIL" if i % 10 == 0 else ("WARN" if i % 10 == 1 else "OK")
+            batch.append((node, _report(node, 2 + c, now - 60 * (changes - c), verdict)))
+        if i % 10 == 0:
+            batch.append((node, Envelope(type=EVENT, node=node, seq=2 + changes, ts=now - 30,
+                                         body={"kind": "xid", "gpu": 1, "data": (79, 48, 63)[i % 3],
+                                               "verdict": "FAIL", "findings": []})))
+        if len(batch) >= 5000:
+            flush()
+    flush()
+    store.add_decisions(Decision(n, "drain", "r", trigger="ecc.uncorrected", result="drained",
+                                 time=now) for n in names[::10])
+    with store.transaction():
+        for j in range(min(50, nodes // 20)):
+            store.add_checkpoint({"job_id": str(j), "action": "drain", "reason": "r",
+                                  "trigger_node": names[j], "nodes": [names[j]], "user": "u",
+                                  "requested": now, "deadline": now + 300,
+                                  "state": ("open", "acked", "done")[j % 3]})
+
+
+def run(nodes: int, changes: int, scrapes: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="slurmgpu-metrics-bench-") as tmp:
+        root = Path(tmp)
+        keys.init(root / "keys")
+        cfg = CollectorSettings(address="tcp://127.0.0.1:0", bind="tcp://127.0.0.1:*",
+                                db=str(root / "fleet.db"), keys_dir=str(root / "keys"),
+                                metrics_bind="127.0.0.1:0")
+        auto = Automation(AutomationSettings(), FakeSlurmClient([]), root / "state")
+        auto.state.drained = {f"gpu-{i:05d}": {"time": 0.0} for i in range(0, nodes, 10)}
+        collector = Collector(cfg, automation=auto)
+        try:
+            t0 = time.perf_counter()
+            seed(collector, nodes, changes)
+            seed_s = time.perf_counter() - t0
+            assert collector.metrics_server is not None
+            url = collector.metrics_server.url
+            times: list[float] = []
+            body = b""
+            for _ in range(scrapes + 1):
+                t = time.perf_counter()
+                with urllib.request.urlopen(url, timeout=60) as resp:
+                    body = resp.read()
+                times.append(time.perf_counter() - t)
+            times = sorted(times[1:])  # the first one warms the page cache
+            samples = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
+            counts = {t: collector.store.db.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+                      for t in ("nodes", "report_history", "findings", "events")}
+        finally:
+            collector.close()
+    return {"nodes": nodes, "changes": changes, "seed_s": round(seed_s, 2),
+            "rows": counts, "bytes": len(body), "samples": samples,
+            "p50_ms": round(statistics.median(times) * 1000, 1),
+            "p99_ms": round(times[min(len(times) - 1, int(len(times) * 0.99))] * 1000, 1),
+            "max_ms": round(times[-1] * 1000, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", default="1000,10000")
+    parser.add_argument("--changes", type=int, default=3,
+                        help="state changes (report_history rows) per node")
+    parser.add_argument("--scrapes", type=int, default=20)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    results = [run(int(n), args.changes, args.scrapes) for n in args.nodes.split(",")]
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return
+    for r in results:
+        print(f"{r['nodes']:>6} nodes, {r['rows']['report_history']:>7} history rows: "
+              f"scrape p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, max {r['max_ms']} ms "
+              f"({r['samples']} samples, {r['bytes'] // 1024} KiB; seeded in {r['seed_s']} s)")
+
+
+if __name__ == "__main__":
+    main()

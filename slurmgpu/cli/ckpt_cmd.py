@@ -1,0 +1,129 @@
+"""`slurmgpu ckpt ack|status`: a job's side of checkpoint coordination.
+
+When a node of a job degrades, the node's agent writes the job's checkpoint file
+(``$SLURMGPU_CHECKPOINT_FILE``, set by the TaskProlog; else
+``<jobs_dir>/<job id>/checkpoint``) and Slurm signals the job. Once it has
+checkpointed, the job runs ``slurmgpu ckpt ack`` (or writes "done" into the file);
+the agent reports the ack to the collector, which then drains the node without
+waiting for the deadline.
+
+JOBID defaults to $SLURM_JOB_ID. jobs_dir: $SLURMGPU_JOBS_DIR, else ``[agent]
+jobs_dir`` of the config file (--config, $SLURMGPU_CONFIG, /etc/slurmgpu/slurmgpu.toml).
+Exit codes: 0 acked / a request is open or acked; 1 (status) no checkpoint requested;
+3 bad usage (no job id, the job has no directory on this node, unreadable file).
+Light on purpose: no zmq, no NVML, no settings validation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from slurmgpu import jobfiles
+
+EXIT_OK, EXIT_NONE, EXIT_USAGE = 0, 1, 3
+
+
+def _fail(message: str) -> None:
+    from slurmgpu.cli import fail
+
+    fail(message, EXIT_USAGE)
+
+
+def resolve(job: str | None, config_file: str | None) -> tuple[str, Path]:
+    """(job id, checkpoint file) for --job / the environment; bad usage exits 3."""
+    env = os.environ
+    env_job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    env_file = env.get(jobfiles.CHECKPOINT_FILE_ENV)
+    job_id = job or env_job
+    if env_file and (job is None or job == env_job):
+        path = Path(env_file)
+        job_id = job_id or path.parent.name
+    else:
+        if not job_id:
+            _fail("no job id: use --job JOBID or run inside a Slurm job")
+        assert job_id is not None
+        if not jobfiles.valid_job_id(job_id):
+            _fail(f"bad job id {job_id[:40]!r}")
+        path = jobfiles.checkpoint_file(jobfiles.configured_jobs_dir(env, config_file), job_id)
+    if not path.parent.is_dir():
+        _fail(f"job {job_id} has no directory {path.parent} on this node")
+    return job_id, path
+
+
+def _options(f: Any) -> Any:
+    f = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")(f)
+    f = click.option("--config", "config_file", metavar="FILE",
+                     help="Config file (default: $SLURMGPU_CONFIG, then "
+                          "/etc/slurmgpu/slurmgpu.toml); only [agent] jobs_dir is read.")(f)
+    return click.option("--job", "job", metavar="JOBID",
+                        help="The job (default: $SLURM_JOB_ID).")(f)
+
+
+@click.group("ckpt", context_settings={"help_option_names": ["-h", "--help"]})
+def ckpt() -> None:
+    """Checkpoint requests to a job: see one, acknowledge one."""
+
+
+@ckpt.command("ack")
+@_options
+@click.option("--note", metavar="TEXT", help="Free text passed on to the collector.")
+def ack(job: str | None, config_file: str | None, as_json: bool, note: str | None) -> int:
+    """Tell slurmgpu this job has checkpointed (its node may be drained now)."""
+    job_id, path = resolve(job, config_file)
+    data = {"job_id": job_id, "state": jobfiles.ACKED, "acked_at": time.time(), "note": note}
+    try:
+        jobfiles.write_atomic(path, data)
+    except OSError as exc:
+        _fail(f"cannot write {path}: {exc}")
+    if as_json:
+        click.echo(json.dumps({**data, "file": str(path)}))
+    else:
+        click.echo(f"job {job_id}: checkpoint acked ({path})")
+    return EXIT_OK
+
+
+@ckpt.command("status")
+@_options
+def status(job: str | None, config_file: str | None, as_json: bool) -> int:
+    """Is a checkpoint requested from this job? Exit 0 requested or acked, 1 none."""
+    job_id, path = resolve(job, config_file)
+    try:
+        current = jobfiles.read_file(path)
+    except OSError as exc:
+        _fail(f"cannot read {path}: {exc}")
+        raise  # (not reached)
+    parsed = jobfiles.parse(current[0] if current else None)
+    state = parsed["state"]
+    if state == "unknown":
+        _fail(f"{path} holds neither a checkpoint request nor an ack")
+    if state == jobfiles.ACKED and parsed.get("acked_at") is None and current is not None:
+        parsed["acked_at"] = current[1]  # a plain "done": the file's time
+    out = {**parsed, "job_id": job_id, "file": str(path)}
+    out.pop("plain", None)
+    if as_json:
+        click.echo(json.dumps(out, sort_keys=True))
+    elif state == "absent":
+        click.echo(f"job {job_id}: no checkpoint requested")
+    elif state == jobfiles.ACKED:
+        click.echo(f"job {job_id}: checkpoint acked at {_when(out.get('acked_at'))}"
+                   + (f" ({out['note']})" if out.get("note") else ""))
+    else:
+        deadline = out.get("deadline")
+        left = (f"{max(0.0, deadline - time.time()):.0f} s left, deadline {_when(deadline)}"
+                if isinstance(deadline, (int, float)) else "no deadline")
+        click.echo(f"job {job_id}: {out.get('action', 'checkpoint')} requested by "
+                   f"{out.get('trigger_node') or out.get('node') or '?'}: {out.get('reason') or '-'}; "
+                   f"{left}")
+    return EXIT_NONE if state == "absent" else EXIT_OK
+
+
+def _when(at: Any) -> str:
+    if not isinstance(at, (int, float)):
+        return "?"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))

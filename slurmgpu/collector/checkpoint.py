@@ -1,0 +1,295 @@
+"""Checkpoint coordination: jobs on a degrading node are told to save their state
+before the node is taken away.
+
+For a ``checkpoint`` or ``drain-now`` decision on a node that runs jobs
+(``Automation._drain`` calls ``begin``):
+
+1. every job on the node gets the configured signal (``scancel --signal=USR1 --batch``,
+   or ``--full``), a ``checkpoints`` row with a deadline, and a ``checkpoint`` command to
+   the agent on each of its nodes, which writes the job's request file
+   (``$SLURMGPU_CHECKPOINT_FILE``);
+2. the job acks (``slurmgpu ckpt ack`` or by writing the file); the agent reports it as a
+   ``command-result`` with ``state: acked``;
+3. once every job on the node has acked or passed its deadline, the node is drained
+   (through the automation, so its rules and journal apply) and, for ``drain-now``, each
+   job is requeued so it restarts elsewhere from its checkpoint.
+
+Every step is a row in ``job_events`` (``slurmgpu jobs events JOBID``). All state lives in
+the database, so a collector restarted mid-checkpoint picks up where it was: open
+requests keep their deadline, pending drains still wait for their jobs.
+
+Single-threaded like the collector loop that calls it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from slurmgpu.collector.store import Store
+from slurmgpu.config.schema import AutomationSettings
+from slurmgpu.log import get_logger
+from slurmgpu.slurm import JobInfo, SlurmClient, SlurmError
+
+CHECKPOINTING = frozenset({"checkpoint", "drain-now"})
+COMMAND = "checkpoint"
+OPEN, ACKED, EXPIRED = "open", "acked", "expired"
+# Job states in which a requeue makes sense (anything else has already ended).
+REQUEUEABLE = frozenset({"RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING", "STOPPED"})
+# A late ack still lands on a checkpoint closed less than this long ago.
+LATE_ACK_S = 3600.0
+
+# (node, command, args) -> command id; raises when the node's agent is not connected.
+SendCommand = Callable[[str, str, dict[str, Any]], str]
+# (node, action, reason, trigger, now) -> the decision recording the drain.
+DrainNode = Callable[[str, str, str, str, float], Any]
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    job_id: str
+    ts: float
+    kind: str
+    node: str | None = None
+    detail: str | None = None
+
+
+class Checkpoints:
+    def __init__(self, store: Store, client: SlurmClient, settings: AutomationSettings, *,
+                 send: SendCommand | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.client = client
+        self.settings = settings
+        self.send = send
+        self.clock = clock
+        self.drain_node: DrainNode | None = None  # set by Automation.attach_checkpoints
+        self.log = get_logger(component="checkpoints")
+        self._open = {c["id"]: c for c in store.checkpoints(active=True, limit=1_000_000)}
+        self._pending = {p["node"]: p for p in store.pending_drains()}
+        if self._open or self._pending:
+            self.log.info("checkpoints_resumed", open=len(self._open), pending_drains=len(self._pending))
+
+    # ------------------------------------------------------------------ start
+
+    def begin(self, node: str, action: str, reason: str, trigger: str, now: float | None = None) -> int:
+        """Ask every job running on ``node`` to checkpoint; the node's drain waits for them.
+        Returns how many jobs it waits for (0: nothing runs there, drain at once)."""
+        now = self.clock() if now is None else now
+        if node in self._pending:
+            return len(self._pending[node]["checkpoints"])
+        try:
+            jobs = [j for j in self.client.jobs_on_node(node) if j.state in REQUEUEABLE]
+        except SlurmError as exc:
+            self.log.error("checkpoint_jobs_unknown", node=node, error=str(exc))
+            return 0
+        if not jobs:
+            return 0
+        events: list[JobEvent] = []
+        ids: list[int] = []
+        with self.store.transaction():
+            for job in jobs:
+                ids.append(self._request(job, node, action, reason, now, events))
+            self.store.set_pending_drain(node, action, reason, trigger, now, ids)
+            self._add_events(events)
+        self._pending[node] = {"node": node, "action": action, "reason": reason,
+                               "trigger": trigger, "since": now, "checkpoints": ids}
+        self.log.info("checkpoint_started", node=node, action=action, jobs=[j.job_id for j in jobs],
+                      deadline_s=self.settings.checkpoint_deadline_s)
+        return len(ids)
+
+    def _request(self, job: JobInfo, node: str, action: str, reason: str, now: float,
+                 events: list[JobEvent]) -> int:
+        """One job: reuse its open request (upgraded to drain-now if need be), or signal
+        it, open a request and notify the agents on its nodes."""
+        jid = job.job_id
+        events.append(JobEvent(jid, now, "detected", node, f"{action}: {reason}"))
+        for cp in self._open.values():
+            if cp["job_id"] == jid:
+                if action == "drain-now" and cp["action"] != "drain-now":
+                    cp["action"] = action
+                    self.store.update_checkpoint(cp["id"], action=action)
+                return int(cp["id"])
+        s = self.settings
+        deadline = now + s.checkpoint_deadline_s
+        scope = "every process" if s.checkpoint_full else "the batch shell"
+        try:
+            self.client.signal_job(jid, s.checkpoint_signal, full=s.checkpoint_full)
+            events.append(JobEvent(jid, self.clock(), "signalled", node,
+                                   f"SIG{s.checkpoint_signal} to {scope}"))
+        except SlurmError as exc:
+            events.append(JobEvent(jid, self.clock(), "signal-failed", node, str(exc)))
+        nodes = list(job.nodes) or [node]
+        row = {"job_id": jid, "action": action, "reason": reason, "trigger_node": node,
+               "nodes": nodes, "user": job.user, "requested": now, "deadline": deadline}
+        cid = self.store.add_checkpoint(row)
+        self._open[cid] = dict(row, id=cid, state=OPEN, acked_at=None, acked_by=None, closed=None)
+        self._notify(row, events)
+        return cid
+
+    def _notify(self, row: dict[str, Any], events: list[JobEvent]) -> None:
+        if self.send is None:
+            return
+        args = {"job_id": row["job_id"], "action": row["action"], "reason": row["reason"],
+                "deadline": row["deadline"], "requested_at": row["requested"],
+                "trigger_node": row["trigger_node"], "user": row["user"]}
+        for target in row["nodes"]:
+            try:
+                self.send(target, COMMAND, args)
+            except Exception as exc:  # agent not connected: the signal still went out
+                events.append(JobEvent(row["job_id"], self.clock(), "notify-failed", target, str(exc)))
+
+    # ------------------------------------------------------------------ from agents
+
+    def on_result(self, node: str, body: dict[str, Any], now: float | None = None) -> list[Any]:
+        """A ``command-result`` from an agent: delivery or ack of a checkpoint request."""
+        now = self.clock() if now is None else now
+        result = body.get("result")
+        if not isinstance(result, dict) or not isinstance(result.get("job_id"), str):
+            return []
+        jid, state = result["job_id"], result.get("state")
+        cp = self._find(jid, node)
+        if cp is None:
+            return []
+        if not body.get("ok"):
+            self._record([JobEvent(jid, now, "delivery-failed", node, str(result.get("error", "")))])
+            return []
+        if state == "delivered":
+            self._record([JobEvent(jid, now, "delivered", node, str(result.get("file") or ""))])
+            return []
+        if state != "acked":
+            return []
+        note = result.get("note")
+        detail = f"after {now - cp['requested']:.1f} s" + (f": {note}" if note else "")
+        if cp["state"] != OPEN:
+            self._record([JobEvent(jid, now, "acked-late", node, detail)])
+            return []
+        cp.update(state=ACKED, acked_at=now, acked_by=node)
+        with self.store.transaction():
+            self.store.update_checkpoint(cp["id"], state=ACKED, acked_at=now, acked_by=node)
+            self._add_events([JobEvent(jid, now, "acked", node, detail)])
+        self.log.info("checkpoint_acked", job_id=jid, node=node, wait_s=round(now - cp["requested"], 3))
+        return self._complete_ready(now)
+
+    def on_local(self, node: str, body: dict[str, Any], now: float | None = None) -> None:
+        """A ``local_checkpoint`` event: the agent signalled jobs itself while the
+        collector was unreachable."""
+        now = self.clock() if now is None else now
+        events = []
+        for job in body.get("jobs") or ():
+            if not isinstance(job, dict) or not isinstance(job.get("job_id"), str):
+                continue
+            pids = job.get("pids") or []
+            at = job.get("at")
+            ts = float(at) if isinstance(at, (int, float)) else now
+            events.append(JobEvent(job["job_id"], ts, "signalled-locally", node,
+                                   f"SIG{job.get('signal', '?')} to {len(pids)} local process(es) "
+                                   "while the collector was unreachable"))
+        self._record(events)
+
+    def _find(self, job_id: str, node: str) -> dict[str, Any] | None:
+        """The job's open request (or one closed recently) that names ``node``: a node can
+        only speak for jobs it runs."""
+        for cp in self._open.values():
+            if cp["job_id"] == job_id and node in cp["nodes"]:
+                return cp
+        for cp in reversed(self.store.checkpoints(job_id=job_id)):
+            if node in cp["nodes"] and (cp["closed"] is None or self.clock() - cp["closed"] < LATE_ACK_S):
+                return cp
+        return None
+
+    # ------------------------------------------------------------------ deadlines
+
+    def tick(self, now: float | None = None) -> list[Any]:
+        """Expire requests past their deadline, then finish every node whose jobs are all
+        acked or expired. Returns the automation decisions made (drains)."""
+        now = self.clock() if now is None else now
+        late = [cp for cp in self._open.values() if cp["state"] == OPEN and cp["deadline"] <= now]
+        if late:
+            with self.store.transaction():
+                for cp in late:
+                    cp["state"] = EXPIRED
+                    self.store.update_checkpoint(cp["id"], state=EXPIRED)
+                    waited = cp["deadline"] - cp["requested"]
+                    self._add_events([JobEvent(cp["job_id"], now, "deadline", cp["trigger_node"],
+                                               f"no ack within {waited:g} s")])
+            for cp in late:
+                self.log.warning("checkpoint_deadline", job_id=cp["job_id"], node=cp["trigger_node"])
+        return self._complete_ready(now) if late or self._pending else []
+
+    def _complete_ready(self, now: float) -> list[Any]:
+        decisions = []
+        for node, pending in list(self._pending.items()):
+            cps = [self._open.get(i) for i in pending["checkpoints"]]
+            if any(cp is not None and cp["state"] == OPEN for cp in cps):
+                continue
+            decisions += self._complete(node, pending, [cp for cp in cps if cp is not None], now)
+        return decisions
+
+    def _complete(self, node: str, pending: dict[str, Any], cps: list[dict[str, Any]],
+                  now: float) -> list[Any]:
+        """Drain the node, requeue its jobs for drain-now, close what nobody waits for."""
+        decisions = []
+        events: list[JobEvent] = []
+        if self.drain_node is not None:
+            d = self.drain_node(node, pending["action"], pending["reason"], pending["trigger"], now)
+            if d is not None:
+                decisions.append(d)
+                for cp in cps:
+                    events.append(JobEvent(cp["job_id"], self.clock(), "drained", node, str(d.result)))
+        if pending["action"] == "drain-now":
+            for cp in cps:
+                if cp.get("requeued"):
+                    continue
+                events.append(self._requeue(cp, node))
+                cp["requeued"] = True
+        del self._pending[node]
+        still_needed = {i for p in self._pending.values() for i in p["checkpoints"]}
+        with self.store.transaction():
+            self.store.remove_pending_drain(node)
+            for cp in cps:
+                if cp["id"] not in still_needed:
+                    self.store.update_checkpoint(cp["id"], closed=self.clock())
+                    self._open.pop(cp["id"], None)
+            self._add_events(events)
+        return decisions
+
+    def _requeue(self, cp: dict[str, Any], node: str) -> JobEvent:
+        jid = cp["job_id"]
+        try:
+            state = self.client.job(jid).state
+            if state not in REQUEUEABLE:
+                return JobEvent(jid, self.clock(), "requeue-skipped", node, f"job is {state}")
+            self.client.requeue(jid)
+        except SlurmError as exc:
+            return JobEvent(jid, self.clock(), "requeue-failed", node, str(exc))
+        self.log.info("job_requeued", job_id=jid, node=node)
+        return JobEvent(jid, self.clock(), "requeued", node, "to restart on healthy nodes")
+
+    # ------------------------------------------------------------------ views
+
+    def pending(self) -> list[dict[str, Any]]:
+        """Nodes waiting for their jobs' checkpoints, with those jobs."""
+        out = []
+        for node, p in sorted(self._pending.items()):
+            jobs = [{"job_id": cp["job_id"], "state": cp["state"], "deadline": cp["deadline"]}
+                    for cp in (self._open.get(i) for i in p["checkpoints"]) if cp is not None]
+            out.append({"node": node, "action": p["action"], "since": p["since"],
+                        "reason": p["reason"], "jobs": jobs})
+        return out
+
+    def open_count(self) -> int:
+        return sum(1 for cp in self._open.values() if cp["state"] == OPEN)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _record(self, events: Iterable[JobEvent]) -> None:
+        events = list(events)
+        if events:
+            with self.store.transaction():
+                self._add_events(events)
+
+    def _add_events(self, events: Iterable[JobEvent]) -> None:
+        for e in events:
+            self.store.add_job_event(e.job_id, e.ts, e.kind, e.node, e.detail)

@@ -1,0 +1,415 @@
+"""Prometheus ``/metrics`` for the collector (``[collector] metrics_bind``).
+
+Everything is computed at scrape time, in the HTTP server's thread, from:
+
+* the store: a read-only SQLite connection of its own to the store's file, opened per
+  scrape (the collector's connection belongs to the collector loop's thread). All
+  queries run in one read transaction (one consistent snapshot; WAL readers never block
+  the collector's writes) and are single aggregate queries (``GROUP BY``), so a scrape
+  stays cheap at 10k nodes;
+* the collector's ``Counters`` (plain ints read without a lock: a scrape may see one
+  batch's counters half-updated, never a torn value);
+* the automation's ``status()``, when the collector has one.
+
+Nothing runs on the ingest path: the only work done in the collector loop is
+``MetricsServer.sample()`` (from ``_periodic``), which appends (time, stored) to a
+small ring at most once a second for ``slurmgpu_ingest_reports_per_second``.
+
+The metrics are registered in a registry of their own (not prometheus_client's global
+one) and served by a small threading HTTP server; see docs/metrics.md for every name.
+"""
+
+from __future__ import annotations
+
+import socket
+import sqlite3
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from socketserver import ThreadingMixIn
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+if TYPE_CHECKING:
+    from slurmgpu.collector.server import Collector
+
+CONFIG_KEY = "collector.metrics_bind"
+# Gauge value of a verdict / a finding's severity.
+VERDICT_CODE = {"OK": 0, "WARN": 1, "FAIL": 2, "UNKNOWN": 3}
+# Severity ranks as the store orders them (OK < WARN < UNKNOWN < FAIL); any other
+# severity string ranks as UNKNOWN (as ``slurmgpu.collector.store`` does).
+_RANK_SQL = ("CASE f.severity WHEN 'OK' THEN 0 WHEN 'WARN' THEN 1 WHEN 'FAIL' THEN 3 "
+             "ELSE 2 END")
+_RANK_CODE = {0: 0, 1: 1, 2: VERDICT_CODE["UNKNOWN"], 3: VERDICT_CODE["FAIL"]}
+# The collector's reject reasons (server.py): exported at 0 before the first one.
+REJECT_REASONS = ("frames", "unknown_key", "oversized", "version", "malformed", "node_mismatch",
+                  "routing_mismatch", "unexpected_type")
+CHECKPOINT_STATES = ("open", "acked", "expired", "done")
+RATE_WINDOW_S = 60.0
+SAMPLE_EVERY_S = 1.0
+
+
+def parse_bind(bind: str) -> tuple[str, int]:
+    """``"host:port"`` (``"[v6addr]:port"`` for IPv6; port 0 = any free port) ->
+    (host, port). A ValueError names the config key."""
+    text = bind.strip()
+    host, sep, port_text = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        host = ""  # an IPv6 address without brackets: ambiguous
+    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+        raise ValueError(f"{CONFIG_KEY} = {bind!r}: expected \"host:port\" "
+                         f"(e.g. \"0.0.0.0:9750\", \"[::]:9750\"), or \"\" for no metrics")
+    return host, int(port_text)
+
+
+class IngestRate:
+    """Stored-message rate over the last ``window_s``: a ring of (monotonic time, stored
+    total) samples, appended by the collector loop at most every ``every_s``, read by the
+    scrape thread (a deque's append and ``list()`` copy are atomic under the GIL)."""
+
+    def __init__(self, window_s: float = RATE_WINDOW_S, every_s: float = SAMPLE_EVERY_S) -> None:
+        self.window_s = window_s
+        self.every_s = every_s
+        self._samples: deque[tuple[float, int]] = deque(maxlen=int(window_s / every_s) + 2)
+
+    def sample(self, stored: int, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        if self._samples and now - self._samples[-1][0] < self.every_s:
+            return
+        self._samples.append((now, stored))
+
+    def rate(self, stored: int, now: float | None = None) -> float:
+        """Messages stored per second since the oldest sample still in the window."""
+        now = time.monotonic() if now is None else now
+        for t, count in list(self._samples):
+            if now - t <= self.window_s:
+                elapsed = now - t
+                return max(0, stored - count) / elapsed if elapsed >= self.every_s else 0.0
+        return 0.0
+
+
+class FleetMetrics:
+    """The prometheus_client collector: ``collect()`` builds every family per scrape."""
+
+    def __init__(self, collector: Collector) -> None:
+        self.collector = collector
+        self.rate = IngestRate()
+        self.started = time.time()
+        self.store_errors = 0
+
+    def sample(self) -> None:
+        """From the collector loop (cheap; at most one sample a second)."""
+        self.rate.sample(self.collector.counters.stored)
+
+    # ------------------------------------------------------------------ collect
+
+    def collect(self) -> Iterator[Metric]:
+        began = time.perf_counter()
+        yield from self._ingest()
+        status = self._automation_status()
+        drained: set[str] | None = None
+        if status is not None:
+            drained = {str(n) for n in status.get("drained") or ()}
+            yield from self._automation(status)
+        try:
+            families = self._store(drained)
+        except sqlite3.Error as exc:
+            self.store_errors += 1
+            families = None
+            self.collector.log.warning("metrics_store_failed", error=str(exc))
+        ok = families is not None
+        yield from families or ()
+        yield GaugeMetricFamily("slurmgpu_store_up", "1 if this scrape could read the fleet "
+                                "database, else 0 (the store's metrics are then left out).",
+                                value=1 if ok else 0)
+        yield CounterMetricFamily("slurmgpu_metrics_store_errors", "Scrapes that could not read "
+                                  "the fleet database.", value=self.store_errors)
+        yield GaugeMetricFamily("slurmgpu_metrics_scrape_duration_seconds",
+                                "Time this scrape took to compute its metrics.",
+                                value=time.perf_counter() - began)
+    def _ingest(self) -> Iterable[Metric]:
+        c = self.collector.counters
+        yield GaugeMetricFamily("slurmgpu_collector_up", "1 while the collector is serving.",
+                                value=1)
+        yield GaugeMetricFamily("slurmgpu_collector_start_time_seconds",
+                                "Unix time the collector's metrics server started.",
+                                value=self.started)
+        yield GaugeMetricFamily("slurmgpu_allowed_nodes", "Node keys in the allow-list.",
+                                value=len(self.collector.allowed))
+        for name, doc, value in (
+            ("slurmgpu_messages_received", "Frames received from agents (all types, before "
+             "validation).", c.received),
+            ("slurmgpu_messages_stored", "Acked-type messages newly stored (hello, report, "
+             "event, command-result).", c.stored),
+            ("slurmgpu_messages_duplicates", "Acked-type messages already stored (resends), "
+             "acked again and not stored.", c.duplicates),
+            ("slurmgpu_heartbeats_received", "Heartbeats received from agents.",
+             c.heartbeats_received),
+            ("slurmgpu_heartbeats_sent", "Heartbeats sent to agents.", c.heartbeats_sent),
+            ("slurmgpu_acks_sent", "Ack frames sent.", c.acks_sent),
+            ("slurmgpu_acks_failed", "Ack frames that could not be sent (peer gone or queue "
+             "full; the agent resends).", c.acks_failed),
+            ("slurmgpu_store_batches", "Batches written to the store (one transaction each).",
+             c.batches),
+            ("slurmgpu_store_errors", "Failed store transactions (nothing acked; agents "
+             "resend).", c.store_errors),
+            ("slurmgpu_decisions_recorded", "Automation decisions recorded by this process.",
+             c.decisions),
+            ("slurmgpu_automation_errors", "Automation calls that raised (logged, serving "
+             "goes on).", c.automation_errors),
+        ):
+            yield CounterMetricFamily(name, doc, value=value)
+        rejected = CounterMetricFamily("slurmgpu_messages_rejected", "Frames rejected, by "
+                                       "reason.", labels=["reason"])
+        counts = dict(c.rejected)
+        for reason in sorted(set(REJECT_REASONS) | set(counts)):
+            rejected.add_metric([reason], counts.get(reason, 0))
+        yield rejected
+        yield GaugeMetricFamily("slurmgpu_ingest_reports_per_second",
+                                f"Messages stored per second over the last {RATE_WINDOW_S:g} s.",
+                                value=self.rate.rate(c.stored))
+
+    def _automation_status(self) -> dict[str, Any] | None:
+        status_fn = getattr(self.collector.automation, "status", None)
+        if status_fn is None:
+            return None
+        for _ in range(3):  # the loop thread may be changing the state while we copy it
+            try:
+                status: dict[str, Any] = status_fn()
+                return status
+            except RuntimeError:
+                continue
+            except Exception as exc:  # a broken automation must not break the scrape
+                self.collector.log.warning("metrics_automation_failed", error=str(exc))
+                return None
+        return None
+
+    def _automation(self, status: dict[str, Any]) -> Iterable[Metric]:
+        yield GaugeMetricFamily("slurmgpu_breaker_open", "1 while the automation's circuit "
+                                "breaker is open (drains held).",
+                                value=1 if status.get("breaker_open") else 0)
+        yield GaugeMetricFamily("slurmgpu_breaker_held_nodes", "Nodes whose drain is held by "
+                                "the open breaker.", value=len(status.get("held") or ()))
+        yield GaugeMetricFamily("slurmgpu_lemon_nodes", "Lemon nodes (drained too often; "
+                                "never auto-resumed).", value=len(status.get("lemons") or ()))
+        yield GaugeMetricFamily("slurmgpu_automation_drained_nodes", "Nodes drained by the "
+                                "automation and not resumed yet.",
+                                value=len(status.get("drained") or ()))
+        yield GaugeMetricFamily("slurmgpu_automation_dry_run", "1 if the automation records "
+                                "decisions without Slurm calls.",
+                                value=1 if status.get("dry_run") else 0)
+
+    # ------------------------------------------------------------------ the store
+
+    def _connect(self) -> sqlite3.Connection | None:
+        path = self.collector.store.path
+        if str(path) == ":memory:":
+            return None
+        uri = Path(path).resolve().as_uri() + "?mode=ro"
+        return sqlite3.connect(uri, uri=True, timeout=5.0, isolation_level=None)
+
+    def _store(self, drained: set[str] | None) -> list[Metric] | None:
+        """The store's families; None for an in-memory store (no file to read)."""
+        db = self._connect()
+        if db is None:
+            return None
+        try:
+            db.execute("BEGIN")  # one snapshot for every query below
+            return self._families(db, drained)
+        finally:
+            db.close()
+
+    def _families(self, db: sqlite3.Connection, drained: set[str] | None) -> list[Metric]:
+        now = time.time()
+        out: list[Metric] = []
+        # ---- nodes: latest report's verdict, last seen, reachable
+        verdict = GaugeMetricFamily("slurmgpu_node_verdict", "Verdict of the node's latest "
+                                    "report: 0 OK, 1 WARN, 2 FAIL, 3 UNKNOWN (or no report yet).",
+                                    labels=["node"])
+        seen = GaugeMetricFamily("slurmgpu_node_last_seen_seconds", "Seconds since the "
+                                 "collector last heard from the node (any message).",
+                                 labels=["node"])
+        reachable = GaugeMetricFamily("slurmgpu_node_reachable", "1 if the node is "
+                                      "reachable, 0 once silent for unreachable_after "
+                                      "heartbeats.", labels=["node"])
+        by_verdict = dict.fromkeys(VERDICT_CODE, 0)
+        nodes: list[str] = []
+        for node, last_seen, is_reachable, node_verdict in db.execute(
+                "SELECT n.node, n.last_seen, n.reachable, r.verdict FROM nodes n "
+                "LEFT JOIN reports r ON r.node = n.node"):
+            name = str(node)
+            nodes.append(name)
+            name_of = str(node_verdict).upper() if node_verdict else "UNKNOWN"
+            if name_of not in VERDICT_CODE:
+                name_of = "UNKNOWN"
+            code = VERDICT_CODE[name_of]
+            by_verdict[name_of] += 1
+            verdict.add_metric([name], code)
+            seen.add_metric([name], max(0.0, now - float(last_seen)))
+            reachable.add_metric([name], 1 if is_reachable else 0)
+        out += [verdict, seen, reachable]
+        out.append(GaugeMetricFamily("slurmgpu_fleet_nodes", "Nodes known to the collector "
+                                     "(heard from at least once).", value=len(nodes)))
+        fleet = GaugeMetricFamily("slurmgpu_fleet_nodes_by_verdict", "Nodes by the verdict of "
+                                  "their latest report.", labels=["verdict"])
+        for name, count in by_verdict.items():
+            fleet.add_metric([name], count)
+        out.append(fleet)
+        if drained is not None:
+            node_drained = GaugeMetricFamily("slurmgpu_node_drained", "1 if the automation "
+                                             "drained the node and has not resumed it (drains "
+                                             "by others are not known here).", labels=["node"])
+            for name in sorted(set(nodes) | drained):
+                node_drained.add_metric([name], 1 if name in drained else 0)
+            out.append(node_drained)
+        # ---- current findings: those of each node's latest state change (report_history
+        # records a row, with its non-OK findings, only when a node's state changes).
+        findings = GaugeMetricFamily("slurmgpu_findings", "Current non-OK findings across "
+                                     "the fleet (from each node's latest report), by check "
+                                     "and severity.", labels=["check", "severity"])
+        gpu = GaugeMetricFamily("slurmgpu_gpu_verdict", "Worst severity of the GPU's current "
+                                "findings: 1 WARN, 2 FAIL, 3 UNKNOWN (only GPUs with a "
+                                "current non-OK finding are exported; absent = OK).",
+                                labels=["node", "gpu"])
+        per_check: dict[tuple[str, str], int] = {}
+        gpu_rank: dict[tuple[str, str], int] = {}
+        for node, gpu_index, check, severity, rank, count in db.execute(
+                "WITH cur AS (SELECT node, max(seq) AS seq, ts FROM report_history "
+                "GROUP BY node) "
+                f"SELECT f.node, f.gpu, f.check_id, f.severity, max({_RANK_SQL}), count(*) "
+                "FROM findings f JOIN cur ON f.node = cur.node AND f.ts = cur.ts "
+                "AND f.seq = cur.seq GROUP BY f.node, f.gpu, f.check_id, f.severity"):
+            key = (str(check), str(severity))
+            per_check[key] = per_check.get(key, 0) + int(count)
+            if gpu_index is not None and int(rank) > gpu_rank.get((node, gpu_index), 0):
+                gpu_rank[(node, gpu_index)] = int(rank)
+        for (check, severity), count in sorted(per_check.items()):
+            findings.add_metric([check, severity], count)
+        for (node, gpu_index), rank in sorted(gpu_rank.items()):
+            gpu.add_metric([str(node), str(gpu_index)], _RANK_CODE[rank])
+        out += [findings, gpu]
+        # ---- events (history within the retention): by kind, XIDs by code
+        events = CounterMetricFamily("slurmgpu_events", "Events stored (within the retention), "
+                                     "by kind.", labels=["kind"])
+        xids = CounterMetricFamily("slurmgpu_xid_events", "XID events stored (within the "
+                                   "retention), by XID code.", labels=["xid"])
+        per_kind: dict[str, int] = {}
+        for kind, xid, count in db.execute(
+                "SELECT kind, CASE WHEN kind = 'xid' THEN data END, count(*) FROM events "
+                "GROUP BY 1, 2"):
+            per_kind[str(kind)] = per_kind.get(str(kind), 0) + int(count)
+            if kind == "xid":
+                xids.add_metric(["unknown" if xid is None else str(xid)], int(count))
+        for kind, count in sorted(per_kind.items()):
+            events.add_metric([kind], count)
+        out += [events, xids]
+        # ---- automation decisions (history within the retention)
+        actions = CounterMetricFamily("slurmgpu_actions", "Automation decisions (within the "
+                                      "retention) by action and result (\"error: ...\" "
+                                      "results count as \"error\").", labels=["action", "result"])
+        triggers = CounterMetricFamily("slurmgpu_actions_by_trigger", "Automation decisions "
+                                       "(within the retention) by action and trigger (the "
+                                       "check id, \"healthy\" for a resume).",
+                                       labels=["action", "trigger"])
+        per_result: dict[tuple[str, str], int] = {}
+        per_trigger: dict[tuple[str, str], int] = {}
+        for action, result, trigger, count in db.execute(
+                "SELECT action, CASE WHEN result LIKE 'error:%' THEN 'error' "
+                "ELSE coalesce(result, '') END, coalesce(trigger, ''), count(*) "
+                "FROM decisions GROUP BY 1, 2, 3"):
+            rk, tk = (str(action), str(result)), (str(action), str(trigger))
+            per_result[rk] = per_result.get(rk, 0) + int(count)
+            per_trigger[tk] = per_trigger.get(tk, 0) + int(count)
+        for labels, count in sorted(per_result.items()):
+            actions.add_metric(list(labels), count)
+        for labels, count in sorted(per_trigger.items()):
+            triggers.add_metric(list(labels), count)
+        out += [actions, triggers]
+        # ---- checkpoint requests (the checkpoints table may not exist in this schema)
+        per_state = dict.fromkeys(CHECKPOINT_STATES, 0)
+        try:
+            for state, count in db.execute("SELECT state, count(*) FROM checkpoints "
+                                           "GROUP BY state"):
+                per_state[str(state)] = int(count)
+        except sqlite3.OperationalError:  # no such table: no checkpoints yet
+            pass
+        out.append(GaugeMetricFamily("slurmgpu_checkpoints_pending", "Checkpoint requests "
+                                     "still open (not acked, expired or done).",
+                                     value=per_state["open"]))
+        states = GaugeMetricFamily("slurmgpu_checkpoints", "Checkpoint requests (within "
+                                   "the retention) by state; a gauge: requests move between "
+                                   "states.", labels=["state"])
+        for state, count in sorted(per_state.items()):
+            states.add_metric([state], count)
+        out.append(states)
+        try:
+            pending = int(db.execute("SELECT count(*) FROM pending_drains").fetchone()[0])
+        except sqlite3.OperationalError:  # no such table (older schema)
+            pending = 0
+        out.append(GaugeMetricFamily("slurmgpu_pending_drains", "Nodes whose drain waits for "
+                                     "their jobs' checkpoints.", value=pending))
+        return out
+
+
+class _Handler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # no access log on stderr
+
+
+class MetricsServer:
+    """The running HTTP server (a daemon thread); ``shutdown()`` stops it."""
+
+    def __init__(self, httpd: WSGIServer, metrics: FleetMetrics,
+                 registry: CollectorRegistry) -> None:
+        self.httpd = httpd
+        self.metrics = metrics
+        self.registry = registry
+        address = httpd.server_address
+        self.host = address[0] if isinstance(address[0], str) else address[0].decode()
+        self.port = int(address[1])
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self.url = f"http://{host}:{self.port}/metrics"
+        self._closed = False
+        self.thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.2},
+                                       name="slurmgpu-metrics", daemon=True)
+        self.thread.start()
+
+    def sample(self) -> None:
+        self.metrics.sample()
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(5)
+
+    close = shutdown
+
+
+def start_metrics_server(collector: Collector, bind: str) -> MetricsServer:
+    """Serve the collector's metrics at ``http://<bind>/metrics`` from a daemon thread.
+
+    ValueError: ``bind`` is not "host:port"; OSError: it cannot be bound."""
+    host, port = parse_bind(bind)
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, addr = infos[0][0], infos[0][4][0]
+
+    class _Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+        address_family = family
+
+    registry = CollectorRegistry(auto_describe=False)
+    metrics = FleetMetrics(collector)
+    registry.register(metrics)
+    httpd = make_server(str(addr), port, make_wsgi_app(registry), server_class=_Server,
+                        handler_class=_Handler)
+    return MetricsServer(httpd, metrics, registry)

@@ -1,0 +1,131 @@
+"""`slurmgpu lemon list|clear NODE`: the automation's lemon nodes, from its state file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from slurmgpu.cli import cli
+from slurmgpu.collector.policy import STATE_FILE, Automation
+from slurmgpu.config.schema import AutomationSettings
+from slurmgpu.testing import FakeClock, FakeSlurmClient
+
+NODES = [f"gpu-{i:03d}" for i in range(1, 41)]
+FAIL = [{"check": "ecc.uncorrected", "severity": "FAIL", "gpu": 0, "subject": None,
+         "message": "3 volatile uncorrected ECC errors", "not_applicable": False, "data": {}}]
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path) -> Path:
+    return tmp_path / "state"
+
+
+@pytest.fixture
+def config(tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setattr("slurmgpu.slurm.factory.make_client", lambda *a, **k: FakeSlurmClient(NODES))
+    path = tmp_path / "slurmgpu.toml"
+    path.write_text(f'[paths]\nstate_dir = "{state_dir}"\n')
+    return path
+
+
+def make_lemon(state_dir: Path, node: str, clock: FakeClock) -> Automation:
+    """Drain ``node`` over and over through a real Automation until it is a lemon."""
+    auto = Automation(AutomationSettings(), FakeSlurmClient(NODES), state_dir, clock)
+    auto.fleet_size(len(NODES))
+    for _ in range(3):
+        auto.on_report(node, "FAIL", FAIL, clock.time())
+        for _ in range(4):
+            clock.advance(300)
+            auto.on_report(node, "OK", [], clock.time())
+    assert node in auto.status()["lemons"]
+    return auto
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(cli, ["lemon", *args])
+
+
+def state_bytes(state_dir: Path) -> bytes:
+    return (state_dir / STATE_FILE).read_bytes()
+
+
+def test_list_empty(config: Path, state_dir: Path) -> None:
+    result = run("list", "--config", str(config))
+    assert result.exit_code == 0, result.output
+    assert result.output == "no lemon nodes\n"
+    result = run("list", "--config", str(config), "--json")
+    assert result.exit_code == 0 and json.loads(result.output) == []
+    assert not (state_dir / STATE_FILE).exists()  # listing writes nothing
+
+
+def test_list_and_clear(config: Path, state_dir: Path) -> None:
+    clock = FakeClock()
+    make_lemon(state_dir, "gpu-007", clock)
+    make_lemon(state_dir, "gpu-003", clock)
+    before = state_bytes(state_dir)
+
+    result = run("list", "--config", str(config), "--json")
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)
+    assert [r["node"] for r in rows] == ["gpu-003", "gpu-007"]
+    assert all(set(r) == {"node", "since", "why"} for r in rows)
+    assert all(isinstance(r["since"], float) and "drains within" in r["why"] for r in rows)
+
+    result = run("list", "--config", str(config))
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert [ln.split()[0] for ln in lines] == ["gpu-003", "gpu-007"]
+    assert all(" since " in ln and "drains within" in ln for ln in lines)
+    assert state_bytes(state_dir) == before
+
+    result = run("clear", "gpu-007", "--config", str(config))
+    assert result.exit_code == 0, result.output
+    assert result.output == "gpu-007: lemon cleared\n"
+    on_disk = json.loads(state_bytes(state_dir))
+    assert set(on_disk["lemons"]) == {"gpu-003"} and "gpu-007" not in on_disk["history"]
+
+    result = run("clear", "gpu-003", "--config", str(config), "--json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert (out["node"], out["cleared"]) == ("gpu-003", True) and "drains within" in out["why"]
+    assert json.loads(state_bytes(state_dir))["lemons"] == {}
+
+    # A fresh Automation (the collector's next load) sees no lemons.
+    auto = Automation(AutomationSettings(), FakeSlurmClient(NODES), state_dir)
+    assert auto.status()["lemons"] == {}
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_clear_not_a_lemon(config: Path, state_dir: Path, as_json: bool) -> None:
+    make_lemon(state_dir, "gpu-003", FakeClock())
+    before = state_bytes(state_dir)
+    args = ["clear", "gpu-009", "--config", str(config)] + (["--json"] if as_json else [])
+    result = CliRunner().invoke(cli, ["lemon", *args])
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert result.stderr == "slurmgpu: error: gpu-009 is not a lemon\n"
+    assert state_bytes(state_dir) == before
+
+
+def test_clear_not_a_lemon_without_state_file(config: Path, state_dir: Path) -> None:
+    result = run("clear", "gpu-001", "--config", str(config))
+    assert result.exit_code == 1 and "gpu-001 is not a lemon" in result.output
+    assert not (state_dir / STATE_FILE).exists()
+
+
+def test_bad_config_is_exit_3(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[paths\n")
+    for args in (["list"], ["clear", "gpu-001"]):
+        result = run(*args, "--config", str(bad))
+        assert result.exit_code == 3, result.output
+        assert result.output.startswith("slurmgpu: error: ")
+
+
+def test_help() -> None:
+    for args in (["--help"], ["list", "--help"], ["clear", "--help"]):
+        result = run(*args)
+        assert result.exit_code == 0, result.output

@@ -1,0 +1,300 @@
+"""The collector's Prometheus /metrics: a real collector, a real HTTP scrape, exact values."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import sqlite3
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+from prometheus_client.parser import text_string_to_metric_families
+
+from slurmgpu.collector.metrics import IngestRate, parse_bind
+from slurmgpu.collector.policy import Automation, Decision
+from slurmgpu.collector.server import Collector, CollectorError
+from slurmgpu.collector.store import Store
+from slurmgpu.config.schema import AutomationSettings
+from slurmgpu.testing import FakeSlurmClient
+from slurmgpu.wire import EVENT, HELLO, REPORT, Envelope
+from tests.test_collector import (  # noqa: F401
+    Agent,
+    ctx,
+    free_port,
+    keys_dir,
+    make_settings,
+    running,
+)
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def scrape(url: str) -> Samples:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        assert resp.status == 200
+        text = resp.read().decode()
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples[(name, frozenset(labels.items()))]
+
+
+def named(samples: Samples, name: str) -> dict[frozenset[tuple[str, str]], float]:
+    return {labels: v for (n, labels), v in samples.items() if n == name}
+
+
+def finding(check: str, severity: str, gpu: int | None = None) -> dict[str, Any]:
+    return {"check": check, "severity": severity, "gpu": gpu, "subject": None, "message": "m"}
+
+
+def report(node: str, seq: int, verdict: str, findings: list[dict[str, Any]], ts: float) -> Envelope:
+    return Envelope(type=REPORT, node=node, seq=seq, ts=ts,
+                    body={"verdict": verdict, "findings": findings, "facts": {}})
+
+
+def xid_event(node: str, seq: int, xid: int | None, ts: float, kind: str = "xid") -> Envelope:
+    return Envelope(type=EVENT, node=node, seq=seq, ts=ts,
+                    body={"kind": kind, "gpu": 1, "data": xid, "verdict": "FAIL",
+                          "findings": [finding("xid.recent", "FAIL", 1)]})
+
+
+def seed(store: Store, now: float) -> None:
+    store.store_batch([
+        ("gpu-a", report("gpu-a", 1, "FAIL", [
+            finding("gpu.ecc", "OK", 0),
+            finding("ecc.uncorrected", "FAIL", 0), finding("thermal.throttle", "WARN", 0),
+            finding("thermal.throttle", "WARN", 3), finding("clock.odd", "UNKNOWN", 5),
+            finding("ib.link", "WARN")], now - 5)),
+        ("gpu-b", report("gpu-b", 1, "OK", [], now - 30)),
+        ("gpu-a", xid_event("gpu-a", 2, 79, now - 4)),
+        ("gpu-a", xid_event("gpu-a", 3, 79, now - 3)),
+        ("gpu-a", xid_event("gpu-a", 4, 48, now - 2)),
+        ("gpu-a", xid_event("gpu-a", 5, None, now - 2)),
+        ("gpu-a", xid_event("gpu-a", 6, None, now - 1, kind="ecc_dbe")),
+    ], received_at=now)
+    # gpu-b went WARN then OK again: its WARN finding is history, not current.
+    store.store_batch([("gpu-b", report("gpu-b", 2, "WARN", [finding("thermal.throttle", "WARN", 2)],
+                                        now - 20))], received_at=now)
+    store.store_batch([("gpu-b", report("gpu-b", 3, "OK", [], now - 10))], received_at=now)
+    # gpu-c said hello 500 s ago and nothing since: no report (UNKNOWN), unreachable.
+    store.store_batch([("gpu-c", Envelope(type=HELLO, node="gpu-c", seq=1, ts=now - 500,
+                                          body={"version": "1", "gpus": 8, "interval_s": 15.0}))],
+                      received_at=now - 500)
+    assert store.mark_unreachable(now, 100) == ["gpu-c"]
+    store.add_decisions([
+        Decision("gpu-a", "drain", "r", trigger="ecc.uncorrected", result="drained", time=now),
+        Decision("gpu-b", "drain", "r", trigger="ecc.uncorrected", result="drained", time=now),
+        Decision("gpu-a", "drain", "r", held=True, trigger="thermal.throttle", result="held",
+                 time=now),
+        Decision("gpu-b", "resume", "r", trigger="healthy", result="resumed", time=now),
+        Decision("gpu-c", "drain", "r", trigger="ecc.uncorrected", result="error: slurm said no",
+                 time=now),
+    ])
+
+
+def add_checkpoints(db_path: str, states: list[str]) -> None:
+    with contextlib.closing(sqlite3.connect(db_path)) as db, db:
+        db.executemany(
+            "INSERT INTO checkpoints (job_id, action, reason, trigger_node, nodes, user, requested, "
+            "deadline, state) VALUES (?, 'drain', 'r', 'gpu-a', '[\"gpu-a\"]', 'u', 1.0, 2.0, ?)",
+            [(str(i), state) for i, state in enumerate(states)])
+
+
+def test_scrape_reports_store_automation_and_checkpoints(tmp_path: Path, keys_dir: Path) -> None:  # noqa: F811
+    cfg = make_settings(tmp_path, keys_dir, metrics_bind=f"127.0.0.1:{free_port()}")
+    auto = Automation(AutomationSettings(), FakeSlurmClient(["gpu-a", "gpu-b"]), tmp_path / "state")
+    auto.state.breaker = {"open": True, "since": 1.0, "why": "storm"}
+    auto.state.held = {"gpu-b": {"action": "drain"}, "gpu-c": {"action": "drain"}}
+    auto.state.lemons = {"gpu-c": {"since": 1.0, "why": "lemon"}}
+    auto.state.drained = {"gpu-a": {"time": 1.0}}
+    collector = Collector(cfg, automation=auto)
+    try:
+        assert collector.metrics_server is not None
+        url = collector.metrics_server.url
+        now = time.time()
+        seed(collector.store, now)
+        add_checkpoints(cfg.db, ["open", "open", "acked", "expired", "done", "done", "done"])
+        m = scrape(url)
+
+        assert named(m, "slurmgpu_node_verdict") == {
+            frozenset({("node", "gpu-a")}): 2, frozenset({("node", "gpu-b")}): 0,
+            frozenset({("node", "gpu-c")}): 3}
+        assert value(m, "slurmgpu_node_reachable", node="gpu-a") == 1
+        assert value(m, "slurmgpu_node_reachable", node="gpu-c") == 0
+        assert 0 <= value(m, "slurmgpu_node_last_seen_seconds", node="gpu-a") < 60
+        assert 500 <= value(m, "slurmgpu_node_last_seen_seconds", node="gpu-c") < 560
+        assert value(m, "slurmgpu_fleet_nodes") == 3
+        assert value(m, "slurmgpu_fleet_nodes_by_verdict", verdict="FAIL") == 1
+        assert value(m, "slurmgpu_fleet_nodes_by_verdict", verdict="UNKNOWN") == 1
+        assert value(m, "slurmgpu_fleet_nodes_by_verdict", verdict="WARN") == 0
+        assert named(m, "slurmgpu_node_drained") == {
+            frozenset({("node", "gpu-a")}): 1, frozenset({("node", "gpu-b")}): 0,
+            frozenset({("node", "gpu-c")}): 0}
+
+        # Only gpu-a's current findings (gpu-b's WARN was cleared by its OK report; the
+        # xid event's findings are events, not the node's report).
+        assert named(m, "slurmgpu_findings") == {
+            frozenset({("check", "ecc.uncorrected"), ("severity", "FAIL")}): 1,
+            frozenset({("check", "thermal.throttle"), ("severity", "WARN")}): 2,
+            frozenset({("check", "clock.odd"), ("severity", "UNKNOWN")}): 1,
+            frozenset({("check", "ib.link"), ("severity", "WARN")}): 1}
+        assert named(m, "slurmgpu_gpu_verdict") == {
+            frozenset({("node", "gpu-a"), ("gpu", "0")}): 2,  # FAIL beats WARN
+            frozenset({("node", "gpu-a"), ("gpu", "3")}): 1,
+            frozenset({("node", "gpu-a"), ("gpu", "5")}): 3}
+
+        assert named(m, "slurmgpu_xid_events_total") == {
+            frozenset({("xid", "79")}): 2, frozenset({("xid", "48")}): 1,
+            frozenset({("xid", "unknown")}): 1}
+        assert value(m, "slurmgpu_events_total", kind="xid") == 4
+        assert value(m, "slurmgpu_events_total", kind="ecc_dbe") == 1
+
+        assert named(m, "slurmgpu_actions_total") == {
+            frozenset({("action", "drain"), ("result", "drained")}): 2,
+            frozenset({("action", "drain"), ("result", "held")}): 1,
+            frozenset({("action", "drain"), ("result", "error")}): 1,
+            frozenset({("action", "resume"), ("result", "resumed")}): 1}
+        assert named(m, "slurmgpu_actions_by_trigger_total") == {
+            frozenset({("action", "drain"), ("trigger", "ecc.uncorrected")}): 3,
+            frozenset({("action", "drain"), ("trigger", "thermal.throttle")}): 1,
+            frozenset({("action", "resume"), ("trigger", "healthy")}): 1}
+
+        assert value(m, "slurmgpu_breaker_open") == 1
+        assert value(m, "slurmgpu_breaker_held_nodes") == 2
+        assert value(m, "slurmgpu_lemon_nodes") == 1
+        assert value(m, "slurmgpu_automation_drained_nodes") == 1
+        assert value(m, "slurmgpu_automation_dry_run") == 0
+
+        assert value(m, "slurmgpu_checkpoints_pending") == 2
+        assert named(m, "slurmgpu_checkpoints") == {
+            frozenset({("state", "open")}): 2, frozenset({("state", "acked")}): 1,
+            frozenset({("state", "expired")}): 1, frozenset({("state", "done")}): 3}
+        assert value(m, "slurmgpu_pending_drains") == 0
+        assert value(m, "slurmgpu_store_up") == 1
+        assert value(m, "slurmgpu_collector_up") == 1
+        assert value(m, "slurmgpu_allowed_nodes") == 2
+
+        # The breaker closes: the next scrape says so (computed at scrape time).
+        auto.release()
+        assert value(scrape(url), "slurmgpu_breaker_open") == 0
+
+        # A database without the checkpoints tables (older schema): 0, not an error.
+        with contextlib.closing(sqlite3.connect(cfg.db)) as db:
+            db.execute("DROP TABLE checkpoints")
+            db.execute("DROP TABLE pending_drains")
+        m = scrape(url)
+        assert value(m, "slurmgpu_checkpoints_pending") == 0
+        assert set(named(m, "slurmgpu_checkpoints").values()) == {0}
+        assert value(m, "slurmgpu_pending_drains") == 0
+        assert value(m, "slurmgpu_store_up") == 1
+        assert value(m, "slurmgpu_node_verdict", node="gpu-a") == 2
+    finally:
+        collector.close()
+    with pytest.raises(urllib.error.URLError):
+        scrape(url)  # close() stopped the HTTP server
+
+
+def test_scrape_over_real_agent_messages(tmp_path: Path, keys_dir: Path,  # noqa: F811
+                                         ctx: zmq.Context[Any]) -> None:  # noqa: F811
+    cfg = make_settings(tmp_path, keys_dir, metrics_bind=f"127.0.0.1:{free_port()}")
+    with running(cfg) as collector:
+        assert collector.metrics_server is not None
+        url = collector.metrics_server.url
+        agent = Agent(ctx, cfg, keys_dir, "gpu-a")
+        agent.send(HELLO, 1, {"version": "1.2.3", "gpus": 8, "interval_s": 15.0})
+        assert agent.acked() == [1]
+        agent.report(2, "FAIL")
+        assert agent.acked() == [2]
+        agent.send(EVENT, 3, {"kind": "xid", "gpu": 2, "data": 79, "verdict": "FAIL", "findings": []})
+        assert agent.acked() == [3]
+        agent.report(2, "FAIL")  # a resend
+        assert agent.acked() == [2]
+        agent.sock.send(b"\x93not an envelope")
+        time.sleep(1.2)  # the rate needs two samples a second apart
+        m = scrape(url)
+    assert value(m, "slurmgpu_messages_received_total") == 5
+    assert value(m, "slurmgpu_messages_stored_total") == 3
+    assert value(m, "slurmgpu_messages_duplicates_total") == 1
+    assert value(m, "slurmgpu_messages_rejected_total", reason="malformed") == 1
+    assert value(m, "slurmgpu_messages_rejected_total", reason="unknown_key") == 0
+    assert 0 < value(m, "slurmgpu_ingest_reports_per_second") <= 3
+    assert value(m, "slurmgpu_node_verdict", node="gpu-a") == 2
+    assert value(m, "slurmgpu_gpu_verdict", node="gpu-a", gpu="3") == 2
+    assert value(m, "slurmgpu_xid_events_total", xid="79") == 1
+    assert value(m, "slurmgpu_fleet_nodes") == 1
+    # No automation configured: no automation metrics.
+    assert not named(m, "slurmgpu_breaker_open") and not named(m, "slurmgpu_node_drained")
+
+
+@pytest.mark.parametrize("bind", ["9750", "localhost", "127.0.0.1:", "127.0.0.1:http",
+                                  "127.0.0.1:70000", ":9750", "::1:9750"])
+def test_bad_metrics_bind_is_a_clear_error(tmp_path: Path, keys_dir: Path, bind: str) -> None:  # noqa: F811
+    cfg = make_settings(tmp_path, keys_dir, metrics_bind=bind)
+    with pytest.raises(CollectorError, match=r"collector\.metrics_bind = .*host:port"):
+        Collector(cfg)
+    Collector(make_settings(tmp_path, keys_dir, port=int(cfg.bind.rsplit(":", 1)[1]))).close()
+
+
+def test_metrics_port_in_use_is_a_clear_error(tmp_path: Path, keys_dir: Path) -> None:  # noqa: F811
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        cfg = make_settings(tmp_path, keys_dir, metrics_bind=f"127.0.0.1:{port}")
+        with pytest.raises(CollectorError) as err:
+            Collector(cfg)
+    message = str(err.value)
+    assert "collector.metrics_bind" in message and "\n" not in message
+    # The collector's own socket was released: the same settings work once the port is free.
+    Collector(make_settings(tmp_path, keys_dir, port=int(cfg.bind.rsplit(":", 1)[1]))).close()
+
+
+def test_in_memory_store_reports_store_down(tmp_path: Path, keys_dir: Path) -> None:  # noqa: F811
+    cfg = make_settings(tmp_path, keys_dir, metrics_bind="127.0.0.1:0")
+    store = Store(":memory:")
+    collector = Collector(cfg, store=store)
+    try:
+        assert collector.metrics_server is not None and collector.metrics_server.port != 0
+        m = scrape(collector.metrics_server.url)
+        assert value(m, "slurmgpu_store_up") == 0 and value(m, "slurmgpu_collector_up") == 1
+        assert not named(m, "slurmgpu_fleet_nodes")
+    finally:
+        collector.close()
+        store.close()
+
+
+def test_no_metrics_bind_no_server(tmp_path: Path, keys_dir: Path) -> None:  # noqa: F811
+    collector = Collector(make_settings(tmp_path, keys_dir))
+    try:
+        assert collector.metrics_server is None
+    finally:
+        collector.close()
+
+
+def test_parse_bind() -> None:
+    assert parse_bind("0.0.0.0:9750") == ("0.0.0.0", 9750)
+    assert parse_bind("[::]:9750") == ("::", 9750)
+    assert parse_bind("head.example:0") == ("head.example", 0)
+
+
+def test_ingest_rate_window() -> None:
+    rate = IngestRate(window_s=60, every_s=1)
+    assert rate.rate(100, now=0.0) == 0.0  # no samples yet
+    rate.sample(0, now=0.0)
+    rate.sample(5, now=0.5)  # within a second of the last: ignored
+    assert rate.rate(10, now=0.5) == 0.0  # under a second of history
+    for t in range(1, 121):
+        rate.sample(t * 10, now=float(t))
+    # 10 messages a second; the oldest sample inside the last 60 s is t=60.
+    assert rate.rate(1200, now=120.0) == pytest.approx(10.0)
+    assert rate.rate(1200, now=1000.0) == 0.0  # all samples stale: the loop stalled
