@@ -60,6 +60,8 @@ COLLECTOR = "collector"
 AGENT_INTERVAL_S = 2
 AGENT_HEARTBEAT_S = 1
 AGENT_MAX_AGE_S = 1
+#: The collector asks Slurm for drained nodes this often (node_states history).
+COLLECTOR_SLURM_POLL_S = 2
 TERMINAL_JOB_STATES = frozenset({
     "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
     "BOOT_FAIL", "DEADLINE",
@@ -1282,6 +1284,7 @@ class SimCluster:
             f"db = {json.dumps(str(self.collector_db()))}\n"
             f"keys_dir = {json.dumps(str(self.keys_dir))}\n"
             f"heartbeat_s = {AGENT_HEARTBEAT_S}\n"
+            f"slurm_poll_s = {COLLECTOR_SLURM_POLL_S}\n"
             f"[paths]\nstate_dir = {json.dumps(str(self.collector_state_dir))}\n"
             + (f"[automation]\nenabled = true\n{automation}\n" if automation is not None else "")))
         log = self._service_log(COLLECTOR)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 
 from slurmgpu.simcluster import SimCluster
@@ -194,6 +195,20 @@ def test_operator_drain_is_never_resumed(fleet: SimCluster) -> None:
     assert drained(fleet, node) and reason(fleet, node) == "disk swap, ticket 42"
     results = [r for (r,) in query(fleet, "SELECT result FROM decisions WHERE node = ?", node)]
     assert "operator-drain-kept" in results and "resumed" not in results
+    # The collector's Slurm poll recorded who drained it, for the fleet report.
+    assert ("drained", "disk swap, ticket 42", "root") in query(
+        fleet, "SELECT kind, reason, actor FROM node_states WHERE node = ?", node)
+
+
+def test_prolog_blocked_job_is_reported(fleet: SimCluster) -> None:
+    node = "gpu-n2"
+    fleet.inject(node, "fault-row-remap-failure")
+    job = fleet.sbatch("", "-w", node, "--gres=gpu:8", "-o", "/dev/null", "--wrap", "true")
+    rows = wait_until(lambda: query(fleet, "SELECT node, body FROM events WHERE kind = 'prolog_blocked'"),
+                      30, "the prolog_blocked event")
+    body = msgpack.unpackb(rows[0][1], raw=False)
+    assert rows[0][0] == node and body["job_id"] == job
+    assert any("mem.row_remap" in p for p in body["problems"])
 
 
 def test_dry_run_changes_nothing_in_slurm(fleet: SimCluster) -> None:

@@ -28,6 +28,7 @@ from slurmgpu.facts import IbFacts, NodeFacts, NvmlFacts, SoftwareVersions, XidE
 from slurmgpu.log import get_logger
 from slurmgpu.result import Finding, Severity, Verdict
 from slurmgpu.sources import Clock, SystemClock
+from slurmgpu.summary import summarize
 
 # XIDs seen by the event thread stay in the facts (and so in xid.recent) this long.
 XID_KEEP_S = 3600.0
@@ -185,7 +186,7 @@ class Agent:
         bad = {f.check for f in problems}
         ok_checks = sorted({f.check for f in verdict.findings} - bad)
         return {"verdict": verdict.severity.name, "findings": findings_json(problems),
-                "ok_checks": ok_checks,
+                "ok_checks": ok_checks, "summary": summarize(facts),
                 # Pre-packed: the collector keeps them as bytes (no 13 KB decode per report).
                 "facts": msgpack.packb(plain(facts.to_json()), use_bin_type=True)}
 
@@ -310,6 +311,13 @@ class Agent:
             else:
                 link.send_unspooled(item.frame)
         return item.seq
+
+    def prolog_blocked(self, job_id: str | None, record: dict[str, Any]) -> None:
+        """The warm-path prolog refused a job: tell the collector (fleet report: jobs
+        affected). No findings: the node's own reports carry those."""
+        self.submit(wire.EVENT, {"kind": "prolog_blocked", "gpu": None, "data": None,
+                                 "verdict": str(record.get("verdict") or "FAIL"), "findings": [],
+                                 "job_id": job_id, "problems": list(record.get("problems") or [])[:20]})
 
     def hello_body(self) -> dict[str, Any]:
         with self._lock:

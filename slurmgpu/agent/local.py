@@ -288,8 +288,11 @@ class LocalService:
         if not decided.wait(bound):
             return _error(f"{phase} did not decide in time")
         records = outcome["records"]
-        return {"ok": True, "exit": outcome["exit"], "record": records[-1] if records else None,
-                "records": records}
+        record = records[-1] if records else None
+        blocked = getattr(self.agent, "prolog_blocked", None)
+        if phase == "prolog" and outcome["exit"] != 0 and blocked is not None:
+            blocked(env.get("SLURM_JOB_ID"), record or {})  # for the fleet report
+        return {"ok": True, "exit": outcome["exit"], "record": record, "records": records}
 
 
 # ------------------------------------------------------------------------ server

@@ -43,6 +43,19 @@ def _automation(settings: Settings, *, dry_run: bool = False) -> Automation:
         raise click.ClickException(str(exc)) from None
 
 
+def _slurm_client(settings: Settings) -> Any:
+    """The Slurm client the collector polls for drained nodes (None: polling off)."""
+    if settings.collector.slurm_poll_s <= 0:
+        return None
+    from slurmgpu.slurm.factory import make_client
+
+    try:
+        return make_client(dataclasses.replace(settings.slurm, retries=1))
+    except Exception as exc:  # e.g. pyslurm asked for but unusable: the collector still runs
+        click.echo(f"slurmgpu: warning: no Slurm client, drains not recorded: {exc}", err=True)
+        return None
+
+
 def _collector_settings(settings: Settings, **overrides: Any) -> CollectorSettings:
     changes = {k: v for k, v in overrides.items() if v is not None}
     return dataclasses.replace(settings.collector, **changes)
@@ -77,7 +90,7 @@ def collector(config_file: str | None, bind: str | None, db: str | None, keys_di
     if dry_run and automation is None:
         click.echo("--dry-run has no effect: [automation] enabled is false", err=True)
     try:
-        server = Collector(settings, automation=automation)
+        server = Collector(settings, automation=automation, slurm=_slurm_client(full))
     except OSError as exc:
         raise click.ClickException(f"{exc.filename or settings.db}: {exc.strerror or exc}") from None
     stop = threading.Event()

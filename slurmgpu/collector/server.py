@@ -45,6 +45,7 @@ from slurmgpu.collector.store import Store
 from slurmgpu.config.schema import CollectorSettings
 from slurmgpu.errors import SlurmGpuError
 from slurmgpu.log import get_logger
+from slurmgpu.slurm import NodeState, SlurmClient
 from slurmgpu.wire import (
     ACK,
     ACKED,
@@ -74,6 +75,46 @@ REJECT_LOG_EVERY_S = 10.0
 # frames between MAX_FRAME and this are read and counted as "oversized".
 TRANSPORT_MAX_FRAME = 4 * MAX_FRAME
 HWM = 100_000
+
+
+class SlurmPoller(threading.Thread):
+    """Asks Slurm for every node's state every ``interval_s`` in its own thread (an
+    unresponsive slurmctld must never stall the collector loop); the loop takes the
+    latest answer with ``take``."""
+
+    def __init__(self, client: SlurmClient, interval_s: float) -> None:
+        super().__init__(name="slurmgpu-slurm-poll", daemon=True)
+        self.client = client
+        self.interval_s = interval_s
+        self._stop_event = threading.Event()
+        self._lock = threading.Lock()
+        self._latest: tuple[float, list[NodeState]] | None = None
+        self._failing = False
+        self.log = get_logger(component="slurm_poll")
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            try:
+                states = self.client.nodes()
+            except Exception as exc:  # slurmctld down, no Slurm here: say so once per streak
+                if not self._failing:
+                    self.log.warning("slurm_poll_failed", error=f"{type(exc).__name__}: {exc}")
+                self._failing = True
+            else:
+                if self._failing:
+                    self.log.info("slurm_poll_recovered")
+                self._failing = False
+                with self._lock:
+                    self._latest = (time.time(), states)
+            self._stop_event.wait(self.interval_s)
+
+    def take(self) -> tuple[float, list[NodeState]] | None:
+        with self._lock:
+            latest, self._latest = self._latest, None
+        return latest
+
+    def stop(self) -> None:
+        self._stop_event.set()
 
 
 class CollectorError(SlurmGpuError):
@@ -144,7 +185,8 @@ class _FrameBuilder:
 
 class Collector:
     def __init__(self, settings: CollectorSettings, *, store: Store | None = None,
-                 automation: Automation | None = None, max_batch: int = MAX_BATCH) -> None:
+                 automation: Automation | None = None, max_batch: int = MAX_BATCH,
+                 slurm: SlurmClient | None = None) -> None:
         self.settings = settings
         self.automation = automation
         self.log = get_logger(component="collector")
@@ -155,7 +197,8 @@ class Collector:
         self.allowed: dict[bytes, str] = keys.allowed_nodes(self.keys_dir)
         self._frames = _FrameBuilder()
         self._allow_stamp = self._nodes_dir_stamp()
-        self.store = store if store is not None else Store(settings.db)
+        self.store = store if store is not None else Store(settings.db,
+                                                           sample_interval_s=settings.sample_interval_s)
         self._own_store = store is None
         self.checkpoints: Checkpoints | None = None
         if automation is not None and hasattr(automation, "attach_checkpoints"):
@@ -197,6 +240,10 @@ class Collector:
         self._reject_logged: dict[str, float] = {}
         self._reject_suppressed: Counter[str] = Counter()
         self._closed = False
+        self.slurm_poller: SlurmPoller | None = None
+        if slurm is not None and settings.slurm_poll_s > 0:
+            self.slurm_poller = SlurmPoller(slurm, settings.slurm_poll_s)
+            self.slurm_poller.start()
         self._auto_stamp: tuple[int, int, int] | None = None
         self._automation_fleet_size()
         self.log.info("collector_listening", endpoint=self.endpoint, nodes=len(self.allowed),
@@ -232,6 +279,9 @@ class Collector:
         if self._closed:
             return
         self._closed = True
+        poller = getattr(self, "slurm_poller", None)
+        if poller is not None:
+            poller.stop()
         metrics_server = getattr(self, "metrics_server", None)  # None: not started (yet)
         if metrics_server is not None:
             metrics_server.shutdown()
@@ -517,6 +567,7 @@ class Collector:
         if self.automation is not None:
             self._automation_sync()
         self._checkpoint_tick()
+        self._slurm_states()
         if mono >= self._next_heartbeat:
             self._next_heartbeat = mono + self.settings.heartbeat_s
             self._heartbeat()
@@ -531,6 +582,23 @@ class Collector:
         if mono >= self._next_stats:
             self._next_stats = mono + STATS_EVERY_S
             self.log.info("collector_stats", **self.counters.snapshot())
+
+    def _slurm_states(self) -> None:
+        """Record drain/resume transitions from the poller's latest look at Slurm."""
+        if self.slurm_poller is None:
+            return
+        polled = self.slurm_poller.take()
+        if polled is None:
+            return
+        at, states = polled
+        fleet = set(self.allowed.values())
+        try:
+            changes = self.store.record_slurm_states([s for s in states if s.name in fleet], at)
+        except sqlite3.Error as exc:
+            self.log.error("slurm_states_store_failed", error=str(exc))
+            return
+        for node, kind in changes:
+            self.log.info("node_state", node=node, kind=kind)
 
     def _heartbeat(self) -> None:
         now = time.time()

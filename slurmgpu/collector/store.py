@@ -34,6 +34,7 @@ from typing import Any
 
 import msgpack
 
+from slurmgpu.collector.history import History, Rows
 from slurmgpu.errors import SlurmGpuError
 from slurmgpu.wire import COMMAND_RESULT, EVENT, HEARTBEAT, HELLO, REPORT, Envelope, raw_body
 
@@ -191,8 +192,82 @@ def _migration_3(db: sqlite3.Connection) -> None:
     """)
 
 
+def _migration_4(db: sqlite3.Connection) -> None:
+    """History for the fleet report (``slurmgpu report``): node state transitions (drained /
+    resumed from Slurm, unreachable / reachable from the collector), hourly per-node
+    samples (reports, throttled reports), and GPU error counters, IB port counters and
+    software versions, each stored when it changes. See docs/fleet-db.md."""
+    _script(db, """
+        CREATE TABLE node_states (
+            id INTEGER PRIMARY KEY,
+            node TEXT NOT NULL,
+            ts REAL NOT NULL,
+            kind TEXT NOT NULL,
+            reason TEXT,
+            actor TEXT
+        );
+        CREATE INDEX node_states_ts ON node_states (ts);
+        CREATE INDEX node_states_node_ts ON node_states (node, ts);
+        CREATE TABLE node_samples (
+            node TEXT NOT NULL,
+            ts REAL NOT NULL,
+            span_s REAL NOT NULL,
+            reports INTEGER NOT NULL,
+            fail_reports INTEGER NOT NULL,
+            hw_slowdown_reports INTEGER NOT NULL,
+            sw_thermal_reports INTEGER NOT NULL,
+            PRIMARY KEY (node, ts)
+        ) WITHOUT ROWID;
+        CREATE INDEX node_samples_ts ON node_samples (ts);
+        CREATE TABLE gpu_counters (
+            node TEXT NOT NULL,
+            gpu INTEGER NOT NULL,
+            ts REAL NOT NULL,
+            serial TEXT,
+            model TEXT,
+            ecc_corrected INTEGER,
+            ecc_uncorrected INTEGER,
+            remap_corrected INTEGER,
+            remap_uncorrected INTEGER,
+            remap_pending INTEGER,
+            remap_failure INTEGER
+        );
+        CREATE INDEX gpu_counters_node_gpu_ts ON gpu_counters (node, gpu, ts);
+        CREATE INDEX gpu_counters_ts ON gpu_counters (ts);
+        CREATE TABLE ib_counters (
+            node TEXT NOT NULL,
+            port TEXT NOT NULL,
+            ts REAL NOT NULL,
+            state TEXT,
+            rate_gbps REAL,
+            symbol_error INTEGER,
+            link_downed INTEGER,
+            link_error_recovery INTEGER,
+            port_rcv_errors INTEGER,
+            local_link_integrity_errors INTEGER,
+            excessive_buffer_overrun_errors INTEGER
+        );
+        CREATE INDEX ib_counters_node_port_ts ON ib_counters (node, port, ts);
+        CREATE INDEX ib_counters_ts ON ib_counters (ts);
+        CREATE TABLE node_versions (
+            node TEXT NOT NULL,
+            ts REAL NOT NULL,
+            gpu_model TEXT,
+            driver TEXT,
+            cuda TEXT,
+            nccl TEXT,
+            vbios TEXT,
+            ib_firmware TEXT,
+            ofed TEXT,
+            kernel TEXT
+        );
+        CREATE INDEX node_versions_node_ts ON node_versions (node, ts)
+    """)
+
+
 # Applied in order at open; the schema version is the number applied. Append only.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migration_1, _migration_2, _migration_3]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migration_1, _migration_2, _migration_3,
+                                                          _migration_4]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -244,8 +319,13 @@ def _body_bytes(item: BatchItem) -> bytes:
 class Store:
     """The fleet database. Not thread-safe: one owner (the collector loop)."""
 
-    def __init__(self, path: str | os.PathLike[str], *, timeout_s: float = 10.0) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, timeout_s: float = 10.0,
+                 sample_interval_s: float = 3600.0) -> None:
         self.path = Path(path)
+        self.history = History(sample_interval_s)
+        self._unreachable: set[str] | None = None  # nodes marked unreachable (loaded lazily)
+        # node -> (drained, reason) as last recorded in node_states (loaded lazily)
+        self._slurm_state: dict[str, tuple[bool, str | None]] | None = None
         if str(path) != ":memory:":
             self.path.parent.mkdir(parents=True, exist_ok=True)
         self._high: dict[str, int] | None = None
@@ -289,6 +369,15 @@ class Store:
             raise
 
     def close(self) -> None:
+        """Write the partial hourly samples, then close."""
+        rows = Rows()
+        self.history.flush(time.time(), rows)
+        if rows.samples and str(self.path) != ":memory:":
+            try:
+                with self.transaction():
+                    rows.write(self.db)
+            except sqlite3.Error:
+                pass  # read-only or gone: the partial hour is lost, nothing else
         self.db.close()
 
     # ------------------------------------------------------------------ writes
@@ -363,6 +452,7 @@ class Store:
         findings: list[tuple[Any, ...]] = []
         events: list[tuple[Any, ...]] = []
         results: list[tuple[Any, ...]] = []
+        hist = Rows()
         latest_report: dict[str, BatchItem] = {}
         # Per node: [last_seq, verdict_ts, verdict, worst finding, agent_version]
         node_rows: dict[str, list[Any]] = {node: [0, None, None, None, None] for node in touched}
@@ -393,6 +483,7 @@ class Store:
                 if row[1] is None or env.ts >= row[1]:
                     row[1], row[2], row[3] = env.ts, verdict, worst
                 if env.type == REPORT:
+                    self.history.observe(node, env.ts, verdict, body.get("summary"), hist)
                     state = (verdict, tuple(bad))
                     if state != (states.get(node) or last_state.get(node)):
                         states[node] = state
@@ -422,6 +513,8 @@ class Store:
         if events:
             db.executemany("INSERT INTO events (node, seq, ts, kind, gpu, data, verdict, body) "
                            "VALUES (?,?,?,?,?,?,?,?)", events)
+        hist.write(db)
+        self._note_reachable(touched, now)
         if results:
             db.executemany("INSERT INTO command_results (node, seq, ts, command_id, ok, result) "
                            "VALUES (?,?,?,?,?,?)", results)
@@ -556,16 +649,64 @@ class Store:
 
     def mark_unreachable(self, now: float, after_s: float) -> list[str]:
         """Mark nodes silent for more than ``after_s`` unreachable; return the newly marked."""
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
+        unreachable = self._unreachable_nodes()
+        with self.transaction():
             rows = self.db.execute(
                 "UPDATE nodes SET reachable = 0, unreachable_since = ? "
                 "WHERE reachable = 1 AND last_seen < ? RETURNING node", (now, now - after_s)).fetchall()
-            self.db.execute("COMMIT")
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
-        return sorted(str(r[0]) for r in rows)
+            gone = sorted(str(r[0]) for r in rows)
+            self.db.executemany(
+                "INSERT INTO node_states (node, ts, kind, reason, actor) VALUES (?,?,?,?,?)",
+                [(n, now, "unreachable", f"silent for {after_s:g} s", "collector") for n in gone])
+        unreachable.update(gone)
+        return gone
+
+    def _unreachable_nodes(self) -> set[str]:
+        if self._unreachable is None:
+            self._unreachable = {str(r[0]) for r in
+                                 self.db.execute("SELECT node FROM nodes WHERE reachable = 0")}
+        return self._unreachable
+
+    def _note_reachable(self, touched: set[str], now: float) -> None:
+        """Inside ``_write``: nodes marked unreachable that spoke again."""
+        unreachable = self._unreachable_nodes()
+        back = sorted(unreachable & touched)
+        if back:
+            self.db.executemany(
+                "INSERT INTO node_states (node, ts, kind, reason, actor) VALUES (?,?,?,?,?)",
+                [(n, now, "reachable", None, "collector") for n in back])
+            unreachable.difference_update(back)
+
+    def record_slurm_states(self, states: Iterable[Any], now: float) -> list[tuple[str, str]]:
+        """Record drain/resume transitions from a Slurm poll (``NodeState`` objects);
+        returns the (node, kind) transitions written."""
+        last = self._last_slurm_states()
+        rows = []
+        for st in states:
+            drained, reason = bool(st.drained), _text(st.reason)
+            before = last.get(st.name)
+            if before is None and not drained:
+                last[st.name] = (False, None)  # first sight, not drained: nothing happened
+                continue
+            if drained and (before is None or not before[0] or before[1] != reason):
+                ts = st.reason_time if st.reason_time and st.reason_time <= now else now
+                rows.append((st.name, ts, "drained", reason, _text(st.reason_user)))
+            elif not drained and before is not None and before[0]:
+                rows.append((st.name, now, "resumed", None, None))
+            last[st.name] = (drained, reason if drained else None)
+        if rows:
+            with self.transaction():
+                self.db.executemany("INSERT INTO node_states (node, ts, kind, reason, actor) "
+                                    "VALUES (?,?,?,?,?)", rows)
+        return [(r[0], r[2]) for r in rows]
+
+    def _last_slurm_states(self) -> dict[str, tuple[bool, str | None]]:
+        if self._slurm_state is None:
+            self._slurm_state = {
+                str(n): (k == "drained", r) for n, k, r in self.db.execute(
+                    "SELECT node, kind, reason FROM node_states WHERE id IN (SELECT max(id) FROM "
+                    "node_states WHERE kind IN ('drained', 'resumed') GROUP BY node)")}
+        return self._slurm_state
 
     def prune(self, retention_days: float, *, now: float | None = None) -> int:
         """Delete history older than the retention; returns the rows deleted.
@@ -581,6 +722,8 @@ class Store:
                         "DELETE FROM command_results WHERE ts < ?",
                         "DELETE FROM decisions WHERE time < ?",
                         "DELETE FROM job_events WHERE ts < ?",
+                        "DELETE FROM node_states WHERE ts < ?",
+                        "DELETE FROM node_samples WHERE ts < ?",
                         "DELETE FROM checkpoints WHERE state != 'open' AND requested < ?"):
                 deleted += self.db.execute(sql, (cutoff,)).rowcount
             self.db.execute("COMMIT")
@@ -655,6 +798,7 @@ class Store:
     def count(self, table: str) -> int:
         if table not in {"nodes", "messages", "reports", "report_history", "findings", "events",
                          "command_results", "decisions", "checkpoints", "pending_drains",
-                         "job_events"}:
+                         "job_events", "node_states", "node_samples", "gpu_counters", "ib_counters",
+                         "node_versions"}:
             raise ValueError(f"unknown table {table!r}")
         return int(self.db.execute(f"SELECT count(*) FROM {table}").fetchone()[0])

@@ -265,6 +265,10 @@ class CollectorSettings:
     retention_days: int = 90
     # Prometheus /metrics ("host:port"; "" = off), e.g. "0.0.0.0:9750".
     metrics_bind: str = ""
+    # Per-node history for `slurmgpu report`: counts (reports, throttled reports) per interval.
+    sample_interval_s: float = 3600.0
+    # Ask Slurm for drained/resumed nodes this often (the report's drain history); 0 = never.
+    slurm_poll_s: float = 60.0
 
 
 AutomationAction = Literal["none", "warn", "checkpoint", "drain", "drain-now", "reboot"]

@@ -1,0 +1,145 @@
+"""The fleet history the report reads (docs/fleet-db.md): report summaries, hourly
+samples, counters stored on change, node state transitions (reachability, Slurm drains)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+from slurmgpu.collector.store import Store
+from slurmgpu.slurm import NodeState
+from slurmgpu.summary import HW_SLOWDOWN, SW_THERMAL, summarize
+from slurmgpu.testing import make_facts
+from slurmgpu.wire import REPORT, Envelope
+
+T0 = 1_790_000_000.0
+
+
+def test_summary_of_a_node() -> None:
+    facts = make_facts("gpu-n1", gpus=2, ib_ports=1)
+    facts.nvml.gpus[1].clocks_event_reasons = HW_SLOWDOWN | SW_THERMAL
+    s = summarize(facts)
+    g0, g1 = s["gpus"]
+    assert (g0["index"], g0["hw_slowdown"], g1["hw_slowdown"], g1["sw_thermal"]) == (0, 0, 1, 1)
+    assert g0["model"] == facts.nvml.gpus[0].name and g0["remap_pending"] == 0
+    [port] = s["ib"]
+    assert port["port"] == f"{facts.ib.hcas[0].name}/1" and "symbol_error" in port
+    assert s["versions"]["driver"] == "550.90.07" and s["versions"]["nccl"] == "2.21.5"
+    assert s["versions"]["cuda"] == "12.4"
+
+
+def _report(node: str, seq: int, ts: float, summary: dict[str, Any], verdict: str = "OK") -> Any:
+    return (node, Envelope(type=REPORT, node=node, seq=seq, ts=ts,
+                           body={"verdict": verdict, "findings": [], "summary": summary}))
+
+
+def _rows(store: Store, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    return store.db.execute(sql, params).fetchall()
+
+
+def test_samples_and_counters_on_change(tmp_path: Path) -> None:
+    store = Store(tmp_path / "f.db", sample_interval_s=60)
+    facts = make_facts("gpu-n1", gpus=2, ib_ports=1)
+    batch = []
+    for i in range(9):  # a report every 15 s for 2 minutes
+        if i == 4:
+            assert facts.nvml.gpus[0].ecc is not None
+            facts.nvml.gpus[0].ecc = dataclasses.replace(facts.nvml.gpus[0].ecc, corrected_aggregate=7)
+            facts.nvml.gpus[1].clocks_event_reasons = HW_SLOWDOWN
+        if i == 6:
+            facts.nvml.gpus[1].clocks_event_reasons = 0
+        batch.append(_report("gpu-n1", i + 1, T0 + 15 * i, summarize(facts), "FAIL" if i == 2 else "OK"))
+    store.store_batch(batch)
+    samples = _rows(store, "SELECT ts, span_s, reports, fail_reports, hw_slowdown_reports, "
+                           "sw_thermal_reports FROM node_samples ORDER BY ts")
+    # the report at +60 s closes the first interval (reports 0..4), +120 s the second (5..8)
+    assert samples == [(T0 + 60, 60.0, 5, 1, 1, 0), (T0 + 120, 60.0, 4, 0, 1, 0)]
+    ecc = _rows(store, "SELECT ts, ecc_corrected FROM gpu_counters WHERE gpu = 0 ORDER BY ts")
+    assert [e[0] for e in ecc] == [T0, T0 + 60] and ecc[1][1] == 7  # first sight, then the change
+    assert len(_rows(store, "SELECT * FROM gpu_counters WHERE gpu = 1")) == 1
+    assert len(_rows(store, "SELECT * FROM ib_counters")) == 1
+    assert _rows(store, "SELECT driver, nccl FROM node_versions") == [("550.90.07", "2.21.5")]
+    # a new driver is a new versions row
+    facts.nvml.driver_version = "560.35.03"
+    store.store_batch([_report("gpu-n1", 20, T0 + 200, summarize(facts))])
+    assert [r[0] for r in _rows(store, "SELECT driver FROM node_versions ORDER BY ts")] == \
+        ["550.90.07", "560.35.03"]
+    store.close()  # writes the partial interval
+    again = Store(tmp_path / "f.db")
+    assert _rows(again, "SELECT reports FROM node_samples ORDER BY ts")[-1] == (1,)
+
+
+def test_garbage_summaries_are_ignored(tmp_path: Path) -> None:
+    store = Store(tmp_path / "f.db", sample_interval_s=60)
+    bad = {"gpus": [{"index": "x"}, "nope", {"index": 1, "ecc_corrected": [1, 2], "model": "A" * 9999}],
+           "ib": [{"port": 5}, {"port": "mlx5_0/1", "symbol_error": 2**64 - 1}], "versions": "x"}
+    store.store_batch([_report("gpu-n1", 1, T0, bad)])
+    [(model, ecc)] = _rows(store, "SELECT model, ecc_corrected FROM gpu_counters")
+    assert len(model) == 256 and ecc is None
+    assert _rows(store, "SELECT port, symbol_error FROM ib_counters") == [("mlx5_0/1", None)]
+    assert _rows(store, "SELECT count(*) FROM node_versions") == [(0,)]
+
+
+def test_reachability_transitions(tmp_path: Path) -> None:
+    store = Store(tmp_path / "f.db")
+    store.store_batch([_report("gpu-n1", 1, T0, {})], received_at=T0)
+    assert store.mark_unreachable(T0 + 100, 15) == ["gpu-n1"]
+    assert store.mark_unreachable(T0 + 200, 15) == []  # once
+    store.store_batch([_report("gpu-n1", 2, T0 + 300, {})], received_at=T0 + 300)
+    store.store_batch([_report("gpu-n1", 3, T0 + 315, {})], received_at=T0 + 315)
+    assert _rows(store, "SELECT ts, kind, actor FROM node_states ORDER BY id") == [
+        (T0 + 100, "unreachable", "collector"), (T0 + 300, "reachable", "collector")]
+
+
+def test_slurm_drain_transitions_survive_a_restart(tmp_path: Path) -> None:
+    store = Store(tmp_path / "f.db")
+    idle = NodeState("gpu-n1", "idle")
+    drained = NodeState("gpu-n1", "idle", frozenset({"DRAIN"}), "slurmgpu: ecc.uncorrected GPU 3",
+                        "root", T0 + 5)
+    assert store.record_slurm_states([idle], T0) == []
+    assert store.record_slurm_states([drained], T0 + 60) == [("gpu-n1", "drained")]
+    assert store.record_slurm_states([drained], T0 + 120) == []
+    store.close()
+    store = Store(tmp_path / "f.db")  # a restarted collector does not record it twice
+    assert store.record_slurm_states([drained], T0 + 180) == []
+    other = dataclasses.replace(drained, reason="disk swap", reason_user="alice", reason_time=T0 + 200)
+    assert store.record_slurm_states([other], T0 + 240) == [("gpu-n1", "drained")]
+    assert store.record_slurm_states([idle], T0 + 300) == [("gpu-n1", "resumed")]
+    assert _rows(store, "SELECT ts, kind, reason, actor FROM node_states ORDER BY id") == [
+        (T0 + 5, "drained", "slurmgpu: ecc.uncorrected GPU 3", "root"),
+        (T0 + 200, "drained", "disk swap", "alice"),
+        (T0 + 300, "resumed", None, None)]
+
+
+def test_collector_polls_slurm_for_drains(tmp_path: Path) -> None:
+    import threading
+
+    from slurmgpu import keys
+    from slurmgpu.collector.server import Collector
+    from slurmgpu.config.schema import CollectorSettings
+    from slurmgpu.testing import FakeSlurmClient
+
+    keys.init(tmp_path / "keys")
+    keys.add_node(tmp_path / "keys", "gpu-n1")
+    client = FakeSlurmClient(["gpu-n1", "login1"])
+    settings = CollectorSettings(bind="tcp://127.0.0.1:*", db=str(tmp_path / "f.db"),
+                                 keys_dir=str(tmp_path / "keys"), slurm_poll_s=0.05)
+    collector = Collector(settings, slurm=client)
+    stop = threading.Event()
+    thread = threading.Thread(target=collector.run, args=(stop,))
+    thread.start()
+    try:
+        for node, reason in (("gpu-n1", "slurmgpu: xid.recent GPU 0 XID 79"), ("login1", "not ours")):
+            client.states[node] = NodeState(node, "idle", frozenset({"DRAIN"}), reason, "root", time.time())
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            rows = Store(tmp_path / "f.db").db.execute("SELECT node, kind FROM node_states").fetchall()
+            if rows:
+                break
+            time.sleep(0.05)
+        assert rows == [("gpu-n1", "drained")]
+    finally:
+        stop.set()
+        thread.join(10)
