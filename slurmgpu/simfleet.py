@@ -95,6 +95,15 @@ def _facts_blob(gpus: int) -> bytes:
     return _packed(make_facts(gpus=gpus).to_json())
 
 
+@functools.cache
+def _summary(gpus: int) -> dict[str, Any]:
+    """The agent's ``summary`` (counters and versions for the fleet history)."""
+    from slurmgpu.summary import summarize
+    from slurmgpu.testing import make_facts
+
+    return summarize(make_facts(gpus=gpus))
+
+
 def report_body(rng: random.Random, gpus: int = 8, *, problem: bool = False) -> dict[str, Any]:
     """A report body shaped like the agent's: non-OK findings, passing check ids, facts."""
     findings: list[dict[str, Any]] = []
@@ -112,7 +121,8 @@ def report_body(rng: random.Random, gpus: int = 8, *, problem: bool = False) -> 
     # As the real agent sends it: problems in full, the checks that passed by id.
     problems = [f for f in findings if f["severity"] != "OK"]
     ok_checks = sorted({f["check"] for f in findings} - {f["check"] for f in problems})
-    return {"verdict": verdict, "findings": problems, "ok_checks": ok_checks, "facts": facts}
+    return {"verdict": verdict, "findings": problems, "ok_checks": ok_checks, "facts": facts,
+            "summary": _summary(gpus)}
 
 
 def _packed(value: Any) -> bytes:

@@ -269,3 +269,16 @@ def test_fleet_shows_pending_checkpoints(tmp_path: Path, monkeypatch: pytest.Mon
     doc = json.loads(CliRunner().invoke(fleet_cmd.fleet, ["--config", config, "--json"]).output)
     assert doc["pending_checkpoints"][0]["jobs"][0]["job_id"] == "31"
     assert doc["automation"]["breaker_open"] is False and doc["automation"]["checkpointing"] == ["gpu-002"]
+
+
+def test_checkpoint_escalates_to_drain_now(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rig.client.add_job("8", ["gpu-001"])
+    assert rig.report("gpu-001", REMAP, "WARN")[0].result == "checkpointing"
+    [d] = rig.report("gpu-001", XID79)
+    assert (d.action, d.result) == ("drain-now", "escalated")
+    assert len(rig.calls("signal")) == 1  # the job was already told
+    rig.ack("gpu-001", "8")
+    assert [c[0] for c in rig.client.calls] == ["signal", "drain", "requeue"]
+    assert "escalated" in rig.kinds("8")
+    assert rig.report("gpu-001", XID79) == []

@@ -99,6 +99,24 @@ class Checkpoints:
                       deadline_s=self.settings.checkpoint_deadline_s)
         return len(ids)
 
+    def escalate(self, node: str, reason: str, trigger: str, now: float | None = None) -> bool:
+        """A node waiting for checkpoints ("checkpoint") got a drain-now-class fault: its
+        jobs will also be requeued. True if it changed anything."""
+        pending = self._pending.get(node)
+        if pending is None or pending["action"] == "drain-now":
+            return False
+        now = self.clock() if now is None else now
+        pending.update(action="drain-now", reason=reason, trigger=trigger)
+        cps = [self._open[i] for i in pending["checkpoints"] if i in self._open]
+        with self.store.transaction():
+            self.store.upgrade_pending_drain(node, "drain-now", reason, trigger)
+            for cp in cps:
+                cp["action"] = "drain-now"
+                self.store.update_checkpoint(cp["id"], action="drain-now")
+            self._add_events([JobEvent(cp["job_id"], now, "escalated", node, f"drain-now: {reason}")
+                              for cp in cps])
+        return True
+
     def _request(self, job: JobInfo, node: str, action: str, reason: str, now: float,
                  events: list[JobEvent]) -> int:
         """One job: reuse its open request (upgraded to drain-now if need be), or signal

@@ -255,7 +255,12 @@ class Automation:
     def _drain(self, node: str, action: str, reason: str, check: str, now: float) -> list[Decision]:
         st, s = self.state, self.settings
         if node in st.drained:
-            if s.dry_run or st.drained[node].get("pending") or self._still_drained(node):
+            pending = st.drained[node].get("pending")
+            if pending == "checkpoint" and action == "drain-now" and self.checkpoints is not None \
+                    and self.checkpoints.escalate(node, reason, check, now):
+                st.drained[node]["pending"] = action
+                return [self._decision(node, action, reason, check, "escalated", now)]
+            if s.dry_run or pending or self._still_drained(node):
                 return []  # idempotent: already drained (or draining after checkpoints) by us
             st.drained.pop(node)  # someone resumed it while it still fails: drain again
         st.drain_times = [t for t in st.drain_times if now - t < HOUR]

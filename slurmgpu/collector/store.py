@@ -623,6 +623,10 @@ class Store:
             "VALUES (?,?,?,?,?,?) ON CONFLICT (node) DO UPDATE SET checkpoints = excluded.checkpoints",
             (node, action, _text(reason), _text(trigger), since, json.dumps(list(checkpoint_ids))))
 
+    def upgrade_pending_drain(self, node: str, action: str, reason: str, trigger: str) -> None:
+        self.db.execute("UPDATE pending_drains SET action = ?, reason = ?, trigger = ? WHERE node = ?",
+                        (action, _text(reason), _text(trigger), node))
+
     def remove_pending_drain(self, node: str) -> None:
         self.db.execute("DELETE FROM pending_drains WHERE node = ?", (node,))
 
