@@ -98,10 +98,10 @@ def _facts_blob(gpus: int) -> bytes:
 @functools.cache
 def _summary(gpus: int) -> dict[str, Any]:
     """The agent's ``summary`` (counters and versions for the fleet history)."""
-    from slurmgpu.summary import summarize
+    from slurmgpu.summary import report_fields
     from slurmgpu.testing import make_facts
 
-    return summarize(make_facts(gpus=gpus))
+    return report_fields(make_facts(gpus=gpus))
 
 
 def report_body(rng: random.Random, gpus: int = 8, *, problem: bool = False) -> dict[str, Any]:
@@ -122,7 +122,7 @@ def report_body(rng: random.Random, gpus: int = 8, *, problem: bool = False) -> 
     problems = [f for f in findings if f["severity"] != "OK"]
     ok_checks = sorted({f["check"] for f in findings} - {f["check"] for f in problems})
     return {"verdict": verdict, "findings": problems, "ok_checks": ok_checks, "facts": facts,
-            "summary": _summary(gpus)}
+            **_summary(gpus)}
 
 
 def _packed(value: Any) -> bytes:

@@ -3,12 +3,21 @@
 The collector keeps a node's facts as opaque bytes (decoding ~13 KB per report would
 cost ingest throughput); what the fleet report trends over time — GPU error counters,
 throttling, IB port counters, software versions — travels beside them in this small
-dict (a few hundred bytes for 8 GPUs and 4 ports). See docs/fleet-db.md.
+map of positional lists (~600 bytes for 8 GPUs and 8 ports), pre-packed by the agent:
+the collector compares the bytes with the node's previous report and decodes them only
+when something changed. See docs/fleet-db.md. In a report body:
+
+    "throttle": THROTTLE_HW | THROTTLE_SW bits (some GPU in HW slowdown / SW thermal),
+    "summary": msgpack bytes of {"gpus": [[index, *GPU_FIELDS], ...],
+                                 "ib": [[port, *IB_FIELDS], ...],   # port: "mlx5_0/1"
+                                 "versions": [*VERSION_FIELDS]}
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import msgpack
 
 from slurmgpu.facts import GpuFacts, NodeFacts
 
@@ -21,54 +30,60 @@ HW_ANY = HW_SLOWDOWN | HW_THERMAL | HW_POWER_BRAKE
 # IB port error counters kept in the history (sysfs names under ports/N/counters/).
 IB_COUNTERS = ("symbol_error", "link_downed", "link_error_recovery", "port_rcv_errors",
                "local_link_integrity_errors", "excessive_buffer_overrun_errors")
-
-
-def _gpu(g: GpuFacts) -> dict[str, Any]:
-    ecc, rows = g.ecc, g.remapped_rows
-    reasons = g.clocks_event_reasons or 0
-    return {
-        "index": g.index,
-        "model": g.name,
-        "serial": g.serial,
-        # Aggregate (lifetime) counts when the GPU keeps them: a volatile count resets at
-        # each driver reload and would hide a trend.
-        "ecc_corrected": None if ecc is None else _first(ecc.corrected_aggregate, ecc.corrected_volatile),
-        "ecc_uncorrected": None if ecc is None else _first(ecc.uncorrected_aggregate,
-                                                           ecc.uncorrected_volatile),
-        "remap_corrected": None if rows is None else rows.correctable,
-        "remap_uncorrected": None if rows is None else rows.uncorrectable,
-        "remap_pending": None if rows is None else int(rows.pending),
-        "remap_failure": None if rows is None else int(rows.failure),
-        "hw_slowdown": int(bool(reasons & HW_ANY)),
-        "sw_thermal": int(bool(reasons & SW_THERMAL)),
-    }
+GPU_FIELDS = ("serial", "model", "ecc_corrected", "ecc_uncorrected", "remap_corrected",
+              "remap_uncorrected", "remap_pending", "remap_failure")
+IB_FIELDS = ("state", "rate_gbps", *IB_COUNTERS)
+THROTTLE_HW, THROTTLE_SW = 1, 2
+VERSION_FIELDS = ("gpu_model", "driver", "cuda", "nccl", "vbios", "ib_firmware", "ofed", "kernel")
 
 
 def _first(*values: int | None) -> int | None:
     return next((v for v in values if v is not None), None)
 
 
+def _gpu(g: GpuFacts) -> list[Any]:
+    ecc, rows = g.ecc, g.remapped_rows
+    return [
+        g.index, g.serial, g.name,
+        # Aggregate (lifetime) counts when the GPU keeps them: a volatile count resets at
+        # each driver reload and would hide a trend.
+        None if ecc is None else _first(ecc.corrected_aggregate, ecc.corrected_volatile),
+        None if ecc is None else _first(ecc.uncorrected_aggregate, ecc.uncorrected_volatile),
+        None if rows is None else rows.correctable,
+        None if rows is None else rows.uncorrectable,
+        None if rows is None else int(rows.pending),
+        None if rows is None else int(rows.failure),
+    ]
+
+
 def summarize(facts: NodeFacts) -> dict[str, Any]:
-    """The ``summary`` of a report body: ``gpus``, ``ib`` ports and ``versions``."""
-    gpus = [_gpu(g) for g in facts.nvml.gpus if not g.lost]
-    ports = []
-    for hca in facts.ib.hcas:
-        for port in hca.ports:
-            ports.append({"port": f"{hca.name}/{port.port}", "state": port.state,
-                          "rate_gbps": port.rate_gbps,
-                          **{c: port.counters.get(c) for c in IB_COUNTERS}})
+    """The ``summary`` of a report body (format in the module docstring)."""
+    live = [g for g in facts.nvml.gpus if not g.lost]
+    reasons = [g.clocks_event_reasons or 0 for g in live]
+    ports = [[f"{hca.name}/{port.port}", port.state, port.rate_gbps,
+              *(port.counters.get(c) for c in IB_COUNTERS)]
+             for hca in facts.ib.hcas for port in hca.ports]
     v = facts.versions
     models = sorted({g.name for g in facts.nvml.gpus if g.name})
     vbios = sorted({g.vbios for g in facts.nvml.gpus if g.vbios})
     firmware = sorted({h.fw_ver for h in facts.ib.hcas if h.fw_ver})
-    versions = {
-        "gpu_model": ", ".join(models) or None,
-        "driver": facts.nvml.driver_version,
-        "cuda": facts.nvml.cuda_driver_version,
-        "nccl": v.nccl,
-        "vbios": ", ".join(vbios) or None,
-        "ib_firmware": ", ".join(firmware) or None,
-        "ofed": v.ofed,
-        "kernel": v.kernel,
-    }
-    return {"gpus": gpus, "ib": ports, "versions": versions}
+    versions = [", ".join(models) or None, facts.nvml.driver_version, facts.nvml.cuda_driver_version,
+                v.nccl, ", ".join(vbios) or None, ", ".join(firmware) or None, v.ofed, v.kernel]
+    return {"hw": int(any(r & HW_ANY for r in reasons)), "sw": int(any(r & SW_THERMAL for r in reasons)),
+            "gpus": [_gpu(g) for g in live], "ib": ports, "versions": versions}
+
+
+def report_fields(facts: NodeFacts) -> dict[str, Any]:
+    """``throttle`` and the packed ``summary``, as the agent puts them in a report body."""
+    summary = summarize(facts)
+    throttle = (THROTTLE_HW if summary.pop("hw") else 0) | (THROTTLE_SW if summary.pop("sw") else 0)
+    return {"throttle": throttle, "summary": msgpack.packb(summary, use_bin_type=True)}
+
+
+def as_dict(summary: dict[str, Any]) -> dict[str, Any]:
+    """The same summary with named fields (tests, debugging)."""
+    return {"hw": summary.get("hw"), "sw": summary.get("sw"),
+            "gpus": [{"index": g[0], **dict(zip(GPU_FIELDS, g[1:], strict=False))}
+                     for g in summary.get("gpus") or ()],
+            "ib": [{"port": p[0], **dict(zip(IB_FIELDS, p[1:], strict=False))} for p in summary.get("ib") or ()],
+            "versions": dict(zip(VERSION_FIELDS, summary.get("versions") or (), strict=False))}

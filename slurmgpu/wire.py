@@ -16,7 +16,8 @@ Message types (body fields):
     hello           {"version": str, "gpus": int, "interval_s": float}
     report          {"verdict": str, "findings": [non-OK finding...], "ok_checks": [check id...],
                      "facts": {...} or msgpack bytes of it,
-                     "summary": {...} (slurmgpu.summary: counters and versions for the history)}
+                     "throttle": int, "summary": msgpack bytes (slurmgpu.summary: counters and
+                     versions for the fleet history)}
     event           {"kind": "xid"|"ecc_sbe"|"ecc_dbe"|"clock"|"gpu_lost"|..., "gpu": int|None,
                      "data": int|None, "verdict": str, "findings": [finding...]}
     heartbeat       {}                         (no ack, no seq needed: seq 0)
@@ -184,7 +185,8 @@ def _validate_body(mtype: str, body: dict[str, Any]) -> None:
         # which the collector stores as they are instead of decoding ~13 KB per report.
         _require(body, "facts", (dict, bytes), mtype, optional=True)
         _require(body, "ok_checks", list, mtype, optional=True)
-        _require(body, "summary", dict, mtype, optional=True)
+        _require(body, "summary", (dict, bytes), mtype, optional=True)
+        _require(body, "throttle", int, mtype, optional=True)
         if not all(isinstance(c, str) for c in body.get("ok_checks") or ()):
             raise WireError("report: ok_checks must be check ids")
     if mtype == EVENT:

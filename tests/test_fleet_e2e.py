@@ -183,3 +183,22 @@ def test_collector_killed_under_load_loses_nothing(fleet: SimCluster) -> None:
     assert set(latest) == {"gpu-n1", "gpu-n2"}
     wait_until(lambda: all(ts >= since for ts in dict(query(fleet, "SELECT node, ts FROM reports")).values()),
              timeout=20, what="a fresh report from every node")
+
+
+def test_history_and_report_from_real_agents(fleet: SimCluster) -> None:
+    """The agents' report summaries reach the history tables, and `slurmgpu report`
+    runs on what the real collector stored."""
+    db = fleet.collector_db()
+    wait_until(lambda: query(fleet, "SELECT count(DISTINCT node) FROM gpu_counters")[0][0] == 2, 20,
+               "GPU counters from both nodes")
+    per_node = dict(query(fleet, "SELECT node, count(DISTINCT gpu) FROM gpu_counters GROUP BY node"))
+    assert per_node == {"gpu-n1": 8, "gpu-n2": 8}
+    [(driver, model)] = query(fleet, "SELECT DISTINCT driver, gpu_model FROM node_versions")
+    assert driver == load_scenario("h100-sxm-8")["driver_version"] and "H100" in model
+    env = {**os.environ, **fleet.env()}
+    proc = subprocess.run([sys.executable, "-m", "slurmgpu", "report", "--db", str(db), "--since", "1h",
+                           "--format", "json"], env=env, capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["schema"] == "slurmgpu.report/1" and report["summary"]["nodes"] == 2

@@ -10,7 +10,7 @@ from typing import Any
 
 from slurmgpu.collector.store import Store
 from slurmgpu.slurm import NodeState
-from slurmgpu.summary import HW_SLOWDOWN, SW_THERMAL, summarize
+from slurmgpu.summary import HW_SLOWDOWN, SW_THERMAL, as_dict, report_fields, summarize
 from slurmgpu.testing import make_facts
 from slurmgpu.wire import REPORT, Envelope
 
@@ -20,19 +20,24 @@ T0 = 1_790_000_000.0
 def test_summary_of_a_node() -> None:
     facts = make_facts("gpu-n1", gpus=2, ib_ports=1)
     facts.nvml.gpus[1].clocks_event_reasons = HW_SLOWDOWN | SW_THERMAL
-    s = summarize(facts)
+    raw = summarize(facts)
+    assert (raw["hw"], raw["sw"]) == (1, 1)
+    s = as_dict(raw)
     g0, g1 = s["gpus"]
-    assert (g0["index"], g0["hw_slowdown"], g1["hw_slowdown"], g1["sw_thermal"]) == (0, 0, 1, 1)
-    assert g0["model"] == facts.nvml.gpus[0].name and g0["remap_pending"] == 0
+    assert (g0["index"], g1["index"], g0["model"]) == (0, 1, facts.nvml.gpus[0].name)
+    assert g0["remap_pending"] == 0 and g0["serial"] == facts.nvml.gpus[0].serial
     [port] = s["ib"]
     assert port["port"] == f"{facts.ib.hcas[0].name}/1" and "symbol_error" in port
     assert s["versions"]["driver"] == "550.90.07" and s["versions"]["nccl"] == "2.21.5"
     assert s["versions"]["cuda"] == "12.4"
+    facts.nvml.gpus[1].clocks_event_reasons = 0
+    assert (summarize(facts)["hw"], summarize(facts)["sw"]) == (0, 0)
 
 
-def _report(node: str, seq: int, ts: float, summary: dict[str, Any], verdict: str = "OK") -> Any:
+def _report(node: str, seq: int, ts: float, fields: dict[str, Any], verdict: str = "OK") -> Any:
+    """A report whose body has ``fields`` (``report_fields(facts)``: throttle + packed summary)."""
     return (node, Envelope(type=REPORT, node=node, seq=seq, ts=ts,
-                           body={"verdict": verdict, "findings": [], "summary": summary}))
+                           body={"verdict": verdict, "findings": [], **fields}))
 
 
 def _rows(store: Store, sql: str, *params: Any) -> list[tuple[Any, ...]]:
@@ -50,7 +55,7 @@ def test_samples_and_counters_on_change(tmp_path: Path) -> None:
             facts.nvml.gpus[1].clocks_event_reasons = HW_SLOWDOWN
         if i == 6:
             facts.nvml.gpus[1].clocks_event_reasons = 0
-        batch.append(_report("gpu-n1", i + 1, T0 + 15 * i, summarize(facts), "FAIL" if i == 2 else "OK"))
+        batch.append(_report("gpu-n1", i + 1, T0 + 15 * i, report_fields(facts), "FAIL" if i == 2 else "OK"))
     store.store_batch(batch)
     samples = _rows(store, "SELECT ts, span_s, reports, fail_reports, hw_slowdown_reports, "
                            "sw_thermal_reports FROM node_samples ORDER BY ts")
@@ -63,7 +68,7 @@ def test_samples_and_counters_on_change(tmp_path: Path) -> None:
     assert _rows(store, "SELECT driver, nccl FROM node_versions") == [("550.90.07", "2.21.5")]
     # a new driver is a new versions row
     facts.nvml.driver_version = "560.35.03"
-    store.store_batch([_report("gpu-n1", 20, T0 + 200, summarize(facts))])
+    store.store_batch([_report("gpu-n1", 20, T0 + 200, report_fields(facts))])
     assert [r[0] for r in _rows(store, "SELECT driver FROM node_versions ORDER BY ts")] == \
         ["550.90.07", "560.35.03"]
     store.close()  # writes the partial interval
@@ -73,12 +78,14 @@ def test_samples_and_counters_on_change(tmp_path: Path) -> None:
 
 def test_garbage_summaries_are_ignored(tmp_path: Path) -> None:
     store = Store(tmp_path / "f.db", sample_interval_s=60)
-    bad = {"gpus": [{"index": "x"}, "nope", {"index": 1, "ecc_corrected": [1, 2], "model": "A" * 9999}],
-           "ib": [{"port": 5}, {"port": "mlx5_0/1", "symbol_error": 2**64 - 1}], "versions": "x"}
-    store.store_batch([_report("gpu-n1", 1, T0, bad)])
-    [(model, ecc)] = _rows(store, "SELECT model, ecc_corrected FROM gpu_counters")
-    assert len(model) == 256 and ecc is None
-    assert _rows(store, "SELECT port, symbol_error FROM ib_counters") == [("mlx5_0/1", None)]
+    bad = {"gpus": [["x"], "nope", [], [True], [1, "S", "A" * 9999, [1, 2]]],
+           "ib": [[5], ["mlx5_0/1", "ACTIVE", 400.0, 2**64 - 1]], "versions": "x"}
+    store.store_batch([_report("gpu-n1", 1, T0, {"summary": bad, "throttle": 7}),
+                       _report("gpu-n2", 1, T0, {"summary": b"\xc1 not msgpack"})])
+    [(serial, model, ecc)] = _rows(store, "SELECT serial, model, ecc_corrected FROM gpu_counters")
+    assert serial == "S" and len(model) == 256 and ecc is None
+    assert _rows(store, "SELECT port, state, symbol_error, link_downed FROM ib_counters") == [
+        ("mlx5_0/1", "ACTIVE", None, None)]
     assert _rows(store, "SELECT count(*) FROM node_versions") == [(0,)]
 
 

@@ -28,7 +28,7 @@ from slurmgpu.facts import IbFacts, NodeFacts, NvmlFacts, SoftwareVersions, XidE
 from slurmgpu.log import get_logger
 from slurmgpu.result import Finding, Severity, Verdict
 from slurmgpu.sources import Clock, SystemClock
-from slurmgpu.summary import summarize
+from slurmgpu.summary import report_fields
 
 # XIDs seen by the event thread stay in the facts (and so in xid.recent) this long.
 XID_KEEP_S = 3600.0
@@ -186,7 +186,7 @@ class Agent:
         bad = {f.check for f in problems}
         ok_checks = sorted({f.check for f in verdict.findings} - bad)
         return {"verdict": verdict.severity.name, "findings": findings_json(problems),
-                "ok_checks": ok_checks, "summary": summarize(facts),
+                "ok_checks": ok_checks, **report_fields(facts),
                 # Pre-packed: the collector keeps them as bytes (no 13 KB decode per report).
                 "facts": msgpack.packb(plain(facts.to_json()), use_bin_type=True)}
 

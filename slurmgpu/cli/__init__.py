@@ -63,6 +63,10 @@ def _register() -> None:
     cli.add_command(fleet_cmd.breaker)
     cli.add_command(fleet_cmd.lemon)
     cli.add_command(jobs_cmd.jobs)
+    from slurmgpu.cli import nightly_cmd, report_cmd
+
+    cli.add_command(report_cmd.report)
+    cli.add_command(nightly_cmd.report_nightly)
     sim.sim.add_command(fleet_cmd.fleet_sim)
     for command in (slurm_cmds.prolog, slurm_cmds.epilog, slurm_cmds.healthcheck, slurm_cmds.drain,
                     slurm_cmds.resume, slurm_cmds.nodes):

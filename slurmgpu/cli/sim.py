@@ -155,6 +155,47 @@ def record_cmd(out: Path | None, name: str | None, description: str | None) -> N
         write_scenario(out, data)
 
 
+@sim.command("report-seed")
+@click.option("--db", "db_path", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Fleet database to create (must be new or empty).")
+@click.option("--nodes", type=click.IntRange(min=1), default=1000, show_default=True)
+@click.option("--days", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True)
+@click.option("--seed", "seed_", type=int, default=0, show_default=True, help="Random seed.")
+@click.option("--end", default=None, help="End of the history: ISO 8601 time or Unix seconds "
+                                          "(default: the current hour).")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Also write automation.json (two lemon nodes) here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@_one_line_errors
+def report_seed_cmd(db_path: Path, nodes: int, days: float, seed_: int, end: str | None,
+                    state_dir: Path | None, as_json: bool) -> None:
+    """Fill a fleet database with a simulated month (demo and benchmark of `slurmgpu report`)."""
+    from datetime import datetime
+
+    from slurmgpu.report.seed import seed
+
+    end_ts: float | None = None
+    if end is not None:
+        try:
+            end_ts = float(end)
+        except ValueError:
+            try:
+                end_ts = datetime.fromisoformat(end.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                _fail(f"--end: not an ISO 8601 time or Unix seconds: {end!r}")
+    summary = seed(db_path, nodes, days, end=end_ts, seed=seed_, state_dir=state_dir)
+    if as_json:
+        click.echo(json.dumps(summary, indent=2, sort_keys=True))
+        return
+    rows = summary["rows"]
+    click.echo(f"{summary['db']}: {nodes} nodes x {days:g} days in {summary['seconds']:.2f} s "
+               f"({sum(rows.values())} rows)")
+    for table, count in rows.items():
+        click.echo(f"  {table:<15} {count}")
+    click.echo(f"lemons: {', '.join(summary['lemons']) or '-'}; drifted: {len(summary['drifted'])}; "
+               f"drained at the end: {len(summary['drained_at_end'])}")
+
+
 # ------------------------------------------------------------------ sim cluster
 
 _dir_option = click.option(

@@ -17,11 +17,10 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurmgpu.summary import IB_COUNTERS
+import msgpack
 
-_GPU_FIELDS = ("serial", "model", "ecc_corrected", "ecc_uncorrected", "remap_corrected",
-               "remap_uncorrected", "remap_pending", "remap_failure")
-_VERSION_FIELDS = ("gpu_model", "driver", "cuda", "nccl", "vbios", "ib_firmware", "ofed", "kernel")
+from slurmgpu.summary import GPU_FIELDS, IB_FIELDS, THROTTLE_HW, THROTTLE_SW, VERSION_FIELDS
+
 _MAX_TEXT = 256
 
 
@@ -59,59 +58,71 @@ class Rows:
             db.executemany("INSERT OR REPLACE INTO node_samples (node, ts, span_s, reports, fail_reports, "
                            "hw_slowdown_reports, sw_thermal_reports) VALUES (?,?,?,?,?,?,?)", self.samples)
         if self.gpus:
-            db.executemany(f"INSERT INTO gpu_counters (node, gpu, ts, {', '.join(_GPU_FIELDS)}) "
-                           f"VALUES ({', '.join('?' * (3 + len(_GPU_FIELDS)))})", self.gpus)
+            db.executemany(f"INSERT INTO gpu_counters (node, gpu, ts, {', '.join(GPU_FIELDS)}) "
+                           f"VALUES ({', '.join('?' * (3 + len(GPU_FIELDS)))})", self.gpus)
         if self.ib:
-            db.executemany(f"INSERT INTO ib_counters (node, port, ts, state, rate_gbps, "
-                           f"{', '.join(IB_COUNTERS)}) "
-                           f"VALUES ({', '.join('?' * (5 + len(IB_COUNTERS)))})", self.ib)
+            db.executemany(f"INSERT INTO ib_counters (node, port, ts, {', '.join(IB_FIELDS)}) "
+                           f"VALUES ({', '.join('?' * (3 + len(IB_FIELDS)))})", self.ib)
         if self.versions:
-            db.executemany(f"INSERT INTO node_versions (node, ts, {', '.join(_VERSION_FIELDS)}) "
-                           f"VALUES ({', '.join('?' * (2 + len(_VERSION_FIELDS)))})", self.versions)
+            db.executemany(f"INSERT INTO node_versions (node, ts, {', '.join(VERSION_FIELDS)}) "
+                           f"VALUES ({', '.join('?' * (2 + len(VERSION_FIELDS)))})", self.versions)
 
 
 class History:
     def __init__(self, interval_s: float = 3600.0) -> None:
         self.interval_s = interval_s
         self._acc: dict[str, _Acc] = {}
+        # node -> its last summary as received: a report that changed nothing costs one
+        # comparison of bytes, not a walk over every GPU and port.
+        self._seen: dict[str, Any] = {}
         self._gpu: dict[tuple[str, int], tuple[Any, ...]] = {}
         self._ib: dict[tuple[str, str], tuple[Any, ...]] = {}
         self._versions: dict[str, tuple[Any, ...]] = {}
 
-    def observe(self, node: str, ts: float, verdict: str, summary: Any, rows: Rows) -> None:
-        """One report of ``node`` at ``ts`` with its ``summary`` (may be absent)."""
-        summary = summary if isinstance(summary, dict) else {}
-        gpus = [g for g in summary.get("gpus") or () if isinstance(g, dict)]
+    def observe(self, node: str, ts: float, verdict: str, throttle: Any, summary: Any,
+                rows: Rows) -> None:
+        """One report of ``node`` at ``ts``: its ``throttle`` bits and its ``summary``
+        (packed bytes as agents send them, a map, or absent)."""
         acc = self._acc.get(node)
         if acc is None:
             acc = self._acc[node] = _Acc(ts)
         acc.reports += 1
         acc.fail += verdict == "FAIL"
-        acc.hw += any(g.get("hw_slowdown") for g in gpus)
-        acc.sw += any(g.get("sw_thermal") for g in gpus)
+        if isinstance(throttle, int) and throttle:
+            acc.hw += bool(throttle & THROTTLE_HW)
+            acc.sw += bool(throttle & THROTTLE_SW)
         if ts - acc.start >= self.interval_s:
             rows.samples.append((node, ts, ts - acc.start, acc.reports, acc.fail, acc.hw, acc.sw))
             self._acc[node] = _Acc(ts)
-        for g in gpus:
-            index = _scalar(g.get("index"))
-            if not isinstance(index, int):
+        if summary is None or self._seen.get(node) == summary:
+            return  # nothing changed (for packed bytes: one memcmp)
+        self._seen[node] = summary
+        if isinstance(summary, bytes):
+            try:
+                summary = msgpack.unpackb(summary, raw=False, strict_map_key=True)
+            except Exception:  # not msgpack: ignored (the report itself was valid)
+                return
+        if isinstance(summary, dict):
+            self._changed(node, ts, summary.get("gpus"), summary.get("ib"), summary.get("versions"), rows)
+
+    def _changed(self, node: str, ts: float, gpus: Any, ports: Any, versions: Any, rows: Rows) -> None:
+        for g in gpus if isinstance(gpus, list) else ():
+            if not isinstance(g, list) or not g or not isinstance(g[0], int) or isinstance(g[0], bool):
                 continue
-            values = tuple(_scalar(g.get(f)) for f in _GPU_FIELDS)
-            if self._gpu.get((node, index)) != values:
-                self._gpu[(node, index)] = values
-                rows.gpus.append((node, index, ts, *values))
-        for p in summary.get("ib") or ():
-            if not isinstance(p, dict) or not isinstance(p.get("port"), str):
+            values = _values(g[1:], len(GPU_FIELDS))
+            if self._gpu.get((node, g[0])) != values:
+                self._gpu[(node, g[0])] = values
+                rows.gpus.append((node, g[0], ts, *values))
+        for p in ports if isinstance(ports, list) else ():
+            if not isinstance(p, list) or not p or not isinstance(p[0], str):
                 continue
-            port = p["port"][:_MAX_TEXT]
-            values = (_scalar(p.get("state")), _scalar(p.get("rate_gbps")),
-                      *(_scalar(p.get(c)) for c in IB_COUNTERS))
+            port = p[0][:_MAX_TEXT]
+            values = _values(p[1:], len(IB_FIELDS))
             if self._ib.get((node, port)) != values:
                 self._ib[(node, port)] = values
                 rows.ib.append((node, port, ts, *values))
-        versions = summary.get("versions")
-        if isinstance(versions, dict):
-            values = tuple(_scalar(versions.get(f)) for f in _VERSION_FIELDS)
+        if isinstance(versions, list):
+            values = _values(versions, len(VERSION_FIELDS))
             if self._versions.get(node) != values:
                 self._versions[node] = values
                 rows.versions.append((node, ts, *values))
@@ -123,3 +134,8 @@ class History:
                 rows.samples.append((node, now, max(0.0, now - acc.start), acc.reports, acc.fail,
                                      acc.hw, acc.sw))
         self._acc.clear()
+
+
+def _values(items: list[Any], n: int) -> tuple[Any, ...]:
+    """Exactly ``n`` storable values from an untrusted list (missing ones None)."""
+    return tuple(_scalar(v) for v in (items[:n] + [None] * (n - len(items))))

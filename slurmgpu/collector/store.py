@@ -483,7 +483,8 @@ class Store:
                 if row[1] is None or env.ts >= row[1]:
                     row[1], row[2], row[3] = env.ts, verdict, worst
                 if env.type == REPORT:
-                    self.history.observe(node, env.ts, verdict, body.get("summary"), hist)
+                    self.history.observe(node, env.ts, verdict, body.get("throttle"),
+                                         body.get("summary"), hist)
                     state = (verdict, tuple(bad))
                     if state != (states.get(node) or last_state.get(node)):
                         states[node] = state

@@ -312,6 +312,25 @@ class AutomationSettings:
 
 
 @dataclass
+class ReportSettings:
+    """The nightly fleet report (`slurmgpu report-nightly`, daemon/slurmgpu-report.timer)."""
+
+    # Where YYYY-MM-DD.html and .json are written.
+    dir: str = "/var/lib/slurmgpu/reports"
+    # Reports dated more than this many days ago are deleted at each run (0: keep all).
+    keep_days: int = 90
+    # Recipients of the nightly mail (Markdown report as the body, HTML attached); [] = no mail.
+    mail_to: list[str] = field(default_factory=list)
+    mail_from: str = "slurmgpu@localhost"
+    # SMTP relay host; "" = hand the mail to the local `sendmail -t` below.
+    smtp_host: str = ""
+    smtp_port: int = 25
+    sendmail: str = "/usr/sbin/sendmail"
+    # {date} and any key of the report's summary: {availability_pct}, {drains}, {drained_at_end}, ...
+    subject: str = "slurmgpu fleet report {date}: {availability_pct}% available, {drains} drains"
+
+
+@dataclass
 class Settings:
     gpu: GpuSettings = field(default_factory=GpuSettings)
     pins: PinSettings = field(default_factory=PinSettings)
@@ -334,3 +353,4 @@ class Settings:
     agent: AgentSettings = field(default_factory=AgentSettings)
     collector: CollectorSettings = field(default_factory=CollectorSettings)
     automation: AutomationSettings = field(default_factory=AutomationSettings)
+    report: ReportSettings = field(default_factory=ReportSettings)

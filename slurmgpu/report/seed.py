@@ -15,6 +15,7 @@ Everything is written in one transaction with ``executemany`` (1,000 nodes x 30 
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -64,7 +65,7 @@ HW_XIDS = {"a100": {74: 8, 79: 5, 94: 3, 95: 2, 119: 0, 63: 5},
            "h100": {74: 6, 79: 4, 94: 6, 95: 3, 119: 7, 63: 5}}
 # Fault episode kinds: weight.
 FAULTS = {"xid": 45, "ecc": 10, "remap": 10, "remap-failure": 2, "thermal": 8, "ib": 12}
-FAULT_RATE = 0.10  # fault episodes per node per 30 days
+FAULT_RATE = 0.15  # fault episodes per node per 30 days
 OPERATORS = ("alice", "bob", "carol")
 MAINTENANCE = ("maintenance: BMC firmware update", "maintenance: replace PSU",
                "maintenance: OS reimage", "maintenance: NVSwitch tray swap",
@@ -91,12 +92,10 @@ class _Node:
     throttle: list[tuple[float, float, float]] = field(default_factory=list)
     chronic: float = 0.0  # share of HW slowdown reports in a throttling hour
     noise: float = 0.0  # probability of an hour with a few HW slowdown reports
-    busy: list[tuple[float, float]] = field(default_factory=list)
     verdict: str = "OK"
     worst: tuple[str, str, str, int | None] | None = None
     unreachable_since: float | None = None
     last_seen: float = 0.0
-    ecc_base: list[int] = field(default_factory=list)
 
 
 def _catalog_names() -> dict[int, tuple[str, str]]:
@@ -215,8 +214,8 @@ class _Seeder:
         for _ in range(count):
             self.job += rng.randint(1, 400)
             job = str(self.job)
-            others = [f"{node.name[:-3]}{(int(node.name[-3:]) + k) % 1000:03d}"
-                      for k in range(1, rng.choice((1, 1, 2, 4)))]
+            prefix, number = node.name.rsplit("-", 1)
+            others = [f"{prefix}-{int(number) + k:0{len(number)}d}" for k in range(1, rng.choice((1, 1, 2, 4)))]
             requested = ts + 1.0
             deadline = requested + deadline_s
             expired = rng.random() < 0.2
@@ -253,12 +252,13 @@ class _Seeder:
         return HOUR * median_h * math.exp(self.rng.gauss(0.0, 0.8))
 
     def fault(self, node: _Node, kind: str, t0: float, *, forever: bool = False,
-              xid: int | None = None) -> float:
+              xid: int | None = None, repair_h: float = 10.0) -> float:
         """One fault episode from ``t0``; returns when it ended (> end: still open)."""
         rng = self.rng
         gpu = rng.randrange(GPUS)
-        t_fix = self.end + DAY if forever else t0 + self.repair_time(10.0)
-        action, trigger, bad, severity = "drain", "", [], "FAIL"
+        t_fix = self.end + DAY if forever else t0 + self.repair_time(repair_h)
+        action, trigger, severity = "drain", "", "FAIL"
+        bad: list[tuple[Any, ...]] = []
         ckpt_deadline = 0.0
         if kind == "xid":
             xid = xid or _weighted(rng, HW_XIDS[node.model])
@@ -320,7 +320,6 @@ class _Seeder:
             bad = [("ib.flap", "FAIL", None, port, "link flapping: link_downed rose in 2 samples within "
                                                      "300 s (2 strikes)")]
             trigger = "ib.flap"
-            gpu = -1
             t_fix = t0 + self.repair_time(6.0)
         fix = min(t_fix, self.end + DAY)
         self.report(node, t0, bad)
@@ -394,11 +393,11 @@ def _samples(node: _Node, start: float, hours: int, rng: random.Random) -> Itera
         a, b = max(a, start), min(b, start + hours * HOUR)
         if b <= a:
             return
-        for h in range(int((a - start) // HOUR), min(hours, int(math.ceil((b - start) / HOUR)))):
+        for h in range(int((a - start) // HOUR), min(hours, math.ceil((b - start) / HOUR))):
             lo, hi = start + h * HOUR, start + (h + 1) * HOUR
             overlap = min(b, hi) - max(a, lo)
             if overlap > 0:
-                out[h] += sign * int(round(overlap / REPORT_S * share))
+                out[h] += sign * round(overlap / REPORT_S * share)
 
     for a, b in node.gaps:
         spread(a, b, reports, 1.0, -1)
@@ -423,6 +422,14 @@ def _samples(node: _Node, start: float, hours: int, rng: random.Random) -> Itera
             yield (name, start + (h + 1) * HOUR, HOUR, n, min(fail[h], n), min(hw[h], n), min(sw[h], n))
 
 
+def _by_time(row: tuple[Any, ...]) -> tuple[float, str]:
+    return (row[1], row[0])
+
+
+def _by_requested(row: tuple[Any, ...]) -> float:
+    return float(row[6])
+
+
 def _name(model: str, i: int, count: int) -> str:
     return f"gpu-{model}-{i:0{max(3, len(str(count)))}d}"
 
@@ -444,11 +451,11 @@ def seed(db_path: str | Path, nodes: int = 1000, days: float = 30, *, end: float
     began = time.perf_counter()
     end = float(math.floor(time.time() / HOUR) * HOUR) if end is None else float(end)
     start = end - days * DAY
-    hours = int(math.ceil((end - start) / HOUR))
+    hours = math.ceil((end - start) / HOUR)
     rng = random.Random(seed)
     sd = _Seeder(rng, start, end)
 
-    n_a100 = max(1, int(round(nodes * A100_FRACTION))) if nodes > 1 else 1
+    n_a100 = max(1, round(nodes * A100_FRACTION)) if nodes > 1 else 1
     fleet: list[_Node] = []
     for i in range(nodes):
         model = "a100" if i < n_a100 else "h100"
@@ -461,7 +468,7 @@ def seed(db_path: str | Path, nodes: int = 1000, days: float = 30, *, end: float
 
     # Showcase nodes: every kind of trouble appears at least once, even in a small fleet.
     order = rng.sample(range(nodes), nodes)
-    pick = iter(order * 4)
+    pick = itertools.cycle(order)
     showcase = {role: fleet[next(pick)] for role in
                 ("lemon1", "lemon2", "remap-failure", "remap", "ecc", "ib", "xid79", "xid119",
                  "thermal", "maintenance", "unreachable", "drift1", "drift2", "upgrade")}
@@ -523,13 +530,14 @@ def seed(db_path: str | Path, nodes: int = 1000, days: float = 30, *, end: float
                 t += DAY * rng.uniform(0.7, 1.3)
 
     # Episodes: the showcase ones, then random ones at the fleet's rates.
-    lemon_start = start + (end - start) * rng.uniform(0.5, 0.7)
+    window = end - start
     for role in ("lemon1", "lemon2"):
         node = showcase[role]
-        t = lemon_start + rng.uniform(0, DAY)
+        t = start + window * rng.uniform(0.3, 0.5)
+        step = min(rng.uniform(1.2, 2.0) * DAY, (end - t - 2 * HOUR) / 3)
         for k in range(3):
             per_node_times[node.name].append((t, "lemon", k))
-            t += rng.uniform(1.2, 2.0) * DAY
+            t += step
     for role, kind, arg in (("remap-failure", "fault", ("remap-failure", None)),
                             ("remap", "fault", ("remap", None)), ("ecc", "fault", ("ecc", None)),
                             ("ib", "fault", ("ib", None)), ("xid79", "fault", ("xid", 79)),
@@ -545,7 +553,7 @@ def seed(db_path: str | Path, nodes: int = 1000, days: float = 30, *, end: float
         if not node.chronic and rng.random() < 0.08:
             node.noise = rng.uniform(0.01, 0.05)
         lam = FAULT_RATE * scale
-        for t in _schedule(rng, start, end, sum(1 for _ in range(3) if rng.random() < lam / 3 * 3 / 3 * 1.0)):
+        for t in _schedule(rng, start, end, sum(1 for _ in range(3) if rng.random() < lam / 3)):
             kind = _weighted(rng, FAULTS)
             if kind == "thermal" and not node.chronic:
                 node.chronic = rng.uniform(0.05, 0.2)
@@ -562,11 +570,12 @@ def seed(db_path: str | Path, nodes: int = 1000, days: float = 30, *, end: float
         busy_until = start
         for t, kind, arg in sorted(per_node_times[node.name], key=lambda x: x[0]):
             if kind == "report":
-                sd.report(node, t, [])
+                if t >= busy_until:
+                    sd.report(node, t, [])
                 continue
             if kind != "lemon":
                 t = max(t, busy_until + 2 * HOUR)
-            if t >= end - HOUR:
+            if t >= end - (HOUR if kind != "lemon" else 0.25 * HOUR):
                 continue
             if kind == "fault":
                 fault_kind, xid = arg
@@ -574,7 +583,8 @@ def seed(db_path: str | Path, nodes: int = 1000, days: float = 30, *, end: float
             elif kind == "lemon":
                 last = arg == 2
                 code = 119 if node.model == "h100" else 74
-                busy_until = sd.fault(node, "xid", max(t, busy_until + HOUR), forever=last, xid=code)
+                busy_until = sd.fault(node, "xid", max(t, busy_until + 0.1 * HOUR), forever=last, xid=code,
+                                      repair_h=min(3.0, window / HOUR / 24))
                 if last:
                     lemons.append(node.name)
                     info = sd.drained.get(node.name, {})
@@ -585,35 +595,46 @@ def seed(db_path: str | Path, nodes: int = 1000, days: float = 30, *, end: float
             elif kind == "unreachable":
                 busy_until = sd.unreachable(node, t, t + rng.uniform(0.3, 8) * HOUR)
 
+    # Application XIDs: events only (the node is fine).
+    app = list(APP_XIDS)
+    weights = [APP_XIDS[c] for c in app]
+    for node in fleet:
+        for _ in range(int(rng.expovariate(1 / (3.0 * scale)))):
+            g, code = rng.randrange(GPUS), rng.choices(app, weights)[0]
+            t = rng.uniform(start, end)
+            sd.event(node, t, "xid", g, code, "OK",
+                     [("xid.recent", "OK", g, None, f"XID {code}: {sd.xids[code][0]}")])
+
     # Write it all.
+    sd.states.sort(key=_by_time)
+    sd.checkpoints.sort(key=_by_requested)
+    sd.job_events.sort(key=_by_time)
     store = Store(db_path)
     try:
         db = store.db
         if db.execute("SELECT count(*) FROM nodes").fetchone()[0]:
             raise SeedError(f"{db_path}: the database already holds a fleet; seed an empty file")
         db.execute("PRAGMA synchronous = OFF")
+        db.execute("PRAGMA cache_size = -262144")
         with store.transaction():
+            # Building the big table's secondary index after the rows is several times faster.
+            (index_sql,) = db.execute("SELECT sql FROM sqlite_master WHERE type = 'index' AND "
+                                      "name = 'node_samples_ts'").fetchone()
+            db.execute("DROP INDEX node_samples_ts")
             db.executemany("INSERT INTO node_samples (node, ts, span_s, reports, fail_reports, "
                            "hw_slowdown_reports, sw_thermal_reports) VALUES (?,?,?,?,?,?,?)",
                            (row for node in fleet for row in _samples(node, start, hours, rng)))
+            db.execute(index_sql)
             db.executemany("INSERT INTO report_history (node, seq, ts, verdict) VALUES (?,?,?,?)",
                            sd.history)
             db.executemany("INSERT INTO findings (node, seq, ts, check_id, severity, gpu, subject, "
                            "message) VALUES (?,?,?,?,?,?,?,?)", sd.findings)
-            app = [c for c in APP_XIDS]
-            weights = [APP_XIDS[c] for c in app]
-            for node in fleet:
-                for _ in range(int(rng.expovariate(1 / (3.0 * scale)))):
-                    g, code = rng.randrange(GPUS), rng.choices(app, weights)[0]
-                    t = rng.uniform(start, end)
-                    sd.event(node, t, "xid", g, code, "OK",
-                             [("xid.recent", "OK", g, None, f"XID {code}: {sd.xids[code][0]}")])
             db.executemany("INSERT INTO events (node, seq, ts, kind, gpu, data, verdict, body) "
                            "VALUES (?,?,?,?,?,?,?,?)", sd.events)
             db.executemany("INSERT INTO decisions (time, node, action, reason, held, dry_run, trigger, "
                            "result) VALUES (?,?,?,?,?,?,?,?)", sorted(sd.decisions))
             db.executemany("INSERT INTO node_states (node, ts, kind, reason, actor) VALUES (?,?,?,?,?)",
-                           sorted(sd.states, key=lambda r: (r[1], r[0])))
+                           sd.states)
             db.executemany("INSERT INTO gpu_counters (node, gpu, ts, serial, model, ecc_corrected, "
                            "ecc_uncorrected, remap_corrected, remap_uncorrected, remap_pending, "
                            "remap_failure) VALUES (?,?,?,?,?,?,?,?,?,?,?)", sd.gpu)
@@ -624,9 +645,9 @@ def seed(db_path: str | Path, nodes: int = 1000, days: float = 30, *, end: float
                            "ib_firmware, ofed, kernel) VALUES (?,?,?,?,?,?,?,?,?,?)", sd.versions)
             db.executemany("INSERT INTO checkpoints (job_id, action, reason, trigger_node, nodes, user, "
                            "requested, deadline, state, acked_at, acked_by, closed) "
-                           "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", sorted(sd.checkpoints, key=lambda r: r[6]))
+                           "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", sd.checkpoints)
             db.executemany("INSERT INTO job_events (job_id, ts, kind, node, detail) VALUES (?,?,?,?,?)",
-                           sorted(sd.job_events, key=lambda r: (r[1], r[0])))
+                           sd.job_events)
             node_rows, reports = [], []
             for node in fleet:
                 seen = node.last_seen
@@ -660,7 +681,7 @@ def seed(db_path: str | Path, nodes: int = 1000, days: float = 30, *, end: float
         state_file.write_text(json.dumps(state, sort_keys=True, indent=1))
     return {
         "db": str(db_path), "nodes": nodes, "days": days, "seed": seed, "start": start, "end": end,
-        "rows": counts, "lemons": sorted(lemons), "drifted": sorted(drifted), "upgraded": up.name,
+        "rows": counts, "lemons": sorted(set(lemons)), "drifted": sorted(drifted), "upgraded": up.name,
         "drained_at_end": sorted(sd.drained), "state_file": None if state_file is None else str(state_file),
         "seconds": round(time.perf_counter() - began, 3),
     }

@@ -10,11 +10,11 @@ from __future__ import annotations
 import difflib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from slurmgpu.errors import SimError
+from slurmgpu.fileutil import write_text_atomic
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 
@@ -129,18 +129,7 @@ def dump_scenario(data: Any, *, width: int = 120) -> str:
 
 def write_scenario(path: str | os.PathLike[str], data: Any) -> Path:
     """Write a scenario atomically (temp file + rename), so a running fake sees old or new."""
-    target = Path(path)
-    text = dump_scenario(data)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    return write_text_atomic(path, dump_scenario(data))
 
 
 def sim_environment(name_or_path: str | os.PathLike[str]) -> dict[str, str]:

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Whole-process time of `slurmgpu report --since 30d` on a seeded month of a large fleet.
+
+Seeds 1,000 nodes x 30 days (``slurmgpu.report.seed``: ~0.7 M hourly samples, drains,
+XIDs, counters, versions, jobs) into a temporary database (timed on its own), then runs
+`slurmgpu report --since 30d --format F --out FILE` as a fresh process, for each format,
+``--runs`` times each: interpreter start, imports, config, every SQL query, rendering.
+
+    python bench/report_speed.py [--nodes 1000] [--days 30] [--runs 5] [--json]
+
+Target (issue 6): p50 and max <= 5 s per format.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET_S = 5.0
+FORMATS = ("html", "json", "md")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--days", type=float, default=30.0)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--config", default=str(ROOT / "etc" / "report-demo.toml"))
+    parser.add_argument("--json", action="store_true", help="print results as JSON")
+    args = parser.parse_args()
+
+    from slurmgpu.report.seed import seed
+
+    now = "2026-11-26T06:00:00Z"  # a fixed window: reproducible numbers
+    end = datetime.fromisoformat(now.replace("Z", "+00:00")).timestamp()
+    results: dict[str, Any] = {"nodes": args.nodes, "days": args.days, "runs": args.runs,
+                               "target_s": TARGET_S, "python": platform.python_version(),
+                               "cpus": os.cpu_count(), "formats": {}}
+    with tempfile.TemporaryDirectory(prefix="slurmgpu-report-bench-") as tmp:
+        db = Path(tmp) / "fleet.db"
+        began = time.perf_counter()
+        summary = seed(db, args.nodes, args.days, end=end, seed=args.seed, state_dir=tmp)
+        results["seed_s"] = round(time.perf_counter() - began, 3)
+        results["rows"] = sum(summary["rows"].values())
+        results["db_mb"] = round(db.stat().st_size / 1e6, 1)
+        # The demo config's state_dir is /tmp/...: point the report at this run's lemons.
+        config = Path(tmp) / "report.toml"
+        text = Path(args.config).read_text()
+        text = text.replace('state_dir = "/tmp/slurmgpu-report-demo"', f'state_dir = "{tmp}"')
+        config.write_text(text)
+        env = dict(os.environ)
+        for fmt in FORMATS:
+            out = Path(tmp) / f"report.{fmt}"
+            cmd = [sys.executable, "-m", "slurmgpu", "report", "--since", f"{args.days:g}d", "--now", now,
+                   "--db", str(db), "--config", str(config), "--format", fmt, "--out", str(out)]
+            samples = []
+            for _ in range(args.runs):
+                start = time.perf_counter()
+                proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+                samples.append(time.perf_counter() - start)
+                if proc.returncode != 0:
+                    print(f"report --format {fmt} failed (rc {proc.returncode}): {proc.stderr.strip()}",
+                          file=sys.stderr)
+                    return 1
+            results["formats"][fmt] = {
+                "p50_s": round(statistics.median(samples), 3), "max_s": round(max(samples), 3),
+                "min_s": round(min(samples), 3), "bytes": out.stat().st_size,
+                "ok": max(samples) <= TARGET_S,
+            }
+    results["ok"] = all(f["ok"] for f in results["formats"].values())
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        print(f"seed: {args.nodes} nodes x {args.days:g} days, {results['rows']:,} rows, "
+              f"{results['db_mb']} MB in {results['seed_s']:.2f} s")
+        print(f"{'format':<8}{'p50':>9}{'max':>9}{'size':>11}   target <= {TARGET_S:g} s")
+        for fmt, r in results["formats"].items():
+            print(f"{fmt:<8}{r['p50_s']:>8.2f}s{r['max_s']:>8.2f}s{r['bytes'] / 1024:>9.0f}KiB   "
+                  f"{'ok' if r['ok'] else 'OVER'}")
+    return 0 if results["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,839 @@
+"""The fleet report model: SQL over the collector's database -> one plain dict.
+
+Every number here is defined in docs/report.md (which table, which rows, which
+arithmetic). The window is ``(from, to]``: rows with ``from < ts <= to`` are "in the
+window"; the value of a stored-on-change table at time ``t`` is its last row with
+``ts <= t`` (so the state at the window's start is the last row at or before ``from``).
+
+Volume: ``node_samples`` (one row per node per hour) is only ever aggregated in SQL;
+the other tables are small (transitions, changes) or read through GROUP BY.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sqlite3
+import statistics
+from bisect import bisect_left
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from slurmgpu.errors import SlurmGpuError
+from slurmgpu.report import SCHEMA
+
+if TYPE_CHECKING:
+    from slurmgpu.config.load import LoadedConfig
+    from slurmgpu.config.schema import Settings
+
+# The tables the report reads first appear in migration 4 (slurmgpu/collector/store.py).
+MIN_SCHEMA_VERSION = 4
+CATEGORIES = ("healthy", "degraded", "drained", "unreachable")
+# A drain is the automation's when a `decisions` row (result 'drained', same node) lies
+# within this many seconds of the drain's start.
+AUTOMATION_MATCH_S = 120.0
+HOOK_PREFIX = "slurmgpu:"
+TOP_N = 10
+ECC_MAX_GPUS = 50
+SERIES_MAX_POINTS = 60
+LIST_MAX = 200
+ECC_COUNTERS = ("ecc_corrected", "ecc_uncorrected", "remap_corrected", "remap_uncorrected")
+IB_COUNTERS = ("symbol_error", "link_downed", "link_error_recovery", "port_rcv_errors",
+               "local_link_integrity_errors", "excessive_buffer_overrun_errors")
+IB_FINDING_CHECKS = ("ib.flap",)
+# node_versions column -> [pins] key it is matched against (`cuda` holds the driver's
+# CUDA version, which [pins] calls cuda_driver).
+PIN_FIELDS = {"driver": "driver", "cuda": "cuda_driver", "nccl": "nccl", "vbios": "vbios",
+              "ib_firmware": "ib_firmware"}
+SERVICE_REASON_CHECKS = ("xid.recent", "gpu.lost")
+OTHER_SET = "other"
+HOUR = 3600.0
+DAY = 86400.0
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_UNIT_S = {"s": 1.0, "m": 60.0, "h": HOUR, "d": DAY, "w": 7 * DAY}
+
+
+class ReportError(SlurmGpuError):
+    """Bad window, missing or too old database: one line for the user."""
+
+
+# --------------------------------------------------------------------------- window
+
+
+def parse_duration(text: str) -> float:
+    """``90m``, ``24h``, ``7d`` (also ``s``, ``w``) -> seconds (> 0)."""
+    m = _DURATION.match(text)
+    if not m or float(m.group(1)) <= 0:
+        raise ReportError(f"bad duration {text!r} (want a number and a unit: 90m, 24h, 7d)")
+    return float(m.group(1)) * _UNIT_S[m.group(2)]
+
+
+def parse_time(text: str, option: str = "time") -> float:
+    """ISO 8601 (``2024-05-01``, ``2024-05-01T12:00``, ``...Z``, ``...+02:00``) -> Unix
+    seconds; a time without a zone is UTC."""
+    try:
+        dt = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ReportError(f"bad {option} {text!r} (want ISO 8601, e.g. 2024-05-01T12:00Z)") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return dt.timestamp()
+
+
+def resolve_window(since: str | None, start: str | None, end: str | None,
+                   now: float) -> tuple[float, float]:
+    """(from, to) in Unix seconds. ``--since`` (default 24h) ends at ``--to`` or now;
+    ``--from`` with ``--to`` (or now) is the explicit window; ``--since`` and ``--from``
+    together are an error."""
+    if since is not None and start is not None:
+        raise ReportError("--since and --from exclude each other")
+    t1 = parse_time(end, "--to") if end is not None else now
+    t0 = parse_time(start, "--from") if start is not None else t1 - parse_duration(since or "24h")
+    if t0 >= t1:
+        raise ReportError(f"empty window: from {iso(t0)} is not before to {iso(t1)}")
+    return t0, t1
+
+
+def iso(ts: float) -> str:
+    """Unix seconds -> ``2024-05-01T12:00:00Z``."""
+    dt = datetime.fromtimestamp(ts, UTC)
+    text = dt.strftime("%Y-%m-%dT%H:%M:%S")
+    if dt.microsecond:
+        text += f".{dt.microsecond // 1000:03d}"
+    return text + "Z"
+
+
+# --------------------------------------------------------------------------- database
+
+
+def open_db(path: str | Path) -> sqlite3.Connection:
+    """The fleet database, read-only; ReportError when it is missing, not a fleet
+    database or older than the report needs."""
+    p = Path(path)
+    if not p.is_file():
+        raise ReportError(f"{path}: no fleet database (is the collector running?)")
+    uri = f"file:{quote(str(p.resolve()))}?mode=ro"
+    try:
+        db = sqlite3.connect(uri, uri=True, timeout=10.0)
+        row = db.execute("SELECT version FROM schema_version").fetchone()
+    except sqlite3.Error as exc:
+        raise ReportError(f"{path}: not a readable slurmgpu fleet database ({exc})") from None
+    version = int(row[0]) if row else 0
+    if version < MIN_SCHEMA_VERSION:
+        db.close()
+        raise ReportError(f"{path}: schema version {version} is older than the report needs "
+                          f"({MIN_SCHEMA_VERSION}); start this slurmgpu's collector once to "
+                          "migrate it")
+    return db
+
+
+def _r(value: float | None, digits: int = 2) -> float | None:
+    return None if value is None else round(float(value), digits)
+
+
+def _hours(seconds: float) -> float:
+    return round(seconds / HOUR, 3)
+
+
+def _pct(part: float, whole: float) -> float | None:
+    return round(100.0 * part / whole, 2) if whole > 0 else None
+
+
+def _ts(value: float | None) -> float | None:
+    return None if value is None else round(float(value), 3)
+
+
+# --------------------------------------------------------------------------- node state
+
+
+@dataclass
+class _Run:
+    """A drain or unreachable period: ``start`` .. ``end`` (None: still on at ``to``)."""
+
+    start: float
+    end: float | None = None
+    reason: str | None = None
+    reason_now: str | None = None
+    actor: str | None = None
+
+
+@dataclass
+class _Node:
+    name: str
+    first_seen: float
+    sets: list[str] = field(default_factory=list)
+    drains: list[_Run] = field(default_factory=list)
+    unreachable: list[_Run] = field(default_factory=list)
+    verdict_at_start: str | None = None
+    verdicts: list[tuple[float, str]] = field(default_factory=list)  # in the window
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0.0))
+    fail_transitions: int = 0
+
+    @property
+    def observed_s(self) -> float:
+        return sum(self.seconds.values())
+
+
+def _runs(rows: Iterable[tuple[float, str, str | None, str | None]], on: str) -> list[_Run]:
+    """Transition rows (ts, kind, reason, actor) of one pair of kinds -> periods. A
+    repeated ``on`` row while on (a drain whose reason changed) continues the period."""
+    runs: list[_Run] = []
+    current: _Run | None = None
+    for ts, kind, reason, actor in rows:
+        if kind == on:
+            if current is None:
+                current = _Run(ts, None, reason, reason, actor)
+                runs.append(current)
+            else:
+                current.reason_now = reason
+        elif current is not None:
+            current.end = ts
+            current = None
+    return runs
+
+
+class _Buckets:
+    """Fleet node-seconds per category in fixed UTC-aligned buckets (the chart)."""
+
+    def __init__(self, t0: float, t1: float) -> None:
+        self.size = HOUR if t1 - t0 <= 2 * DAY else DAY
+        self.base = (t0 // self.size) * self.size
+        self.t0, self.t1 = t0, t1
+        count = max(1, math.ceil((t1 - self.base) / self.size))
+        self.seconds = [dict.fromkeys(CATEGORIES, 0.0) for _ in range(count)]
+
+    def add(self, a: float, b: float, category: str) -> None:
+        i = int((a - self.base) // self.size)
+        while a < b and i < len(self.seconds):
+            edge = min(b, self.base + (i + 1) * self.size)
+            self.seconds[i][category] += edge - a
+            a, i = edge, i + 1
+
+    def rows(self) -> list[dict[str, Any]]:
+        out = []
+        for i, secs in enumerate(self.seconds):
+            start = max(self.t0, self.base + i * self.size)
+            end = min(self.t1, self.base + (i + 1) * self.size)
+            if end <= start:
+                continue
+            out.append({"start": _ts(start), "end": _ts(end),
+                        **{f"{c}_h": _hours(secs[c]) for c in CATEGORIES}})
+        return out
+
+
+def _category(drained: bool, unreachable: bool, failing: bool) -> str:
+    if drained:
+        return "drained"
+    if unreachable:
+        return "unreachable"
+    return "degraded" if failing else "healthy"
+
+
+# --------------------------------------------------------------------------- the report
+
+
+class _Builder:
+    def __init__(self, db: sqlite3.Connection, t0: float, t1: float,
+                 config: LoadedConfig | None) -> None:
+        self.db = db
+        self.t0, self.t1 = t0, t1
+        self.config = config
+        self._settings_cache: dict[tuple[int, ...], Settings] = {}
+        self.nodes: dict[str, _Node] = {}
+        self.buckets = _Buckets(t0, t1)
+
+    def q(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return self.db.execute(sql, tuple(params)).fetchall()
+
+    @property
+    def w(self) -> tuple[float, float]:
+        return self.t0, self.t1
+
+    # ---- config
+
+    def settings(self, node: str | None) -> Settings:
+        if self.config is None:
+            from slurmgpu.config.schema import Settings
+
+            key: tuple[int, ...] = ()
+            if key not in self._settings_cache:
+                self._settings_cache[key] = Settings()
+            return self._settings_cache[key]
+        sections = self.config.matching_sections(node) if node is not None else []
+        key = tuple(s.index for s in sections)
+        cached = self._settings_cache.get(key)
+        if cached is None:
+            cached = self.config.settings_for(node)
+            self._settings_cache[key] = cached
+        return cached
+
+    def host_sets(self, node: str) -> list[str]:
+        if self.config is None:
+            return [OTHER_SET]
+        names: list[str] = []
+        for s in self.config.matching_sections(node):
+            name = s.name or f"hosts[{s.index}]"
+            if name not in names:
+                names.append(name)
+        return names or [OTHER_SET]
+
+    def set_order(self) -> list[str]:
+        names: list[str] = []
+        if self.config is not None:
+            for s in self.config.hosts:
+                name = s.name or f"hosts[{s.index}]"
+                if name not in names:
+                    names.append(name)
+        return [*names, OTHER_SET]
+
+    # ---- node states and availability
+
+    def load_nodes(self) -> None:
+        for name, first_seen in self.q("SELECT node, first_seen FROM nodes WHERE first_seen <= ? "
+                                       "ORDER BY node", (self.t1,)):
+            self.nodes[name] = _Node(name, float(first_seen), self.host_sets(name))
+        per_node: dict[str, list[tuple[float, str, str | None, str | None]]] = defaultdict(list)
+        for node, ts, kind, reason, actor in self.q(
+                "SELECT node, ts, kind, reason, actor FROM node_states WHERE ts <= ? "
+                "ORDER BY node, ts, id", (self.t1,)):
+            if node in self.nodes:
+                per_node[node].append((float(ts), kind, reason, actor))
+        for node, rows in per_node.items():
+            n = self.nodes[node]
+            n.drains = _runs((r for r in rows if r[1] in ("drained", "resumed")), "drained")
+            n.unreachable = _runs((r for r in rows if r[1] in ("unreachable", "reachable")),
+                                  "unreachable")
+        for node, verdict in self.q(
+                "SELECT n.node, (SELECT h.verdict FROM report_history h WHERE h.node = n.node "
+                "AND h.ts <= ? ORDER BY h.ts DESC LIMIT 1) FROM nodes n WHERE n.first_seen <= ?",
+                (self.t0, self.t1)):
+            if node in self.nodes:
+                self.nodes[node].verdict_at_start = verdict
+        for node, ts, verdict in self.q(
+                "SELECT node, ts, verdict FROM report_history WHERE ts > ? AND ts <= ? "
+                "ORDER BY node, ts", self.w):
+            if node in self.nodes:
+                self.nodes[node].verdicts.append((float(ts), verdict))
+        for n in self.nodes.values():
+            self._sweep(n)
+
+    def _sweep(self, n: _Node) -> None:
+        """Split the node's observed time (from max(from, first_seen) to ``to``) into the
+        four categories, by priority drained > unreachable > degraded > healthy."""
+        changes: list[tuple[float, int, bool]] = []  # (ts, flag, on); flags 0 drained 1 unr 2 fail
+        for flag, runs in ((0, n.drains), (1, n.unreachable)):
+            for run in runs:
+                changes.append((run.start, flag, True))
+                if run.end is not None:
+                    changes.append((run.end, flag, False))
+        previous = n.verdict_at_start
+        for ts, verdict in n.verdicts:
+            failing = verdict == "FAIL"
+            if failing and previous != "FAIL":
+                n.fail_transitions += 1
+            previous = verdict
+            changes.append((ts, 2, failing))
+        changes.sort(key=lambda c: c[0])
+        state = [False, False, n.verdict_at_start == "FAIL"]
+        start = max(self.t0, n.first_seen)
+        i = 0
+        while i < len(changes) and changes[i][0] <= start:  # the state when observing starts
+            state[changes[i][1]] = changes[i][2]
+            i += 1
+        cursor = start
+        for ts, flag, on in changes[i:]:
+            if ts > self.t1:
+                break
+            self._segment(n, cursor, ts, _category(*state))
+            state[flag] = on
+            cursor = ts
+        self._segment(n, cursor, self.t1, _category(*state))
+
+    def _segment(self, n: _Node, a: float, b: float, category: str) -> None:
+        if b <= a:
+            return
+        n.seconds[category] += b - a
+        self.buckets.add(a, b, category)
+
+    def availability(self) -> dict[str, Any]:
+        sets: dict[str, dict[str, float]] = {name: dict.fromkeys(CATEGORIES, 0.0)
+                                             for name in self.set_order()}
+        set_nodes: Counter[str] = Counter()
+        fleet = dict.fromkeys(CATEGORIES, 0.0)
+        for n in self.nodes.values():
+            for c in CATEGORIES:
+                fleet[c] += n.seconds[c]
+                for s in n.sets:
+                    sets[s][c] += n.seconds[c]
+            for s in n.sets:
+                set_nodes[s] += 1
+
+        def row(secs: dict[str, float], nodes: int) -> dict[str, Any]:
+            total = sum(secs.values())
+            return {"nodes": nodes, "node_hours": _hours(total),
+                    **{f"{c}_h": _hours(secs[c]) for c in CATEGORIES},
+                    "availability_pct": _pct(secs["healthy"], total)}
+
+        worst = sorted((n for n in self.nodes.values() if n.observed_s - n.seconds["healthy"] > 0),
+                       key=lambda n: (-(n.observed_s - n.seconds["healthy"]), n.name))[:TOP_N]
+        return {
+            "fleet": row(fleet, len(self.nodes)),
+            "host_sets": [{"name": name, **row(secs, set_nodes[name])}
+                          for name, secs in sets.items() if set_nodes[name] or name != OTHER_SET],
+            "bucket_s": int(self.buckets.size),
+            "series": self.buckets.rows(),
+            "worst_nodes": [{"node": n.name, "sets": n.sets,
+                             **{f"{c}_h": _hours(n.seconds[c]) for c in CATEGORIES}}
+                            for n in worst],
+        }
+
+    # ---- drains
+
+    def drains(self) -> dict[str, Any]:
+        decided: dict[str, list[float]] = defaultdict(list)
+        for node, t in self.q("SELECT node, time FROM decisions WHERE result = 'drained' AND "
+                              "time <= ? ORDER BY node, time", (self.t1 + AUTOMATION_MATCH_S,)):
+            decided[node].append(float(t))
+        rows: list[dict[str, Any]] = []
+        for n in self.nodes.values():
+            for run in n.drains:
+                if run.end is not None and run.end <= self.t0:
+                    continue
+                by, who = _attribute(run, decided.get(n.name, []))
+                end = run.end
+                rows.append({
+                    "node": n.name, "start": _ts(run.start), "end": _ts(end),
+                    "still_drained": end is None,
+                    "duration_s": _r((end if end is not None else self.t1) - run.start, 1),
+                    "reason": run.reason, "reason_now": run.reason_now, "actor": run.actor,
+                    "by": by, "drained_by": who, "resumed": end is not None,
+                    "started_in_window": run.start > self.t0,
+                })
+        rows.sort(key=lambda r: (r["start"], r["node"]))
+        started = [r for r in rows if r["started_in_window"]]
+        return {
+            "count": len(started),
+            "ongoing_at_end": sum(1 for r in rows if r["still_drained"]),
+            "by": dict(Counter(r["by"] for r in started)),
+            "nodes": len({r["node"] for r in started}),
+            "drains": rows[-LIST_MAX:],
+            "truncated": max(0, len(rows) - LIST_MAX),
+        }
+
+    # ---- findings
+
+    def failures(self) -> dict[str, Any]:
+        by_check = [{"check_id": c, "severity": s, "count": k, "nodes": nodes}
+                    for c, s, k, nodes in self.q(
+                        "SELECT check_id, severity, count(*), count(DISTINCT node) FROM findings "
+                        "WHERE ts > ? AND ts <= ? AND severity IN ('FAIL', 'WARN') "
+                        "GROUP BY check_id, severity ORDER BY count(*) DESC, check_id, severity",
+                        self.w)]
+        total, nodes = self.q("SELECT count(*), count(DISTINCT node) FROM findings WHERE ts > ? "
+                              "AND ts <= ? AND severity IN ('FAIL', 'WARN')", self.w)[0]
+        top = self.q("SELECT node, count(*), sum(severity = 'FAIL') FROM findings WHERE ts > ? "
+                     "AND ts <= ? AND severity IN ('FAIL', 'WARN') GROUP BY node "
+                     f"ORDER BY count(*) DESC, node LIMIT {TOP_N}", self.w)
+        checks: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        if top:
+            marks = ",".join("?" * len(top))
+            for node, check, count in self.q(
+                    f"SELECT node, check_id, count(*) FROM findings WHERE ts > ? AND ts <= ? AND "
+                    f"severity IN ('FAIL', 'WARN') AND node IN ({marks}) GROUP BY node, check_id "
+                    "ORDER BY count(*) DESC, check_id", (*self.w, *(t[0] for t in top))):
+                checks[node].append({"check_id": check, "count": count})
+        return {
+            "total": total, "fail": sum(r["count"] for r in by_check if r["severity"] == "FAIL"),
+            "warn": sum(r["count"] for r in by_check if r["severity"] == "WARN"),
+            "nodes": nodes, "by_check": by_check,
+            "top_nodes": [{"node": node, "count": count, "fail": int(fails or 0),
+                           "checks": checks[node]} for node, count, fails in top],
+        }
+
+    def xids(self, settings: Settings) -> dict[str, Any]:
+        from slurmgpu.xid import XidPolicy, catalog
+
+        policy = XidPolicy(settings.xid.overrides, settings.xid.unknown_action)
+        known = catalog()
+        nodes_of: dict[int | None, list[dict[str, Any]]] = defaultdict(list)
+        for code, node, count in self.q(
+                "SELECT data, node, count(*) FROM events WHERE kind = 'xid' AND ts > ? AND ts <= ? "
+                "GROUP BY data, node ORDER BY count(*) DESC, node", self.w):
+            nodes_of[code].append({"node": node, "count": count})
+        codes = []
+        for code, count, nodes, gpus in self.q(
+                "SELECT data, count(*), count(DISTINCT node), count(DISTINCT node || '/' || "
+                "coalesce(gpu, '')) FROM events WHERE kind = 'xid' AND ts > ? AND ts <= ? "
+                "GROUP BY data ORDER BY count(*) DESC, data", self.w):
+            if code is None:
+                meaning, category, action = "XID number not recorded", "unknown", None
+            else:
+                rule = policy.rule(int(code))
+                base = known.get(int(code))
+                meaning = base.name if base else rule.name
+                category, action = rule.category, rule.action
+            codes.append({"xid": code, "count": count, "nodes": nodes, "gpus": gpus,
+                          "meaning": meaning, "category": category, "action": action,
+                          "top_nodes": nodes_of[code][:TOP_N]})
+        return {"total": sum(c["count"] for c in codes),
+                "nodes": self.q("SELECT count(DISTINCT node) FROM events WHERE kind = 'xid' AND "
+                                "ts > ? AND ts <= ?", self.w)[0][0],
+                "codes": codes}
+
+    # ---- counters
+
+    def _at(self, table: str, key: str, columns: Sequence[str], t: float,
+            *, first_after: float | None = None) -> dict[tuple[Any, ...], dict[str, Any]]:
+        """{(node, key): {column: value}}: each key's last row with ts <= t (or, with
+        ``first_after``, its first row with first_after < ts <= t). SQLite takes the
+        bare columns from the row that has the max()/min()."""
+        agg = "min" if first_after is not None else "max"
+        cols = ", ".join(columns)
+        where = "ts > ? AND ts <= ?" if first_after is not None else "ts <= ?"
+        params = (first_after, t) if first_after is not None else (t,)
+        out: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for row in self.q(f"SELECT node, {key}, {agg}(ts), {cols} FROM {table} WHERE {where} "
+                          f"GROUP BY node, {key}", params):
+            out[(row[0], row[1])] = {"ts": row[2], **dict(zip(columns, row[3:], strict=True))}
+        return out
+
+    def _rises(self, table: str, key: str, counters: Sequence[str], extra: Sequence[str]
+               ) -> tuple[dict[tuple[Any, ...], dict[str, int]], dict[tuple[Any, ...], dict[str, Any]],
+                          dict[tuple[Any, ...], dict[str, Any]]]:
+        columns = [*counters, *extra]
+        base = self._at(table, key, columns, self.t0)
+        now = self._at(table, key, columns, self.t1)
+        changed = {k for k, row in now.items() if row["ts"] > self.t0}
+        first = self._at(table, key, columns, self.t1, first_after=self.t0) \
+            if any(k not in base for k in changed) else {}
+        rises: dict[tuple[Any, ...], dict[str, int]] = {}
+        baselines: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for k in changed:
+            b = base.get(k) or first.get(k) or {}
+            baselines[k] = b
+            rise = {}
+            for c in counters:
+                before, after = b.get(c), now[k].get(c)
+                if before is None or after is None:
+                    continue
+                delta = after - before if after >= before else after  # went down: reset
+                if delta > 0:
+                    rise[c] = int(delta)
+            if rise:
+                rises[k] = rise
+        return rises, now, baselines
+
+    def ecc(self) -> dict[str, Any]:
+        rises, now, baselines = self._rises("gpu_counters", "gpu", ECC_COUNTERS,
+                                            ("serial", "model", "remap_pending", "remap_failure"))
+
+        def rank(k: tuple[Any, ...]) -> tuple[int, int, int, str, int]:
+            r = rises[k]
+            return (-(r.get("ecc_uncorrected", 0) + r.get("remap_uncorrected", 0)),
+                    -r.get("remap_corrected", 0), -r.get("ecc_corrected", 0), k[0], k[1])
+
+        ordered = sorted(rises, key=rank)
+        gpus = []
+        for k in ordered[:ECC_MAX_GPUS]:
+            cur = now[k]
+            counter = max(rises[k], key=lambda c: (rises[k][c], -ECC_COUNTERS.index(c)))
+            gpus.append({
+                "node": k[0], "gpu": k[1], "serial": cur["serial"], "model": cur["model"],
+                "rise": {c: rises[k].get(c, 0) for c in ECC_COUNTERS},
+                "now": {c: cur[c] for c in ECC_COUNTERS},
+                "remap_pending": bool(cur["remap_pending"]), "remap_failure": bool(cur["remap_failure"]),
+                "series_counter": counter,
+                "series": self._series(k, counter, baselines[k].get(counter), cur[counter]),
+            })
+        flagged = [{"node": k[0], "gpu": k[1], "serial": row["serial"], "model": row["model"],
+                    "remap_pending": bool(row["remap_pending"]),
+                    "remap_failure": bool(row["remap_failure"]), "since": _ts(row["ts"])}
+                   for k, row in sorted(now.items())
+                   if row["remap_pending"] or row["remap_failure"]]
+        return {"gpus_rising": len(rises), "gpus": gpus,
+                "truncated": max(0, len(rises) - ECC_MAX_GPUS), "remap_flags": flagged}
+
+    def _series(self, k: tuple[Any, ...], counter: str, before: Any, after: Any
+                ) -> list[list[float]]:
+        rows = self.q(f"SELECT ts, {counter} FROM gpu_counters WHERE node = ? AND gpu = ? AND "
+                      "ts > ? AND ts <= ? AND " + counter + " IS NOT NULL ORDER BY ts",
+                      (k[0], k[1], *self.w))
+        if len(rows) > SERIES_MAX_POINTS:
+            step = len(rows) / (SERIES_MAX_POINTS - 1)
+            rows = [rows[int(i * step)] for i in range(SERIES_MAX_POINTS - 1)] + [rows[-1]]
+        points = [[_ts(self.t0) or 0.0, before]] if before is not None else []
+        points += [[_ts(ts) or 0.0, v] for ts, v in rows]
+        if after is not None:
+            points.append([_ts(self.t1) or 0.0, after])
+        return points
+
+    def throttling(self) -> dict[str, Any]:
+        # Node by node through the (node, ts) primary key: ~10x faster than the ts index
+        # plus a GROUP BY b-tree over a month of hourly samples.
+        rows = self.q("SELECT n.node, sum(s.reports), sum(s.hw_slowdown_reports), "
+                      "sum(s.sw_thermal_reports) FROM nodes n CROSS JOIN node_samples s "
+                      "ON s.node = n.node AND s.ts > ? AND s.ts <= ? GROUP BY n.node", self.w)
+        total = sum(r[1] or 0 for r in rows)
+        hw = sum(r[2] or 0 for r in rows)
+        sw = sum(r[3] or 0 for r in rows)
+        per = [{"node": node, "reports": reports, "hw_slowdown_reports": h,
+                "sw_thermal_reports": s, "hw_slowdown_pct": _pct(h, reports),
+                "sw_thermal_pct": _pct(s, reports)}
+               for node, reports, h, s in rows if reports and (h or s)]
+        return {
+            "reports": total, "hw_slowdown_reports": hw, "sw_thermal_reports": sw,
+            "hw_slowdown_pct": _pct(hw, total), "sw_thermal_pct": _pct(sw, total),
+            "nodes_sampled": len(rows), "nodes_throttled": len(per),
+            "leaders_hw": sorted((p for p in per if p["hw_slowdown_reports"]),
+                                 key=lambda p: (-p["hw_slowdown_pct"], p["node"]))[:TOP_N],
+            "leaders_sw": sorted((p for p in per if p["sw_thermal_reports"]),
+                                 key=lambda p: (-p["sw_thermal_pct"], p["node"]))[:TOP_N],
+        }
+
+    def ib(self) -> dict[str, Any]:
+        rises, now, _ = self._rises("ib_counters", "port", IB_COUNTERS, ("state", "rate_gbps"))
+        marks = ",".join("?" * len(IB_FINDING_CHECKS))
+        flaps: dict[tuple[Any, ...], int] = {}
+        for node, subject, count in self.q(
+                f"SELECT node, coalesce(subject, ''), count(*) FROM findings WHERE ts > ? AND "
+                f"ts <= ? AND check_id IN ({marks}) GROUP BY node, subject",
+                (*self.w, *IB_FINDING_CHECKS)):
+            flaps[(node, subject)] = count
+        ports = []
+        for k in set(rises) | set(flaps):
+            cur = now.get(k, {})
+            rise = rises.get(k, {})
+            ports.append({"node": k[0], "port": k[1] or None, "rise": rise,
+                          "rise_total": sum(rise.values()), "flap_findings": flaps.get(k, 0),
+                          "state": cur.get("state"), "rate_gbps": cur.get("rate_gbps")})
+        ports.sort(key=lambda p: (-p["flap_findings"], -p["rise_total"], p["node"], p["port"] or ""))
+        return {"ports_rising": len(rises), "ports_flapping": len(flaps),
+                "ports": ports[:LIST_MAX], "truncated": max(0, len(ports) - LIST_MAX)}
+
+    # ---- versions
+
+    def versions(self) -> dict[tuple[Any, ...], dict[str, Any]]:
+        cols = ("gpu_model", "driver", "cuda", "nccl", "vbios", "ib_firmware", "ofed", "kernel")
+        out: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for row in self.q(f"SELECT node, max(ts), {', '.join(cols)} FROM node_versions "
+                          "WHERE ts <= ? GROUP BY node", (self.t1,)):
+            out[(row[0],)] = dict(zip(cols, row[2:], strict=True))
+        return out
+
+    def pin_drift(self, versions: dict[tuple[Any, ...], dict[str, Any]]) -> dict[str, Any]:
+        from slurmgpu.config.versions_match import match_any
+
+        fields: dict[str, Any] = {}
+        off_nodes: set[str] = set()
+        for column, pin_key in PIN_FIELDS.items():
+            counts: Counter[str] = Counter()
+            off_counts: Counter[str] = Counter()
+            off: list[dict[str, Any]] = []
+            unreported = 0
+            for name in self.nodes:
+                value = versions.get((name,), {}).get(column)
+                if value is None or value == "":
+                    unreported += 1
+                    continue
+                counts[value] += 1
+                pins = list(getattr(self.settings(name).pins, pin_key))
+                parts = [p.strip() for p in str(value).split(",") if p.strip()]
+                if pins and not all(match_any(p, pins) for p in parts):
+                    off_counts[value] += 1
+                    off.append({"node": name, "version": value, "pins": pins})
+                    off_nodes.add(name)
+            fields[column] = {
+                "pin_key": f"pins.{pin_key}",
+                "versions": [{"version": v, "nodes": c, "off_pin": off_counts[v]}
+                             for v, c in sorted(counts.items(), key=lambda i: (-i[1], i[0]))],
+                "not_reported": unreported,
+                "off_pin": off[:LIST_MAX],
+                "off_pin_count": len(off),
+            }
+        return {"nodes_off_pin": len(off_nodes), "fields": fields}
+
+    # ---- jobs
+
+    def jobs(self) -> dict[str, Any]:
+        import msgpack
+
+        blocked = []
+        for node, ts, body in self.q("SELECT node, ts, body FROM events WHERE kind = "
+                                     "'prolog_blocked' AND ts > ? AND ts <= ? ORDER BY ts", self.w):
+            job = None
+            try:
+                data = msgpack.unpackb(body, raw=False) if body else {}
+                if isinstance(data, dict) and data.get("job_id") is not None:
+                    job = str(data["job_id"])
+            except Exception:  # a damaged body still counts as a blocked prolog
+                job = None
+            blocked.append({"node": node, "ts": _ts(ts), "job_id": job})
+        requests = self.q("SELECT job_id, action, state, requested, acked_at FROM checkpoints "
+                          "WHERE requested > ? AND requested <= ?", self.w)
+        acks = sorted(float(a) - float(r) for _, _, _, r, a in requests if a is not None)
+        requeued, requeued_jobs = self.q(
+            "SELECT count(*), count(DISTINCT job_id) FROM job_events WHERE kind = 'requeued' AND "
+            "ts > ? AND ts <= ?", self.w)[0]
+        return {
+            "prolog_blocked": {"events": len(blocked),
+                               "jobs": len({b["job_id"] for b in blocked if b["job_id"]}),
+                               "nodes": len({b["node"] for b in blocked}),
+                               "recent": blocked[-50:]},
+            "checkpoints": {"requests": len(requests), "jobs": len({r[0] for r in requests}),
+                            "by_action": dict(sorted(Counter(r[1] for r in requests).items())),
+                            "by_state": dict(sorted(Counter(r[2] for r in requests).items()))},
+            "requeued": {"events": requeued, "jobs": requeued_jobs},
+            "ack": {"count": len(acks),
+                    "p50_s": _r(statistics.median(acks), 2) if acks else None,
+                    "max_s": _r(acks[-1], 2) if acks else None,
+                    "no_ack": sum(1 for r in requests if r[4] is None and r[2] != "open"),
+                    "open": sum(1 for r in requests if r[4] is None and r[2] == "open")},
+        }
+
+
+def _attribute(run: _Run, decided: list[float]) -> tuple[str, str]:
+    """("automation" | "hook" | "operator", display text) for a drain."""
+    i = bisect_left(decided, run.start - AUTOMATION_MATCH_S)
+    if i < len(decided) and decided[i] <= run.start + AUTOMATION_MATCH_S:
+        return "automation", "slurmgpu automation"
+    if (run.reason or "").startswith(HOOK_PREFIX):
+        return "hook", "slurmgpu (node hook)"
+    return "operator", f"operator {run.actor or '(unknown)'}"
+
+
+def _lemons(state_dir: str | None) -> dict[str, Any]:
+    if not state_dir:
+        return {"source": None, "error": None, "nodes": []}
+    path = Path(state_dir) / "automation.json"  # slurmgpu.collector.policy.STATE_FILE
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {"source": None, "error": None, "nodes": []}
+    except (OSError, ValueError) as exc:
+        return {"source": str(path), "error": f"{type(exc).__name__}: {exc}", "nodes": []}
+    lemons = raw.get("lemons") if isinstance(raw, dict) else None
+    nodes = [{"node": str(node), "since": _ts(info.get("since")) if isinstance(info, dict) else None,
+              "why": info.get("why") if isinstance(info, dict) else None}
+             for node, info in sorted((lemons or {}).items())]
+    return {"source": str(path), "error": None, "nodes": nodes}
+
+
+def build_report(db: sqlite3.Connection, t0: float, t1: float, *,
+                 config: LoadedConfig | None = None, state_dir: str | None = None,
+                 generated_at: float, source: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The report model for the window ``(t0, t1]`` (see docs/report.md)."""
+    b = _Builder(db, t0, t1, config)
+    top = b.settings(None)
+    b.load_nodes()
+    availability = b.availability()
+    drains = b.drains()
+    failures = b.failures()
+    xids = b.xids(top)
+    ecc = b.ecc()
+    throttling = b.throttling()
+    ib = b.ib()
+    versions = b.versions()
+    pins = b.pin_drift(versions)
+    jobs = b.jobs()
+    lemons = _lemons(state_dir)
+
+    # service: the nodes to send to a technician
+    due: dict[str, list[str]] = defaultdict(list)
+    for flag in ecc["remap_flags"]:
+        what = "remap_failure" if flag["remap_failure"] else "remap_pending"
+        due[flag["node"]].append(f"GPU {flag['gpu']} {what}")
+    started = Counter({n.name: sum(1 for r in n.drains if t0 < r.start <= t1)
+                       for n in b.nodes.values()})
+    for n in b.nodes.values():
+        if started[n.name] >= 2:
+            due[n.name].append(f"{started[n.name]} drains in window")
+        current = n.drains[-1] if n.drains and n.drains[-1].end is None else None
+        reason = (current.reason_now or "") if current else ""
+        if current and reason.startswith(HOOK_PREFIX) and any(c in reason for c in SERVICE_REASON_CHECKS):
+            due[n.name].append(f"drained: {reason}")
+    lemon_names = [x["node"] for x in lemons["nodes"]]
+    service = {"lemons": lemons["nodes"], "lemons_source": lemons["source"],
+               "lemons_error": lemons["error"],
+               "due": [{"node": node, "lemon": node in lemon_names, "reasons": why}
+                       for node, why in sorted(due.items())]}
+
+    # MTBF per GPU model
+    per_model: dict[str, dict[str, float]] = defaultdict(lambda: {"nodes": 0, "s": 0.0,
+                                                                  "drains": 0, "fails": 0})
+    for n in b.nodes.values():
+        model = versions.get((n.name,), {}).get("gpu_model") or "unknown"
+        m = per_model[model]
+        m["nodes"] += 1
+        m["s"] += n.observed_s
+        m["drains"] += started[n.name]
+        m["fails"] += n.fail_transitions
+    mtbf = {"models": [{
+        "gpu_model": model, "nodes": int(m["nodes"]), "node_hours": _hours(m["s"]),
+        "drains": int(m["drains"]), "fail_transitions": int(m["fails"]),
+        "mtbf_drain_h": _r(m["s"] / HOUR / m["drains"], 1) if m["drains"] else None,
+        "mtbf_fail_h": _r(m["s"] / HOUR / m["fails"], 1) if m["fails"] else None,
+    } for model, m in sorted(per_model.items())]}
+
+    jobs_touched = jobs["checkpoints"]["jobs"]
+    summary = {
+        "nodes": len(b.nodes),
+        "node_hours": availability["fleet"]["node_hours"],
+        "availability_pct": availability["fleet"]["availability_pct"],
+        "drains": drains["count"],
+        "drained_at_end": drains["ongoing_at_end"],
+        "new_failures": failures["total"],
+        "failing_nodes": failures["nodes"],
+        "xids": xids["total"],
+        "xid_nodes": xids["nodes"],
+        "gpus_ecc_rising": ecc["gpus_rising"],
+        "jobs_prolog_blocked": jobs["prolog_blocked"]["jobs"],
+        "jobs_checkpointed": jobs_touched,
+        "jobs_requeued": jobs["requeued"]["jobs"],
+        "lemons": len(lemons["nodes"]),
+        "due_for_service": len(service["due"]),
+        "nodes_off_pin": pins["nodes_off_pin"],
+    }
+    return {
+        "schema": SCHEMA,
+        "generated_at": iso(generated_at),
+        "window": {"from": iso(t0), "to": iso(t1), "seconds": _r(t1 - t0, 3),
+                   "from_ts": _ts(t0), "to_ts": _ts(t1)},
+        "source": source or {},
+        "summary": summary,
+        "availability": availability,
+        "drains": drains,
+        "failures": failures,
+        "xids": xids,
+        "ecc-trends": ecc,
+        "throttling": throttling,
+        "ib": ib,
+        "pin-drift": pins,
+        "service": service,
+        "jobs": jobs,
+        "mtbf": mtbf,
+    }
+
+
+def report_from_path(path: str | Path, t0: float, t1: float, *, config: LoadedConfig | None,
+                     generated_at: float) -> dict[str, Any]:
+    """Open ``path`` read-only and build the model (config: [[hosts]], pins, state_dir)."""
+    db = open_db(path)
+    try:
+        version = int(db.execute("SELECT version FROM schema_version").fetchone()[0])
+        top = config.settings_for(None) if config is not None else None
+        return build_report(db, t0, t1, config=config,
+                            state_dir=top.paths.state_dir if top is not None else None,
+                            generated_at=generated_at,
+                            source={"db": str(path), "schema_version": version,
+                                    "config": config.path if config is not None else None})
+    except sqlite3.Error as exc:
+        raise ReportError(f"{path}: {exc}") from None
+    finally:
+        db.close()

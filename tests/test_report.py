@@ -1,0 +1,534 @@
+"""`slurmgpu report`: the model's numbers on a hand-built database, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+from click.testing import CliRunner, Result
+
+from slurmgpu.cli import cli
+from slurmgpu.collector.store import Store
+from slurmgpu.config.load import load_config
+from slurmgpu.report import SCHEMA, SECTIONS, TITLES
+from slurmgpu.report import html as report_html
+from slurmgpu.report import markdown as report_md
+from slurmgpu.report.model import (
+    ReportError,
+    iso,
+    parse_duration,
+    report_from_path,
+    resolve_window,
+)
+from slurmgpu.xid import catalog
+
+H = 3600.0
+T1 = 1767312000.0  # 2026-01-02T00:00:00Z
+T0 = T1 - 24 * H
+NOW = "2026-01-02T00:00:00Z"
+
+CONFIG = """
+[paths]
+state_dir = "{state}"
+
+[pins]
+driver = ["550.90.07"]
+
+[[hosts]]
+name = "h100"
+nodes = "n[1-2]"
+[hosts.pins]
+nccl = [">=2.21"]
+
+[[hosts]]
+name = "a100"
+nodes = "n3"
+[hosts.pins]
+driver = ["535.*"]
+"""
+
+
+def _ins(db: sqlite3.Connection, table: str, **cols: Any) -> None:
+    names = ", ".join(cols)
+    marks = ", ".join("?" * len(cols))
+    db.execute(f"INSERT INTO {table} ({names}) VALUES ({marks})", tuple(cols.values()))
+
+
+def _state(db: sqlite3.Connection, node: str, ts: float, kind: str, reason: str | None = None,
+           actor: str | None = None) -> None:
+    _ins(db, "node_states", node=node, ts=ts, kind=kind, reason=reason, actor=actor)
+
+
+def _verdict(db: sqlite3.Connection, node: str, ts: float, verdict: str) -> None:
+    _ins(db, "report_history", node=node, seq=int(ts), ts=ts, verdict=verdict)
+
+
+def _finding(db: sqlite3.Connection, node: str, ts: float, check: str, severity: str,
+             subject: str | None = None) -> None:
+    _ins(db, "findings", node=node, seq=int(ts), ts=ts, check_id=check, severity=severity,
+         gpu=None, subject=subject, message="m")
+
+
+def _event(db: sqlite3.Connection, node: str, ts: float, kind: str, data: int | None = None,
+           gpu: int | None = None, body: dict[str, Any] | None = None) -> None:
+    _ins(db, "events", node=node, seq=int(ts), ts=ts, kind=kind, gpu=gpu, data=data,
+         verdict="FAIL", body=msgpack.packb(body or {"kind": kind}))
+
+
+def _gpu(db: sqlite3.Connection, node: str, gpu: int, ts: float, **values: Any) -> None:
+    row = {"ecc_corrected": 0, "ecc_uncorrected": 0, "remap_corrected": 0,
+           "remap_uncorrected": 0, "remap_pending": 0, "remap_failure": 0, **values}
+    _ins(db, "gpu_counters", node=node, gpu=gpu, ts=ts, serial=f"S{node}{gpu}", model="H100", **row)
+
+
+@pytest.fixture()
+def fleet(tmp_path: Path) -> dict[str, Path]:
+    """Four nodes with exactly known histories over the window (T0, T1] = 24 h:
+
+    n1 (h100): drained 3 h by the automation, unreachable 1 h, FAIL (degraded) 2 h -> 18 h healthy
+    n2 (h100): drained by operator alice since before the window until T0+1h, unreachable
+               T0+0.5h..T0+1.5h (0.5 h counts, drained wins), FAIL from before the window to
+               T0+3h (1.5 h degraded counts) -> 21 h healthy
+    n3 (a100): first seen T0+12h, drained by a node hook from T0+20h (still) -> 8 h healthy
+    n4 (other): two hook drains of 1 h each -> 22 h healthy
+    """
+    path = tmp_path / "fleet.db"
+    Store(path).close()
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("BEGIN")
+    for node, first in (("n1", T0 - 10 * 86400), ("n2", T0 - 10 * 86400), ("n3", T0 + 12 * H),
+                        ("n4", T0 - 86400)):
+        _ins(db, "nodes", node=node, first_seen=first, last_seen=T1)
+    # n1
+    _state(db, "n1", T0 + 2 * H, "drained", "slurmgpu: xid.recent GPU 1 XID 79", "root")
+    _ins(db, "decisions", time=T0 + 2 * H + 30, node="n1", action="drain", reason="x",
+         trigger="xid.recent", result="drained")
+    _state(db, "n1", T0 + 5 * H, "resumed")
+    _state(db, "n1", T0 + 10 * H, "unreachable", actor="collector")
+    _state(db, "n1", T0 + 11 * H, "reachable", actor="collector")
+    _verdict(db, "n1", T0 - 86400, "OK")
+    _verdict(db, "n1", T0 + 14 * H, "FAIL")
+    _verdict(db, "n1", T0 + 16 * H, "OK")
+    # n2
+    _state(db, "n2", T0 - 5 * H, "drained", "maint <b>evil</b>", "alice")
+    _state(db, "n2", T0 + 1 * H, "resumed")
+    _state(db, "n2", T0 + 0.5 * H, "unreachable", actor="collector")
+    _state(db, "n2", T0 + 1.5 * H, "reachable", actor="collector")
+    _verdict(db, "n2", T0 - 2 * H, "FAIL")
+    _verdict(db, "n2", T0 + 3 * H, "OK")
+    # n3
+    _state(db, "n3", T0 + 20 * H, "drained", "slurmgpu: gpu.lost GPU 0 fell off the bus", "root")
+    # n4: a decision 200 s after the drain is not close enough to be the automation's
+    _state(db, "n4", T0 + 1 * H, "drained", "slurmgpu: thermal.throttle GPU 2", "root")
+    _ins(db, "decisions", time=T0 + 1 * H + 200, node="n4", action="drain", reason="x",
+         trigger="thermal.throttle", result="drained")
+    _state(db, "n4", T0 + 2 * H, "resumed")
+    _state(db, "n4", T0 + 3 * H, "drained", "slurmgpu: thermal.throttle GPU 2", "root")
+    _state(db, "n4", T0 + 4 * H, "resumed")
+    # findings (one before the window, one OK: neither counts)
+    _finding(db, "n1", T0 + 2 * H, "xid.recent", "FAIL")
+    _finding(db, "n1", T0 + 14 * H, "xid.recent", "FAIL")
+    _finding(db, "n1", T0 + 14 * H, "ecc.sbe", "WARN")
+    _finding(db, "n2", T0 + 6 * H, "thermal.throttle", "WARN")
+    _finding(db, "n4", T0 + 2 * H, "ib.flap", "WARN", subject="mlx5_1/1")
+    _finding(db, "n1", T0 - H, "xid.recent", "FAIL")
+    _finding(db, "n1", T0 + H, "gpu.count", "OK")
+    # XIDs (one before the window)
+    _event(db, "n1", T0 + 2 * H, "xid", 79, 1)
+    _event(db, "n1", T0 + 2 * H + 1, "xid", 79, 1)
+    _event(db, "n3", T0 + 19 * H, "xid", 79, 0)
+    _event(db, "n1", T0 + 7 * H, "xid", 13, 2)
+    _event(db, "n1", T0 - H, "xid", 79, 1)
+    # ECC / remaps
+    _gpu(db, "n1", 0, T0 - 86400, ecc_corrected=10)
+    _gpu(db, "n1", 0, T0 + H, ecc_corrected=15)
+    _gpu(db, "n1", 0, T0 + 5 * H, ecc_corrected=40)
+    _gpu(db, "n1", 1, T0 - 86400, ecc_corrected=5)
+    _gpu(db, "n2", 3, T0 - 2 * 86400, remap_corrected=1)
+    _gpu(db, "n2", 3, T0 + 6 * H, remap_corrected=2, remap_pending=1)
+    _gpu(db, "n3", 0, T0 + 13 * H, ecc_corrected=100)
+    _gpu(db, "n3", 0, T0 + 20 * H, ecc_corrected=103)
+    _gpu(db, "n3", 0, T1 + H, ecc_corrected=500)  # after the window
+    # throttling: 24 hourly samples each; one at T0 exactly (not in the window)
+    for h in range(1, 25):
+        _ins(db, "node_samples", node="n1", ts=T0 + h * H, span_s=H, reports=240,
+             fail_reports=0, hw_slowdown_reports=24, sw_thermal_reports=0)
+        _ins(db, "node_samples", node="n2", ts=T0 + h * H, span_s=H, reports=240,
+             fail_reports=0, hw_slowdown_reports=0, sw_thermal_reports=48)
+    _ins(db, "node_samples", node="n1", ts=T0, span_s=H, reports=240, fail_reports=0,
+         hw_slowdown_reports=240, sw_thermal_reports=0)
+    # IB
+    _ins(db, "ib_counters", node="n1", port="mlx5_0/1", ts=T0 - 86400, state="ACTIVE",
+         rate_gbps=400, symbol_error=0, link_downed=1, link_error_recovery=0, port_rcv_errors=0,
+         local_link_integrity_errors=0, excessive_buffer_overrun_errors=0)
+    _ins(db, "ib_counters", node="n1", port="mlx5_0/1", ts=T0 + 3 * H, state="ACTIVE",
+         rate_gbps=400, symbol_error=7, link_downed=3, link_error_recovery=0, port_rcv_errors=0,
+         local_link_integrity_errors=0, excessive_buffer_overrun_errors=0)
+    # versions (n2's upgrade after the window does not count; n4 never reported)
+    for node, model, driver, nccl in (("n1", "H100", "550.90.07", "2.21.5"),
+                                      ("n2", "H100", "550.54.15", "2.18.1"),
+                                      ("n3", "A100", "535.183.01", None)):
+        _ins(db, "node_versions", node=node, ts=T0 - 5 * 86400, gpu_model=model, driver=driver,
+             cuda="12.4", nccl=nccl, vbios="96.00.89.00.01", ib_firmware="28.39.1002")
+    _ins(db, "node_versions", node="n2", ts=T1 + H, gpu_model="H100", driver="550.90.07",
+         cuda="12.4", nccl="2.21.5", vbios="96.00.89.00.01", ib_firmware="28.39.1002")
+    # jobs
+    _event(db, "n1", T0 + 8 * H, "prolog_blocked", body={"kind": "prolog_blocked", "job_id": "123"})
+    for job, requested, acked, state in (("10", T0 + H, T0 + H + 10, "acked"),
+                                         ("11", T0 + 2 * H, T0 + 2 * H + 30, "acked"),
+                                         ("12", T0 + 3 * H, None, "expired"),
+                                         ("13", T1 - 60, None, "open"),
+                                         ("9", T0 - H, T0 - H + 5, "acked")):
+        _ins(db, "checkpoints", job_id=job, action="checkpoint", trigger_node="n1", nodes='["n1"]',
+             requested=requested, deadline=requested + 300, state=state, acked_at=acked)
+    _ins(db, "job_events", job_id="7", ts=T0 + 5 * H, kind="requeued", node="n1")
+    _ins(db, "job_events", job_id="7", ts=T0 + 6 * H, kind="requeued", node="n1")
+    _ins(db, "job_events", job_id="8", ts=T0 + 6 * H, kind="acked", node="n1")
+    db.execute("COMMIT")
+    db.close()
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "automation.json").write_text(json.dumps(
+        {"lemons": {"n4": {"since": T0, "why": "3 drains within 604800 s"}}}))
+    config = tmp_path / "slurmgpu.toml"
+    config.write_text(CONFIG.format(state=state))
+    return {"db": path, "config": config, "dir": tmp_path}
+
+
+@pytest.fixture()
+def model(fleet: dict[str, Path]) -> dict[str, Any]:
+    return report_from_path(fleet["db"], T0, T1, config=load_config(str(fleet["config"])),
+                            generated_at=T1)
+
+
+def _hours(row: dict[str, Any]) -> tuple[float, float, float, float]:
+    return row["healthy_h"], row["degraded_h"], row["drained_h"], row["unreachable_h"]
+
+
+# --------------------------------------------------------------------------- model
+
+
+def test_top_level_keys(model: dict[str, Any]) -> None:
+    assert model["schema"] == SCHEMA
+    assert model["window"] == {"from": "2026-01-01T00:00:00Z", "to": "2026-01-02T00:00:00Z",
+                               "seconds": 86400.0, "from_ts": T0, "to_ts": T1}
+    assert model["generated_at"] == NOW
+    for section in SECTIONS:
+        assert section in model
+
+
+def test_availability_node_hours(model: dict[str, Any]) -> None:
+    a = model["availability"]
+    sets = {s["name"]: s for s in a["host_sets"]}
+    assert list(sets) == ["h100", "a100", "other"]
+    # healthy, degraded, drained, unreachable
+    assert _hours(sets["h100"]) == (18 + 21, 2 + 1.5, 3 + 1, 1 + 0.5)
+    assert _hours(sets["a100"]) == (8, 0, 4, 0)  # counted from first_seen only
+    assert _hours(sets["other"]) == (22, 0, 2, 0)
+    assert sets["h100"]["nodes"] == 2 and sets["a100"]["node_hours"] == 12
+    assert _hours(a["fleet"]) == (69, 3.5, 10, 1.5)
+    assert a["fleet"]["node_hours"] == 84
+    assert a["fleet"]["availability_pct"] == round(100 * 69 / 84, 2)
+    worst = {w["node"]: w for w in a["worst_nodes"]}
+    assert _hours(worst["n1"]) == (18, 2, 3, 1)
+    assert _hours(worst["n2"]) == (21, 1.5, 1, 0.5)
+    # hourly series (24 h window): sums to the totals, drained n1 shows in hour 2..5
+    assert a["bucket_s"] == 3600 and len(a["series"]) == 24
+    for c in ("healthy", "degraded", "drained", "unreachable"):
+        assert sum(b[f"{c}_h"] for b in a["series"]) == pytest.approx(a["fleet"][f"{c}_h"])
+    assert a["series"][0]["drained_h"] == 1  # n2 until T0+1h
+    assert a["series"][2]["drained_h"] == 1  # n1
+
+
+def test_summary(model: dict[str, Any]) -> None:
+    s = model["summary"]
+    assert s["nodes"] == 4
+    assert s["availability_pct"] == round(100 * 69 / 84, 2)
+    assert s["drains"] == 4  # n1, n3, n4 x2 (n2's began before the window)
+    assert s["drained_at_end"] == 1
+    assert s["new_failures"] == 5 and s["failing_nodes"] == 3
+    assert s["xids"] == 4 and s["xid_nodes"] == 2
+    assert s["jobs_checkpointed"] == 4 and s["jobs_requeued"] == 1
+    assert s["jobs_prolog_blocked"] == 1
+    assert s["lemons"] == 1
+    assert s["nodes_off_pin"] == 1
+
+
+def test_drain_attribution(model: dict[str, Any]) -> None:
+    d = model["drains"]
+    rows = [(r["node"], r["by"], r["drained_by"], r["resumed"], r["still_drained"])
+            for r in d["drains"]]
+    assert rows == [
+        ("n2", "operator", "operator alice", True, False),
+        ("n4", "hook", "slurmgpu (node hook)", True, False),
+        ("n1", "automation", "slurmgpu automation", True, False),
+        ("n4", "hook", "slurmgpu (node hook)", True, False),
+        ("n3", "hook", "slurmgpu (node hook)", False, True),
+    ]
+    first = d["drains"][0]
+    assert first["started_in_window"] is False and first["start"] == T0 - 5 * H
+    assert first["duration_s"] == 6 * H and first["reason"] == "maint <b>evil</b>"
+    n1 = d["drains"][2]
+    assert (n1["start"], n1["end"], n1["duration_s"]) == (T0 + 2 * H, T0 + 5 * H, 3 * H)
+    n3 = d["drains"][4]
+    assert n3["end"] is None and n3["duration_s"] == 4 * H
+    assert d["count"] == 4 and d["by"] == {"automation": 1, "hook": 3}
+
+
+def test_failures(model: dict[str, Any]) -> None:
+    f = model["failures"]
+    assert f["total"] == 5 and f["fail"] == 2 and f["warn"] == 3 and f["nodes"] == 3
+    by = {(r["check_id"], r["severity"]): (r["count"], r["nodes"]) for r in f["by_check"]}
+    assert by == {("xid.recent", "FAIL"): (2, 1), ("ecc.sbe", "WARN"): (1, 1),
+                  ("thermal.throttle", "WARN"): (1, 1), ("ib.flap", "WARN"): (1, 1)}
+    assert f["by_check"][0]["check_id"] == "xid.recent"
+    top = f["top_nodes"][0]
+    assert top["node"] == "n1" and top["count"] == 3 and top["fail"] == 2
+    assert top["checks"][0] == {"check_id": "xid.recent", "count": 2}
+
+
+def test_xids_with_meaning(model: dict[str, Any]) -> None:
+    x = model["xids"]
+    codes = {c["xid"]: c for c in x["codes"]}
+    assert list(codes) == [79, 13]
+    assert (codes[79]["count"], codes[79]["nodes"], codes[79]["gpus"]) == (3, 2, 2)
+    assert codes[79]["meaning"] == catalog()[79].name == "GPU has fallen off the bus"
+    assert codes[13]["meaning"] == catalog()[13].name
+    assert codes[79]["top_nodes"][0] == {"node": "n1", "count": 2}
+
+
+def test_ecc_rise(model: dict[str, Any]) -> None:
+    e = model["ecc-trends"]
+    assert e["gpus_rising"] == 3
+    got = [(g["node"], g["gpu"], g["rise"]) for g in e["gpus"]]
+    zero = {"ecc_corrected": 0, "ecc_uncorrected": 0, "remap_corrected": 0, "remap_uncorrected": 0}
+    assert got == [
+        ("n2", 3, {**zero, "remap_corrected": 1}),  # remaps rank above corrected ECC
+        ("n1", 0, {**zero, "ecc_corrected": 30}),   # 40 at the end - 10 at the start
+        ("n3", 0, {**zero, "ecc_corrected": 3}),    # first seen in the window: from 100
+    ]
+    n1 = e["gpus"][1]
+    assert n1["series_counter"] == "ecc_corrected"
+    assert n1["series"] == [[T0, 10], [T0 + H, 15], [T0 + 5 * H, 40], [T1, 40]]
+    assert e["remap_flags"] == [{"node": "n2", "gpu": 3, "serial": "Sn23", "model": "H100",
+                                 "remap_pending": True, "remap_failure": False,
+                                 "since": T0 + 6 * H}]
+
+
+def test_throttle_share(model: dict[str, Any]) -> None:
+    t = model["throttling"]
+    assert t["reports"] == 48 * 240
+    assert t["hw_slowdown_pct"] == 5.0 and t["sw_thermal_pct"] == 10.0
+    assert [(r["node"], r["hw_slowdown_pct"]) for r in t["leaders_hw"]] == [("n1", 10.0)]
+    assert [(r["node"], r["sw_thermal_pct"]) for r in t["leaders_sw"]] == [("n2", 20.0)]
+    assert t["nodes_throttled"] == 2
+
+
+def test_ib(model: dict[str, Any]) -> None:
+    ports = {(p["node"], p["port"]): p for p in model["ib"]["ports"]}
+    assert ports[("n1", "mlx5_0/1")]["rise"] == {"symbol_error": 7, "link_downed": 2}
+    assert ports[("n4", "mlx5_1/1")]["flap_findings"] == 1
+    assert model["ib"]["ports_rising"] == 1 and model["ib"]["ports_flapping"] == 1
+
+
+def test_pin_drift_per_host_set(model: dict[str, Any]) -> None:
+    p = model["pin-drift"]
+    driver = p["fields"]["driver"]
+    assert driver["versions"] == [
+        {"version": "535.183.01", "nodes": 1, "off_pin": 0},  # the a100 set pins 535.*
+        {"version": "550.54.15", "nodes": 1, "off_pin": 1},   # value at the window's end
+        {"version": "550.90.07", "nodes": 1, "off_pin": 0},
+    ]
+    assert [o["node"] for o in driver["off_pin"]] == ["n2"]
+    assert driver["not_reported"] == 1  # n4
+    nccl = p["fields"]["nccl"]
+    assert [(o["node"], o["pins"]) for o in nccl["off_pin"]] == [("n2", [">=2.21"])]
+    assert nccl["not_reported"] == 2  # n3 (no NCCL) and n4: not off-pin
+    assert p["fields"]["cuda"]["off_pin"] == []  # no [pins] cuda_driver: not pinned
+    assert p["nodes_off_pin"] == 1
+
+
+def test_service(model: dict[str, Any]) -> None:
+    s = model["service"]
+    assert s["lemons"] == [{"node": "n4", "since": T0, "why": "3 drains within 604800 s"}]
+    due = {d["node"]: d for d in s["due"]}
+    assert set(due) == {"n2", "n3", "n4"}
+    assert due["n2"]["reasons"] == ["GPU 3 remap_pending"]
+    assert due["n3"]["reasons"][0].startswith("drained: slurmgpu: gpu.lost")
+    assert due["n4"]["reasons"] == ["2 drains in window"] and due["n4"]["lemon"] is True
+
+
+def test_jobs(model: dict[str, Any]) -> None:
+    j = model["jobs"]
+    assert j["prolog_blocked"]["events"] == 1
+    assert j["prolog_blocked"]["recent"][0]["job_id"] == "123"
+    assert j["checkpoints"]["requests"] == 4 and j["checkpoints"]["jobs"] == 4
+    assert j["requeued"] == {"events": 2, "jobs": 1}
+    assert j["ack"] == {"count": 2, "p50_s": 20.0, "max_s": 30.0, "no_ack": 1, "open": 1}
+
+
+def test_mtbf(model: dict[str, Any]) -> None:
+    rows = {r["gpu_model"]: r for r in model["mtbf"]["models"]}
+    assert rows["H100"] == {"gpu_model": "H100", "nodes": 2, "node_hours": 48.0, "drains": 1,
+                            "fail_transitions": 1, "mtbf_drain_h": 48.0, "mtbf_fail_h": 48.0}
+    assert rows["A100"]["node_hours"] == 12 and rows["A100"]["mtbf_drain_h"] == 12
+    assert rows["A100"]["mtbf_fail_h"] is None  # no failure: infinite
+    assert rows["unknown"]["drains"] == 2 and rows["unknown"]["mtbf_drain_h"] == 12
+
+
+def test_window_without_config(fleet: dict[str, Path]) -> None:
+    """No config: one host set ("other"), nothing pinned, no lemons."""
+    m = report_from_path(fleet["db"], T0, T1, config=None, generated_at=T1)
+    assert [s["name"] for s in m["availability"]["host_sets"]] == ["other"]
+    assert m["availability"]["host_sets"][0]["healthy_h"] == 69
+    assert m["pin-drift"]["nodes_off_pin"] == 0 and m["service"]["lemons"] == []
+
+
+def test_earlier_window(fleet: dict[str, Path]) -> None:
+    """A window before n3 existed and inside n2's drain: state at start = last transition."""
+    m = report_from_path(fleet["db"], T0 - 4 * H, T0, config=None, generated_at=T1)
+    worst = {w["node"]: w for w in m["availability"]["worst_nodes"]}
+    assert worst["n2"]["drained_h"] == 4
+    assert m["summary"]["nodes"] == 3
+    # resumed only after this window's end: as of the window's end it is still drained
+    assert m["drains"]["drains"][0]["still_drained"] is True
+    assert m["drains"]["drains"][0]["duration_s"] == 5 * H
+
+
+def test_window_parsing() -> None:
+    assert parse_duration("90m") == 5400 and parse_duration("7d") == 7 * 86400
+    assert resolve_window(None, None, None, T1) == (T0, T1)
+    assert resolve_window("2h", None, NOW, 0) == (T1 - 2 * H, T1)
+    assert resolve_window(None, "2026-01-01", "2026-01-01T06:00+00:00", 0) == (T0, T0 + 6 * H)
+    assert iso(T0 + 0.5) == "2026-01-01T00:00:00.500Z"
+    for bad in (("5x", None, None), ("0h", None, None), ("1h", "2026-01-01", None),
+                (None, "2026-01-03", None), (None, "yesterday", None)):
+        with pytest.raises(ReportError):
+            resolve_window(*bad, T1)
+
+
+# --------------------------------------------------------------------------- renderers
+
+
+class _Sections(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: list[str] = []
+        self.h2 = 0
+        self.tags: set[str] = set()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.add(tag)
+        if tag == "section":
+            self.ids.append(dict(attrs)["id"] or "")
+        if tag == "h2":
+            self.h2 += 1
+
+
+def test_html_is_self_contained_and_escaped(model: dict[str, Any]) -> None:
+    page = report_html.render(model)
+    parser = _Sections()
+    parser.feed(page)
+    assert parser.ids == list(SECTIONS)
+    assert parser.h2 == len(SECTIONS)
+    assert "script" not in parser.tags and "<script" not in page.lower()
+    assert "http://" not in page and "https://" not in page  # no network
+    assert "maint &lt;b&gt;evil&lt;/b&gt;" in page and "<b>evil" not in page
+    assert "<svg" in page and "<polyline" in page  # charts, the ECC sparkline
+    assert "@media print" in page and 'name="viewport"' in page
+    assert "GPU has fallen off the bus" in page
+    assert 'class="off"' in page  # the off-pin row
+
+
+def test_markdown(model: dict[str, Any]) -> None:
+    text = report_md.render(model)
+    for section in SECTIONS:
+        assert f"\n## {TITLES[section]}\n" in text
+    assert "OFF-PIN n2" in text
+    assert "slurmgpu automation" in text and "operator alice" in text
+    assert "maint <b>evil</b>" in text  # Markdown keeps text as is; pipes are escaped
+    assert "∞" in text
+
+
+def test_markdown_escapes_pipes() -> None:
+    assert report_md.cell("a|b\nc") == "a\\|b c"
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _run(fleet: dict[str, Path], *args: str) -> Result:
+    return CliRunner().invoke(cli, ["report", "--db", str(fleet["db"]), "--config",
+                                    str(fleet["config"]), "--now", NOW, *args])
+
+
+def test_cli_json(fleet: dict[str, Path]) -> None:
+    result = _run(fleet, "--format", "json", "--since", "24h")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert list(data) == ["schema", "generated_at", "window", "source", *SECTIONS]
+    assert data["schema"] == "slurmgpu.report/1"
+    assert data["window"]["seconds"] == 86400
+    assert data["availability"]["fleet"]["drained_h"] == 10
+    assert data["source"]["schema_version"] >= 4
+
+
+def test_cli_html_default_and_out(fleet: dict[str, Path]) -> None:
+    result = _run(fleet)
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("<!DOCTYPE html>")
+    for section in SECTIONS:
+        assert f'<section id="{section}">' in result.output
+    out = fleet["dir"] / "r.md"
+    result = _run(fleet, "--format", "md", "--out", str(out), "--from", "2026-01-01T00:00Z",
+                  "--to", NOW)
+    assert result.exit_code == 0 and result.output == ""
+    text = out.read_text()
+    assert text.startswith("# Fleet health report") and "\n## Availability\n" in text
+    assert not [p for p in fleet["dir"].iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("args", [
+    ("--since", "5x"),
+    ("--since", "-1h"),
+    ("--format", "pdf"),
+    ("--from", "2026-01-03", "--to", NOW),
+    ("--from", "2026-01-01", "--since", "2h"),
+    ("--now", "noon"),
+])
+def test_cli_bad_arguments_exit_3_nothing_written(fleet: dict[str, Path],
+                                                   args: tuple[str, ...]) -> None:
+    out = fleet["dir"] / "bad.html"
+    result = _run(fleet, "--out", str(out), *args)
+    assert result.exit_code == 3, result.output
+    assert "slurmgpu: error:" in result.output and len(result.output.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_cli_missing_or_old_db(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    result = CliRunner().invoke(cli, ["report", "--db", str(tmp_path / "none.db"),
+                                      "--out", str(out)])
+    assert result.exit_code == 3 and "no fleet database" in result.output
+    old = tmp_path / "old.db"
+    db = sqlite3.connect(old)
+    db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+    db.execute("INSERT INTO schema_version VALUES (3)")
+    db.commit()
+    db.close()
+    result = CliRunner().invoke(cli, ["report", "--db", str(old), "--out", str(out)])
+    assert result.exit_code == 3 and "schema version 3 is older" in result.output
+    assert not out.exists()
+
+
+def test_db_not_modified(fleet: dict[str, Path]) -> None:
+    """The report opens the database read-only: not a byte changes."""
+    before = fleet["db"].read_bytes()
+    result = _run(fleet, "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert fleet["db"].read_bytes() == before
