@@ -187,7 +187,8 @@ def _validate_body(mtype: str, body: dict[str, Any]) -> None:
         _require(body, "ok_checks", list, mtype, optional=True)
         _require(body, "summary", (dict, bytes), mtype, optional=True)
         _require(body, "throttle", int, mtype, optional=True)
-        if not all(isinstance(c, str) for c in body.get("ok_checks") or ()):
+        # (set of the item types, built in C: ~25 ids per report, on the ingest hot path)
+        if not set(map(type, body.get("ok_checks") or ())) <= {str}:
             raise WireError("report: ok_checks must be check ids")
     if mtype == EVENT:
         _require(body, "kind", str, mtype)
