@@ -325,6 +325,9 @@ def render_slurm_conf(d: Path, state: Mapping[str, Any]) -> str:
         f"TaskProlog={hooks}/taskprolog",
         "HealthCheckInterval=0",
         "ReturnToService=2",
+        # `scontrol reboot` (the automation's reboot action) is refused without one; the
+        # simulated nodes reboot nothing, so reset() cancels pending reboots.
+        "RebootProgram=/bin/true",
         "MinJobAge=300",
         "JobRequeue=1",
         "KillWait=2",
@@ -1170,9 +1173,21 @@ class SimCluster:
         finally:
             self.set_hooks_enabled(enabled)
 
+    def _reboot_slurmd(self, node: str, timeout: float = 15) -> None:
+        """Finish a reboot the RebootProgram (/bin/true) never did: restart the node's
+        slurmd with -b, which tells slurmctld the node has just booted."""
+        pid = self._pid(node)
+        if pid is not None:
+            _terminate([pid], timeout)
+        self._spawn(["slurmd", "-b", "-N", node, "-f", str(self.conf)], node)
+
     def _resume_all(self) -> None:
         """Resume drained, draining and down nodes (idle* just waits for its slurmd)."""
         for node, state in self.node_states().items():
+            if state.endswith("^"):  # reboot issued: "reboot" it (slurmd -b says it booted)
+                self._reboot_slurmd(node)
+            elif "reboot" in state or state.endswith("@"):  # reboot pending: cancel it
+                self._run(["scontrol", "cancel_reboot", node], check=False)
             if any(word in state for word in ("drain", "down", "fail")):
                 self._run(["scontrol", "update", f"nodename={node}", "state=resume"],
                           check=False)

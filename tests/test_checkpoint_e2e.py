@@ -219,3 +219,16 @@ def test_dry_run_changes_nothing_in_slurm(fleet: SimCluster) -> None:
                            node)[0][0], 20, "a dry-run decision")
     time.sleep(2)
     assert not drained(fleet, node) and reason(fleet, node) in ("", "none")
+
+
+def test_reboot_action_when_allowed(fleet: SimCluster) -> None:
+    fleet.set_automation(OPEN_BREAKER + 'reboot_allowed = true\n[automation.policy]\n'
+                         '"ecc.uncorrected" = "reboot"\n')
+    node = "gpu-n1"
+    fleet.inject(node, "fault-ecc-dbe")
+    wait_until(lambda: query(fleet, "SELECT result FROM decisions WHERE node = ? AND action = 'reboot'",
+                             node), 20, "the reboot decision")
+    assert query(fleet, "SELECT result FROM decisions WHERE node = ? AND action = 'reboot'",
+                 node)[0][0] == "reboot-requested"
+    line = fleet.scontrol("show", "node", "-o", node)
+    assert "REBOOT" in line and "Reason=slurmgpu: ecc.uncorrected" in line, line
