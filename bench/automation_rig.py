@@ -56,6 +56,11 @@ def summary(values_s: list[float]) -> dict[str, float | None]:
             "p99_ms": round(pct(values_s, 99) * 1000, 1), "max_ms": round(max(values_s) * 1000, 1)}
 
 
+def rounded(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per-round rows for --json: floats to 4 decimals."""
+    return [{k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()} for row in rows]
+
+
 def fmt(s: dict[str, float | None]) -> str:
     return " ".join(f"{k[:-3]} {v} ms" for k, v in s.items())
 

@@ -51,6 +51,7 @@ from automation_rig import (
     automation_settings,
     exit_on_sigterm,
     fmt,
+    rounded,
     sim_cluster,
     slurm_available,
     summary,
@@ -194,8 +195,7 @@ def run(rounds: int, n: int, use_slurm: bool, log_level: str) -> dict[str, Any]:
         out[key.removesuffix("_s")] = summary([row[key] for row in rows])
     p99 = out["fanout"]["p99_ms"]
     out["pass"] = p99 is not None and p99 <= TARGET_S * 1000
-    out["rows"] = [{k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
-                   for row in rows]
+    out["rows"] = rounded(rows)
     return out
 
 

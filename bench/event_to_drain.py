@@ -52,6 +52,7 @@ from automation_rig import (
     exit_on_sigterm,
     fmt,
     named_nodes,
+    rounded,
     sim_cluster,
     slurm_available,
     summary,
@@ -159,8 +160,7 @@ def run(rounds: int, n: int, log_level: str) -> dict[str, Any]:
     out["pass"] = p99 is not None and p99 <= TARGET_S * 1000
     end_to_end = None if p99 is None else round(p99 + AGENT_HOP_P99_S * 1000, 1)
     out["xid_to_drain_p99_ms"] = end_to_end  # + bench/xid_latency.py's p99
-    out["rows"] = [{k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
-                   for row in rows]
+    out["rows"] = rounded(rows)
     return out
 
 

@@ -46,31 +46,27 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _register() -> None:
-    from slurmgpu.cli import agent_cmd, config_cmd, fleet_cmd, jobs_cmd, keys_cmd, sim, slurm_cmds
+    from slurmgpu.cli import (
+        agent_cmd,
+        ckpt_cmd,
+        config_cmd,
+        fleet_cmd,
+        jobs_cmd,
+        keys_cmd,
+        nightly_cmd,
+        report_cmd,
+        sim,
+        slurm_cmds,
+    )
     from slurmgpu.cli import checks as checks_cmds
-    from slurmgpu.cli.ckpt_cmd import ckpt
 
-    cli.add_command(ckpt)
-
-    cli.add_command(checks_cmds.check)
-    cli.add_command(checks_cmds.checks)
-    cli.add_command(config_cmd.config)
-    cli.add_command(sim.sim)
-    cli.add_command(keys_cmd.keys)
-    cli.add_command(agent_cmd.agent)
-    cli.add_command(fleet_cmd.collector)
-    cli.add_command(fleet_cmd.fleet)
-    cli.add_command(fleet_cmd.breaker)
-    cli.add_command(fleet_cmd.lemon)
-    cli.add_command(jobs_cmd.jobs)
-    from slurmgpu.cli import nightly_cmd, report_cmd
-
-    cli.add_command(report_cmd.report)
-    cli.add_command(nightly_cmd.report_nightly)
-    sim.sim.add_command(fleet_cmd.fleet_sim)
-    for command in (slurm_cmds.prolog, slurm_cmds.epilog, slurm_cmds.healthcheck, slurm_cmds.drain,
-                    slurm_cmds.resume, slurm_cmds.nodes):
+    for command in (checks_cmds.check, checks_cmds.checks, config_cmd.config, sim.sim, keys_cmd.keys,
+                    agent_cmd.agent, fleet_cmd.collector, fleet_cmd.fleet, fleet_cmd.breaker,
+                    fleet_cmd.lemon, jobs_cmd.jobs, ckpt_cmd.ckpt, report_cmd.report,
+                    nightly_cmd.report_nightly, slurm_cmds.prolog, slurm_cmds.epilog,
+                    slurm_cmds.healthcheck, slurm_cmds.drain, slurm_cmds.resume, slurm_cmds.nodes):
         cli.add_command(command)
+    sim.sim.add_command(fleet_cmd.fleet_sim)
 
 
 _register()
