@@ -282,3 +282,16 @@ def test_checkpoint_escalates_to_drain_now(tmp_path: Path) -> None:
     assert [c[0] for c in rig.client.calls] == ["signal", "drain", "requeue"]
     assert "escalated" in rig.kinds("8")
     assert rig.report("gpu-001", XID79) == []
+
+
+def test_jobs_events_without_a_database_is_one_line_exit_3(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "slurmgpu", "jobs", "events", "1", "--db",
+                           str(tmp_path / "missing.db")], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert proc.returncode == 3 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        f"slurmgpu: error: {tmp_path / 'missing.db'}: no fleet database (is the collector running?)"]
+    assert not (tmp_path / "missing.db").exists()
