@@ -162,8 +162,10 @@ def main() -> int:
             checkpoint_requested = True
         if checkpoint_requested:
             save(args.ckpt, model, step, rng)
+            # Print before the ack: once acked, a drain-now requeue may stop this process
+            # at any moment.
+            print(f"checkpoint saved at step {step} (loss {loss:.4f}), acking", flush=True)
             ack(f"saved step {step}")
-            print(f"checkpoint saved at step {step} (loss {loss:.4f}) and acked", flush=True)
             checkpoint_requested, acked_request = False, True
         elif args.save_every and step % args.save_every == 0:
             save(args.ckpt, model, step, rng)

@@ -91,7 +91,9 @@ def test_job_acks_is_requeued_and_resumes_from_its_checkpoint(fleet: SimCluster,
     assert reason(fleet, node).startswith("slurmgpu: xid.recent GPU 0")
     wait_until(lambda: fleet.job(job).get("JobState") == "COMPLETED", 90, "the requeued job to finish")
     out = fleet.job_output(job)
-    assert "got signal SIGUSR1" in out and "and acked" in out, out
+    # (the ack itself is checked in the timeline below: after it the requeue may kill the
+    # job before it prints anything more)
+    assert "got signal SIGUSR1" in out and "checkpoint saved at step" in out, out
     saved = int(out.split("checkpoint saved at step ")[1].split()[0])
     assert f"resumed from step {saved}" in out and "restart 1" in out, out
     assert fleet.job(job)["NodeList"] == other
