@@ -65,7 +65,7 @@ class LocalFleet:
     """A collector and one agent on the fake NVML, in a temporary directory."""
 
     def __init__(self, *, interval_s: float = 2, heartbeat_s: float = 1,
-                 max_age_s: float = 1) -> None:
+                 max_age_s: float = 1, load: bool = False) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="sgb-", dir="/tmp"))  # short: socket path
         self.interval_s, self.heartbeat_s, self.max_age_s = interval_s, heartbeat_s, max_age_s
         self.scenario = self.dir / "scenario.json"
@@ -74,10 +74,14 @@ class LocalFleet:
         self.address = f"tcp://127.0.0.1:{free_port()}"
         self.pids: dict[str, int] = {}
         self.next_event_id = 1
+        self.load = load  # every GPU under "load": clock events at 35/s each (fake NVML)
 
     def start(self, timeout: float = 30) -> LocalFleet:
         lib = build_library(self.dir / "lib")
-        write_scenario(self.scenario, load_scenario("h100-sxm-8"))
+        scenario = load_scenario("h100-sxm-8")
+        for gpu in scenario["gpus"] if self.load else ():
+            gpu["load"] = True
+        write_scenario(self.scenario, scenario)
         (self.dir / "kmsg").write_text("", encoding="utf-8")
         keys.init(self.dir / "keys")
         bundle = keys.add_node(self.dir / "keys", NODE)

@@ -29,14 +29,19 @@ class Sources:
     clock: Clock
 
 
-def system_sources(settings: Settings, *, sysfs_root: str | None = None) -> Sources:
+def system_sources(settings: Settings, *, sysfs_root: str | None = None,
+                   versions_cache: str | None = None) -> Sources:
+    """The node's real sources. ``versions_cache``: a file keeping NCCL/CUDA runtime
+    versions between processes (one-shot commands pass one in the state dir; None, the
+    default, loads the libraries on every collect, which keeps tests hermetic)."""
     from slurmgpu.sources.infiniband import SysfsIbSource
     from slurmgpu.sources.nvml import PynvmlSource
     from slurmgpu.sources.versions import SystemVersionSource
 
     ib = SysfsIbSource(sysfs_root) if sysfs_root else SysfsIbSource()
-    return Sources(PynvmlSource(settings.nvml.library), ib, SystemVersionSource(settings.versions),
-                   SystemClock())
+    versions = SystemVersionSource(settings.versions, cache_path=versions_cache)
+    nvml = PynvmlSource(settings.nvml.library, retry_delay_s=settings.nvml.retry_delay_s)
+    return Sources(nvml, ib, versions, SystemClock())
 
 
 def node_name() -> str:

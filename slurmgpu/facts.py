@@ -43,6 +43,19 @@ FABRIC_STATE_COMPLETED = 3
 # Health summary values (NVML_GPU_FABRIC_HEALTH_SUMMARY_*)
 FABRIC_HEALTH_NAMES = {0: "NOT_SUPPORTED", 1: "HEALTHY", 2: "UNHEALTHY", 3: "LIMITED_CAPACITY"}
 
+# NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values (nvmlDeviceGpuRecoveryAction_t, R570+).
+RECOVERY_ACTION_NAMES = {0: "NONE", 1: "GPU_RESET", 2: "NODE_REBOOT", 3: "DRAIN_P2P",
+                         4: "DRAIN_AND_RESET"}
+
+# NVML return codes a check needs to tell apart (nvmlReturn_t).
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_NO_PERMISSION = 4
+NVML_ERROR_INSUFFICIENT_SIZE = 7
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_RESET_REQUIRED = 16
+NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
+
 
 @dataclass
 class EccCounts:
@@ -95,8 +108,10 @@ class FabricInfo:
 
     state: int
     status: int | None = None  # nvmlReturn_t, valid when state is COMPLETED
-    health_summary: int | None = None
+    health_summary: int | None = None  # v3 struct (R580+); None on older drivers
     clique_id: int | None = None
+    health_mask: int | None = None  # v2+ struct (R550+); None from the v1 call (R535)
+    struct_version: int | None = None  # which nvmlGpuFabricInfo the driver answered
 
     @property
     def state_name(self) -> str:
@@ -133,11 +148,33 @@ class GpuFacts:
     power_w: float | None = None
     power_limit_w: float | None = None
     clocks_event_reasons: int | None = None
+    # SM clock now and its maximum (MHz), and time held below application clocks by each
+    # limiter since boot (ns; nvmlDeviceGetViolationStatus: power, thermal, reliability,
+    # board_limit), so two samples give the share of time throttled.
+    sm_clock_mhz: int | None = None
+    sm_clock_max_mhz: int | None = None
+    throttle_ns: dict[str, int] = field(default_factory=dict)
+    # HBM temperature (field 82) and the memory's max operating temperature.
+    memory_temp_c: int | None = None
+    memory_max_temp_c: int | None = None
+    # The driver's own verdict (field 230, R570+): RECOVERY_ACTION_NAMES.
+    recovery_action: int | None = None
+    # SRAM ECC errors past the driver's threshold (nvmlDeviceGetSramEccErrorStatus, R550+).
+    sram_threshold_exceeded: bool | None = None
+    sram_uncorrected_volatile: int | None = None
+    pcie_replay: int | None = None  # PCIe replay counter (field 94)
     pcie: PcieLink | None = None
     # None: NVLink not supported. Empty list: supported, zero links.
     nvlinks: list[NvLink] | None = None
     fabric: FabricInfo | None = None
+    # Queries NVML answered with an error (not NotSupported / FunctionNotFound): fact ->
+    # message, and fact -> nvmlReturn_t code. ``retried``: the source asked again after
+    # [nvml] retry_delay_s and these errors came back both times; ``transient_errors``
+    # failed first and answered on the retry.
     errors: dict[str, str] = field(default_factory=dict)
+    error_codes: dict[str, int] = field(default_factory=dict)
+    retried: bool = False
+    transient_errors: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -23,7 +23,7 @@ import pytest
 from slurmgpu import jobfiles, wire
 from slurmgpu.agent import Agent
 from slurmgpu.agent.checkpoints import EXPIRE_AFTER_S, parse_signal, scan_processes, top_level_pids
-from slurmgpu.agent.core import load_client_keys
+from slurmgpu.agent.core import COALESCE_S, load_client_keys
 from slurmgpu.agent.link import Link
 from slurmgpu.agent.spool import Spool
 from slurmgpu.config.schema import Settings
@@ -441,6 +441,9 @@ def test_xid79_without_collector_signals_the_job_locally(tmp_path: Path, agent: 
     assert request["deadline"] == pytest.approx(request["requested_at"] + 300)
 
     agent.on_nvml_event("xid", 3, 79)  # within 10 minutes: not again
+    assert isinstance(agent.clock, FakeClock)
+    agent.clock.advance(COALESCE_S)  # the second event waited for the coalescing window
+    assert agent.run_deferred() is None
     assert len(messages(agent, wire.EVENT)) == 3  # just the second xid event
 
 

@@ -67,7 +67,7 @@ for i in range(out["count"]):
         "ecc": [[N.nvmlDeviceGetTotalEccErrors(h, e, c) for c in (0, 1)] for e in (0, 1)],
         "remapped_rows": list(N.nvmlDeviceGetRemappedRows(h)),
         "retired_pages": code_of(N.nvmlDeviceGetRetiredPages, h, 0),
-        "temperature_v": N.nvmlDeviceGetTemperatureV(h, N.NVML_TEMPERATURE_GPU),
+        "temperature_v": N.nvmlDeviceGetTemperature(h, N.NVML_TEMPERATURE_GPU),
         "temperature": N.nvmlDeviceGetTemperature(h, N.NVML_TEMPERATURE_GPU),
         "thresholds": [N.nvmlDeviceGetTemperatureThreshold(h, t) for t in range(4)],
         "power": [N.nvmlDeviceGetPowerUsage(h), N.nvmlDeviceGetPowerManagementLimit(h),
@@ -90,11 +90,11 @@ for i in range(out["count"]):
         "by_legacy_bus": N.nvmlDeviceGetIndex(
             N.nvmlDeviceGetHandleByPciBusId(txt(pci.busIdLegacy).lower())),
     }
-    fi = N.c_nvmlGpuFabricInfo_v3_t()
+    g["fabric_v3"] = code_of(N.nvmlDeviceGetGpuFabricInfoV, h, ctypes.byref(N.c_nvmlGpuFabricInfo_v3_t()))
+    fi = N.c_nvmlGpuFabricInfo_v2_t()  # what an R550 driver knows
     rc = code_of(N.nvmlDeviceGetGpuFabricInfoV, h, ctypes.byref(fi))
     g["fabric"] = {"rc": rc, "state": fi.state, "status": fi.status, "clique_id": fi.cliqueId,
-                   "health_mask": fi.healthMask, "health_summary": fi.healthSummary,
-                   "cluster_uuid": bytes(fi.clusterUuid).hex()}
+                   "health_mask": fi.healthMask, "cluster_uuid": bytes(fi.clusterUuid).hex()}
     out["gpus"].append(g)
 out["bad_index"] = code_of(N.nvmlDeviceGetHandleByIndex, 99)
 out["bad_uuid"] = code_of(N.nvmlDeviceGetHandleByUUID, "GPU-nope")
@@ -167,9 +167,10 @@ def test_healthy_h100_reads_back_every_field(fake_nvml_lib: Path, scenario_file:
     assert out["count"] == 8
     for i, (got, g) in enumerate(zip(out["gpus"], scen["gpus"], strict=True)):
         fabric = got.pop("fabric")
+        assert got.pop("fabric_v3") == ARGUMENT_VERSION_MISMATCH  # R550: no v3 struct
         assert got == _expected_gpu(i, g), f"GPU {i}"
         assert fabric == {"rc": None, "state": 3, "status": 0, "clique_id": 0, "health_mask": 0xAA,
-                          "health_summary": 1, "cluster_uuid": "00" * 16}
+                          "cluster_uuid": "00" * 16}
     assert out["gpus"][0]["link_count"] == 18
     assert out["gpus"][0]["nvlink"][0][1] == 6  # NVML_NVLINK_VERSION_4_0
     assert len({g["uuid"] for g in out["gpus"]}) == 8
@@ -184,7 +185,7 @@ def test_a100_has_12_links_and_no_fabric(fake_nvml_lib: Path, scenario_file: Sce
         N.nvmlInit()
         h = N.nvmlDeviceGetHandleByIndex(0)
         fv = N.nvmlDeviceGetFieldValues(h, [N.NVML_FI_DEV_NVLINK_LINK_COUNT])
-        fi = N.c_nvmlGpuFabricInfo_v3_t()
+        fi = N.c_nvmlGpuFabricInfo_v2_t()
         emit({"name": N.nvmlDeviceGetName(h), "links": fv[0].value.ullVal,
               "version": N.nvmlDeviceGetNvLinkVersion(h, 11),
               "gen": N.nvmlDeviceGetMaxPcieLinkGeneration(h),
@@ -219,8 +220,8 @@ def test_missing_keys_are_not_supported(fake_nvml_lib: Path, scenario_file: Scen
         fv = N.nvmlDeviceGetFieldValues(h, [N.NVML_FI_DEV_NVLINK_LINK_COUNT])
         emit({
             "serial": code_of(N.nvmlDeviceGetSerial, h),
-            "temperature": code_of(N.nvmlDeviceGetTemperatureV, h, 0),
-            "fabric": code_of(N.nvmlDeviceGetGpuFabricInfoV, h, ctypes.byref(N.c_nvmlGpuFabricInfo_v3_t())),
+            "temperature": code_of(N.nvmlDeviceGetTemperature, h, 0),
+            "fabric": code_of(N.nvmlDeviceGetGpuFabricInfoV, h, ctypes.byref(N.c_nvmlGpuFabricInfo_v2_t())),
             "nvlink_state": code_of(N.nvmlDeviceGetNvLinkState, h, 0),
             "field91": fv[0].nvmlReturn,
             "remapped_rows": code_of(N.nvmlDeviceGetRemappedRows, h),
@@ -263,7 +264,7 @@ def test_gpu_lost_and_forced_errors(fake_nvml_lib: Path, scenario_file: Scenario
                                   "nvmlDeviceGetPciInfo": UNKNOWN,  # "_v3" suffix may be omitted
                                   "field:91": 17}
         s["errors"] = {"nvmlSystemGetDriverVersion": UNKNOWN, "nvmlDeviceGetVbiosVersion": 26}
-        s["gpus"][4]["fabric"].pop("health_summary")  # a pre-v3 driver
+        s["gpus"][4]["fabric"]["health_summary"] = 1  # the R550 driver still refuses v3
 
     path = scenario_file("h100-sxm-8", faults)
     lost_uuid = bundled_scenario("h100-sxm-8")["gpus"][5]["uuid"]
@@ -351,7 +352,7 @@ def test_fault_injected_into_running_process(fake_nvml_lib: Path, scenario_file:
         h5 = N.nvmlDeviceGetHandleByIndex(5)
         def snap():
             return {"dbe": N.nvmlDeviceGetTotalEccErrors(h3, 1, 0),
-                    "gpu5": code_of(N.nvmlDeviceGetTemperatureV, h5, 0),
+                    "gpu5": code_of(N.nvmlDeviceGetTemperature, h5, 0),
                     "width": N.nvmlDeviceGetCurrPcieLinkWidth(h3)}
         before = snap()
         print("ready", flush=True)
@@ -404,7 +405,9 @@ def test_events_xid_timeout_and_registration(fake_nvml_lib: Path, scenario_file:
         res = {{}}
         res["unsupported"] = code_of(N.nvmlDeviceRegisterEvents, h6, N.nvmlEventTypeXidCriticalError, es)
         res["unsupported_pstate"] = code_of(N.nvmlDeviceRegisterEvents, h3, N.nvmlEventTypePState, es)
-        supported = N.nvmlDeviceGetSupportedEventTypes(h3)
+        # Health events only, as the agent registers them: a clock-registered set gets a
+        # clock event every ~100 ms (tests/test_driver_profiles.py covers those).
+        supported = N.nvmlDeviceGetSupportedEventTypes(h3) & ~N.nvmlEventTypeClock
         N.nvmlDeviceRegisterEvents(h3, supported, es)
         N.nvmlDeviceRegisterEvents(h6, N.nvmlDeviceGetSupportedEventTypes(h6), es)
         t0 = time.monotonic()
@@ -425,7 +428,7 @@ def test_events_xid_timeout_and_registration(fake_nvml_lib: Path, scenario_file:
         th.start()
         time.sleep(0.2)
         # while the waiter blocks, this thread still gets answers
-        res["temp_while_blocked"] = N.nvmlDeviceGetTemperatureV(h3, 0)
+        res["temp_while_blocked"] = N.nvmlDeviceGetTemperature(h3, 0)
         def add(s):
             s["events"] += [
                 {{"gpu": 4, "type": 8, "data": 31, "id": 1}},   # GPU 4 not registered

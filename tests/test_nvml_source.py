@@ -50,7 +50,14 @@ def test_healthy_h100_node(fake_nvml_lib: Path, scenario_file: ScenarioFactory) 
     assert g.nvlinks is not None and len(g.nvlinks) == 18 and all(link.active for link in g.nvlinks)
     assert g.nvlinks[0].replay == 0
     assert g.fabric is not None and g.fabric.state == 3 and g.fabric.status == 0
-    assert g.fabric.health_summary == 1
+    # R550: no v3 struct, so the v2 struct's health mask (no summary); no TemperatureV, so
+    # the temperature comes from the deprecated call
+    assert g.fabric.health_summary is None and g.fabric.health_mask == 0xAA
+    assert g.fabric.struct_version == 2 and g.temperature_c == 34
+    assert (g.sm_clock_mhz, g.sm_clock_max_mhz, g.memory_temp_c, g.memory_max_temp_c) == (345, 1980, 33, 95)
+    assert g.throttle_ns == {"power": 0, "thermal": 0, "board_limit": 0, "reliability": 0}
+    assert g.pcie_replay == 0 and g.sram_threshold_exceeded is False
+    assert g.recovery_action is None  # field 230 is R570+: not applicable on R550
     assert all(not gpu.errors for gpu in facts.gpus), [gpu.errors for gpu in facts.gpus]
     assert len({gpu.uuid for gpu in facts.gpus}) == 8
 
@@ -139,3 +146,13 @@ def test_fault_injected_while_process_runs(fake_nvml_lib: Path, scenario_file: S
     finally:
         proc.stdin.close()
         assert proc.wait(timeout=30) == 0
+
+
+def test_retry_delay_is_bounded() -> None:
+    """A config value of inf or nan must neither hang a gather nor crash it."""
+    from slurmgpu.sources.nvml import MAX_RETRY_DELAY_S, PynvmlSource
+
+    assert PynvmlSource(retry_delay_s=float("inf")).retry_delay_s == MAX_RETRY_DELAY_S
+    assert PynvmlSource(retry_delay_s=float("nan")).retry_delay_s == 0.0
+    assert PynvmlSource(retry_delay_s=-1).retry_delay_s == 0.0
+    assert PynvmlSource(retry_delay_s=0.2).retry_delay_s == 0.2

@@ -37,10 +37,23 @@ FAULTS = {
     "fault-pcie-x8": {"gpus[1].pcie.width_current"},
     "fault-nvlink-down": {"gpus[7].nvlink[11].state"},
     "fault-fabric-not-started": {
-        f"gpus[{i}].fabric.{k}" for i in range(8) for k in ("state", "health_mask", "health_summary")
+        f"gpus[{i}].fabric.{k}" for i in range(8) for k in ("state", "health_mask")
     },
     "fault-wrong-driver": {"driver_version", "cuda_driver_version", "nvml_version"},
+    "fault-nvml-unknown-error": {"gpus[4].errors"},
+    "fault-reset-required": {"gpus[1].errors"},
+    "fault-power-brake": {
+        f"gpus[{i}].{k}" for i in range(8)
+        for k in ("clocks_event_reasons", "clocks.graphics", "clocks.sm", "violations.board_limit")
+    },
+    "fault-hbm-hot": {"gpus[3].memory_temperature"},
+    "fault-sram-threshold": {f"gpus[6].sram_ecc.{k}" for k in
+                             ("volatile_unc_parity", "aggregate_unc_parity", "threshold_exceeded")},
+    "fault-gpu-hot": {"gpus[0].temperature"},
+    "fault-recovery-action": {"gpus[2].recovery_action"},
 }
+# The healthy node each fault was made from (tools/make_scenarios.py); default h100-sxm-8.
+FAULT_BASES = {"fault-recovery-action": "h100-sxm-8-r570"}
 
 
 def _diff(a: Any, b: Any, path: str = "") -> set[str]:
@@ -78,7 +91,7 @@ def test_bundled_scenarios_are_listed_and_consistent() -> None:
 
 @pytest.mark.parametrize("name", sorted(FAULTS))
 def test_fault_scenarios_change_only_the_fault(name: str) -> None:
-    healthy = bundled_scenario("h100-sxm-8")
+    healthy = bundled_scenario(FAULT_BASES.get(name, "h100-sxm-8"))
     fault = bundled_scenario(name)
     assert _diff(healthy, fault) - {"name", "description"} == FAULTS[name]
 
@@ -93,7 +106,7 @@ def test_fault_values() -> None:
     assert missing["gpus"] == healthy["gpus"][:3] + healthy["gpus"][4:]
     h100 = healthy["gpus"][0]
     assert (len(h100["nvlink"]), h100["nvlink"][0]["version"]) == (18, 6)
-    assert h100["fabric"]["state"] == 3 and h100["fabric"]["health_summary"] == 1
+    assert h100["fabric"]["state"] == 3 and h100["fabric"]["health_mask"] == 0xAA
     a100 = bundled_scenario("a100-sxm-8")["gpus"][0]
     assert (len(a100["nvlink"]), a100["nvlink"][0]["version"], "fabric" in a100) == (12, 4, False)
 

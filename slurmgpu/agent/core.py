@@ -33,6 +33,15 @@ from slurmgpu.summary import report_fields
 # XIDs seen by the event thread stay in the facts (and so in xid.recent) this long.
 XID_KEEP_S = 3600.0
 KEYS_RETRY_S = 60.0
+# At most one re-evaluation per GPU per this many seconds; later events wait for it.
+COALESCE_S = 1.0
+# Events that always go on the wire (each one); anything else only when the GPU's
+# verdict or findings change.
+HEALTH_KINDS = frozenset({"xid", "ecc_dbe", "ecc_sbe_storm", "dram_retirement",
+                          "dram_retirement_failure", "poison_nonfatal", "poison_fatal",
+                          "gpu_unavailable", "recovery_action", "gpu_lost"})
+# Health events sent per GPU per evaluation; the rest are counted in the last one.
+MAX_EVENTS_PER_EVAL = 16
 SPOOL_CHECK = "agent.spool"
 FLAP_CHECK = "ib.flap"
 
@@ -114,6 +123,15 @@ class Agent:
         self._agent_findings: list[Finding] = []
         self._refresh_ids: list[str] = []
         self._keys_retry_at = 0.0
+        # Event coalescing, per GPU (None: could not tell which): events waiting for the
+        # next evaluation, when the last one ran, when a deferred one is due, and what
+        # the last evaluation found (an unchanged one is not a message).
+        self._pending_events: dict[int | None, list[tuple[str, int | None]]] = {}
+        self._evaluated_at: dict[int | None, float] = {}
+        self._deferred: dict[int | None, float] = {}
+        self._event_state: dict[int | None, tuple[Any, ...]] = {}
+        self.events_evaluated = 0
+        self.events_sent = 0
         self.checkpoints = CheckpointWatcher(
             node=node, jobs_dir=jobfiles.jobs_dir(settings, os.environ if environ is None else environ),
             poll_s=settings.agent.checkpoint_poll_s, submit=self.submit, clock=self.clock)
@@ -233,14 +251,44 @@ class Agent:
     # ------------------------------------------------------------ NVML events
 
     def on_nvml_event(self, kind: str, gpu: int | None, data: int | None) -> None:
-        """Re-judge the GPU at once and send an ``event`` (called by the event thread)."""
+        """An NVML event (called by the event thread). The GPU is re-judged at once, unless
+        it was within ``COALESCE_S``: then the event waits for one deferred evaluation
+        (``run_deferred``, from the main loop)."""
+        now = self.clock.monotonic()
+        with self._lock:
+            if kind == "xid" and data is not None:
+                self._xids.append(XidEvent(xid=data, gpu=gpu, timestamp=self.clock.time(),
+                                           source="nvml event"))
+            self._pending_events.setdefault(gpu, []).append((kind, data))
+            last = self._evaluated_at.get(gpu)
+            if last is not None and now - last < COALESCE_S:
+                self._deferred.setdefault(gpu, last + COALESCE_S)
+                self._wake.set()
+                return
+        self._evaluate_events(gpu)
+
+    def run_deferred(self) -> float | None:
+        """Evaluate GPUs whose coalescing window is over; seconds until the next one is due."""
+        now = self.clock.monotonic()
+        with self._lock:
+            due = [gpu for gpu, at in self._deferred.items() if at <= now]
+            for gpu in due:
+                del self._deferred[gpu]
+        for gpu in due:
+            self._evaluate_events(gpu)
+        with self._lock:
+            return min(self._deferred.values()) - now if self._deferred else None
+
+    def _evaluate_events(self, gpu: int | None) -> None:
         now_wall, now = self.clock.time(), self.clock.monotonic()
         scope = frozenset({gpu}) if gpu is not None else None
         with self._lock:
-            if kind == "xid" and data is not None:
-                self._xids.append(XidEvent(xid=data, gpu=gpu, timestamp=now_wall, source="nvml event"))
+            events = self._pending_events.pop(gpu, [])
+            self._evaluated_at[gpu] = now
             base = self._facts
             xids = self._recent_xids()
+        if not events:
+            return
         nvml = self.sources.nvml.collect(scope)
         facts = NodeFacts(node=self.node, collected_at=now_wall, nvml=nvml,
                           ib=base.ib if base else IbFacts(available=False, error="not collected yet"),
@@ -248,16 +296,39 @@ class Agent:
                           xids=xids, previous=_strip(base))
         verdict = evaluate(facts, self.settings, scope=scope)
         findings = list(verdict.findings)
-        if kind == "gpu_lost" and verdict.severity is not Severity.FAIL:
+        if any(k == "gpu_lost" for k, _ in events) and verdict.severity is not Severity.FAIL:
             findings.append(Finding("gpu.lost", Severity.FAIL,
                                     "NVML event wait: GPU is lost (fell off the bus)", gpu=gpu))
         verdict = Verdict(self.node, tuple(findings), verdict.duration_ms)
-        self.submit(wire.EVENT, {"kind": kind, "gpu": gpu, "data": data,
-                                 "verdict": verdict.severity.name,
-                                 "findings": findings_json(verdict.findings)})
-        self.log.warning("nvml_event", kind=kind, gpu=gpu, data=data, verdict=verdict.severity.name)
+        self.events_evaluated += 1
+        self._send_events(gpu, events, verdict)
         self._merge_gpus(nvml, now)
-        self.local_fallback(gpu, verdict.findings)
+        if any(k in HEALTH_KINDS for k, _ in events):
+            self.local_fallback(gpu, verdict.findings)
+
+    def _send_events(self, gpu: int | None, events: list[tuple[str, int | None]], verdict: Verdict) -> None:
+        """Each health event goes on the wire; other events only when what the GPU's
+        evaluation found changed since the last one."""
+        state = (verdict.severity, tuple(sorted((f.check, f.severity, f.gpu, f.message)
+                                                for f in verdict.problems())))
+        with self._lock:
+            changed = self._event_state.get(gpu) != state
+            self._event_state[gpu] = state
+        health = [e for e in events if e[0] in HEALTH_KINDS]
+        if not health and not changed:
+            self.log.debug("nvml_event_unchanged", gpu=gpu, events=len(events))
+            return
+        sent = health[:MAX_EVENTS_PER_EVAL] or [events[-1]]
+        findings = findings_json(verdict.findings)
+        for i, (kind, data) in enumerate(sent):
+            body: dict[str, Any] = {"kind": kind, "gpu": gpu, "data": data,
+                                    "verdict": verdict.severity.name, "findings": findings}
+            if i == len(sent) - 1 and len(events) > len(sent):
+                body["coalesced"] = len(events) - len(sent)
+            self.submit(wire.EVENT, body)
+            self.events_sent += 1
+            self.log.warning("nvml_event", kind=kind, gpu=gpu, data=data, verdict=verdict.severity.name,
+                             coalesced=body.get("coalesced", 0))
 
     def link_connected(self) -> bool:
         link = self.link
@@ -395,6 +466,7 @@ class Agent:
         self.start_events()
         interval = self.settings.agent.interval_s
         next_poll = self.clock.monotonic() + interval
+        deferred: float | None = None
         self.notifier.ping_if_due(self.clock.monotonic())
         try:
             while not self.stop_event.is_set():
@@ -405,10 +477,13 @@ class Agent:
                     wait = min(wait, ping)
                 if self.link is None:
                     wait = min(wait, self._keys_retry_at - now)
+                if deferred is not None:
+                    wait = min(wait, deferred)
                 self._wake.wait(max(0.0, min(wait, 60.0)))
                 self._wake.clear()
                 if self.stop_event.is_set():
                     break
+                deferred = self.run_deferred()
                 now = self.clock.monotonic()
                 with self._lock:
                     refresh = bool(self._refresh_ids)

@@ -1,10 +1,21 @@
-"""GPU presence and modes: gpu.count, gpu.lost, gpu.persistence, gpu.mig."""
+"""GPU presence, modes and the driver's word: gpu.count, gpu.lost, gpu.persistence, gpu.mig,
+gpu.nvml_errors, gpu.recovery_action."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 from slurmgpu.checks.registry import CheckContext, check, not_applicable, ok, problem
+from slurmgpu.facts import (
+    NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
+    NVML_ERROR_FUNCTION_NOT_FOUND,
+    NVML_ERROR_INSUFFICIENT_SIZE,
+    NVML_ERROR_INVALID_ARGUMENT,
+    NVML_ERROR_NO_PERMISSION,
+    NVML_ERROR_RESET_REQUIRED,
+    RECOVERY_ACTION_NAMES,
+    GpuFacts,
+)
 from slurmgpu.result import Finding, Severity
 
 
@@ -62,3 +73,92 @@ def gpu_mig(ctx: CheckContext) -> Iterator[Finding]:
         elif want != "any" and gpu.mig_current != (want == "enabled"):
             state = "enabled" if gpu.mig_current else "disabled"
             yield problem(Severity.FAIL, f"MIG is {state}, expected {want}", gpu=gpu.index)
+
+
+# NVML answers that say the question was wrong (slurmgpu's own trouble, an API the driver
+# lacks, no permission): never evidence about the GPU, so never FAIL.
+_NOT_HEALTH_CODES = frozenset({
+    1,   # UNINITIALIZED
+    NVML_ERROR_INVALID_ARGUMENT,
+    NVML_ERROR_NO_PERMISSION,
+    6,   # NOT_FOUND
+    NVML_ERROR_INSUFFICIENT_SIZE,
+    NVML_ERROR_FUNCTION_NOT_FOUND,
+    21,  # NO_DATA
+    22,  # VGPU_ECC_NOT_SUPPORTED
+    24,  # FREQ_NOT_SUPPORTED
+    NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
+    26,  # DEPRECATED
+})
+
+
+def _previous_errors(ctx: CheckContext, index: int) -> dict[str, str]:
+    prev = ctx.facts.previous.gpu(index) if ctx.facts.previous is not None else None
+    return prev.errors if prev is not None else {}
+
+
+def _error_severity(gpu: GpuFacts, fact: str, before: dict[str, str]) -> Severity:
+    code = gpu.error_codes.get(fact)
+    if code == NVML_ERROR_RESET_REQUIRED:
+        return Severity.FAIL
+    if code in _NOT_HEALTH_CODES:
+        return Severity.UNKNOWN
+    if gpu.retried or fact in before:
+        return Severity.FAIL
+    return Severity.UNKNOWN
+
+
+@check("gpu.nvml_errors", severity=Severity.FAIL, reads=("gpu.errors", "gpu.error_codes"),
+       summary="GPU queries answer without NVML errors: GPU_REQUIRES_RESET, or an error that "
+               "persists (on the in-run retry or across polls), fails; a one-off is UNKNOWN; "
+               "one that answered on the retry warns")
+def gpu_nvml_errors(ctx: CheckContext) -> Iterator[Finding]:
+    """Rule: RESET_REQUIRED fails at once. Other errors fail when the same query on the
+    same GPU failed again (the source's retry after [nvml] retry_delay_s, or the agent's
+    previous poll); an unconfirmed one is UNKNOWN. Codes that say the question was wrong
+    (no permission, invalid argument, function not found, ...) are UNKNOWN at most: they
+    are slurmgpu's or the driver API's trouble, not the GPU's."""
+    for gpu in ctx.live_gpus():
+        before = _previous_errors(ctx, gpu.index)
+        by_severity: dict[Severity, list[str]] = {}
+        for fact in sorted(set(gpu.errors) - {"handle"}):  # gpu.lost reports handle errors
+            by_severity.setdefault(_error_severity(gpu, fact, before), []).append(fact)
+        for severity, facts in sorted(by_severity.items(), key=lambda kv: -kv[0].rank):
+            yield problem(severity, _errors_text(gpu, facts, severity), gpu=gpu.index,
+                          facts=facts, errors={f: gpu.errors[f] for f in facts})
+        if gpu.transient_errors:
+            facts = sorted(gpu.transient_errors)
+            yield problem(Severity.WARN, f"NVML errors on {', '.join(facts)} answered on the retry "
+                          f"({gpu.transient_errors[facts[0]]})", gpu=gpu.index, facts=facts)
+
+
+def _errors_text(gpu: GpuFacts, facts: list[str], severity: Severity) -> str:
+    first = gpu.errors[facts[0]]
+    if any(gpu.error_codes.get(f) == NVML_ERROR_RESET_REQUIRED for f in facts):
+        return f"GPU requires a reset: NVML answers '{first}' to {', '.join(facts)}"
+    why = "persistent" if severity is Severity.FAIL else "not confirmed"
+    return f"NVML error '{first}' on {', '.join(facts)} ({why})"
+
+
+# What slurmgpu does about each driver recovery action (policy: reset and drain are
+# drains, reboot is a reboot where [automation] reboot_allowed).
+RECOVERY_POLICY = {1: "reset", 2: "reboot", 3: "drain", 4: "drain"}
+
+
+@check("gpu.recovery_action", severity=Severity.FAIL, reads=("gpu.recovery_action",),
+       summary="the driver's own verdict (NVML field 230, R570+) is NONE; GPU_RESET, "
+               "NODE_REBOOT, DRAIN_P2P or DRAIN_AND_RESET fail, naming the action")
+def gpu_recovery_action(ctx: CheckContext) -> Iterator[Finding]:
+    seen = False
+    for gpu in ctx.live_gpus():
+        value = gpu.recovery_action
+        if value is None:
+            continue
+        seen = True
+        if value != 0:
+            name = RECOVERY_ACTION_NAMES.get(value, f"UNKNOWN({value})")
+            action = RECOVERY_POLICY.get(value, "drain")
+            yield problem(Severity.FAIL, f"driver recovery action {name}: {action} needed",
+                          gpu=gpu.index, recovery_action=name, action=action)
+    if not seen:
+        yield not_applicable("the driver reports no recovery action (before R570)")

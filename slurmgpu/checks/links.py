@@ -1,15 +1,20 @@
-"""GPU interconnects: pcie.link, nvlink.state, nvlink.errors, fabric.state."""
+"""GPU interconnects: pcie.link, pcie.replay, nvlink.state, nvlink.errors, fabric.state."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 from slurmgpu.checks.registry import CheckContext, check, not_applicable, problem
-from slurmgpu.facts import CLOCKS_EVENT_GPU_IDLE, FABRIC_STATE_COMPLETED, GpuFacts
+from slurmgpu.facts import CLOCKS_EVENT_GPU_IDLE, FABRIC_STATE_COMPLETED, FabricInfo, GpuFacts
 from slurmgpu.result import Finding, Severity
 
 FABRIC_UNHEALTHY = 2
 FABRIC_LIMITED = 3
+# healthMask fields (nvml.h NVML_GPU_FABRIC_HEALTH_MASK_*): (shift, width mask, bad value).
+# R550-R575 drivers have the mask but no summary; these are what the summary sums up.
+_MASK_UNHEALTHY = ((4, 0x3, 1),)  # ROUTE_UNHEALTHY = TRUE
+_MASK_LIMITED = ((0, 0x3, 1),)  # DEGRADED_BW = TRUE
+_MASK_CONFIG_SHIFT, _MASK_CONFIG_WIDTH = 8, 0xF  # INCORRECT_CONFIGURATION: > 1 is wrong
 
 
 def _idle(gpu: GpuFacts) -> bool:
@@ -42,6 +47,25 @@ def pcie_link(ctx: CheckContext) -> Iterator[Finding]:
         elif max_g is not None and cur_g < max_g:
             yield problem(cfg.downtrained_severity, f"PCIe link at gen{cur_g} while busy (max gen{max_g})",
                           gpu=gpu.index, gen=cur_g, max=max_g)
+
+
+@check("pcie.replay", severity=Severity.WARN, reads=("gpu.pcie_replay",),
+       summary="PCIe replays per minute between two samples at or below [pcie] "
+               "replay_rate_per_min_max (needs the agent's previous sample)")
+def pcie_replay(ctx: CheckContext) -> Iterator[Finding]:
+    cfg, previous = ctx.settings.pcie, ctx.facts.previous
+    if previous is None:
+        return
+    minutes = (ctx.facts.collected_at - previous.collected_at) / 60.0
+    for gpu in ctx.live_gpus():
+        prev = previous.gpu(gpu.index)
+        if minutes <= 0 or prev is None or gpu.pcie_replay is None or prev.pcie_replay is None:
+            continue
+        grown = gpu.pcie_replay - prev.pcie_replay
+        if grown > 0 and grown / minutes > cfg.replay_rate_per_min_max:
+            yield problem(cfg.replay_severity, f"{grown} PCIe replays in {minutes:.1f} min "
+                          f"(max {cfg.replay_rate_per_min_max:g}/min)", gpu=gpu.index,
+                          replays=grown, per_min=round(grown / minutes, 1))
 
 
 @check("nvlink.state", severity=Severity.FAIL, reads=("gpu.nvlinks",),
@@ -107,9 +131,26 @@ def fabric_state(ctx: CheckContext) -> Iterator[Finding]:
         elif fabric.status not in (None, 0):
             yield problem(Severity.FAIL, f"fabric registration failed with NVML status {fabric.status}",
                           gpu=gpu.index, status=fabric.status)
-        elif fabric.health_summary == FABRIC_UNHEALTHY:
-            yield problem(Severity.FAIL, "fabric health UNHEALTHY", gpu=gpu.index)
-        elif fabric.health_summary == FABRIC_LIMITED:
-            yield problem(Severity.WARN, "fabric health LIMITED_CAPACITY", gpu=gpu.index)
+        elif _fabric_health(fabric) == FABRIC_UNHEALTHY:
+            yield problem(Severity.FAIL, "fabric health UNHEALTHY", gpu=gpu.index,
+                          health_mask=fabric.health_mask)
+        elif _fabric_health(fabric) == FABRIC_LIMITED:
+            yield problem(Severity.WARN, "fabric health LIMITED_CAPACITY", gpu=gpu.index,
+                          health_mask=fabric.health_mask)
     if not seen and not required:
         yield not_applicable("no GPU in scope reports fabric state (not an NVSwitch system)")
+
+
+def _fabric_health(fabric: FabricInfo) -> int | None:
+    """The health summary (v3 struct), else the same verdict from the v2 health mask."""
+    if fabric.health_summary or fabric.health_mask is None:  # 0: summary NOT_SUPPORTED
+        return fabric.health_summary
+    mask = fabric.health_mask
+
+    def bad(fields: tuple[tuple[int, int, int], ...]) -> bool:
+        return any((mask >> shift) & width == value for shift, width, value in fields)
+
+    config = (mask >> _MASK_CONFIG_SHIFT) & _MASK_CONFIG_WIDTH
+    if bad(_MASK_UNHEALTHY) or config > 1:
+        return FABRIC_UNHEALTHY
+    return FABRIC_LIMITED if bad(_MASK_LIMITED) else None

@@ -1,4 +1,5 @@
-"""GPU memory health: ecc.mode, ecc.uncorrected, ecc.corrected, mem.retired_pages, mem.row_remap."""
+"""GPU memory health: ecc.mode, ecc.uncorrected, ecc.corrected, ecc.sram, mem.retired_pages,
+mem.row_remap."""
 
 from __future__ import annotations
 
@@ -103,3 +104,20 @@ def row_remap(ctx: CheckContext) -> Iterator[Finding]:
                           f"(max {cfg.row_remap_uncorrectable_max})", gpu=gpu.index, count=rows.uncorrectable)
     if not seen:
         yield not_applicable("no GPU in scope supports row remapping (pre-Ampere, or MIG enabled)")
+
+
+@check("ecc.sram", severity=Severity.FAIL, reads=("gpu.sram_threshold_exceeded",),
+       summary="SRAM ECC errors have not crossed the driver's field-diagnostic threshold "
+               "(R550+; severity [ecc] sram_threshold_severity)")
+def ecc_sram(ctx: CheckContext) -> Iterator[Finding]:
+    seen = False
+    for gpu in ctx.live_gpus():
+        if gpu.sram_threshold_exceeded is None:
+            continue
+        seen = True
+        if gpu.sram_threshold_exceeded:
+            yield problem(ctx.settings.ecc.sram_threshold_severity,
+                          "SRAM ECC error threshold exceeded: run field diagnostics (likely RMA)",
+                          gpu=gpu.index, volatile_uncorrected=gpu.sram_uncorrected_volatile)
+    if not seen:
+        yield not_applicable("no GPU in scope reports SRAM ECC status")

@@ -64,6 +64,7 @@ def check(config_file: str | None, gpus: str | None, node: str | None, xids: tup
     Exit code: 0 OK, 1 WARN, 2 FAIL, 3 UNKNOWN (a check could not run, or bad
     arguments/config).
     """
+    from slurmgpu.cli import versions_cache
     from slurmgpu.config.load import load_config
     from slurmgpu.engine import evaluate, gather, node_name, system_sources
 
@@ -75,7 +76,8 @@ def check(config_file: str | None, gpus: str | None, node: str | None, xids: tup
     loaded = load_config(config_file, known_checks=[c.id for c in all_checks()])
     name = node or node_name()
     settings = loaded.settings_for(name)
-    facts = gather(system_sources(settings), node=name, scope=scope, xids=events)
+    sources = system_sources(settings, versions_cache=versions_cache(settings))
+    facts = gather(sources, node=name, scope=scope, xids=events)
     verdict = evaluate(facts, settings, scope=scope)
     duration_ms = (time.perf_counter() - started) * 1000
     if log_level != "error":  # structlog is only imported when someone wants the lines

@@ -17,6 +17,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
+from slurmgpu.cli.lazy import LazyCommand, LazyGroup
 from slurmgpu.errors import SlurmGpuError
 
 EXIT_ERROR = 3
@@ -46,7 +47,16 @@ def _one_line_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-@click.group("sim", context_settings={"help_option_names": ["-h", "--help"]})
+# `sim fleet` lives with the collector commands (fleet_cmd, which needs zmq): loaded on use.
+SIM_COMMANDS = {
+    "fleet": LazyCommand("slurmgpu.cli.fleet_cmd", "fleet_sim",
+                         "Simulate N agents sending reports to a collector and print the send/ack "
+                         "rates."),
+}
+
+
+@click.group("sim", cls=LazyGroup, lazy=SIM_COMMANDS,
+             context_settings={"help_option_names": ["-h", "--help"]})
 def sim() -> None:
     """GPU simulator: a fake libnvidia-ml.so.1 driven by JSON scenarios.
 

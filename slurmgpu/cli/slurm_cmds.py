@@ -29,11 +29,15 @@ def _client(settings: Settings) -> Any:
 
 def _hook(phase: str, config_file: str | None) -> int:
     from slurmgpu import log
+    from slurmgpu.cli import versions_cache
+    from slurmgpu.engine import system_sources
     from slurmgpu.gate import Gate, job_context
 
     log.configure("info", json=True)
     settings = _settings(config_file, job_context(os.environ).node)
-    gate = Gate(settings, os.environ, lambda: _client(settings))
+    # The sources the gate would make itself, plus the versions cache in the state dir.
+    sources = system_sources(settings, versions_cache=versions_cache(settings))
+    gate = Gate(settings, os.environ, lambda: _client(settings), sources=sources)
     return int(getattr(gate, phase)())
 
 

@@ -103,6 +103,9 @@ class PolicyTable:
             if data.get("xid") in DRAIN_NOW_XIDS:
                 return "drain-now"
             return self._allowed(_XID_ACTIONS.get(str(data.get("action")), "drain" if severity == "FAIL" else "warn"))
+        if check == "gpu.recovery_action" and severity == "FAIL":
+            # The driver's own verdict: GPU_RESET -> reset (a drain), NODE_REBOOT -> reboot.
+            return self._allowed(_XID_ACTIONS.get(str(data.get("action")), "drain"))
         if check == "mem.row_remap" and "pending" in str(finding.get("message", "")):
             return "checkpoint" if strikes < 2 else "drain"
         if check == "thermal.throttle" and severity == "WARN":

@@ -53,6 +53,9 @@ class EccSettings:
     corrected_volatile_max: int = 10000
     # Needs a previous sample (the agent keeps one); errors per hour.
     corrected_rate_per_hour_max: float = 1000.0
+    # SRAM (on-chip) ECC errors past the driver's field-diagnostic threshold (R550+):
+    # NVIDIA's guidance is field diagnostics and likely RMA.
+    sram_threshold_severity: SeverityName = "fail"
 
 
 @dataclass
@@ -73,6 +76,11 @@ class ThermalSettings:
     # Severity for an active hardware slowdown, HW thermal slowdown or power brake.
     hw_throttle_severity: SeverityName = "warn"
     sw_thermal_severity: SeverityName = "warn"
+    # Clock brake: SM clock below this fraction of its maximum while HW slowdown / power
+    # brake is active. One sample warns; two polls in a row, or throttle time of at least
+    # brake_fail_s between polls (NVML violation counters), fail.
+    brake_fraction: float = 0.5
+    brake_fail_s: float = 10.0
 
 
 @dataclass
@@ -85,6 +93,9 @@ class PcieSettings:
     below_pin_severity: SeverityName = "fail"
     # Idle GPUs legitimately lower link generation to save power; only width counts then.
     check_gen_when_idle: bool = False
+    # PCIe replays per minute between two samples above this warn (DCGM's default is 8).
+    replay_rate_per_min_max: float = 8.0
+    replay_severity: SeverityName = "warn"
 
 
 @dataclass
@@ -155,6 +166,9 @@ class ChecksSettings:
 class NvmlSettings:
     # Absolute path of libnvidia-ml.so.1; SLURMGPU_NVML_LIBRARY overrides it.
     library: str | None = None
+    # A GPU query that fails (other than NotSupported) is asked once more after this many
+    # seconds in the same run: an error on both reads is persistent (FAIL). 0: no retry.
+    retry_delay_s: float = 0.2
 
 
 @dataclass

@@ -15,6 +15,20 @@
  *   - "errors": {"<C symbol>": code}         -> that code (per GPU, then top level)
  *   - "init_error": code (top level)         -> nvmlInit* fails with it
  *   - no scenario / unreadable at init       -> NVML_ERROR_DRIVER_NOT_LOADED
+ *
+ * Driver branches: "driver_version" ("535.183.01") picks a branch profile (see
+ * g_since below, from the nvml.h of each branch's CUDA release).  A function newer than
+ * the branch answers NVML_ERROR_FUNCTION_NOT_FOUND (as pynvml reports a missing symbol),
+ * a struct version newer than the branch answers NVML_ERROR_ARGUMENT_VERSION_MISMATCH, a
+ * field id at or past the branch's NVML_FI_MAX answers NVML_ERROR_INVALID_ARGUMENT, and
+ * event types the branch does not know are not supported.  An unparsable or missing
+ * driver_version behaves as the newest branch.  "missing_functions": [...] (top level)
+ * removes more functions, as a recorded node's capability profile does.
+ *
+ * Clock events: like a real driver, every GPU with nvmlEventTypeClock registered gets
+ * clock-change events continuously: "clock_event_hz" {"idle": 10, "load": 35} (the rates
+ * measured on an H200; per GPU a number overrides), "load": true on a GPU picks the load
+ * rate.
  */
 #define _GNU_SOURCE
 #define NVML_NO_UNVERSIONED_FUNC_DEFS /* we also export nvmlInit, nvmlEventSetWait, ... */
@@ -39,6 +53,18 @@
 #define DEFAULT_EVENT_TYPES                                                                   \
     (nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError |                        \
      nvmlEventTypeXidCriticalError | nvmlEventTypeClock)
+/* Event types per branch (nvml.h): R535/R550 know 0x9F; R560 adds ECC storm, DRAM
+ * retirement and poison (0x200-0x2000); R570 adds GPU unavailable and recovery action. */
+#define EVENTS_R535 0x9FULL
+#define EVENTS_R560 (EVENTS_R535 | 0x3E00ULL)
+#define EVENTS_R570 (EVENTS_R560 | 0xC000ULL)
+#define CLOCK_IDLE_HZ 10.0
+#define CLOCK_LOAD_HZ 35.0
+#define FIELD_MEMORY_TEMP 82        /* NVML_FI_DEV_MEMORY_TEMP */
+#define FIELD_PCIE_REPLAY 94        /* NVML_FI_DEV_PCIE_REPLAY_COUNTER */
+#define FIELD_RESET_STATUS 226      /* NVML_FI_DEV_RESET_STATUS (deprecated by 230) */
+#define FIELD_DRAIN_RESET_STATUS 227 /* NVML_FI_DEV_DRAIN_AND_RESET_STATUS */
+#define FIELD_RECOVERY_ACTION 230   /* NVML_FI_DEV_GET_GPU_RECOVERY_ACTION */
 
 /* nvml.h only forward-declares these; handles point into static storage. */
 struct nvmlDevice_st {
@@ -48,6 +74,8 @@ struct nvmlDevice_st {
 struct nvmlEventSet_st {
     unsigned int magic;
     unsigned long long mask[MAX_GPUS]; /* registered event types per GPU index */
+    double clock_due_ms[MAX_GPUS];     /* monotonic ms of the next clock event per GPU */
+    double next_clock_ms;              /* earliest of those after the last poll (0: none) */
     long long *delivered;              /* event ids already delivered on this set */
     size_t n_delivered;
     size_t cap_delivered;
@@ -323,6 +351,93 @@ static nvmlReturn_t forced(const cJSON *gpu, const char *fn)
     return NVML_SUCCESS;
 }
 
+/* ------------------------------------------------------------------------ */
+/* Driver branch profiles                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* First branch whose nvml.h declares the function (CUDA 12.2 = R535, 12.4 = R550,
+ * 12.6 = R560, 12.8 = R570, 12.9 = R575, 13.0 = R580).  Functions not listed exist on
+ * every profile.  nvmlDeviceGetTemperatureV is first declared in the CUDA 12.8 header. */
+static const struct {
+    const char *fn;
+    unsigned int since;
+} g_since[] = {
+    {"nvmlDeviceGetGpuFabricInfoV", 550},
+    {"nvmlDeviceGetSramEccErrorStatus", 550},
+    {"nvmlDeviceGetTemperatureV", 570},
+};
+
+/* One greater than the largest field id each branch defines (NVML_FI_MAX). */
+static const struct {
+    unsigned int branch, fi_max;
+} g_fi_max[] = {{535, 197}, {550, 200}, {560, 230}, {570, 269}, {575, 274}};
+
+/* The scenario's driver branch ("535.183.01" -> 535); 0 means newest (no limits). */
+static unsigned int driver_branch(void)
+{
+    cJSON *v = jget(g_root, "driver_version");
+    if (!v || !cJSON_IsString(v))
+        return 0;
+    char *end = NULL;
+    unsigned long b = strtoul(v->valuestring, &end, 10);
+    return (end == v->valuestring || b > 100000) ? 0 : (unsigned int)b;
+}
+
+static int listed_missing(const char *fn)
+{
+    cJSON *list = jget(g_root, "missing_functions"), *it;
+    if (!list || !cJSON_IsArray(list))
+        return 0;
+    cJSON_ArrayForEach(it, list) {
+        if (cJSON_IsString(it) && strcmp(it->valuestring, fn) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* Does the scenario's driver have fn?  Lock held. */
+static int function_exists(const char *fn)
+{
+    unsigned int branch = driver_branch();
+    if (listed_missing(fn))
+        return 0;
+    if (branch == 0)
+        return 1;
+    for (size_t i = 0; i < sizeof(g_since) / sizeof(g_since[0]); i++)
+        if (strcmp(g_since[i].fn, fn) == 0)
+            return branch >= g_since[i].since;
+    return 1;
+}
+
+/* Is a field id known to the scenario's driver?  Lock held. */
+static int field_known(unsigned int field_id)
+{
+    unsigned int branch = driver_branch();
+    size_t n = sizeof(g_fi_max) / sizeof(g_fi_max[0]);
+    if (branch == 0)
+        return 1;
+    for (size_t i = n; i-- > 0;)
+        if (branch >= g_fi_max[i].branch || i == 0)
+            return field_id < g_fi_max[i].fi_max;
+    return 1;
+}
+
+/* Event types the scenario's driver knows.  Lock held. */
+static unsigned long long branch_events(void)
+{
+    unsigned int branch = driver_branch();
+    if (branch == 0 || branch >= 570)
+        return ~0ULL;
+    return branch >= 560 ? EVENTS_R560 : EVENTS_R535;
+}
+
+/* Struct version accepted by the branch (fabric info: v3 from R580). */
+static int fabric_v3_known(void)
+{
+    unsigned int branch = driver_branch();
+    return branch == 0 || branch >= 580;
+}
+
 static unsigned int gpu_count(void)
 {
     cJSON *gpus = jget(g_root, "gpus");
@@ -371,6 +486,8 @@ static nvmlReturn_t enter_global(const char *fn)
     if (g_init_count <= 0)
         return leave(NVML_ERROR_UNINITIALIZED);
     reload_locked(0);
+    if (!function_exists(fn))
+        return leave(NVML_ERROR_FUNCTION_NOT_FOUND);
     nvmlReturn_t rc = forced(NULL, fn);
     if (rc != NVML_SUCCESS)
         return leave(rc);
@@ -384,6 +501,8 @@ static nvmlReturn_t enter_device(nvmlDevice_t device, const char *fn, cJSON **gp
     if (g_init_count <= 0)
         return leave(NVML_ERROR_UNINITIALIZED);
     reload_locked(0);
+    if (!function_exists(fn))
+        return leave(NVML_ERROR_FUNCTION_NOT_FOUND);
     int idx = handle_index(device);
     if (idx < 0)
         return leave(NVML_ERROR_INVALID_ARGUMENT);
@@ -1142,9 +1261,153 @@ nvmlReturn_t DECLDIR nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t device, unsigned
     return dev_uint(device, __func__, "pcie.width_max", maxLinkWidth);
 }
 
+nvmlReturn_t DECLDIR nvmlDeviceGetPcieReplayCounter(nvmlDevice_t device, unsigned int *value)
+{
+    return dev_uint(device, __func__, "pcie_replay_counter", value);
+}
+
+static const char *clock_name(nvmlClockType_t type)
+{
+    switch (type) {
+    case NVML_CLOCK_GRAPHICS: return "graphics";
+    case NVML_CLOCK_SM: return "sm";
+    case NVML_CLOCK_MEM: return "mem";
+    case NVML_CLOCK_VIDEO: return "video";
+    default: return NULL;
+    }
+}
+
+/* "clocks": {"sm": MHz, ...} (current) and "max_clocks": {...}. */
+static nvmlReturn_t clock_info(nvmlDevice_t device, const char *fn, const char *section,
+                               nvmlClockType_t type, unsigned int *clock)
+{
+    char path[64];
+    const char *name = clock_name(type);
+    if (!name) {
+        cJSON *gpu;
+        nvmlReturn_t rc = enter_device(device, fn, &gpu);
+        return rc != NVML_SUCCESS ? rc : leave(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    snprintf(path, sizeof(path), "%s.%s", section, name);
+    return dev_uint(device, fn, path, clock);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetClockInfo(nvmlDevice_t device, nvmlClockType_t type,
+                                            unsigned int *clock)
+{
+    return clock_info(device, __func__, "clocks", type, clock);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, nvmlClockType_t type,
+                                               unsigned int *clock)
+{
+    return clock_info(device, __func__, "max_clocks", type, clock);
+}
+
+/* "violations": {"power": ns, "thermal": ns, ...}: time held below application clocks. */
+nvmlReturn_t DECLDIR nvmlDeviceGetViolationStatus(nvmlDevice_t device,
+                                                  nvmlPerfPolicyType_t perfPolicyType,
+                                                  nvmlViolationTime_t *violTime)
+{
+    static const char *names[] = {"power", "thermal", "sync_boost", "board_limit",
+                                  "low_utilization", "reliability"};
+    cJSON *gpu;
+    unsigned long long ns;
+    struct timespec now;
+    nvmlReturn_t rc = enter_device(device, __func__, &gpu);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!violTime || (unsigned int)perfPolicyType >= sizeof(names) / sizeof(names[0]))
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    int s = jnum(jget(jget(gpu, "violations"), names[perfPolicyType]), &ns);
+    if (s == J_OK) {
+        clock_gettime(CLOCK_REALTIME, &now);
+        violTime->referenceTime = (unsigned long long)now.tv_sec * 1000000ULL +
+                                  (unsigned long long)now.tv_nsec / 1000ULL;
+        violTime->violationTime = ns;
+    }
+    return leave(jstatus_rc(s));
+}
+
+/* "sram_ecc": {"threshold_exceeded": 0|1, "volatile_cor": n, ...} (nvmlEccSramErrorStatus_v1). */
+nvmlReturn_t DECLDIR nvmlDeviceGetSramEccErrorStatus(nvmlDevice_t device,
+                                                     nvmlEccSramErrorStatus_t *status)
+{
+    static const char *keys[] = {"aggregate_unc_parity", "aggregate_unc_sec_ded", "aggregate_cor",
+                                 "volatile_unc_parity", "volatile_unc_sec_ded", "volatile_cor",
+                                 "aggregate_unc_bucket_l2", "aggregate_unc_bucket_sm",
+                                 "aggregate_unc_bucket_pcie", "aggregate_unc_bucket_mcu",
+                                 "aggregate_unc_bucket_other"};
+    cJSON *gpu;
+    unsigned long long vals[sizeof(keys) / sizeof(keys[0])] = {0};
+    unsigned int exceeded = 0;
+    nvmlReturn_t rc = enter_device(device, __func__, &gpu);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!status)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (status->version != nvmlEccSramErrorStatus_v1)
+        return leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    cJSON *sram = jget(gpu, "sram_ecc");
+    if (!sram)
+        return leave(NVML_ERROR_NOT_SUPPORTED);
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+        if (jnum(jget(sram, keys[i]), &vals[i]) == J_BAD)
+            return leave(NVML_ERROR_UNKNOWN);
+    if (juint(jget(sram, "threshold_exceeded"), &exceeded) == J_BAD)
+        return leave(NVML_ERROR_UNKNOWN);
+    status->aggregateUncParity = vals[0];
+    status->aggregateUncSecDed = vals[1];
+    status->aggregateCor = vals[2];
+    status->volatileUncParity = vals[3];
+    status->volatileUncSecDed = vals[4];
+    status->volatileCor = vals[5];
+    status->aggregateUncBucketL2 = vals[6];
+    status->aggregateUncBucketSm = vals[7];
+    status->aggregateUncBucketPcie = vals[8];
+    status->aggregateUncBucketMcu = vals[9];
+    status->aggregateUncBucketOther = vals[10];
+    status->bThresholdExceeded = exceeded ? 1 : 0;
+    return leave(NVML_SUCCESS);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Field values, NVLink, fabric                                              */
 /* ------------------------------------------------------------------------ */
+
+/* The scenario key behind a scalar field id, or NULL. */
+static const char *field_key(unsigned int field_id)
+{
+    switch (field_id) {
+    case FIELD_MEMORY_TEMP: return "memory_temperature";
+    case FIELD_PCIE_REPLAY: return "pcie_replay_counter";
+    case FIELD_RECOVERY_ACTION:
+    case FIELD_RESET_STATUS:
+    case FIELD_DRAIN_RESET_STATUS: return "recovery_action";
+    default: return NULL;
+    }
+}
+
+/* One scalar field (lock held).  226/227 are derived from the recovery action, as the
+ * driver does: reset needed for GPU_RESET (1) or DRAIN_AND_RESET (4); drain-and-reset for 4. */
+static void scalar_field(const cJSON *gpu, nvmlFieldValue_t *v)
+{
+    const char *key = field_key(v->fieldId);
+    unsigned long long x;
+    int s = key ? jnum(jget(gpu, key), &x) : J_MISSING;
+    if (s != J_OK) {
+        v->nvmlReturn = jstatus_rc(s);
+        return;
+    }
+    if (v->fieldId == FIELD_RESET_STATUS)
+        x = (x == 1 || x == 4);
+    else if (v->fieldId == FIELD_DRAIN_RESET_STATUS)
+        x = (x == 4);
+    v->valueType = v->fieldId == FIELD_PCIE_REPLAY ? NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+                                                    : NVML_VALUE_TYPE_UNSIGNED_INT;
+    v->value.ullVal = x; /* uiVal shares the low bytes (little-endian) */
+    v->nvmlReturn = NVML_SUCCESS;
+}
 
 nvmlReturn_t DECLDIR nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount,
                                               nvmlFieldValue_t *values)
@@ -1170,6 +1433,10 @@ nvmlReturn_t DECLDIR nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCou
         frc = forced(gpu, key);
         if (frc != NVML_SUCCESS) {
             v->nvmlReturn = frc;
+        } else if (!field_known(v->fieldId)) {
+            v->nvmlReturn = NVML_ERROR_INVALID_ARGUMENT; /* past this branch's NVML_FI_MAX */
+        } else if (v->fieldId != NVML_FI_DEV_NVLINK_LINK_COUNT) {
+            scalar_field(gpu, v);
         } else if (v->fieldId == NVML_FI_DEV_NVLINK_LINK_COUNT) {
             if (!links) {
                 v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
@@ -1275,7 +1542,6 @@ static int parse_uuid16(const char *s, unsigned char out[NVML_GPU_FABRIC_UUID_LE
 struct fabric_vals {
     unsigned char uuid[NVML_GPU_FABRIC_UUID_LEN];
     unsigned int state, status, clique, mask, summary;
-    int has_summary;
 };
 
 /* Reads "fabric"; returns NVML_SUCCESS or the error for the call. Lock held. */
@@ -1292,10 +1558,8 @@ static nvmlReturn_t read_fabric(const cJSON *gpu, struct fabric_vals *f)
         juint(jget(fab, "clique_id"), &f->clique) == J_BAD ||
         juint(jget(fab, "health_mask"), &f->mask) == J_BAD)
         return NVML_ERROR_UNKNOWN;
-    s = juint(jget(fab, "health_summary"), &f->summary);
-    if (s == J_BAD)
+    if (juint(jget(fab, "health_summary"), &f->summary) == J_BAD)
         return NVML_ERROR_UNKNOWN;
-    f->has_summary = (s == J_OK);
     cJSON *u = jget(fab, "cluster_uuid");
     if (u && (!cJSON_IsString(u) || parse_uuid16(u->valuestring, f->uuid) != 0))
         return NVML_ERROR_UNKNOWN;
@@ -1303,8 +1567,8 @@ static nvmlReturn_t read_fabric(const cJSON *gpu, struct fabric_vals *f)
 }
 
 /*
- * Accepts nvmlGpuFabricInfo_v3 and _v2 (pynvml's c_nvmlGpuFabricInfoV_t is v2).  A fabric
- * entry without "health_summary" behaves like a pre-v3 driver: v3 -> ARGUMENT_VERSION_MISMATCH.
+ * Accepts nvmlGpuFabricInfo_v2 (R550+) and _v3 (R580+, the driver branch decides; pynvml's
+ * c_nvmlGpuFabricInfoV_t is v2).  Older struct versions: ARGUMENT_VERSION_MISMATCH.
  */
 nvmlReturn_t DECLDIR nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device,
                                                  nvmlGpuFabricInfoV_t *gpuFabricInfo)
@@ -1318,7 +1582,7 @@ nvmlReturn_t DECLDIR nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device,
         return leave(NVML_ERROR_INVALID_ARGUMENT);
     unsigned int version = gpuFabricInfo->version;
 #ifdef nvmlGpuFabricInfo_v3
-    int v3 = (version == nvmlGpuFabricInfo_v3);
+    int v3 = (version == nvmlGpuFabricInfo_v3) && fabric_v3_known();
 #else
     int v3 = 0; /* an older nvml.h (CUDA 12.x): only the v2 struct exists */
 #endif
@@ -1328,9 +1592,7 @@ nvmlReturn_t DECLDIR nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device,
     if (rc != NVML_SUCCESS)
         return leave(rc);
 #ifdef nvmlGpuFabricInfo_v3
-    if (v3) {
-        if (!f.has_summary)
-            return leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    if (v3) { /* no "health_summary" in the scenario: NOT_SUPPORTED (0) */
         memset(gpuFabricInfo, 0, sizeof(nvmlGpuFabricInfo_v3_t));
         ((nvmlGpuFabricInfo_v3_t *)gpuFabricInfo)->healthSummary = (unsigned char)f.summary;
     }
@@ -1372,12 +1634,64 @@ nvmlReturn_t DECLDIR nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device,
 /* Events                                                                    */
 /* ------------------------------------------------------------------------ */
 
+static long long monotonic_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000LL + ts.tv_nsec / 1000000L;
+}
+
+/* Clock-change events per second for one GPU (see the header comment). */
+static double clock_hz(const cJSON *gpu)
+{
+    unsigned long long v;
+    cJSON *rates = jget(g_root, "clock_event_hz");
+    double idle = CLOCK_IDLE_HZ, load = CLOCK_LOAD_HZ;
+    if (jnum(jget(gpu, "clock_event_hz"), &v) == J_OK)
+        return (double)v;
+    if (jnum(jget(rates, "idle"), &v) == J_OK)
+        idle = (double)v;
+    if (jnum(jget(rates, "load"), &v) == J_OK)
+        load = (double)v;
+    return jtrue(jget(gpu, "load")) ? load : idle;
+}
+
+/* A due clock event for a registered GPU (lock held); 1 when *data was filled.  Sets
+ * set->next_clock_ms to the earliest next one, so a waiter naps no longer than that. */
+static int due_clock_event(struct nvmlEventSet_st *set, unsigned int n, nvmlEventData_t *data)
+{
+    double now = (double)monotonic_ms();
+    set->next_clock_ms = 0;
+    for (unsigned int i = 0; i < n && i < MAX_GPUS; i++) {
+        if (!(set->mask[i] & nvmlEventTypeClock))
+            continue;
+        double hz = clock_hz(gpu_at(i));
+        if (hz <= 0)
+            continue;
+        double period = 1000.0 / hz, *due = &set->clock_due_ms[i];
+        if (*due == 0 || *due < now - 1000.0) /* first look, or nobody waited for a while */
+            *due = now + (*due == 0 ? period : 0);
+        if (now >= *due) {
+            *due += period;
+            data->device = handle_for(i);
+            data->eventType = nvmlEventTypeClock;
+            data->eventData = 0;
+            data->gpuInstanceId = 0xFFFFFFFFU;
+            data->computeInstanceId = 0xFFFFFFFFU;
+            return 1;
+        }
+        if (set->next_clock_ms == 0 || *due < set->next_clock_ms)
+            set->next_clock_ms = *due;
+    }
+    return 0;
+}
+
 static unsigned long long supported_events(const cJSON *gpu, int *bad)
 {
     unsigned long long v;
     int s = jnum(jget(gpu, "supported_event_types"), &v);
     *bad = (s == J_BAD);
-    return s == J_OK ? v : DEFAULT_EVENT_TYPES;
+    return (s == J_OK ? v : DEFAULT_EVENT_TYPES) & branch_events();
 }
 
 nvmlReturn_t DECLDIR nvmlEventSetCreate(nvmlEventSet_t *set)
@@ -1520,14 +1834,7 @@ static nvmlReturn_t poll_events(struct nvmlEventSet_st *set, const char *fn, nvm
         if (rc != NVML_SUCCESS)
             return rc;
     }
-    return NVML_ERROR_TIMEOUT;
-}
-
-static long long monotonic_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000LL + ts.tv_nsec / 1000000L;
+    return due_clock_event(set, n, data) ? NVML_SUCCESS : NVML_ERROR_TIMEOUT;
 }
 
 static nvmlReturn_t event_wait(const char *fn, nvmlEventSet_t set, nvmlEventData_t *data,
@@ -1549,6 +1856,11 @@ static nvmlReturn_t event_wait(const char *fn, nvmlEventSet_t set, nvmlEventData
         if (left <= 0)
             return NVML_ERROR_TIMEOUT;
         long long nap = left < EVENT_POLL_MS ? left : EVENT_POLL_MS;
+        if (set->next_clock_ms > 0) { /* read without the lock: only this waiter writes it */
+            long long until = (long long)set->next_clock_ms - monotonic_ms() + 1;
+            if (until < nap)
+                nap = until < 1 ? 1 : until;
+        }
         struct timespec ts = {nap / 1000, (nap % 1000) * 1000000L};
         while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
             ;

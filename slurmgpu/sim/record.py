@@ -8,6 +8,11 @@ symbol that failed, so replaying the scenario reproduces it.
 When a C function is called several times for one key (four thresholds, 18 NVLinks) and any
 call fails with a real error, the whole key is left out: replay then fails every such call,
 and recording the replay gives the same scenario.
+
+The node's capability profile is recorded too: a function the driver lacks
+(FunctionNotFound) goes into the top-level ``"missing_functions"`` (the fake answers
+FunctionNotFound for it), and an older fabric struct shows as a fabric entry without
+``"health_summary"`` (v2) or without ``"health_mask"`` (the v1 call).
 """
 
 from __future__ import annotations
@@ -25,6 +30,18 @@ from slurmgpu.sim.scenario import ENV_LIBRARY
 _FIELD_NVLINK_LINK_COUNT = 91
 _NVLINK_COUNTERS = ("replay", "recovery", "crc_flit", "crc_data", "ecc_data")
 _THRESHOLDS = (("shutdown", 0), ("slowdown", 1), ("mem_max", 2), ("gpu_max", 3))
+_CLOCKS = (("graphics", 0), ("sm", 1), ("mem", 2))
+_VIOLATIONS = (("power", 0), ("thermal", 1), ("board_limit", 3), ("reliability", 5))
+_FIELD_MEMORY_TEMP, _FIELD_RECOVERY_ACTION = 82, 230
+_SRAM_KEYS = (
+    ("aggregate_unc_parity", "aggregateUncParity"), ("aggregate_unc_sec_ded", "aggregateUncSecDed"),
+    ("aggregate_cor", "aggregateCor"), ("volatile_unc_parity", "volatileUncParity"),
+    ("volatile_unc_sec_ded", "volatileUncSecDed"), ("volatile_cor", "volatileCor"),
+    ("aggregate_unc_bucket_l2", "aggregateUncBucketL2"), ("aggregate_unc_bucket_sm", "aggregateUncBucketSm"),
+    ("aggregate_unc_bucket_pcie", "aggregateUncBucketPcie"),
+    ("aggregate_unc_bucket_mcu", "aggregateUncBucketMcu"),
+    ("aggregate_unc_bucket_other", "aggregateUncBucketOther"),
+)
 
 
 def _text(value: Any) -> str:
@@ -67,14 +84,21 @@ def load_nvml() -> Any:
 class _Recorder:
     def __init__(self, nvml: Any) -> None:
         self.nvml = nvml
+        self.missing: set[str] = set()  # functions this driver lacks (FunctionNotFound)
 
-    def call(self, symbol: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """fn(*args); NotSupported -> MISSING; GpuIsLost -> _Lost; other errors -> _Failed."""
+    def call(self, symbol: str, fn: Callable[..., Any] | None, *args: Any) -> Any:
+        """fn(*args); NotSupported -> MISSING; FunctionNotFound -> MISSING and the symbol
+        in ``missing``; GpuIsLost -> _Lost; other errors -> _Failed."""
         nvml = self.nvml
+        if fn is None:  # an nvidia-ml-py without the call: nothing to record
+            return MISSING
         try:
             return fn(*args)
         except nvml.NVMLError as exc:
             if exc.value == nvml.NVML_ERROR_NOT_SUPPORTED:
+                return MISSING
+            if exc.value == nvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+                self.missing.add(symbol)
                 return MISSING
             if exc.value == nvml.NVML_ERROR_GPU_IS_LOST:
                 raise _Lost from exc
@@ -136,14 +160,11 @@ class _Recorder:
 
     def temperature(self, h: Any) -> Any:
         nvml = self.nvml
-        try:
-            return self.call(
-                "nvmlDeviceGetTemperatureV", nvml.nvmlDeviceGetTemperatureV, h, nvml.NVML_TEMPERATURE_GPU
-            )
-        except _Failed as exc:
-            if exc.code != nvml.NVML_ERROR_FUNCTION_NOT_FOUND:
-                raise
-        # drivers before TemperatureV
+        got = self.call("nvmlDeviceGetTemperatureV", getattr(nvml, "nvmlDeviceGetTemperatureV", None),
+                        h, nvml.NVML_TEMPERATURE_GPU)
+        if got is not MISSING or "nvmlDeviceGetTemperatureV" not in self.missing:
+            return got
+        # drivers before TemperatureV (R570)
         return self.call(
             "nvmlDeviceGetTemperature", nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU
         )
@@ -160,13 +181,10 @@ class _Recorder:
 
     def clocks_event_reasons(self, h: Any) -> Any:
         nvml = self.nvml
-        try:
-            return self.call(
-                "nvmlDeviceGetCurrentClocksEventReasons", nvml.nvmlDeviceGetCurrentClocksEventReasons, h
-            )
-        except _Failed as exc:
-            if exc.code != nvml.NVML_ERROR_FUNCTION_NOT_FOUND:
-                raise
+        symbol = "nvmlDeviceGetCurrentClocksEventReasons"
+        got = self.call(symbol, getattr(nvml, symbol, None), h)
+        if got is not MISSING or symbol not in self.missing:
+            return got
         return self.call(
             "nvmlDeviceGetCurrentClocksThrottleReasons",
             nvml.nvmlDeviceGetCurrentClocksThrottleReasons,
@@ -188,23 +206,7 @@ class _Recorder:
         return out or MISSING
 
     def nvlink_count(self, h: Any) -> Any:
-        nvml = self.nvml
-        values = self.call(
-            "nvmlDeviceGetFieldValues", nvml.nvmlDeviceGetFieldValues, h, [_FIELD_NVLINK_LINK_COUNT]
-        )
-        if values is MISSING:
-            return MISSING
-        rc = int(values[0].nvmlReturn)
-        if rc == nvml.NVML_ERROR_NOT_SUPPORTED:
-            return MISSING
-        if rc == nvml.NVML_ERROR_GPU_IS_LOST:
-            raise _Lost
-        if rc != nvml.NVML_SUCCESS:
-            raise _Failed(f"field:{_FIELD_NVLINK_LINK_COUNT}", rc)
-        value = values[0]
-        if int(value.valueType) == nvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG:
-            return int(value.value.ullVal)
-        return int(value.value.uiVal)
+        return self.field(h, _FIELD_NVLINK_LINK_COUNT)
 
     def nvlink(self, h: Any, errors: dict[str, int]) -> Any:
         """The link list; per-function failures go to ``errors`` and drop that key on all links."""
@@ -241,30 +243,69 @@ class _Recorder:
         return links
 
     def fabric(self, h: Any) -> Any:
+        """v3 struct, else v2 (no health summary), else the v1 call (no health mask)."""
         nvml = self.nvml
-        info = nvml.c_nvmlGpuFabricInfo_v3_t()
-        try:
-            got = self.call("nvmlDeviceGetGpuFabricInfoV", nvml.nvmlDeviceGetGpuFabricInfoV, h, ctypes.byref(info))
-            has_summary = True
-        except _Failed as exc:
-            if exc.code != nvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH:
-                raise
-            # a driver without the v3 struct: fall back to v2 (no health summary)
-            info = nvml.c_nvmlGpuFabricInfo_v2_t()
-            got = self.call("nvmlDeviceGetGpuFabricInfoV", nvml.nvmlDeviceGetGpuFabricInfoV, h, ctypes.byref(info))
-            has_summary = False
+        for version, struct in ((3, "c_nvmlGpuFabricInfo_v3_t"), (2, "c_nvmlGpuFabricInfo_v2_t")):
+            info = getattr(nvml, struct)()
+            try:
+                got = self.call("nvmlDeviceGetGpuFabricInfoV", nvml.nvmlDeviceGetGpuFabricInfoV, h,
+                                ctypes.byref(info))
+            except _Failed as exc:
+                if exc.code != nvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH:
+                    raise
+                continue  # a driver without this struct version: try the older one
+            if got is MISSING and "nvmlDeviceGetGpuFabricInfoV" in self.missing:
+                break  # R535: only the v1 call
+            return MISSING if got is MISSING else _fabric_json(info, version)
+        info = nvml.c_nvmlGpuFabricInfo_t()
+        got = self.call("nvmlDeviceGetGpuFabricInfo", nvml.nvmlDeviceGetGpuFabricInfo, h, ctypes.byref(info))
+        return MISSING if got is MISSING else _fabric_json(info, 1)
+
+    def field(self, h: Any, field_id: int) -> Any:
+        """One scalar field value; InvalidArgument (a field newer than the driver) -> MISSING."""
+        nvml = self.nvml
+        values = self.call("nvmlDeviceGetFieldValues", nvml.nvmlDeviceGetFieldValues, h, [field_id])
+        if values is MISSING:
+            return MISSING
+        rc = int(values[0].nvmlReturn)
+        if rc in (nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_INVALID_ARGUMENT):
+            return MISSING
+        if rc == nvml.NVML_ERROR_GPU_IS_LOST:
+            raise _Lost
+        if rc != nvml.NVML_SUCCESS:
+            raise _Failed(f"field:{field_id}", rc)
+        value = values[0]
+        if int(value.valueType) == nvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG:
+            return int(value.value.ullVal)
+        return int(value.value.uiVal)
+
+    def clocks(self, h: Any, symbol: str) -> Any:
+        out = {}
+        for key, which in _CLOCKS:
+            v = self.call(symbol, getattr(self.nvml, symbol), h, which)
+            if v is not MISSING:
+                out[key] = int(v)
+        return out or MISSING
+
+    def violations(self, h: Any) -> Any:
+        out = {}
+        for key, policy in _VIOLATIONS:
+            v = self.call("nvmlDeviceGetViolationStatus", self.nvml.nvmlDeviceGetViolationStatus, h, policy)
+            if v is not MISSING:
+                out[key] = int(v.violationTime)
+        return out or MISSING
+
+    def sram_ecc(self, h: Any) -> Any:
+        struct = getattr(self.nvml, "c_nvmlEccSramErrorStatus_v1_t", None)
+        if struct is None:
+            return MISSING
+        status = struct()
+        got = self.call("nvmlDeviceGetSramEccErrorStatus", self.nvml.nvmlDeviceGetSramEccErrorStatus, h,
+                        ctypes.byref(status))
         if got is MISSING:
             return MISSING
-        raw = bytes(info.clusterUuid).hex()
-        out: dict[str, Any] = {
-            "state": int(info.state) & 0xFF,
-            "status": int(info.status),
-            "clique_id": int(info.cliqueId),
-            "cluster_uuid": f"{raw[:8]}-{raw[8:12]}-{raw[12:16]}-{raw[16:20]}-{raw[20:]}",
-            "health_mask": int(info.healthMask),
-        }
-        if has_summary:
-            out["health_summary"] = int(info.healthSummary)
+        out = {key: int(getattr(status, attr)) for key, attr in _SRAM_KEYS}
+        out["threshold_exceeded"] = int(status.bThresholdExceeded)
         return out
 
     def memory(self, h: Any) -> Any:
@@ -315,6 +356,13 @@ class _Recorder:
             ("power_management_limit_mw", simple("nvmlDeviceGetPowerManagementLimit")),
             ("enforced_power_limit_mw", simple("nvmlDeviceGetEnforcedPowerLimit")),
             ("clocks_event_reasons", lambda: self.clocks_event_reasons(h)),
+            ("clocks", lambda: self.clocks(h, "nvmlDeviceGetClockInfo")),
+            ("max_clocks", lambda: self.clocks(h, "nvmlDeviceGetMaxClockInfo")),
+            ("violations", lambda: self.violations(h)),
+            ("memory_temperature", lambda: self.field(h, _FIELD_MEMORY_TEMP)),
+            ("pcie_replay_counter", simple("nvmlDeviceGetPcieReplayCounter")),
+            ("recovery_action", lambda: self.field(h, _FIELD_RECOVERY_ACTION)),
+            ("sram_ecc", lambda: self.sram_ecc(h)),
             ("pcie", lambda: self.pcie(h)),
             ("nvlink", lambda: self.nvlink(h, errors)),
             ("fabric", lambda: self.fabric(h)),
@@ -383,7 +431,24 @@ def record_node(*, name: str | None = None, description: str | None = None) -> d
         scenario["errors"] = dict(sorted(errors.items()))
         scenario["events"] = []
         scenario["gpus"] = [rec.gpu(i) for i in range(int(count))]
+        if rec.missing:
+            scenario["missing_functions"] = sorted(rec.missing)
         return scenario
     finally:
         with contextlib.suppress(nvml.NVMLError):
             nvml.nvmlShutdown()
+
+
+def _fabric_json(info: Any, version: int) -> dict[str, Any]:
+    raw = bytes(info.clusterUuid).hex()
+    out: dict[str, Any] = {
+        "state": int(info.state) & 0xFF,
+        "status": int(info.status),
+        "clique_id": int(info.cliqueId),
+        "cluster_uuid": f"{raw[:8]}-{raw[8:12]}-{raw[12:16]}-{raw[16:20]}-{raw[20:]}",
+    }
+    if version >= 2:
+        out["health_mask"] = int(info.healthMask)
+    if version >= 3:
+        out["health_summary"] = int(info.healthSummary)
+    return out

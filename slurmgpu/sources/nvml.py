@@ -1,8 +1,16 @@
 """GPU facts from NVML through nvidia-ml-py (import name ``pynvml``).
 
-Every query goes through ``_Query``: NotSupported becomes ``None`` (not
-applicable), GpuIsLost marks the GPU lost and stops querying it, and any other
-NVML error is recorded in ``GpuFacts.errors`` under the fact's name.
+Every query goes through ``_Query``: NotSupported and FunctionNotFound (a driver
+older than the call) become ``None`` (not applicable), GpuIsLost marks the GPU lost and
+stops querying it, and any other NVML error is recorded in ``GpuFacts.errors`` and
+``GpuFacts.error_codes`` under the fact's name; ``gpu.nvml_errors`` judges them. A GPU
+with errors is read once more after ``retry_delay_s``, so an error is known to persist
+(or to have been transient) within one run.
+
+Driver branches differ (docs/simulator.md has the table): fabric state is read through
+the v3 struct (R580+), then v2 (R550+), then the v1 call (R535); the temperature through
+``nvmlDeviceGetTemperatureV`` (R570+), then ``nvmlDeviceGetTemperature``; field ids a
+branch does not know answer InvalidArgument and are not applicable.
 
 pynvml dlopens ``libnvidia-ml.so.1`` itself only while ``pynvml.nvmlLib`` is
 None, and caches function pointers for the life of the process; so the library
@@ -15,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -31,6 +40,14 @@ from slurmgpu.facts import (
 
 LIBRARY_ENV = "SLURMGPU_NVML_LIBRARY"
 NVLINK_LINK_COUNT_FIELD = 91  # NVML_FI_DEV_NVLINK_LINK_COUNT
+MEMORY_TEMP_FIELD = 82  # NVML_FI_DEV_MEMORY_TEMP (HBM)
+PCIE_REPLAY_FIELD = 94  # NVML_FI_DEV_PCIE_REPLAY_COUNTER
+RECOVERY_ACTION_FIELD = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (R570+)
+HEALTH_FIELDS = (NVLINK_LINK_COUNT_FIELD, MEMORY_TEMP_FIELD, PCIE_REPLAY_FIELD, RECOVERY_ACTION_FIELD)
+# nvmlPerfPolicyType_t of the throttle-time counters read.
+VIOLATION_POLICIES = (("power", 0), ("thermal", 1), ("board_limit", 3), ("reliability", 5))
+DEFAULT_RETRY_DELAY_S = 0.2
+MAX_RETRY_DELAY_S = 2.0
 NO_LIBRARY = "NVIDIA driver not loaded / libnvidia-ml.so.1 not found"
 
 T = TypeVar("T")
@@ -38,6 +55,10 @@ T = TypeVar("T")
 
 class _GpuLost(Exception):
     """NVML answered GpuIsLost: the GPU fell off the bus."""
+
+
+class _Older(Exception):
+    """The driver is older than the call or struct (FunctionNotFound / version mismatch)."""
 
 
 def library_path(configured: str | None, environ: Mapping[str, str] = os.environ) -> str | None:
@@ -51,17 +72,33 @@ class _Query:
         self.nvml = nvml
         self.gpu = gpu
 
-    def __call__(self, fact: str, fn: Callable[..., T], *args: Any) -> T | None:
+    def __call__(self, fact: str, fn: Callable[..., T] | None, *args: Any) -> T | None:
+        try:
+            return self.newer(fact, fn, *args)
+        except _Older:
+            return None  # this driver has no such call: not applicable
+
+    def newer(self, fact: str, fn: Callable[..., T] | None, *args: Any) -> T | None:
+        """As ``__call__``, but raises ``_Older`` where the driver lacks the call or the
+        struct version, so the caller can fall back to the older API."""
         nvml = self.nvml
+        if fn is None:  # an nvidia-ml-py older than the call
+            raise _Older()
         try:
             return fn(*args)
         except nvml.NVMLError_NotSupported:
             return None
         except nvml.NVMLError_GpuIsLost:
             raise _GpuLost() from None
+        except (nvml.NVMLError_FunctionNotFound, nvml.NVMLError_ArgumentVersionMismatch):
+            raise _Older() from None
         except nvml.NVMLError as exc:
-            self.gpu.errors[fact] = _describe(exc)
+            self.record(fact, int(exc.value), _describe(exc))
             return None
+
+    def record(self, fact: str, code: int, message: str) -> None:
+        self.gpu.errors[fact] = message
+        self.gpu.error_codes[fact] = code
 
 
 def _describe(exc: Exception) -> str:
@@ -82,8 +119,11 @@ def _cuda_version(code: int) -> str:
 class PynvmlSource:
     """The real NVML source."""
 
-    def __init__(self, library: str | None = None, *, environ: Mapping[str, str] = os.environ):
+    def __init__(self, library: str | None = None, *, environ: Mapping[str, str] = os.environ,
+                 retry_delay_s: float = DEFAULT_RETRY_DELAY_S):
         self.library = library_path(library, environ)
+        # Bounded: a config value of inf or nan must not hang or crash a gather.
+        self.retry_delay_s = min(retry_delay_s, MAX_RETRY_DELAY_S) if retry_delay_s > 0 else 0.0
 
     def collect(self, gpus: frozenset[int] | None = None) -> NvmlFacts:
         try:
@@ -128,7 +168,21 @@ class PynvmlSource:
             if index >= facts.device_count:
                 continue  # gpu.count reports requested GPUs the node does not have
             facts.gpus.append(_collect_gpu(nvml, index))
+        self._retry_errors(nvml, facts)
         return facts
+
+    def _retry_errors(self, nvml: Any, facts: NvmlFacts) -> None:
+        """Read GPUs that answered with errors once more: an error on both reads persists
+        (``retried``); one that answered the second time is ``transient_errors``."""
+        failed = [i for i, g in enumerate(facts.gpus) if g.errors and not g.lost]
+        if not failed or self.retry_delay_s <= 0:
+            return
+        time.sleep(self.retry_delay_s)
+        for i in failed:
+            first, again = facts.gpus[i], _collect_gpu(nvml, facts.gpus[i].index)
+            again.retried = True
+            again.transient_errors = {k: v for k, v in first.errors.items() if k not in again.errors}
+            facts.gpus[i] = again
 
 
 def _collect_gpu(nvml: Any, index: int) -> GpuFacts:
@@ -141,8 +195,11 @@ def _collect_gpu(nvml: Any, index: int) -> GpuFacts:
         _identity(nvml, q, gpu, handle)
         _modes(nvml, q, gpu, handle)
         _memory_health(nvml, q, gpu, handle)
+        _sram(nvml, q, gpu, handle)
         _thermal_power(nvml, q, gpu, handle)
-        _links(nvml, q, gpu, handle)
+        fields = _fields(nvml, q, handle)
+        _health_fields(gpu, fields)
+        _links(nvml, q, gpu, handle, fields.get(NVLINK_LINK_COUNT_FIELD))
     except _GpuLost:
         gpu.lost = True
     return gpu
@@ -196,20 +253,47 @@ def _memory_health(nvml: Any, q: _Query, gpu: GpuFacts, h: Any) -> None:
         gpu.remapped_rows = RemappedRows(int(corr), int(unc), bool(is_pending), bool(failure))
 
 
+def _temperature(nvml: Any, q: _Query, h: Any) -> int | None:
+    try:
+        return q.newer("temperature", getattr(nvml, "nvmlDeviceGetTemperatureV", None), h,
+                       nvml.NVML_TEMPERATURE_GPU)
+    except _Older:  # before R570: the deprecated call is the only one
+        return q("temperature", nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU)
+
+
 def _thermal_power(nvml: Any, q: _Query, gpu: GpuFacts, h: Any) -> None:
-    gpu.temperature_c = q("temperature", nvml.nvmlDeviceGetTemperatureV, h, nvml.NVML_TEMPERATURE_GPU)
+    gpu.temperature_c = _temperature(nvml, q, h)
     gpu.slowdown_temp_c = q("slowdown_temp", nvml.nvmlDeviceGetTemperatureThreshold, h,
                             nvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
     gpu.shutdown_temp_c = q("shutdown_temp", nvml.nvmlDeviceGetTemperatureThreshold, h,
                             nvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN)
+    gpu.memory_max_temp_c = q("memory_max_temp", nvml.nvmlDeviceGetTemperatureThreshold, h,
+                              nvml.NVML_TEMPERATURE_THRESHOLD_MEM_MAX)
     power = q("power", nvml.nvmlDeviceGetPowerUsage, h)
     gpu.power_w = None if power is None else power / 1000.0
     limit = q("power_limit", nvml.nvmlDeviceGetEnforcedPowerLimit, h)
     gpu.power_limit_w = None if limit is None else limit / 1000.0
     gpu.clocks_event_reasons = q("clocks_event_reasons", nvml.nvmlDeviceGetCurrentClocksEventReasons, h)
+    gpu.sm_clock_mhz = q("sm_clock", nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_SM)
+    gpu.sm_clock_max_mhz = q("sm_clock_max", nvml.nvmlDeviceGetMaxClockInfo, h, nvml.NVML_CLOCK_SM)
+    for name, policy in VIOLATION_POLICIES:
+        got = q(f"throttle_time.{name}", nvml.nvmlDeviceGetViolationStatus, h, policy)
+        if got is not None:
+            gpu.throttle_ns[name] = int(got.violationTime)
 
 
-def _links(nvml: Any, q: _Query, gpu: GpuFacts, h: Any) -> None:
+def _sram(nvml: Any, q: _Query, gpu: GpuFacts, h: Any) -> None:
+    struct = getattr(nvml, "c_nvmlEccSramErrorStatus_v1_t", None)
+    if struct is None:  # nvidia-ml-py older than R550
+        return
+    status = struct()
+    if q("sram_ecc", nvml.nvmlDeviceGetSramEccErrorStatus, h, ctypes.byref(status)) is None:
+        return
+    gpu.sram_threshold_exceeded = bool(status.bThresholdExceeded)
+    gpu.sram_uncorrected_volatile = int(status.volatileUncParity) + int(status.volatileUncSecDed)
+
+
+def _links(nvml: Any, q: _Query, gpu: GpuFacts, h: Any, nvlink_count: int | None) -> None:
     pcie = PcieLink(
         gen_current=q("pcie", nvml.nvmlDeviceGetCurrPcieLinkGeneration, h),
         gen_max=q("pcie", nvml.nvmlDeviceGetMaxPcieLinkGeneration, h),
@@ -217,20 +301,42 @@ def _links(nvml: Any, q: _Query, gpu: GpuFacts, h: Any) -> None:
         width_max=q("pcie", nvml.nvmlDeviceGetMaxPcieLinkWidth, h),
     )
     gpu.pcie = pcie if any(v is not None for v in vars(pcie).values()) else None
-    gpu.nvlinks = _nvlinks(nvml, q, h)
+    gpu.nvlinks = _nvlinks(nvml, q, h, nvlink_count)
     gpu.fabric = _fabric(nvml, q, h)
 
 
-def _nvlink_count(nvml: Any, q: _Query, h: Any) -> int | None:
-    values = q("nvlink", nvml.nvmlDeviceGetFieldValues, h, [NVLINK_LINK_COUNT_FIELD])
-    if values is None:
-        return None
-    field = values[0]
-    if field.nvmlReturn == nvml.NVML_ERROR_GPU_IS_LOST:
-        raise _GpuLost()
-    if field.nvmlReturn != nvml.NVML_SUCCESS:
-        return None
-    return int(_field_value(nvml, field))
+_FIELD_FACTS = {NVLINK_LINK_COUNT_FIELD: "nvlink", MEMORY_TEMP_FIELD: "memory_temp",
+                PCIE_REPLAY_FIELD: "pcie_replay", RECOVERY_ACTION_FIELD: "recovery_action"}
+
+
+def _fields(nvml: Any, q: _Query, h: Any) -> dict[int, int]:
+    """The scalar health fields in one call: field id -> value, for those the GPU answered.
+    NotSupported, and InvalidArgument (a field id newer than the driver), are not
+    applicable; other per-field errors are recorded like a failed query."""
+    values = q("fields", nvml.nvmlDeviceGetFieldValues, h, list(HEALTH_FIELDS))
+    out: dict[int, int] = {}
+    for field in values or []:
+        rc, fid = int(field.nvmlReturn), int(field.fieldId)
+        if rc == nvml.NVML_SUCCESS:
+            out[fid] = int(_field_value(nvml, field))
+        elif rc == nvml.NVML_ERROR_GPU_IS_LOST:
+            raise _GpuLost()
+        elif rc not in (nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_INVALID_ARGUMENT):
+            q.record(_FIELD_FACTS.get(fid, f"field:{fid}"), rc, _error_text(nvml, rc))
+    return out
+
+
+def _health_fields(gpu: GpuFacts, fields: dict[int, int]) -> None:
+    gpu.memory_temp_c = fields.get(MEMORY_TEMP_FIELD)
+    gpu.pcie_replay = fields.get(PCIE_REPLAY_FIELD)
+    gpu.recovery_action = fields.get(RECOVERY_ACTION_FIELD)
+
+
+def _error_text(nvml: Any, code: int) -> str:
+    try:
+        return _text(nvml.nvmlErrorString(code))
+    except Exception:
+        return f"NVML error {code}"
 
 
 def _field_value(nvml: Any, field: Any) -> float | int:
@@ -245,9 +351,8 @@ def _field_value(nvml: Any, field: Any) -> float | int:
     return getattr(field.value, by_type.get(field.valueType, "ullVal"))
 
 
-def _nvlinks(nvml: Any, q: _Query, h: Any) -> list[NvLink] | None:
+def _nvlinks(nvml: Any, q: _Query, h: Any, count: int | None) -> list[NvLink] | None:
     # The link count comes from field 91; NVML_NVLINK_MAX_LINKS exceeds real hardware.
-    count = _nvlink_count(nvml, q, h)
     if count is None:
         return None
     links = []
@@ -271,15 +376,33 @@ def _nvlinks(nvml: Any, q: _Query, h: Any) -> list[NvLink] | None:
 
 
 def _fabric(nvml: Any, q: _Query, h: Any) -> FabricInfo | None:
-    info = nvml.c_nvmlGpuFabricInfo_v3_t()
-    if q("fabric", nvml.nvmlDeviceGetGpuFabricInfoV, h, ctypes.byref(info)) is None:
+    """v3 struct (health summary, R580+) -> v2 (health mask, R550+) -> v1 call (R535)."""
+    for version, name in ((3, "c_nvmlGpuFabricInfo_v3_t"), (2, "c_nvmlGpuFabricInfo_v2_t")):
+        struct = getattr(nvml, name, None)
+        if struct is None:
+            continue
+        info = struct()
+        try:
+            if q.newer("fabric", nvml.nvmlDeviceGetGpuFabricInfoV, h, ctypes.byref(info)) is None:
+                return None
+        except _Older:
+            continue
+        return _fabric_info(info, version)
+    info = nvml.c_nvmlGpuFabricInfo_t()
+    if q("fabric", nvml.nvmlDeviceGetGpuFabricInfo, h, ctypes.byref(info)) is None:
         return None
+    return _fabric_info(info, 1)
+
+
+def _fabric_info(info: Any, version: int) -> FabricInfo | None:
     if info.state == 0:  # NVML_GPU_FABRIC_STATE_NOT_SUPPORTED
         return None
     completed = info.state == 3
     return FabricInfo(
         state=int(info.state),
         status=int(info.status) if completed else None,
-        health_summary=int(info.healthSummary),
+        health_summary=int(info.healthSummary) if version >= 3 else None,
         clique_id=int(info.cliqueId) if completed else None,
+        health_mask=int(info.healthMask) if version >= 2 else None,
+        struct_version=version,
     )

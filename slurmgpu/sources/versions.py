@@ -28,6 +28,13 @@ and the others still run; where each value came from lands in ``sources``):
 A configured library path that is missing or fails to load is an error (no
 silent fallback to another copy); a library that is simply not installed is
 ``None`` (not applicable).
+
+Loading libnccl/libcudart just to ask their version costs each fresh process
+(prolog, ``slurmgpu check``) the mapping, relocation and constructors of big
+libraries. Given a ``cache_path``, the source keeps each library's version in a
+small JSON file keyed by the library file's identity (resolved path, inode,
+size, mtime): a hit loads nothing; any change to the file, or to what steers the
+dynamic linker, makes it load the library again (``LibraryVersionCache``).
 """
 
 from __future__ import annotations
@@ -53,6 +60,15 @@ CUDART_SONAMES = ("libcudart.so.12", "libcudart.so.13", "libcudart.so.11", "libc
 CUDART_WHEEL_DIRS = ("nvidia/cuda_runtime/lib", "nvidia/cu13/lib")
 NCCL_SONAMES = ("libnccl.so.2",)
 NCCL_WHEEL_DIRS = ("nvidia/nccl/lib", "nvidia/cu13/lib")
+
+# The version cache: its usual name in the state dir, its format, and a bound on its
+# entries (one per library looked up; old configured paths drop out first).
+CACHE_FILE = "versions-cache.json"
+CACHE_SCHEMA = "slurmgpu.versions-cache/1"
+CACHE_MAX_ENTRIES = 16
+LD_SO_CACHE = "/etc/ld.so.cache"
+
+Loader = Callable[[str], Any]  # ctypes.CDLL, or a test's stand-in
 
 # How much of ofed_info to read: the -s/-n answers sit in its first lines; the
 # package list after them can run to tens of kilobytes.
@@ -136,6 +152,100 @@ def _query(lib: ctypes.CDLL, label: str, symbol: str) -> tuple[int, str]:
     return value.value, loaded
 
 
+def file_id(path: str | os.PathLike[str]) -> list[Any] | None:
+    """``[resolved path, st_ino, st_size, st_mtime_ns]``, or None when it cannot be
+    read. A library counts as unchanged while all four are; a list, as JSON keeps it."""
+    try:
+        real = os.path.realpath(path)
+        st = os.stat(real)
+    except (OSError, ValueError):
+        return None
+    return [real, st.st_ino, st.st_size, st.st_mtime_ns]
+
+
+def linker_id() -> list[Any]:
+    """What decides which file ``dlopen("libnccl.so.2")`` opens: the preload and search
+    path variables, their directories (a directory's mtime changes when a file appears
+    in it) and ld.so.cache (rewritten by ldconfig, which package installs run)."""
+    search = os.environ.get("LD_LIBRARY_PATH", "")
+    dirs = [file_id(d) for d in search.split(":") if d]
+    return [os.environ.get("LD_PRELOAD", ""), search, dirs, file_id(LD_SO_CACHE)]
+
+
+def _valid_entry(entry: Any) -> bool:
+    """An entry as ``LibraryVersionCache.store`` writes it (anything else is ignored).
+    ``code > 0``: the decoders reject the rest, so a damaged entry cannot fake an error."""
+    return (isinstance(entry, dict)
+            and type(entry.get("code")) is int and entry["code"] > 0
+            and isinstance(entry.get("source"), str)
+            and isinstance(entry.get("path"), str)
+            and isinstance(entry.get("file"), list)
+            and "steer" in entry)
+
+
+class LibraryVersionCache:
+    """Version codes from earlier runs, in a JSON file (``path`` None: no cache).
+
+    An entry is ``{code, source, path, file, steer}``: ``file`` is ``file_id(path)``
+    when the library was read, ``steer`` what led to that file (None for a file path,
+    ``linker_id()`` for a soname). It is used only while both are still the same.
+    A missing, unreadable, corrupt or unwritable file is an empty cache, silently: a
+    health check must never fail because of its own cache.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None) -> None:
+        self.path = Path(path) if path is not None else None
+        self.entries: dict[str, dict[str, Any]] = {}
+        self.dirty = False
+
+    def reload(self) -> None:
+        """Read the file afresh (other processes may have refreshed it)."""
+        self.entries, self.dirty = {}, False
+        if self.path is None:
+            return
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+            if isinstance(data, dict) and data.get("schema") == CACHE_SCHEMA:
+                entries = data.get("entries")
+                if isinstance(entries, dict):
+                    self.entries = {k: v for k, v in entries.items() if _valid_entry(v)}
+        except Exception:  # whatever is wrong with the file, it is only a cache
+            self.entries = {}
+
+    def lookup(self, key: str, steer: Any) -> tuple[int, str] | None:
+        entry = self.entries.get(key)
+        if entry is None or entry["steer"] != steer or file_id(entry["path"]) != entry["file"]:
+            return None
+        return entry["code"], entry["source"]
+
+    def store(self, key: str, path: str, file: list[Any] | None, steer: Any,
+              found: tuple[int, str]) -> None:
+        """Remember ``found`` for ``key``; ``file``: ``file_id(path)`` taken before the
+        library was loaded, so a file replaced meanwhile is read again next time."""
+        if self.path is None or file is None:
+            return
+        self.entries.pop(key, None)  # re-inserted last: the oldest entries go first
+        self.entries[key] = {"code": found[0], "source": found[1], "path": path, "file": file,
+                             "steer": steer}
+        while len(self.entries) > CACHE_MAX_ENTRIES:
+            del self.entries[next(iter(self.entries))]
+        self.dirty = True
+
+    def flush(self) -> None:
+        """Write the file if anything changed: atomically, errors ignored."""
+        if self.path is None or not self.dirty:
+            return
+        self.dirty = False
+        try:
+            from slurmgpu.fileutil import write_text_atomic  # tempfile: only when writing
+
+            # Entries in insertion order, oldest first: the order `store` evicts them in.
+            data = {"schema": CACHE_SCHEMA, "entries": self.entries}
+            write_text_atomic(self.path, json.dumps(data, indent=1) + "\n")
+        except Exception:  # read-only or missing state dir, full disk: next run reads again
+            pass
+
+
 def default_site_dirs() -> list[str]:
     """``site-packages``/``dist-packages`` directories on ``sys.path``."""
     return [p for p in sys.path if p and os.path.basename(p) in ("site-packages", "dist-packages")]
@@ -150,6 +260,9 @@ class SystemVersionSource:
     replaces the Python site directories searched for ``nvidia-*`` wheels, and
     ``search_linker=False`` skips the bare-soname ``dlopen`` attempts; both
     exist so tests are independent of what the test machine has installed.
+    ``cache_path`` keeps library versions between processes (see
+    ``LibraryVersionCache``; None: every collect loads the libraries), and
+    ``loader`` is what loads a library (``ctypes.CDLL``; tests count the calls).
     """
 
     def __init__(
@@ -162,6 +275,8 @@ class SystemVersionSource:
         ofed_info_path: str | Path = DEFAULT_OFED_INFO,
         site_dirs: Sequence[str | Path] | None = None,
         search_linker: bool = True,
+        cache_path: str | os.PathLike[str] | None = None,
+        loader: Loader = ctypes.CDLL,
     ) -> None:
         self.nccl_library = settings.nccl_library if settings else None
         self.cudart_library = settings.cudart_library if settings else None
@@ -174,8 +289,11 @@ class SystemVersionSource:
             Path(p) for p in (default_site_dirs() if site_dirs is None else site_dirs)
         ]
         self.search_linker = search_linker
+        self.loader = loader
+        self.cache = LibraryVersionCache(cache_path)
 
     def collect(self) -> SoftwareVersions:
+        self.cache.reload()
         out = SoftwareVersions()
         probes: list[tuple[str, Callable[[], tuple[str, str] | None]]] = [
             ("kernel", self._kernel),
@@ -198,6 +316,7 @@ class SystemVersionSource:
                 value, source = found
                 setattr(out, name, value)
                 out.sources[name] = source
+        self.cache.flush()
         return out
 
     # -- probes: each returns (value, source) or None when not applicable ----------
@@ -288,35 +407,71 @@ class SystemVersionSource:
         symbol: str,
     ) -> tuple[int, str] | None:
         if configured:
+            what = f"configured {setting} {configured}"
             # A path must exist; a bare soname ("libnccl.so.2") goes to the linker.
-            if os.sep in configured and not os.path.exists(configured):
-                raise ProbeError(f"configured {setting} {configured} does not exist")
-            try:
-                lib = ctypes.CDLL(configured)
-            except OSError as exc:
-                raise ProbeError(
-                    f"configured {setting} {configured} cannot be loaded: {exc}"
-                ) from None
-            return _query(lib, configured, symbol)
+            if os.sep not in configured:
+                return self._from_linker((configured,), symbol, required=what)
+            if not os.path.exists(configured):
+                raise ProbeError(f"{what} does not exist")
+            return self._from_file(configured, symbol, what)
         if self.search_linker:
-            for soname in sonames:
-                try:
-                    lib = ctypes.CDLL(soname)
-                except OSError:
-                    continue  # not on the linker path
-                return _query(lib, soname, symbol)
-        names = tuple(wheel_names)
+            found = self._from_linker(tuple(sonames), symbol)
+            if found is not None:
+                return found
+        candidate = self._wheel_library(wheel_dirs, tuple(wheel_names))
+        if candidate is None:
+            return None
+        return self._from_file(str(candidate), symbol, str(candidate))
+
+    def _wheel_library(self, wheel_dirs: Iterable[str], names: Sequence[str]) -> Path | None:
+        """The first library file of a pip wheel (``nvidia-nccl-cu12``...) in the site dirs."""
         for site in self.site_dirs:
             for sub in wheel_dirs:
                 for name in names:
                     candidate = site / sub / name
-                    if not candidate.is_file():
-                        continue
-                    try:
-                        lib = ctypes.CDLL(str(candidate))
-                    except OSError as exc:
-                        raise ProbeError(f"{candidate} cannot be loaded: {exc}") from None
-                    return _query(lib, str(candidate), symbol)
+                    if candidate.is_file():
+                        return candidate
+        return None
+
+    def _from_file(self, path: str, symbol: str, what: str) -> tuple[int, str]:
+        """``symbol``'s answer from the library at ``path``, cached by the file's id."""
+        key = f"{symbol} {path}"
+        hit = self.cache.lookup(key, None)
+        if hit is not None:
+            return hit
+        before = file_id(path)
+        try:
+            lib = self.loader(path)
+        except OSError as exc:
+            raise ProbeError(f"{what} cannot be loaded: {exc}") from None
+        found = _query(lib, path, symbol)
+        self.cache.store(key, path, before, None, found)
+        return found
+
+    def _from_linker(self, sonames: tuple[str, ...], symbol: str,
+                     required: str | None = None) -> tuple[int, str] | None:
+        """``symbol``'s answer from the first of ``sonames`` the dynamic linker finds.
+        ``required`` names a configured library: failing to load it is an error then."""
+        key = f"{symbol} linker {' '.join(sonames)}"
+        steer = linker_id()
+        hit = self.cache.lookup(key, steer)
+        if hit is not None:
+            return hit
+        for soname in sonames:
+            try:
+                lib = self.loader(soname)
+            except OSError as exc:
+                if required:
+                    raise ProbeError(f"{required} cannot be loaded: {exc}") from None
+                continue  # not on the linker path
+            found = _query(lib, soname, symbol)
+            # found[1] is the file dladdr saw the symbol in: the one the linker chose. It
+            # is taken after loading, so a file replaced in between can be cached stale,
+            # until the file, the linker's search path or ld.so.cache next changes.
+            loaded = found[1]
+            self.cache.store(key, loaded, file_id(loaded) if os.path.isabs(loaded) else None,
+                              steer, found)
+            return found
         return None
 
     def _ofed(self) -> tuple[str, str] | None:

@@ -1,0 +1,145 @@
+"""Quiet, complete NVML events in the agent (issue 10): only health events are
+registered, at most one re-evaluation per GPU per second, and only XID/ECC/recovery events
+or a change of verdict/findings go on the wire."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from slurmgpu import wire
+from slurmgpu.agent import Agent
+from slurmgpu.agent.core import COALESCE_S
+from slurmgpu.agent.events import WANTED
+from slurmgpu.config.schema import Settings
+from slurmgpu.engine import Sources
+from slurmgpu.testing import FakeClock, FakeIbSource, FakeNvmlSource, FakeVersionSource, make_facts
+from tests.agenthelpers import (
+    AgentProcess,
+    FakeCollector,
+    free_port,
+    make_bundle,
+    wait_until,
+    write_config,
+)
+from tests.simfixtures import ScenarioFactory, run_pynvml, sim_env
+
+# How long the clock-flood test runs: the issue's 60 s (SLURMGPU_FLOOD_S shortens it locally).
+FLOOD_S = float(os.environ.get("SLURMGPU_FLOOD_S", "60"))
+
+
+def agent_with_fakes(tmp_path: Path) -> tuple[Agent, FakeClock, FakeNvmlSource]:
+    clock = FakeClock()
+    facts = make_facts("n1", gpus=4, ib_ports=2)
+    nvml = FakeNvmlSource(facts.nvml)
+    settings = Settings()
+    settings.agent.spool_dir = str(tmp_path)
+    agent = Agent(settings, "n1", sources=Sources(nvml, FakeIbSource(facts.ib),
+                                                  FakeVersionSource(facts.versions), clock), clock=clock)
+    agent.open_spool()
+    agent.poll()
+    return agent, clock, nvml
+
+
+def sent(agent: Agent) -> list[wire.Envelope]:
+    assert agent.spool is not None
+    return [e for e in (wire.decode(f) for _, f in agent.spool.pending()) if e.type == "event"]
+
+
+def test_only_health_events_are_registered() -> None:
+    assert WANTED & 0x10 == 0 and WANTED & 0x4 == 0 and WANTED & 0x80 == 0  # clock, pstate, power
+    assert WANTED & 0x1 == 0  # single-bit ECC only as a storm (0x200)
+    assert WANTED == 0x8 | 0x2 | 0x200 | 0x400 | 0x800 | 0x1000 | 0x2000 | 0x4000 | 0x8000
+
+
+def test_events_within_a_second_share_one_evaluation_but_each_xid_is_sent(tmp_path: Path) -> None:
+    agent, clock, _ = agent_with_fakes(tmp_path)
+    agent.on_nvml_event("xid", 3, 79)
+    assert agent.events_evaluated == 1 and len(sent(agent)) == 1
+    clock.advance(0.2)
+    agent.on_nvml_event("xid", 3, 48)
+    agent.on_nvml_event("xid", 3, 63)
+    assert agent.events_evaluated == 1  # deferred to the end of the window
+    assert agent.run_deferred() == pytest.approx(COALESCE_S - 0.2)
+    clock.advance(COALESCE_S)
+    assert agent.run_deferred() is None
+    assert agent.events_evaluated == 2
+    assert [(e.body["kind"], e.body["data"]) for e in sent(agent)] == [("xid", 79), ("xid", 48), ("xid", 63)]
+    agent.on_nvml_event("xid", 1, 31)  # another GPU is not held back
+    assert agent.events_evaluated == 3
+
+
+def test_an_unchanged_reevaluation_is_not_a_message(tmp_path: Path) -> None:
+    agent, clock, nvml = agent_with_fakes(tmp_path)
+    for _ in range(50):  # e.g. pstate/clock events, were they ever registered
+        agent.on_nvml_event("clock", 2, 0)
+        clock.advance(1.5)
+    assert agent.events_evaluated == 50
+    assert len(sent(agent)) == 1  # the first evaluation said what the GPU looks like; no change since
+    nvml.facts.gpus[2].temperature_c = 200  # now something changed
+    agent.on_nvml_event("clock", 2, 0)
+    bodies = [e.body for e in sent(agent)]
+    assert len(bodies) == 2 and bodies[-1]["verdict"] == "FAIL"
+
+
+def test_fake_emits_clock_events_at_real_rates(fake_nvml_lib: Path, scenario_file: ScenarioFactory) -> None:
+    """The simulator is as noisy as a real driver: ~10/s per GPU idle, ~35/s under load."""
+    path = scenario_file("h100-sxm-8", lambda s: s["gpus"][1].update(load=True))
+    out = run_pynvml(
+        """
+        N.nvmlInit()
+        counts = {}
+        for index in (0, 1):
+            es = N.nvmlEventSetCreate()
+            N.nvmlDeviceRegisterEvents(N.nvmlDeviceGetHandleByIndex(index), N.nvmlEventTypeClock, es)
+            n, t0 = 0, time.monotonic()
+            while time.monotonic() - t0 < 2.0:
+                try:
+                    d = N.nvmlEventSetWait_v2(es, 100)
+                    n += d.eventType == N.nvmlEventTypeClock
+                except N.NVMLError_Timeout:
+                    pass
+            counts[index] = n / (time.monotonic() - t0)
+            N.nvmlEventSetFree(es)
+        emit(counts)
+        """,
+        sim_env(fake_nvml_lib, path),
+    )
+    assert 5 <= out["0"] <= 13, out  # idle: 10/s
+    assert 20 <= out["1"] <= 40, out  # under load: 35/s
+
+
+def test_clock_event_flood_sends_nothing(tmp_path: Path, fake_nvml_lib: Path,
+                                         scenario_file: ScenarioFactory) -> None:
+    """8 GPUs under load emit ~280 clock events/s; for FLOOD_S seconds the agent puts no
+    event on the wire (before the fix: one message, a WARNING line and a DB row each)."""
+    path = scenario_file("h100-sxm-8", lambda s: [g.update(load=True) for g in s["gpus"]])
+    keys, collector_secret = make_bundle(tmp_path)
+    port = free_port()
+    config = write_config(tmp_path / "agent.toml", port=port, spool=tmp_path / "spool", interval=5.0)
+    collector = FakeCollector(port, collector_secret).start()
+    agent = AgentProcess(config, keys, sim_env(fake_nvml_lib, path), tmp_path / "agent.log")
+    try:
+        collector.wait_for(lambda e: e.type == "report", timeout=30)
+        deadline = time.monotonic() + FLOOD_S
+        while time.monotonic() < deadline:
+            time.sleep(1.0)
+            assert agent.proc.poll() is None, agent.output()[-2000:]
+        # an XID still arrives, and only it: the watcher is alive and registered
+        started = time.monotonic()
+        scenario_file.update(path, lambda d: d["events"].append({"gpu": 2, "type": 8, "data": 79, "id": 1}))
+        xid = collector.wait_for(lambda e: e.type == "event", timeout=10, after=started)
+        assert (xid.envelope.body["kind"], xid.envelope.body["data"]) == ("xid", 79)
+        wait_until(lambda: len(collector.of_type("report")) >= 2, what="reports", timeout=30)
+    finally:
+        rc = agent.stop()
+        collector.stop()
+    events = [m.envelope.body["kind"] for m in collector.messages if m.envelope.type == "event"]
+    assert events == ["xid"], events
+    event_lines = re.findall(r"\bnvml_event\b", agent.output())
+    assert len(event_lines) == 1, agent.output()[-3000:]  # the XID's one WARNING line
+    assert rc == 0

@@ -1,0 +1,172 @@
+"""The cold path (issue 10): `slurmgpu check` and the Slurm hooks import only what they
+use, leave through os._exit once their output is flushed, and the lazily loaded command
+table stays in step with the commands it points at."""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from slurmgpu.cli import COMMANDS, cli
+from slurmgpu.cli.lazy import LazyCommand, LazyGroup
+from slurmgpu.cli.sim import SIM_COMMANDS
+from tests.simfixtures import ScenarioFactory, sim_env
+
+REPO = Path(__file__).resolve().parent.parent
+SIM_CONFIG = REPO / "etc" / "sim-h100.toml"
+
+# Nothing a one-shot command needs; each costs milliseconds per job to import.
+FORBIDDEN = ("zmq", "zmq.*", "slurmgpu.keys", "slurmgpu.collector*", "slurmgpu.report*",
+             "prometheus_client*")
+
+# Runs the real entry point, slurmgpu.cli.main(), and writes sys.modules at the very end:
+# from os._exit (wrapped) for one-shot commands, from atexit otherwise.
+HARNESS = """
+import atexit, json, os, sys
+
+def record(via):
+    with open(os.environ["COLD_OUT"], "w") as fh:
+        json.dump({"via": via, "modules": sorted(sys.modules)}, fh)
+
+real_exit = os._exit
+
+def exit_recorded(code):
+    record("os._exit")
+    real_exit(code)
+
+os._exit = exit_recorded
+atexit.register(record, "atexit")
+sys.argv = ["slurmgpu", *json.loads(os.environ["COLD_ARGS"])]
+from slurmgpu.cli import main
+main()
+"""
+
+
+def run_cold(args: list[str], env: dict[str, str], tmp_path: Path) -> tuple[subprocess.CompletedProcess[str],
+                                                                            dict[str, Any]]:
+    out = tmp_path / "modules.json"
+    env = dict(env, COLD_OUT=str(out), COLD_ARGS=json.dumps(args))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-c", HARNESS], env=env, capture_output=True, text=True,
+                          timeout=120, check=False, cwd=tmp_path)
+    assert out.exists(), proc.stderr
+    return proc, json.loads(out.read_text())
+
+
+def forbidden(modules: list[str]) -> list[str]:
+    return [m for m in modules if any(fnmatch.fnmatchcase(m, pattern) for pattern in FORBIDDEN)]
+
+
+def cli_modules(modules: list[str]) -> set[str]:
+    return {m for m in modules if m.startswith("slurmgpu.cli.")}
+
+
+@pytest.fixture
+def node_env(fake_nvml_lib: Path, scenario_file: ScenarioFactory, tmp_path: Path) -> dict[str, str]:
+    """The simulated 8x H100 node, its own state dir and kernel log, a job with GPUs 0,1."""
+    (tmp_path / "kmsg").write_text("")
+    return sim_env(fake_nvml_lib, scenario_file("h100-sxm-8"), SLURMGPU_STATE_DIR=str(tmp_path / "state"),
+                   SLURMGPU_KMSG=str(tmp_path / "kmsg"), SLURMD_NODENAME="gpu-h100-001",
+                   SLURM_JOB_ID="4242", SLURM_JOB_GPUS="0,1", SLURM_JOB_USER="alice")
+
+
+def test_check_imports_nothing_it_does_not_use(node_env: dict[str, str], tmp_path: Path) -> None:
+    proc, seen = run_cold(["check", "--json", "--config", str(SIM_CONFIG), "--node", "gpu-h100-001"],
+                          node_env, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["verdict"] == "OK"  # all of it flushed before os._exit
+    assert seen["via"] == "os._exit"
+    assert forbidden(seen["modules"]) == []
+    assert cli_modules(seen["modules"]) == {"slurmgpu.cli.lazy", "slurmgpu.cli.checks"}
+
+
+def test_check_help_imports_nothing_it_does_not_use(tmp_path: Path) -> None:
+    proc, seen = run_cold(["check", "--help"], dict(os.environ), tmp_path)
+    assert proc.returncode == 0 and "--gpus LIST" in proc.stdout
+    assert forbidden(seen["modules"]) == []
+    assert cli_modules(seen["modules"]) == {"slurmgpu.cli.lazy", "slurmgpu.cli.checks"}
+
+
+@pytest.mark.parametrize("phase", ["prolog", "epilog", "healthcheck"])
+def test_hooks_import_nothing_they_do_not_use(node_env: dict[str, str], tmp_path: Path,
+                                              phase: str) -> None:
+    # healthcheck resumes a recovered node through Slurm; there is no Slurm here.
+    config = tmp_path / "slurmgpu.toml"
+    config.write_text(SIM_CONFIG.read_text() + "\n[healthcheck]\nresume = false\n")
+    proc, seen = run_cold([phase, "--config", str(config)], node_env, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert seen["via"] == "os._exit"
+    assert forbidden(seen["modules"]) == []
+    assert cli_modules(seen["modules"]) == {"slurmgpu.cli.lazy", "slurmgpu.cli.slurm_cmds"}
+    records = [json.loads(line) for line in (tmp_path / "state" / "gate.jsonl").read_text().splitlines()]
+    assert [(r["phase"], r["verdict"]) for r in records] == [(phase, "OK")]
+
+
+def test_top_level_help_imports_no_command(tmp_path: Path) -> None:
+    proc, seen = run_cold(["--help"], dict(os.environ), tmp_path)
+    assert proc.returncode == 0 and "Commands:" in proc.stdout
+    assert seen["via"] == "atexit"  # not a one-shot command: the usual exit
+    assert cli_modules(seen["modules"]) == {"slurmgpu.cli.lazy"}
+
+
+def test_every_listed_command_resolves() -> None:
+    """`slurmgpu --help` lists the table; each entry must import and answer --help."""
+    def slurmgpu(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "slurmgpu", *args], capture_output=True, text=True,
+                              timeout=60, check=False, cwd=REPO)
+
+    listing = slurmgpu("--help")
+    assert listing.returncode == 0
+    listed = re.findall(r"^  (\S+)  ", listing.stdout.split("Commands:", 1)[1], re.MULTILINE)
+    assert listed == sorted(COMMANDS)
+    for name in [*listed, *(f"sim {n}" for n in SIM_COMMANDS)]:
+        proc = slurmgpu(*name.split(), "--help")
+        assert proc.returncode == 0 and "Usage:" in proc.stdout, (name, proc.stderr)
+
+
+@pytest.mark.parametrize(("group", "table"), [(cli, COMMANDS), (None, SIM_COMMANDS)], ids=["slurmgpu", "sim"])
+def test_table_matches_the_commands(group: LazyGroup | None, table: dict[str, LazyCommand]) -> None:
+    """The short help in the table is what the command itself would show."""
+    if group is None:
+        from slurmgpu.cli.sim import sim as group
+    assert group is not None
+    for name, entry in table.items():
+        command = group.load(name)
+        assert command.get_short_help_str(limit=10_000) == entry.short_help, name
+        assert not command.hidden
+
+
+def test_lazy_listing_is_the_eager_listing() -> None:
+    """The group's --help reads like click's own listing of the loaded commands."""
+    lazy = LazyGroup("slurmgpu", lazy=COMMANDS, help=cli.help)
+    eager = click.Group("slurmgpu", help=cli.help)
+    for name in COMMANDS:
+        eager.add_command(lazy.load(name), name)
+    assert lazy.get_help(click.Context(lazy)) == eager.get_help(click.Context(eager))
+    assert lazy.commands == {}  # rendering the listing loaded nothing
+
+
+def test_missing_module_fails_loudly() -> None:
+    group = LazyGroup("g", lazy={"gone": LazyCommand("slurmgpu.cli.no_such_module", "gone", "Gone.")})
+    assert group.list_commands(click.Context(group)) == ["gone"]
+    with pytest.raises(ModuleNotFoundError):
+        group.get_command(click.Context(group), "gone")
+    not_a_command = LazyGroup("g", lazy={"x": LazyCommand("slurmgpu.cli", "COMMANDS", "X.")})
+    with pytest.raises(TypeError):
+        not_a_command.get_command(click.Context(not_a_command), "x")
+
+
+def test_cli_runner_calls_one_shot_commands_in_process() -> None:
+    """Tests invoke the group, not main(): os._exit must not end the test process."""
+    result = CliRunner().invoke(cli, ["check", "--gpus", "x"])
+    assert result.exit_code != 0 and "--gpus" in str(result.exception or result.output)
