@@ -8,7 +8,6 @@ tests all call the same code.
 from __future__ import annotations
 
 import dataclasses
-import socket
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -45,6 +44,8 @@ def system_sources(settings: Settings, *, sysfs_root: str | None = None,
 
 
 def node_name() -> str:
+    import socket  # here, not at the top: the prolog's cold path does not need it otherwise
+
     return socket.gethostname().split(".")[0]
 
 

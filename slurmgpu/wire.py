@@ -18,8 +18,11 @@ Message types (body fields):
                      "facts": {...} or msgpack bytes of it,
                      "throttle": int, "summary": msgpack bytes (slurmgpu.summary: counters and
                      versions for the fleet history)}
-    event           {"kind": "xid"|"ecc_sbe"|"ecc_dbe"|"clock"|"gpu_lost"|..., "gpu": int|None,
-                     "data": int|None, "verdict": str, "findings": [finding...]}
+    event           {"kind": "xid"|"ecc_dbe"|"ecc_sbe_storm"|"dram_retirement"|
+                     "dram_retirement_failure"|"poison_nonfatal"|"poison_fatal"|
+                     "gpu_unavailable"|"recovery_action"|"gpu_lost"|"local_checkpoint"|
+                     "prolog_blocked"|..., "gpu": int|None, "data": int|None, "verdict": str,
+                     "findings": [finding...], "coalesced": int (events folded into this one)}
     heartbeat       {}                         (no ack, no seq needed: seq 0)
     ack             {"seqs": [int, ...]}       (collector -> agent)
     command         {"command": str, "args": {...}}   (collector -> agent)

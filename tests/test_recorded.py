@@ -45,7 +45,8 @@ def test_recorded_node_replays_to_the_same_verdict(fake_nvml_lib: Path, tmp_path
     assert problems(replay) == problems(expected)
 
 
-@pytest.mark.parametrize("scenario", ["h100-sxm-8", "fault-ecc-dbe", "fault-gpu-lost", "fault-nvlink-down"])
+@pytest.mark.parametrize("scenario", ["h100-sxm-8", "fault-ecc-dbe", "fault-gpu-lost", "fault-nvlink-down",
+                                      "h100-sxm-8-r535", "h100-sxm-8-r570", "h200-r580"])
 def test_record_then_replay_keeps_the_verdict(fake_nvml_lib: Path, scenario_file: ScenarioFactory,
                                               tmp_path: Path, scenario: str) -> None:
     """What tools/gpu-window.sh does on a real node, done on a simulated one."""
@@ -60,3 +61,24 @@ def test_record_then_replay_keeps_the_verdict(fake_nvml_lib: Path, scenario_file
     assert replay["verdict"] == original["verdict"]
     assert problems(replay) == problems(original)
     assert replay["facts"]["nvml"]["gpus"] == original["facts"]["nvml"]["gpus"]
+
+
+def test_recording_keeps_the_capability_profile(fake_nvml_lib: Path, scenario_file: ScenarioFactory,
+                                                 tmp_path: Path) -> None:
+    """An R535 node lacks calls: the recording says which, and its replay lacks them too
+    (even under a newer driver_version), so the same fallbacks run."""
+    source_env = sim_env(fake_nvml_lib, scenario_file("h100-sxm-8-r535"))
+    recording = tmp_path / "r535.scenario.json"
+    assert run("sim", "record", "--out", str(recording), env=source_env).returncode == 0
+    data = json.loads(recording.read_text())
+    assert data["missing_functions"] == ["nvmlDeviceGetGpuFabricInfoV", "nvmlDeviceGetSramEccErrorStatus",
+                                         "nvmlDeviceGetTemperatureV"]
+    gpu = data["gpus"][0]
+    assert "health_mask" not in gpu["fabric"] and "sram_ecc" not in gpu and "recovery_action" not in gpu
+    data["driver_version"] = "580.159.04"  # replay under a driver the fake takes as newest
+    recording.write_text(json.dumps(data))
+    replay = sim_env(fake_nvml_lib, recording)
+    config = tmp_path / "replay.toml"
+    config.write_text(REPLAY_CONFIG)
+    facts = check_json(replay, config)["facts"]["nvml"]["gpus"][0]
+    assert facts["fabric"]["struct_version"] == 1 and facts["temperature_c"] == 34
