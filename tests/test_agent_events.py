@@ -143,3 +143,33 @@ def test_clock_event_flood_sends_nothing(tmp_path: Path, fake_nvml_lib: Path,
     event_lines = re.findall(r"\bnvml_event\b", agent.output())
     assert len(event_lines) == 1, agent.output()[-3000:]  # the XID's one WARNING line
     assert rc == 0
+
+
+def test_recovery_action_event_reaches_the_collector(tmp_path: Path, fake_nvml_lib: Path,
+                                                     scenario_file: ScenarioFactory) -> None:
+    """R570+: the driver's GpuRecoveryAction event (0x8000) is registered, re-judged at once
+    and sent with the gpu.recovery_action finding naming the action."""
+    path = scenario_file("h100-sxm-8-r570")
+    keys, collector_secret = make_bundle(tmp_path)
+    port = free_port()
+    config = write_config(tmp_path / "agent.toml", port=port, spool=tmp_path / "spool", interval=30.0)
+    collector = FakeCollector(port, collector_secret).start()
+    agent = AgentProcess(config, keys, sim_env(fake_nvml_lib, path), tmp_path / "agent.log")
+    try:
+        collector.wait_for(lambda e: e.type == "report", timeout=30)
+        wait_until(lambda: "nvml_events_watching" in agent.output(), what="the event watcher")
+        started = time.monotonic()
+
+        def recover(d: dict) -> None:  # type: ignore[type-arg]
+            d["gpus"][6]["recovery_action"] = 2  # NODE_REBOOT
+            d["events"].append({"gpu": 6, "type": 0x8000, "data": 2, "id": 7})
+
+        scenario_file.update(path, recover)
+        event = collector.wait_for(lambda e: e.type == "event", timeout=10, after=started).envelope
+        assert (event.body["kind"], event.body["gpu"], event.body["verdict"]) == ("recovery_action", 6, "FAIL")
+        (finding,) = [f for f in event.body["findings"] if f["check"] == "gpu.recovery_action"]
+        assert finding["severity"] == "FAIL" and finding["data"]["recovery_action"] == "NODE_REBOOT"
+    finally:
+        rc = agent.stop()
+        collector.stop()
+    assert rc == 0
