@@ -150,3 +150,12 @@ def test_fabric_health_from_the_v2_mask() -> None:
     facts.gpus[2].fabric = FabricInfo(state=3, status=0, health_mask=ok_mask & ~0x3 | 0x1, struct_version=2)
     facts.gpus[3].fabric = FabricInfo(state=3, status=0, health_mask=ok_mask | (2 << 8), struct_version=2)
     assert found(facts, "fabric.state") == [("FAIL", 1), ("WARN", 2), ("FAIL", 3)]
+
+
+def test_a_persistent_error_on_a_side_query_alone_is_unknown() -> None:
+    facts = make_facts()
+    g = facts.gpus[2]
+    g.errors, g.error_codes, g.retried = {"throttle_time.power": "Unknown Error"}, {"throttle_time.power": 999}, True
+    assert found(facts, "gpu.nvml_errors") == [("UNKNOWN", 2)]
+    g.errors["temperature"], g.error_codes["temperature"] = "Unknown Error", 999  # now a core query too
+    assert found(facts, "gpu.nvml_errors") == [("FAIL", 2), ("UNKNOWN", 2)]

@@ -220,12 +220,15 @@ def test_r535_temperature_falls_back_to_the_old_call(fake_nvml_lib: Path, tmp_pa
 
 # -- every NVML error code into every query ------------------------------------------------
 
-QUERIES = ("nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows", "nvmlDeviceGetTemperatureV",
-           "nvmlDeviceGetTemperatureThreshold", "nvmlDeviceGetClockInfo", "nvmlDeviceGetMaxClockInfo",
-           "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrPcieLinkWidth",
-           "nvmlDeviceGetPowerUsage", "nvmlDeviceGetViolationStatus", "nvmlDeviceGetEccMode",
-           "nvmlDeviceGetMigMode", "nvmlDeviceGetNvLinkState", "nvmlDeviceGetGpuFabricInfoV",
-           "nvmlDeviceGetSramEccErrorStatus", "field:82")
+# Core queries: what a hung GPU fails first; a persistent error there fails the GPU.
+CORE_QUERIES = ("nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows", "nvmlDeviceGetTemperatureV",
+                "nvmlDeviceGetClockInfo", "nvmlDeviceGetCurrentClocksEventReasons",
+                "nvmlDeviceGetCurrPcieLinkWidth", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetEccMode")
+# Others: a persistent error there alone is UNKNOWN (a driver quirk must not drain a fleet).
+AUX_QUERIES = ("nvmlDeviceGetTemperatureThreshold", "nvmlDeviceGetMaxClockInfo", "nvmlDeviceGetViolationStatus",
+               "nvmlDeviceGetMigMode", "nvmlDeviceGetNvLinkState", "nvmlDeviceGetGpuFabricInfoV",
+               "nvmlDeviceGetSramEccErrorStatus", "field:82", "field:230")
+QUERIES = CORE_QUERIES + AUX_QUERIES
 # code -> (verdict, check) under the gpu.nvml_errors rule (the error is forced on every
 # read, so it persists across the source's retry).
 CODES = {
@@ -258,8 +261,24 @@ def test_each_nvml_error_in_each_query(fake_nvml_lib: Path, tmp_path: Path) -> N
     wrong = {}
     for query in QUERIES:
         for code, (verdict, check) in (FIELD_CODES if query.startswith("field:") else CODES).items():
+            if query in AUX_QUERIES and verdict == "FAIL" and check == "gpu.nvml_errors" and code != 16:
+                verdict = "UNKNOWN"  # persistent, but not on a core query
             got = results[f"{query}={code}"]
             want = [[check, verdict, 3]] if check else []
             if got["verdict"] != verdict or got["problems"] != want:
                 wrong[f"{query}={code}"] = got
     assert not wrong, json.dumps(wrong, indent=1)
+
+
+def test_recovery_action_is_not_asked_of_drivers_that_lack_it(fake_nvml_lib: Path, tmp_path: Path) -> None:
+    """Field 230 is past NVML_FI_MAX before R570: whatever such a driver would answer, slurmgpu
+    does not ask, so it can never become a finding there."""
+    cases = []
+    for branch in (550, 570):
+        data = _on_branch("h100-sxm-8", branch)
+        data["gpus"][3]["errors"] = {"field:230": 999}
+        path = write_scenario(tmp_path / f"{branch}.json", data)
+        cases.append((str(branch), path, CONFIG.format(required="true", count=8)))
+    results = evaluate_all(fake_nvml_lib, cases)
+    assert results["550"]["problems"] == []
+    assert results["570"]["problems"] == [["gpu.nvml_errors", "UNKNOWN", 3]]

@@ -92,6 +92,18 @@ _NOT_HEALTH_CODES = frozenset({
 })
 
 
+# The queries a hung or broken GPU fails first, and a healthy GPU on any driver answers:
+# a persistent error on one of these fails the GPU. A persistent error on another query
+# alone (throttle counters, SRAM status, field values, thresholds, identity strings) is
+# more likely a driver quirk than a fault: UNKNOWN, never a drain.
+CORE_FACTS = frozenset({"ecc_mode", "remapped_rows", "temperature", "sm_clock", "clocks_event_reasons",
+                        "pcie", "power", "power_limit"})
+
+
+def _core(fact: str) -> bool:
+    return fact in CORE_FACTS or fact.startswith("ecc.")
+
+
 def _previous_errors(ctx: CheckContext, index: int) -> dict[str, str]:
     prev = ctx.facts.previous.gpu(index) if ctx.facts.previous is not None else None
     return prev.errors if prev is not None else {}
@@ -101,7 +113,7 @@ def _error_severity(gpu: GpuFacts, fact: str, before: dict[str, str]) -> Severit
     code = gpu.error_codes.get(fact)
     if code == NVML_ERROR_RESET_REQUIRED:
         return Severity.FAIL
-    if code in _NOT_HEALTH_CODES:
+    if code in _NOT_HEALTH_CODES or not _core(fact):
         return Severity.UNKNOWN
     if gpu.retried or fact in before:
         return Severity.FAIL
@@ -109,15 +121,16 @@ def _error_severity(gpu: GpuFacts, fact: str, before: dict[str, str]) -> Severit
 
 
 @check("gpu.nvml_errors", severity=Severity.FAIL, reads=("gpu.errors", "gpu.error_codes"),
-       summary="GPU queries answer without NVML errors: GPU_REQUIRES_RESET, or an error that "
-               "persists (on the in-run retry or across polls), fails; a one-off is UNKNOWN; "
-               "one that answered on the retry warns")
+       summary="GPU queries answer without NVML errors: GPU_REQUIRES_RESET, or an error on a "
+               "core query (ECC, remap, temperature, clocks, PCIe, power) that persists (in-run "
+               "retry or across polls), fails; others are UNKNOWN; one that answered on the retry warns")
 def gpu_nvml_errors(ctx: CheckContext) -> Iterator[Finding]:
-    """Rule: RESET_REQUIRED fails at once. Other errors fail when the same query on the
-    same GPU failed again (the source's retry after [nvml] retry_delay_s, or the agent's
-    previous poll); an unconfirmed one is UNKNOWN. Codes that say the question was wrong
-    (no permission, invalid argument, function not found, ...) are UNKNOWN at most: they
-    are slurmgpu's or the driver API's trouble, not the GPU's."""
+    """Rule: RESET_REQUIRED on any query fails at once. Another error on a core query
+    (``CORE_FACTS``) fails when the same query on the same GPU failed again (the source's
+    retry after [nvml] retry_delay_s, or the agent's previous poll); an unconfirmed one is
+    UNKNOWN. Errors on other queries alone, and codes that say the question was wrong (no
+    permission, invalid argument, function not found, ...), are UNKNOWN at most: they are
+    a driver quirk or slurmgpu's trouble, not evidence against the GPU."""
     for gpu in ctx.live_gpus():
         before = _previous_errors(ctx, gpu.index)
         by_severity: dict[Severity, list[str]] = {}

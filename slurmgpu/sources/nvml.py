@@ -43,7 +43,10 @@ NVLINK_LINK_COUNT_FIELD = 91  # NVML_FI_DEV_NVLINK_LINK_COUNT
 MEMORY_TEMP_FIELD = 82  # NVML_FI_DEV_MEMORY_TEMP (HBM)
 PCIE_REPLAY_FIELD = 94  # NVML_FI_DEV_PCIE_REPLAY_COUNTER
 RECOVERY_ACTION_FIELD = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (R570+)
-HEALTH_FIELDS = (NVLINK_LINK_COUNT_FIELD, MEMORY_TEMP_FIELD, PCIE_REPLAY_FIELD, RECOVERY_ACTION_FIELD)
+HEALTH_FIELDS = (NVLINK_LINK_COUNT_FIELD, MEMORY_TEMP_FIELD, PCIE_REPLAY_FIELD)
+# Field 230 is only asked of drivers that define it (R570+: nvml.h NVML_FI_MAX): what an
+# older driver answers to an unknown field id is not a health signal worth a risk.
+RECOVERY_ACTION_BRANCH = 570
 # nvmlPerfPolicyType_t of the throttle-time counters read.
 VIOLATION_POLICIES = (("power", 0), ("thermal", 1), ("board_limit", 3), ("reliability", 5))
 DEFAULT_RETRY_DELAY_S = 0.2
@@ -167,7 +170,7 @@ class PynvmlSource:
         for index in indices:
             if index >= facts.device_count:
                 continue  # gpu.count reports requested GPUs the node does not have
-            facts.gpus.append(_collect_gpu(nvml, index))
+            facts.gpus.append(_collect_gpu(nvml, index, _fields_for(facts.driver_version)))
         self._retry_errors(nvml, facts)
         return facts
 
@@ -179,13 +182,27 @@ class PynvmlSource:
             return
         time.sleep(self.retry_delay_s)
         for i in failed:
-            first, again = facts.gpus[i], _collect_gpu(nvml, facts.gpus[i].index)
+            first = facts.gpus[i]
+            again = _collect_gpu(nvml, first.index, _fields_for(facts.driver_version))
             again.retried = True
             again.transient_errors = {k: v for k, v in first.errors.items() if k not in again.errors}
             facts.gpus[i] = again
 
 
-def _collect_gpu(nvml: Any, index: int) -> GpuFacts:
+def driver_branch(version: str | None) -> int | None:
+    """535 from "535.183.01"; None when unknown."""
+    head = (version or "").split(".", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def _fields_for(driver_version: str | None) -> tuple[int, ...]:
+    branch = driver_branch(driver_version)
+    if branch is not None and branch >= RECOVERY_ACTION_BRANCH:
+        return (*HEALTH_FIELDS, RECOVERY_ACTION_FIELD)
+    return HEALTH_FIELDS
+
+
+def _collect_gpu(nvml: Any, index: int, field_ids: tuple[int, ...] = HEALTH_FIELDS) -> GpuFacts:
     gpu = GpuFacts(index=index)
     q = _Query(nvml, gpu)
     try:
@@ -197,7 +214,7 @@ def _collect_gpu(nvml: Any, index: int) -> GpuFacts:
         _memory_health(nvml, q, gpu, handle)
         _sram(nvml, q, gpu, handle)
         _thermal_power(nvml, q, gpu, handle)
-        fields = _fields(nvml, q, handle)
+        fields = _fields(nvml, q, handle, field_ids)
         _health_fields(gpu, fields)
         _links(nvml, q, gpu, handle, fields.get(NVLINK_LINK_COUNT_FIELD))
     except _GpuLost:
@@ -309,11 +326,11 @@ _FIELD_FACTS = {NVLINK_LINK_COUNT_FIELD: "nvlink", MEMORY_TEMP_FIELD: "memory_te
                 PCIE_REPLAY_FIELD: "pcie_replay", RECOVERY_ACTION_FIELD: "recovery_action"}
 
 
-def _fields(nvml: Any, q: _Query, h: Any) -> dict[int, int]:
+def _fields(nvml: Any, q: _Query, h: Any, field_ids: tuple[int, ...]) -> dict[int, int]:
     """The scalar health fields in one call: field id -> value, for those the GPU answered.
     NotSupported, and InvalidArgument (a field id newer than the driver), are not
     applicable; other per-field errors are recorded like a failed query."""
-    values = q("fields", nvml.nvmlDeviceGetFieldValues, h, list(HEALTH_FIELDS))
+    values = q("fields", nvml.nvmlDeviceGetFieldValues, h, list(field_ids))
     out: dict[int, int] = {}
     for field in values or []:
         rc, fid = int(field.nvmlReturn), int(field.fieldId)
