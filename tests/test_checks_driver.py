@@ -159,3 +159,12 @@ def test_a_persistent_error_on_a_side_query_alone_is_unknown() -> None:
     assert found(facts, "gpu.nvml_errors") == [("UNKNOWN", 2)]
     g.errors["temperature"], g.error_codes["temperature"] = "Unknown Error", 999  # now a core query too
     assert found(facts, "gpu.nvml_errors") == [("FAIL", 2), ("UNKNOWN", 2)]
+
+
+def test_a_brake_seen_only_while_idle_never_fails() -> None:
+    def idle_braked() -> NodeFacts:
+        facts = braked(make_facts(), range(1))
+        facts.gpus[0].clocks_event_reasons = 0x1 | 0x88  # idle and HW slowdown
+        return facts
+
+    assert found(with_previous(idle_braked(), idle_braked()), "thermal.clock_brake") == [("WARN", 0)]

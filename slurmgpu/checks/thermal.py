@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 from slurmgpu.checks.registry import CheckContext, check, problem
 from slurmgpu.facts import (
+    CLOCKS_EVENT_GPU_IDLE,
     CLOCKS_EVENT_HW_POWER_BRAKE,
     CLOCKS_EVENT_HW_SLOWDOWN,
     CLOCKS_EVENT_HW_THERMAL,
@@ -98,8 +99,10 @@ def clock_brake(ctx: CheckContext) -> Iterator[Finding]:
         if not _braked(gpu, cfg.brake_fraction):
             continue
         prev = previous.gpu(gpu.index) if previous is not None else None
-        sustained = prev is not None and (_braked(prev, cfg.brake_fraction)
-                                          or _throttled_s(gpu, prev) >= cfg.brake_fail_s)
+        # An idle GPU's clock is low anyway: a brake seen only then warns, never drains.
+        idle = bool((gpu.clocks_event_reasons or 0) & CLOCKS_EVENT_GPU_IDLE)
+        sustained = prev is not None and not idle and (
+            _braked(prev, cfg.brake_fraction) or _throttled_s(gpu, prev) >= cfg.brake_fail_s)
         names = reason_names((gpu.clocks_event_reasons or 0) & BRAKE)
         text = (f"SM clock {gpu.sm_clock_mhz} of {gpu.sm_clock_max_mhz} MHz, held down by "
                 f"{', '.join(names)}" + (" (sustained)" if sustained else " (one sample)"))
