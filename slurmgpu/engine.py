@@ -37,7 +37,7 @@ def system_sources(settings: Settings, *, sysfs_root: str | None = None,
     from slurmgpu.sources.nvml import PynvmlSource
     from slurmgpu.sources.versions import SystemVersionSource
 
-    ib = SysfsIbSource(sysfs_root) if sysfs_root else SysfsIbSource()
+    ib = SysfsIbSource(sysfs_root or None, hw_counters=settings.ib.roce_hw_counters)
     versions = SystemVersionSource(settings.versions, cache_path=versions_cache)
     nvml = PynvmlSource(settings.nvml.library, retry_delay_s=settings.nvml.retry_delay_s)
     return Sources(nvml, ib, versions, SystemClock())

@@ -198,6 +198,15 @@ class IbPort:
     rate_text: str | None = None
     link_layer: str | None = None  # "InfiniBand" or "Ethernet"
     counters: dict[str, int] = field(default_factory=dict)
+    # Counters the kernel could not read ("N/A (no PMA)": no Performance Management Agent).
+    counters_unavailable: list[str] = field(default_factory=list)
+    # Driver counters from ports/<n>/hw_counters (RoCE ports, when [ib] roce_hw_counters);
+    # None: not read.
+    hw_counters: dict[str, int] | None = None
+    # link_downed history kept by the agent across polls (slurmgpu.agent.flap): rises within
+    # the flap window, and strikes. None: nobody tracks them (a one-shot check).
+    flap_rises: int | None = None
+    flap_strikes: int | None = None
 
 
 @dataclass
@@ -230,12 +239,20 @@ class SoftwareVersions:
     errors: dict[str, str] = field(default_factory=dict)
 
 
+# Longest XID message text kept (the kernel line after the code): enough for NVIDIA's
+# sub-unit names and Fatal/Nonfatal, bounded for the wire and the store.
+XID_MESSAGE_MAX = 240
+
+
 @dataclass
 class XidEvent:
     xid: int
     gpu: int | None = None
     timestamp: float | None = None
     source: str = "caller"
+    # The driver's text after the code ("pid=..., name=..., NETIR_LINK_EVT ... Fatal"), at
+    # most XID_MESSAGE_MAX characters; None when the source has none (an NVML event).
+    message: str | None = None
 
 
 @dataclass

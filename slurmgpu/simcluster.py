@@ -993,11 +993,18 @@ class SimCluster:
                 TERMINAL_JOB_STATES]
 
     def cancel_all(self, timeout: float = 30) -> None:
-        ids = self.job_ids()
-        if ids:
-            self._run(["scancel", *ids], check=False)
-        self._wait(lambda: not self.job_ids(), time.monotonic() + timeout,
-                   lambda: f"jobs still queued after scancel: {', '.join(self.job_ids())}", 0.2)
+        """scancel every job until none is left. A job whose prolog failed is requeued by
+        slurmctld, and a cancel that arrives while it is requeued can be lost: ask again."""
+        deadline = time.monotonic() + timeout
+        asked = 0.0
+        while ids := self.job_ids():
+            now = time.monotonic()
+            if now > deadline:
+                raise ClusterError(f"jobs still queued after scancel: {', '.join(ids)}")
+            if now - asked >= 2.0:
+                self._run(["scancel", *ids], check=False)
+                asked = now
+            time.sleep(0.2)
 
     def status(self) -> dict[str, Any]:
         daemons = {d: self._pid(d) for d in ("munged", "slurmctld")}

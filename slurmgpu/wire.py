@@ -22,7 +22,8 @@ Message types (body fields):
                      "dram_retirement_failure"|"poison_nonfatal"|"poison_fatal"|
                      "gpu_unavailable"|"recovery_action"|"gpu_lost"|"local_checkpoint"|
                      "prolog_blocked"|..., "gpu": int|None, "data": int|None, "verdict": str,
-                     "findings": [finding...], "coalesced": int (events folded into this one)}
+                     "findings": [finding...], "coalesced": int (events folded into this one),
+                     "message": str (an XID's kernel-log text, at most XID_MESSAGE_MAX)}
     heartbeat       {}                         (no ack, no seq needed: seq 0)
     ack             {"seqs": [int, ...]}       (collector -> agent)
     command         {"command": str, "args": {...}}   (collector -> agent)
@@ -47,6 +48,7 @@ from typing import Any
 import msgpack
 
 from slurmgpu.errors import SlurmGpuError
+from slurmgpu.facts import XID_MESSAGE_MAX
 
 PROTOCOL_VERSION = 1
 MAX_FRAME = 1 << 20  # 1 MiB: a full 8-GPU report is ~20 KiB
@@ -197,6 +199,9 @@ def _validate_body(mtype: str, body: dict[str, Any]) -> None:
         _require(body, "kind", str, mtype)
         _require(body, "gpu", int, mtype, optional=True)
         _require(body, "data", int, mtype, optional=True)
+        _require(body, "message", str, mtype, optional=True)
+        if len(body.get("message") or "") > XID_MESSAGE_MAX:
+            raise WireError(f"event: message longer than {XID_MESSAGE_MAX} characters")
     if mtype == ACK:
         _require(body, "seqs", list, mtype)
         if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0

@@ -17,7 +17,7 @@ from slurmgpu.agent.flap import FlapTracker
 from slurmgpu.agent.notify import Notifier, notify, watchdog_interval
 from slurmgpu.agent.spool import Spool
 from slurmgpu.config.schema import Settings
-from slurmgpu.engine import Sources
+from slurmgpu.engine import Sources, evaluate
 from slurmgpu.result import Severity
 from slurmgpu.sources.infiniband import SysfsIbSource
 from slurmgpu.testing import FakeClock, FakeIbSource, FakeNvmlSource, FakeVersionSource, make_facts
@@ -213,24 +213,32 @@ def _set_link_downed(root: Path, dev: str, value: int) -> None:
     (root / "class" / "infiniband" / dev / "ports" / "1" / "counters" / "link_downed").write_text(f"{value}\n")
 
 
-def test_ib_flap_strikes_on_sysfs_tree(tmp_path: Path) -> None:
+def _flap_agent(tmp_path: Path, tree: str, settings: Settings | None = None) -> tuple[Agent, Path, FakeClock]:
     root = tmp_path / "sys"
-    shutil.copytree(SYSFS / "ib-healthy", root)
+    shutil.copytree(SYSFS / tree, root)
     clock = FakeClock()
     facts = make_facts("n1", gpus=2, ib_ports=0)
     sources = Sources(FakeNvmlSource(facts.nvml), SysfsIbSource(root), FakeVersionSource(facts.versions),
                       clock)
-    settings = Settings()
+    settings = settings or Settings()
     settings.agent.spool_dir = str(tmp_path / "spool")
-    settings.agent.flap_window_s, settings.agent.flap_count, settings.agent.flap_strikes = 60, 2, 2
-    agent = Agent(settings, "n1", sources=sources, clock=clock)
+    settings.ib.flap_window_s, settings.ib.flap_count, settings.ib.flap_strikes = 60, 2, 2
+    return Agent(settings, "n1", sources=sources, clock=clock), root, clock
+
+
+def _flap_findings(agent: Agent) -> list[tuple[str | None, Severity]]:
+    _, verdict = agent.poll()
+    return [(f.subject, f.severity) for f in verdict.findings
+            if f.check == "ib.flap" and f.severity is not Severity.OK]
+
+
+def test_ib_flap_strikes_on_sysfs_tree(tmp_path: Path) -> None:
+    agent, root, clock = _flap_agent(tmp_path, "ib-healthy")
 
     def flap(value: int, step: float = 15) -> list[tuple[str | None, Severity]]:
         clock.advance(step)
         _set_link_downed(root, "mlx5_2", value)
-        _, verdict = agent.poll()
-        return [(f.subject, f.severity) for f in verdict.findings
-                if f.check == "ib.flap" and f.severity is not Severity.OK]
+        return _flap_findings(agent)
 
     assert flap(0) == []
     assert flap(1) == []  # one rise: not yet a strike
@@ -242,14 +250,64 @@ def test_ib_flap_strikes_on_sysfs_tree(tmp_path: Path) -> None:
     assert flap(6) == [("mlx5_2/1", Severity.FAIL)]  # strike 2 fails the port
     _set_link_downed(root, "mlx5_3", 0)
     assert flap(0) == [("mlx5_2/1", Severity.FAIL)]  # a reset counter is a new baseline
+    latest = agent.latest()
+    assert latest is not None
+    port = next(h for h in latest[0].ib.hcas if h.name == "mlx5_2").ports[0]
+    assert (port.flap_strikes, port.flap_rises) == (2, 0)  # the history the check judged
 
 
-def test_flap_tracker_ok_and_not_applicable() -> None:
-    tracker = FlapTracker(Settings().agent)
+def _flapping(tmp_path: Path, dev: str, settings: Settings) -> list[list[tuple[str | None, Severity]]]:
+    """Six polls of the HGX H100 tree with ``dev``'s link_downed rising at each one."""
+    agent, root, clock = _flap_agent(tmp_path, "ib-hgx-h100", settings)
+    seen = []
+    for value in range(6):
+        clock.advance(15)
+        _set_link_downed(root, dev, value)
+        seen.append(_flap_findings(agent))
+    return seen
+
+
+@pytest.mark.parametrize("devices", [["*"], ["mlx5_4/1"], ["mlx5_[01]", "mlx5_[4-9]"]])
+def test_ib_flap_on_an_included_port_warns_then_fails(tmp_path: Path, devices: list[str]) -> None:
+    settings = Settings()
+    settings.ib.devices = devices
+    warn, fail = [("mlx5_4/1", Severity.WARN)], [("mlx5_4/1", Severity.FAIL)]
+    # Rises at polls 1-5: every two within the window make a strike; the second one fails.
+    assert _flapping(tmp_path, "mlx5_4", settings) == [[], [], warn, warn, fail, fail]
+
+
+@pytest.mark.parametrize(("dev", "configure"), [
+    # A device [ib] devices leaves out.
+    ("mlx5_4", lambda s: setattr(s.ib, "devices", ["mlx5_[01]", "mlx5_[5-9]"])),
+    # The RoCE bond and a storage NIC: Ethernet link layer, include_ethernet off.
+    ("mlx5_bond_0", lambda s: None),
+    ("mlx5_2", lambda s: None),
+    # Every IB check disabled.
+    ("mlx5_0", lambda s: setattr(s.checks, "disabled", ["ib.*"])),
+], ids=["excluded-device", "roce-bond", "ethernet-nic", "ib-disabled"])
+def test_ib_flap_out_of_scope_never_judged(tmp_path: Path, dev: str, configure) -> None:  # type: ignore[no-untyped-def]
+    settings = Settings()
+    configure(settings)
+    assert _flapping(tmp_path, dev, settings) == [[]] * 6
+
+
+def test_ib_flap_ok_and_not_applicable(tmp_path: Path) -> None:
+    agent, _, _ = _flap_agent(tmp_path, "ib-hgx-h100")
+    _, verdict = agent.poll()
+    (flap,) = [f for f in verdict.findings if f.check == "ib.flap"]
+    assert (flap.severity, flap.not_applicable, flap.message) == (Severity.OK, False, "no link flapping")
+    # Without the agent's history (a one-shot check) there is nothing to judge.
+    (one_shot,) = [f for f in evaluate(make_facts(ib_ports=2), Settings()).findings if f.check == "ib.flap"]
+    assert one_shot.not_applicable and "history" in one_shot.message
+
+
+def test_flap_tracker_marks_only_ports_with_link_downed() -> None:
     facts = make_facts(ib_ports=2)
-    assert [(f.severity, f.not_applicable) for f in tracker.observe(facts.ib, 0)] == [(Severity.OK, False)]
-    empty = make_facts(ib_ports=0)
-    assert FlapTracker(Settings().agent).observe(empty.ib, 0)[0].not_applicable
+    del facts.ib.hcas[1].ports[0].counters["link_downed"]
+    FlapTracker(Settings().ib).observe(facts.ib, 0.0)
+    first, second = (h.ports[0] for h in facts.ib.hcas)
+    assert (first.flap_rises, first.flap_strikes) == (0, 0)
+    assert (second.flap_rises, second.flap_strikes) == (None, None)
 
 
 # --------------------------------------------------------------------------- systemd

@@ -391,7 +391,12 @@ def job_process(tmp_path: Path) -> Iterator[JobProcess]:
 
 def test_scan_finds_only_top_level_job_processes(job_process: JobProcess) -> None:
     job_id = job_process.job_id
+    # The grandchild has just been exec'd; on a loaded machine its /proc entry can lag.
+    deadline = time.monotonic() + 10
     processes = scan_processes("/proc")
+    while job_process.grandchild not in processes and time.monotonic() < deadline:
+        time.sleep(0.05)
+        processes = scan_processes("/proc")
     assert job_id in processes[job_process.grandchild][0]
     assert top_level_pids(processes, job_id) == [job_process.proc.pid]
     assert top_level_pids(processes, "1" + job_id) == []

@@ -173,3 +173,30 @@ def test_recovery_action_event_reaches_the_collector(tmp_path: Path, fake_nvml_l
         rc = agent.stop()
         collector.stop()
     assert rc == 0
+
+
+def test_an_nvml_xid_takes_its_text_from_the_kernel_log(tmp_path: Path) -> None:
+    """NVML reports only the code; the decision for the NVLink5 family needs the driver's
+    text, which the agent takes from the kernel log line logged with it."""
+    from slurmgpu.sources.kmsg import kmsg_record, xid_message
+
+    clock = FakeClock(now=time.time())
+    facts = make_facts("n1", gpus=4, ib_ports=2)
+    log = tmp_path / "kmsg"
+    fatal = "NETIR_LINK_EVT  Fatal   XC0 i0 Link 01 (0x021425c6 0x00000000 0x00000000)"
+    log.write_text(kmsg_record(xid_message(facts.gpus[2].pci_bus_id or "", 149, fatal)) +
+                   kmsg_record(xid_message(facts.gpus[1].pci_bus_id or "", 149, "NETIR_BER_EVENT Nonfatal XC0")))
+    settings = Settings()
+    settings.agent.spool_dir = str(tmp_path / "spool")
+    agent = Agent(settings, "n1", sources=Sources(FakeNvmlSource(facts.nvml), FakeIbSource(facts.ib),
+                                                  FakeVersionSource(facts.versions), clock),
+                  clock=clock, environ={"SLURMGPU_KMSG": str(log)})
+    agent.open_spool()
+    agent.poll()
+    agent.on_nvml_event("xid", 2, 149)
+    agent.on_nvml_event("xid", 1, 149)
+    bodies = {e.body["gpu"]: e.body for e in sent(agent)}
+    assert bodies[2]["message"].endswith(fatal) and bodies[1]["message"].endswith("NETIR_BER_EVENT Nonfatal XC0")
+    actions = {g: [f["data"]["action"] for f in b["findings"] if f["check"] == "xid.recent"]
+               for g, b in bodies.items()}
+    assert actions == {2: ["reset"], 1: ["ignore"]}

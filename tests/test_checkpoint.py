@@ -295,3 +295,34 @@ def test_jobs_events_without_a_database_is_one_line_exit_3(tmp_path: Path) -> No
     assert proc.stderr.strip().splitlines() == [
         f"slurmgpu: error: {tmp_path / 'missing.db'}: no fleet database (is the collector running?)"]
     assert not (tmp_path / "missing.db").exists()
+
+
+XID79_REBOOT = [dict(XID79[0], data={"xid": 79, "action": "reboot"})]  # NVIDIA: RESTART_BM
+
+
+def test_xid79_reboots_after_the_checkpoint_when_allowed(tmp_path: Path) -> None:
+    """79 is drain-now (the jobs checkpoint and are requeued) and, with reboot_allowed,
+    the node is then rebooted rather than only drained: only a reboot clears it."""
+    rig = Rig(tmp_path, reboot_allowed=True)
+    rig.client.add_job("9", ["gpu-006"])
+    [d] = rig.report("gpu-006", XID79_REBOOT)
+    assert (d.action, d.result) == ("drain-now", "checkpointing")
+    [done] = rig.ack("gpu-006", "9")
+    assert done.result == "reboot-requested"
+    assert [c[0] for c in rig.client.calls] == ["signal", "reboot", "requeue"]
+    entry = rig.auto.state.drained["gpu-006"]
+    assert entry["trigger"] == "xid.recent" and "pending" not in entry and "then" not in entry
+
+
+def test_xid79_on_an_idle_node_reboots_at_once_when_allowed(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, reboot_allowed=True)
+    [d] = rig.report("gpu-007", XID79_REBOOT)
+    assert d.result == "reboot-requested" and [c[0] for c in rig.client.calls] == ["reboot"]
+
+
+def test_xid79_only_drains_without_reboot_allowed(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rig.client.add_job("10", ["gpu-008"])
+    rig.report("gpu-008", XID79_REBOOT)
+    rig.ack("gpu-008", "10")
+    assert [c[0] for c in rig.client.calls] == ["signal", "drain", "requeue"]

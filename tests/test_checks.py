@@ -402,12 +402,16 @@ def test_fabric_not_applicable_on_ampere_unless_required() -> None:
 # XIDs
 
 @pytest.mark.parametrize(("xid", "expected", "action"), [
+    # NVIDIA's catalog, immediate action (tests/test_xid_catalog.py checks every row)
     (13, Severity.OK, "ignore"), (31, Severity.OK, "ignore"), (43, Severity.OK, "ignore"),
-    (45, Severity.OK, "ignore"), (68, Severity.OK, "ignore"),
-    (48, Severity.FAIL, "drain"), (62, Severity.FAIL, "drain"), (64, Severity.FAIL, "drain"),
-    (74, Severity.FAIL, "drain"), (79, Severity.FAIL, "drain"), (95, Severity.FAIL, "drain"),
-    (119, Severity.FAIL, "drain"), (120, Severity.FAIL, "drain"),
-    (63, Severity.WARN, "warn"), (92, Severity.WARN, "warn"), (94, Severity.WARN, "checkpoint"),
+    (68, Severity.OK, "ignore"), (63, Severity.OK, "ignore"), (92, Severity.OK, "ignore"),
+    (80, Severity.OK, "ignore"),
+    (48, Severity.FAIL, "reset"), (62, Severity.FAIL, "reset"), (64, Severity.FAIL, "reset"),
+    (74, Severity.FAIL, "reset"), (95, Severity.FAIL, "reset"), (109, Severity.FAIL, "reset"),
+    (119, Severity.FAIL, "reset"), (120, Severity.FAIL, "reset"), (79, Severity.FAIL, "reboot"),
+    # written deviations, and rows that need the driver's message to decide
+    (8, Severity.WARN, "warn"), (38, Severity.WARN, "warn"), (94, Severity.WARN, "warn"),
+    (45, Severity.WARN, "warn"), (149, Severity.WARN, "warn"), (154, Severity.WARN, "warn"),
     (9999, Severity.WARN, "warn"),
 ])
 def test_xid_policy_defaults(xid: int, expected: Severity, action: str) -> None:

@@ -123,7 +123,7 @@ def test_table_output_lists_problems_and_summary(fake_nvml_lib: Path, scenario_f
 
 @pytest.mark.parametrize(("args", "needle"), [
     (["check", "--gpus", "x"], "--gpus: 'x' is not a GPU index"),
-    (["check", "--xid", "abc"], "--xid: 'abc' is not XID[:GPU]"),
+    (["check", "--xid", "abc"], "--xid: 'abc' is not XID[:GPU[:MESSAGE]]"),
     (["check", "--bogus"], "No such option '--bogus'"),
     (["check", "--config", "/nonexistent/slurmgpu.toml"], "config file not found"),
 ])

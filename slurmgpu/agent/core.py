@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import msgpack
@@ -27,7 +27,7 @@ from slurmgpu.engine import Sources, evaluate, gather, system_sources
 from slurmgpu.facts import IbFacts, NodeFacts, NvmlFacts, SoftwareVersions, XidEvent
 from slurmgpu.log import get_logger
 from slurmgpu.result import Finding, Severity, Verdict
-from slurmgpu.sources import Clock, SystemClock
+from slurmgpu.sources import Clock, SystemClock, kmsg
 from slurmgpu.summary import report_fields
 
 # XIDs seen by the event thread stay in the facts (and so in xid.recent) this long.
@@ -42,8 +42,9 @@ HEALTH_KINDS = frozenset({"xid", "ecc_dbe", "ecc_sbe_storm", "dram_retirement",
                           "gpu_unavailable", "recovery_action", "gpu_lost"})
 # Health events sent per GPU per evaluation; the rest are counted in the last one.
 MAX_EVENTS_PER_EVAL = 16
+# How far back the kernel log is searched for the text of an XID that NVML reported.
+KMSG_LOOKBACK_S = 10.0
 SPOOL_CHECK = "agent.spool"
-FLAP_CHECK = "ib.flap"
 
 
 def load_client_keys(bundle_dir: str) -> tuple[bytes, bytes, bytes]:
@@ -104,9 +105,11 @@ class Agent:
         self.keys_dir = keys_dir or settings.collector.keys_dir
         self.clock: Clock = clock or SystemClock()
         self.log = get_logger(component="agent", node=node)
-        self.notifier = Notifier(os.environ if environ is None else environ)
+        self.environ: Mapping[str, str] = os.environ if environ is None else environ
+        self.notifier = Notifier(self.environ)
         self.stop_event = threading.Event()
-        self.flaps = FlapTracker(settings.agent)
+        # link_downed history across polls, written into the facts for the ib.flap check.
+        self.flaps = FlapTracker(settings.ib)
         self.spool: Spool | None = None
         self.link: Any = None  # slurmgpu.agent.link.Link once keys load
         self.events: Any = None  # slurmgpu.agent.events.EventWatcher
@@ -133,7 +136,7 @@ class Agent:
         self.events_evaluated = 0
         self.events_sent = 0
         self.checkpoints = CheckpointWatcher(
-            node=node, jobs_dir=jobfiles.jobs_dir(settings, os.environ if environ is None else environ),
+            node=node, jobs_dir=jobfiles.jobs_dir(settings, self.environ),
             poll_s=settings.agent.checkpoint_poll_s, submit=self.submit, clock=self.clock)
 
     # ------------------------------------------------------------ query API (local socket)
@@ -184,8 +187,9 @@ class Agent:
             self._versions, self._versions_at = facts.versions, now
         elif self._versions is not None:
             facts.versions = self._versions
+        self.flaps.observe(facts.ib, now)
         verdict = evaluate(facts, self.settings)
-        extra = self.flaps.observe(facts.ib, now)
+        extra: list[Finding] = []
         spool_error = self.spool.take_error() if self.spool is not None else None
         if spool_error:
             extra.append(Finding(SPOOL_CHECK, Severity.WARN, spool_error))
@@ -289,6 +293,8 @@ class Agent:
             xids = self._recent_xids()
         if not events:
             return
+        if any(kind == "xid" for kind, _ in events):
+            self._attach_xid_messages(gpu, xids, base, now_wall)
         nvml = self.sources.nvml.collect(scope)
         facts = NodeFacts(node=self.node, collected_at=now_wall, nvml=nvml,
                           ib=base.ib if base else IbFacts(available=False, error="not collected yet"),
@@ -301,12 +307,31 @@ class Agent:
                                     "NVML event wait: GPU is lost (fell off the bus)", gpu=gpu))
         verdict = Verdict(self.node, tuple(findings), verdict.duration_ms)
         self.events_evaluated += 1
-        self._send_events(gpu, events, verdict)
+        texts = {x.xid: x.message for x in xids if x.gpu == gpu and x.message}
+        self._send_events(gpu, events, verdict, texts)
         self._merge_gpus(nvml, now)
         if any(k in HEALTH_KINDS for k, _ in events):
             self.local_fallback(gpu, verdict.findings)
 
-    def _send_events(self, gpu: int | None, events: list[tuple[str, int | None]], verdict: Verdict) -> None:
+    def _attach_xid_messages(self, gpu: int | None, xids: list[XidEvent], base: NodeFacts | None,
+                             now_wall: float) -> None:
+        """An NVML event carries only the XID code; the driver logs its text (sub-unit,
+        Fatal/Nonfatal: what decides some XIDs' action) to the kernel log at the same time.
+        Take it from there for this GPU's XIDs that have none yet."""
+        waiting = [x for x in xids if x.message is None and x.gpu == gpu and x.source == "nvml event"]
+        if not waiting or base is None:
+            return
+        by_pci = {key: g.index for g in base.gpus if (key := kmsg.pci_key(g.pci_bus_id or "")) is not None}
+        path = self.environ.get(kmsg.KMSG_ENV) or self.settings.paths.kmsg
+        logged = [e for e in kmsg.read_xids(path, by_pci, since=now_wall - KMSG_LOOKBACK_S)
+                  if e.gpu == gpu and e.message]
+        for x in waiting:
+            match = next((e for e in reversed(logged) if e.xid == x.xid), None)
+            if match is not None:
+                x.message = match.message
+
+    def _send_events(self, gpu: int | None, events: list[tuple[str, int | None]], verdict: Verdict,
+                     texts: Mapping[int, str | None] | None = None) -> None:
         """Each health event goes on the wire; other events only when what the GPU's
         evaluation found changed since the last one."""
         state = (verdict.severity, tuple(sorted((f.check, f.severity, f.gpu, f.message)
@@ -325,6 +350,8 @@ class Agent:
                                     "verdict": verdict.severity.name, "findings": findings}
             if i == len(sent) - 1 and len(events) > len(sent):
                 body["coalesced"] = len(events) - len(sent)
+            if kind == "xid" and data is not None and (texts or {}).get(data):
+                body["message"] = (texts or {})[data]  # the kernel log's text, bounded
             self.submit(wire.EVENT, body)
             self.events_sent += 1
             self.log.warning("nvml_event", kind=kind, gpu=gpu, data=data, verdict=verdict.severity.name,

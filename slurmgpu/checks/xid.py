@@ -13,10 +13,18 @@ from slurmgpu.result import Finding, Severity
        summary="recent XIDs judged by the XID policy table (data/xid_catalog.toml + [xid] overrides)")
 def xid_recent(ctx: CheckContext) -> Iterator[Finding]:
     scope = ctx.scope
-    seen = Counter((e.gpu, e.xid) for e in ctx.facts.xids
-                   if scope is None or e.gpu is None or e.gpu in scope)
-    for (gpu, code), count in sorted(seen.items(), key=lambda kv: (kv[0][0] or -1, kv[0][1])):
-        rule = ctx.xid_policy.rule(code)
+    seen: Counter[tuple[int | None, int, str | None]] = Counter()
+    messages: dict[tuple[int | None, int, str | None], str | None] = {}
+    for e in ctx.facts.xids:
+        if scope is None or e.gpu is None or e.gpu in scope:
+            matched = ctx.xid_policy.rule(e.xid, e.message).matched  # events differ by variant
+            key = (e.gpu, e.xid, matched)
+            seen[key] += 1
+            messages[key] = messages.get(key) or e.message
+    for key, count in sorted(seen.items(), key=lambda kv: (kv[0][0] or -1, kv[0][1], kv[0][2] or "")):
+        gpu, code, _ = key
+        rule = ctx.xid_policy.rule(code, messages[key])
         times = f" x{count}" if count > 1 else ""
         yield problem(rule.severity, f"XID {code}{times}: {rule.name} -> {rule.action}", gpu=gpu,
-                      xid=code, count=count, action=rule.action, origin=rule.origin)
+                      xid=code, count=count, action=rule.action, origin=rule.origin,
+                      nvidia=rule.nvidia, text=messages[key])

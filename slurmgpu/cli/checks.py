@@ -11,6 +11,7 @@ import click
 from slurmgpu.errors import UsageError
 from slurmgpu.facts import XidEvent
 from slurmgpu.result import Finding, Severity, Verdict
+from slurmgpu.sources.kmsg import bounded
 
 JSON_SCHEMA = "slurmgpu.check/1"
 
@@ -38,11 +39,15 @@ def parse_gpu_list(text: str) -> frozenset[int]:
 
 
 def parse_xid(text: str) -> XidEvent:
-    code, _, gpu = text.partition(":")
+    """XID[:GPU[:MESSAGE]]: the message is the driver's text after the code, which picks
+    the action for XIDs whose meaning depends on it (e.g. 149:2:"NETIR_LINK_EVT Fatal")."""
+    code, _, rest = text.partition(":")
+    gpu, _, message = rest.partition(":")
     try:
-        return XidEvent(xid=int(code), gpu=int(gpu) if gpu else None, source="command line")
+        return XidEvent(xid=int(code), gpu=int(gpu) if gpu else None, source="command line",
+                        message=bounded(message))
     except ValueError:
-        raise UsageError(f"--xid: {text!r} is not XID[:GPU] (e.g. 79:3)") from None
+        raise UsageError(f"--xid: {text!r} is not XID[:GPU[:MESSAGE]] (e.g. 79:3)") from None
 
 
 @click.command()
@@ -50,8 +55,9 @@ def parse_xid(text: str) -> XidEvent:
               help="Config file (default: $SLURMGPU_CONFIG or /etc/slurmgpu/slurmgpu.toml).")
 @click.option("--gpus", metavar="LIST", help="Check only these GPU indices, e.g. 0,2 or 0-3 (a job's GPUs).")
 @click.option("--node", metavar="NAME", help="Node name for host-targeted config (default: this host).")
-@click.option("--xid", "xids", multiple=True, metavar="XID[:GPU]",
-              help="Treat this XID as recently seen (repeatable); judged by the XID policy table.")
+@click.option("--xid", "xids", multiple=True, metavar="XID[:GPU[:MESSAGE]]",
+              help="Treat this XID as recently seen (repeatable); judged by the XID policy table. "
+                   "MESSAGE: the driver's text after the code (some XIDs' action depends on it).")
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict, findings and facts as JSON.")
 @click.option("--all", "show_all", is_flag=True, help="Also list OK and not-applicable findings.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="error",
@@ -153,3 +159,31 @@ def checks_list(as_json: bool) -> None:
     click.echo(f"{'CHECK':<{width}}  {'SEVERITY':<8}  WHAT IT CHECKS (READS)")
     for s in specs:
         click.echo(f"{s.id:<{width}}  {s.severity.name:<8}  {s.summary} ({', '.join(s.reads)})")
+
+
+@checks.command("xids")
+@click.option("--config", "config_file", metavar="FILE", help="Config file whose [xid] overrides apply.")
+@click.option("--node", metavar="NAME", help="Node name for host-targeted config (default: this host).")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+def checks_xids(config_file: str | None, node: str | None, as_json: bool) -> None:
+    """The XID policy table in effect: each code's action, NVIDIA's immediate action, and
+    where slurmgpu deviates (and why); message variants per code."""
+    from slurmgpu.config.load import load_config
+    from slurmgpu.engine import node_name
+    from slurmgpu.xid import XidPolicy
+
+    settings = load_config(config_file).settings_for(node or node_name())
+    rules = XidPolicy(settings.xid.overrides, settings.xid.unknown_action).rows()
+    if as_json:
+        click.echo(json.dumps([{
+            "xid": r.code, "name": r.name, "category": r.category, "action": r.action, "origin": r.origin,
+            "nvidia": r.nvidia, "deviation": r.deviation,
+            "variants": [{"pattern": v.pattern.pattern, "action": v.action, "nvidia": v.nvidia}
+                         for v in r.variants]} for r in rules], indent=2))
+        return
+    click.echo(f"{'XID':>4}  {'ACTION':<10}  {'NVIDIA':<20}  NAME")
+    for r in rules:
+        note = " (site override)" if r.origin != "catalog" else (" *" if r.deviation else "")
+        variants = f" [+{len(r.variants)} by message]" if r.variants else ""
+        click.echo(f"{r.code:>4}  {r.action:<10}  {(r.nvidia or '-'):<20}  {r.name}{note}{variants}")
+    click.echo("\n* slurmgpu deviates from NVIDIA's immediate action; --json says why.")

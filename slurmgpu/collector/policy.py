@@ -243,7 +243,9 @@ class Automation:
         if worst not in DRAINING:
             result = "dry-run" if self.settings.dry_run else "recorded"
             return [self._decision(node, worst, reason, check, result, now)]
-        return self._drain(node, worst, reason, check, now)
+        wants_reboot = str((trigger.get("data") or {}).get("action")) == "reboot"
+        then_reboot = worst == "drain-now" and wants_reboot and self.settings.reboot_allowed
+        return self._drain(node, worst, reason, check, now, then_reboot=then_reboot)
 
     def _note_failing(self, check: str, node: str, now: float) -> None:
         window = self.state.failing.setdefault(check, {})
@@ -255,7 +257,11 @@ class Automation:
             self._trip(f"storm: {check} failing on {len(window)} of {self._fleet()} nodes "
                        f"within {self.settings.storm_window_s:g} s", now)
 
-    def _drain(self, node: str, action: str, reason: str, check: str, now: float) -> list[Decision]:
+    def _drain(self, node: str, action: str, reason: str, check: str, now: float, *,
+               then_reboot: bool = False) -> list[Decision]:
+        """``then_reboot``: a drain-now whose fault only a reboot clears (XID 79, with
+        reboot_allowed): the jobs checkpoint and are requeued as for any drain-now, and the
+        node is then rebooted (``scontrol reboot ASAP``) instead of only drained."""
         st, s = self.state, self.settings
         if node in st.drained:
             pending = st.drained[node].get("pending")
@@ -288,7 +294,7 @@ class Automation:
             result = "checkpointing"
         else:
             try:
-                result = self._take_away(node, action, reason)
+                result = self._take_away(node, "reboot" if then_reboot else action, reason)
             except SlurmUnreachable:
                 result = "unreachable"  # journaled by Actions; replayed later
             except SlurmError as e:
@@ -298,6 +304,8 @@ class Automation:
             st.drained[node] = {"time": now, "trigger": check, "reason": reason}
             if result == "checkpointing":
                 st.drained[node]["pending"] = action
+                if then_reboot:
+                    st.drained[node]["then"] = "reboot"
         if result in ("drained", "dry-run", "unreachable", "checkpointing", "reboot-requested"):
             st.drain_times.append(now)
             history = [t for t in st.history.get(node, []) if now - t < s.lemon_window_s] + [now]
@@ -324,10 +332,13 @@ class Automation:
 
     def finish_pending(self, node: str, action: str, reason: str, trigger: str,
                        now: float) -> Decision:
-        """The jobs on ``node`` have checkpointed (or run out of time): drain it now."""
+        """The jobs on ``node`` have checkpointed (or run out of time): drain it now (or
+        reboot it, when the drain-now was for a fault only a reboot clears)."""
         st = self.state
+        then = (st.drained.get(node) or {}).get("then")
         try:
-            result = self.actions.drain(node, reason).action
+            result = self._take_away(node, then, reason) if then == "reboot" \
+                else self.actions.drain(node, reason).action
         except SlurmUnreachable:
             result = "unreachable"
         except SlurmError as e:
@@ -335,7 +346,8 @@ class Automation:
         entry = st.drained.get(node)
         if entry is not None:
             entry.pop("pending", None)
-        if result not in ("drained", "already-drained", "unreachable"):
+            entry.pop("then", None)
+        if result not in ("drained", "already-drained", "unreachable", "reboot-requested", "already-rebooting"):
             st.drained.pop(node, None)  # an operator's drain, or an error: not ours
         elif entry is None:
             st.drained[node] = {"time": now, "trigger": trigger, "reason": reason}

@@ -65,6 +65,21 @@ IB_COUNTERS = (
 
 XID_MIN, XID_MAX = 1, 1000
 
+# Keys that moved to another table: old "table.key" -> the table that holds it now. A file
+# that still writes the old name keeps working: the value is checked where it is written
+# and read as the new key.
+_MOVED = {
+    "agent.flap_window_s": "ib",
+    "agent.flap_count": "ib",
+    "agent.flap_strikes": "ib",
+}
+
+# One [ib] devices entry: "<device glob>" or "<device glob>/<port glob>"; port numbers are
+# decimal, so a port glob holds digits and glob characters only.
+_IB_DEVICE_RE = re.compile(r"[^/\s]+(?:/[0-9*?\[\]!-]+)?")
+# ib.hw_counters_delta_max keys: file names under ports/<n>/hw_counters.
+_HW_COUNTER_RE = re.compile(r"[A-Za-z0-9_]+")
+
 # Numeric settings must be >= 0 (they are counts, thresholds and margins); these must be > 0.
 _POSITIVE = frozenset({"pcie.gen", "pcie.width", "ib.rate_gbps"})
 _HOST_KEYS = ("nodes", "name")
@@ -364,6 +379,7 @@ class _Validator:
 
     def tables(self, raw: Table, prefix: _Path, extra: Sequence[str]) -> Tables:
         table_types = _hints(Settings)
+        raw = self.moved(raw, prefix)
         out: Tables = {}
         for name, value in raw.items():
             if name in extra:
@@ -392,6 +408,23 @@ class _Validator:
             self.semantics(setting, key, checked, single=isinstance(value, str))
             out[name] = checked
         return out
+
+    def moved(self, raw: Table, prefix: _Path) -> Table:
+        """``raw`` with the old names of moved keys (``_MOVED``) read as their new key."""
+        for old, new_table in _MOVED.items():
+            table, name = old.split(".")
+            section, target = raw.get(table), raw.get(new_table, {})
+            if not isinstance(section, dict) or name not in section or not isinstance(target, dict):
+                continue  # nothing to move, or tables() reports the wrong type
+            key = (*prefix, table, name)
+            if name in target:
+                raise self.error(key, f"moved to [{new_table}] {name}, which is set too; "
+                                 "remove this one")
+            cls = _hints(Settings)[new_table]
+            value = self.value(section[name], _hints(cls)[name], key, f"{new_table}.{name}")
+            raw = {**raw, table: {k: v for k, v in section.items() if k != name},
+                   new_table: {**target, name: value}}
+        return raw
 
     def hosts(self, raw: Any, present: bool) -> list[HostSection]:
         if not present:
@@ -502,6 +535,16 @@ class _Validator:
             for k in value:
                 if k not in IB_COUNTERS:
                     raise self.unknown((*key, _DictKey(k)), k, IB_COUNTERS, "IB counter")
+        elif setting == "ib.devices":
+            for i, pattern in enumerate(value):
+                err = _ib_device_error(pattern)
+                if err:
+                    raise self.error(key if single else (*key, i), err)
+        elif setting == "ib.hw_counters_delta_max":
+            for k in value:
+                if not _HW_COUNTER_RE.fullmatch(k):
+                    raise self.error((*key, _DictKey(k)), "not a hw_counters file name "
+                                     '(letters, digits and "_", e.g. "local_ack_timeout_err")')
 
     def check_ids(self, key: _Path, patterns: list[str], single: bool) -> None:
         import fnmatch
@@ -517,6 +560,18 @@ class _Validator:
                 continue
             raise self.unknown(where, pattern, known, "check",
                                otherwise="see `slurmgpu checks list`")
+
+
+def _ib_device_error(pattern: str) -> str | None:
+    """Why an [ib] devices entry is malformed, or None. fnmatch takes any string, so a
+    typo would silently select nothing: reject what cannot name a device or port."""
+    example = 'write "<device glob>" or "<device glob>/<port glob>", e.g. "mlx5_0", "mlx5_*/1"'
+    if not _IB_DEVICE_RE.fullmatch(pattern):
+        return f"invalid device pattern {_quote(pattern)}: {example}"
+    for part in pattern.split("/"):
+        if part.count("[") != part.count("]"):
+            return f"invalid device pattern {_quote(pattern)}: unbalanced [ ] in {_quote(part)}"
+    return None
 
 
 # --------------------------------------------------------------------------- line numbers

@@ -117,11 +117,14 @@ class FabricSettings:
 
 @dataclass
 class IbSettings:
-    # Expected InfiniBand ports (link layer InfiniBand). None: do not check.
+    # Ports expected in scope (see devices): each one must be ACTIVE/LinkUp (ib.port_state),
+    # so this is the number of ports expected active. None: do not check.
     count: int | None = None
     # Expected rate per port in Gb/s (e.g. 400 for NDR). None: do not check.
     rate_gbps: float | None = None
-    # Devices to consider (globs on /sys/class/infiniband names).
+    # Ports in scope: "<device glob>" (every port of the matching /sys/class/infiniband
+    # devices) or "<device glob>/<port glob>" ("mlx5_0/1", "mlx4_*/1"). Ports whose link
+    # layer is Ethernet are out of scope unless include_ethernet, whatever their name.
     devices: list[str] = field(default_factory=lambda: ["*"])
     include_ethernet: bool = False
     # Absolute counter ceilings (counter name -> max); above raises counters_severity.
@@ -143,6 +146,22 @@ class IbSettings:
         "excessive_buffer_overrun_errors": 0,
     })
     counters_severity: SeverityName = "warn"
+    # ib.flap (the agent keeps the history): link_downed rising in `flap_count` samples
+    # within `flap_window_s` is a strike (WARN); `flap_strikes` strikes fail the port.
+    # Formerly [agent] flap_*; the loader still reads those names.
+    flap_window_s: float = 300.0
+    flap_count: int = 2
+    flap_strikes: int = 2
+    # RoCE: read ports/<n>/hw_counters (driver counters) of Ethernet ports in scope (so
+    # include_ethernet too) and warn when one grows by more than hw_counters_delta_max
+    # between two samples (ib.roce_counters). Off by default: the names are the driver's.
+    roce_hw_counters: bool = False
+    hw_counters_delta_max: dict[str, int] = field(default_factory=lambda: {
+        "local_ack_timeout_err": 10,  # transport retries ran out: lost packets, a bad link
+        "req_cqe_error": 10,  # requests completed in error
+        "rnr_nak_retry_err": 10,  # receiver not ready, retries exhausted
+        "out_of_sequence": 1000,  # dropped packets seen by the responder
+    })
 
 
 XidAction = Literal["ignore", "warn", "checkpoint", "drain", "reset", "reboot"]
@@ -250,11 +269,7 @@ class AgentSettings:
     heartbeat_s: float = 5.0
     # NVML event watching (XID, ECC, clock changes) in a thread.
     events: bool = True
-    # IB link flapping: link_downed rising in `flap_count` samples within `flap_window_s`
-    # is a strike (WARN); `flap_strikes` strikes fail the port.
-    flap_window_s: float = 300.0
-    flap_count: int = 2
-    flap_strikes: int = 2
+    # flap_window_s, flap_count and flap_strikes moved to [ib]; the loader reads them here too.
     # Per-job directories (<jobs_dir>/<job id>/checkpoint): made by the prolog, owned by
     # the job's user, removed by the epilog; SLURMGPU_JOBS_DIR overrides.
     jobs_dir: str = "/run/slurmgpu/jobs"

@@ -2,6 +2,8 @@
 
 The NVIDIA driver logs every XID as a kernel message such as
 ``NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.``
+and older drivers as ``NVRM: Xid (0000:03:00): 14, Channel 00000001`` (no ``PCI:``).
+The text after the code is kept (bounded): NVIDIA's action for some XIDs depends on it.
 Reading ``/dev/kmsg`` (records ``PRI,SEQ,USEC,FLAGS;MESSAGE``, USEC = monotonic
 microseconds since boot) gives each XID with its time, so the epilog can ask
 "which XIDs happened during this job?" without a daemon. The path is
@@ -18,11 +20,12 @@ import stat
 import time
 from collections.abc import Iterable, Mapping
 
-from slurmgpu.facts import XidEvent
+from slurmgpu.facts import XID_MESSAGE_MAX, XidEvent
 
 KMSG_ENV = "SLURMGPU_KMSG"
 DEFAULT_KMSG = "/dev/kmsg"
-_XID = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F]+):([0-9a-fA-F]+):([0-9a-fA-F]+)(?:\.\d+)?\): (\d+)")
+_XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]+):([0-9a-fA-F]+):([0-9a-fA-F]+)(?:\.[0-9a-fA-F]+)?\):"
+                  r"\s*(\d+)(?:,\s*(.*))?")
 _MAX_BYTES = 64 * 1024 * 1024  # bound the work on a huge regular file
 
 
@@ -53,10 +56,19 @@ def parse_records(lines: Iterable[str], gpu_by_pci: Mapping[tuple[int, int, int]
         when = _monotonic_to_wall(int(fields[2])) if len(fields) > 2 and fields[2].isdigit() else None
         if since is not None and when is not None and when < since:
             continue
-        domain, bus, device, code = match.groups()
+        domain, bus, device, code, text = match.groups()
         gpu = gpu_by_pci.get((int(domain, 16), int(bus, 16), int(device, 16)))
-        events.append(XidEvent(xid=int(code), gpu=gpu, timestamp=when, source="kmsg"))
+        events.append(XidEvent(xid=int(code), gpu=gpu, timestamp=when, source="kmsg",
+                               message=bounded(text)))
     return events
+
+
+def bounded(text: str | None) -> str | None:
+    """The message as kept: printable, one line, at most XID_MESSAGE_MAX characters."""
+    if not text:
+        return None
+    clean = "".join(ch if ch.isprintable() else " " for ch in text.strip())
+    return clean[:XID_MESSAGE_MAX] or None
 
 
 def read_xids(path: str, gpu_by_pci: Mapping[tuple[int, int, int], int],
