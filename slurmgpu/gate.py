@@ -12,6 +12,7 @@ a slurmgpu bug can never drain a cluster.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -43,6 +44,9 @@ class JobContext:
     user: str | None = None
     # GPU indices Slurm gave the job; empty: no GPUs; None: unknown (check all).
     gpus: frozenset[int] | None = None
+    # Set when SLURM_JOB_GPUS names something that is no GPU index (e.g. "-1"): a bad
+    # request, judged by on_error, never a drain.
+    bad_gpus: str | None = None
 
 
 def parse_gpu_indices(text: str | None) -> frozenset[int] | None:
@@ -59,15 +63,25 @@ def parse_gpu_indices(text: str | None) -> frozenset[int] | None:
         return None
 
 
+MAX_GPU_INDEX = 1023
+
+
+def _bad_indices(gpus: frozenset[int] | None) -> bool:
+    return gpus is not None and any(i < 0 or i > MAX_GPU_INDEX for i in gpus)
+
+
 def job_context(environ: Mapping[str, str]) -> JobContext:
     gpus = parse_gpu_indices(environ.get("SLURM_JOB_GPUS"))
+    source = "SLURM_JOB_GPUS"
     if gpus is None:
-        gpus = parse_gpu_indices(environ.get("CUDA_VISIBLE_DEVICES"))
+        gpus, source = parse_gpu_indices(environ.get("CUDA_VISIBLE_DEVICES")), "CUDA_VISIBLE_DEVICES"
+    bad = f"{source}={environ.get(source)!r} is not a list of GPU indices" if _bad_indices(gpus) else None
     return JobContext(
         node=environ.get("SLURMD_NODENAME") or node_name(),
         job_id=environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID"),
         user=environ.get("SLURM_JOB_USER"),
-        gpus=gpus,
+        gpus=None if bad else gpus,
+        bad_gpus=bad,
     )
 
 
@@ -116,6 +130,9 @@ class Gate:
     records: list[dict[str, Any]] = field(default_factory=list)
     # Added to every record (the agent's warm path sets {"path": "agent"}).
     record_extra: dict[str, Any] = field(default_factory=dict)
+    # Bookkeeping that failed this run (state dir full or read-only, ...): reported, never
+    # a change of the decision.
+    bookkeeping_errors: list[str] = field(default_factory=list)
 
     # -- paths -----------------------------------------------------------------
 
@@ -145,19 +162,23 @@ class Gate:
         job = job_context(self.environ)
         cfg = self.settings.prolog
         with Watchdog(cfg.timeout_s, lambda step: self._timed_out("prolog", job, step, cfg.on_error)) as dog:
+            if job.bad_gpus:  # a bad request, not a bad node
+                return self._internal_error("prolog", job, f"bad request: {job.bad_gpus}", cfg.on_error)
+            self._best_effort("replay", self._replay_pending)
             try:
-                self._replay_pending()
                 facts = gather(self._sources(), node=job.node, scope=job.gpus, progress=dog)
                 verdict = evaluate(facts, self.settings, scope=job.gpus, progress=dog)
-                self._save_job_state(job, facts)
-                if verdict.severity is Severity.UNKNOWN:
-                    return self._job_dir_if_ok(job, self._internal_error(
-                        "prolog", job, _unknown_summary(verdict), cfg.on_error))
-                dog("act")
-                return self._job_dir_if_ok(job, self._decide("prolog", job, verdict, drain=cfg.drain))
             except Exception as exc:  # a bug must not drain the cluster (fail-open by default)
                 return self._job_dir_if_ok(job, self._internal_error("prolog", job, _describe(exc),
                                                                       cfg.on_error))
+            # Decided. What follows is bookkeeping: it never changes the decision.
+            dog("act")
+            if verdict.severity is Severity.UNKNOWN:
+                code = self._internal_error("prolog", job, _unknown_summary(verdict), cfg.on_error)
+            else:
+                code = self._decide("prolog", job, verdict, drain=cfg.drain)
+            self._best_effort("job state", lambda: self._save_job_state(job, facts))
+            return self._job_dir_if_ok(job, code)
 
     # -- epilog ----------------------------------------------------------------
 
@@ -165,9 +186,11 @@ class Gate:
         job = job_context(self.environ)
         cfg = self.settings.epilog
         with Watchdog(cfg.timeout_s, lambda step: self._timed_out("epilog", job, step, cfg.on_error)) as dog:
+            if job.bad_gpus:
+                return self._internal_error("epilog", job, f"bad request: {job.bad_gpus}", cfg.on_error)
+            self._best_effort("job directory", lambda: self._remove_job_dir(job))
+            self._best_effort("replay", self._replay_pending)
             try:
-                self._remove_job_dir(job)
-                self._replay_pending()
                 before = self._load_job_state(job)
                 started = before.get("started_at") if before else None
                 # All GPUs, so kernel-log XIDs map to the right GPU; the verdict is scoped.
@@ -177,14 +200,16 @@ class Gate:
                 verdict = evaluate(facts, self.settings, scope=job.gpus, progress=dog)
                 dog("strays")
                 strays = self._strays(job)
-                self._record_summary(job, facts, before, verdict, strays)
-                self._drop_job_state(job)
-                dog("act")
-                if verdict.severity is Severity.UNKNOWN:
-                    return self._internal_error("epilog", job, _unknown_summary(verdict), cfg.on_error)
-                return self._decide("epilog", job, verdict, drain=cfg.drain, exit_on_fail=EXIT_OK)
             except Exception as exc:
                 return self._internal_error("epilog", job, _describe(exc), cfg.on_error)
+            dog("act")
+            if verdict.severity is Severity.UNKNOWN:
+                code = self._internal_error("epilog", job, _unknown_summary(verdict), cfg.on_error)
+            else:
+                code = self._decide("epilog", job, verdict, drain=cfg.drain, exit_on_fail=EXIT_OK)
+            self._best_effort("job summary", lambda: self._record_summary(job, facts, before, verdict, strays))
+            self._best_effort("job state", lambda: self._drop_job_state(job))
+            return code
 
     # -- healthcheck -----------------------------------------------------------
 
@@ -224,10 +249,11 @@ class Gate:
             return exit_on_fail
         try:
             result = self._actions().drain(job.node, reason)
-        except SlurmError as exc:
-            # Exit non-zero: Slurm drains the node itself ("Prolog/Epilog error") and the
-            # drain is journalled for the next run.
-            self._record(phase, job, verdict, action="drain-failed", reason=reason, error=str(exc),
+        except Exception as exc:
+            # Exit non-zero: Slurm drains the node itself ("Prolog/Epilog error"); a Slurm
+            # error is journalled for the next run. Whatever broke, the FAIL stands.
+            error = str(exc) if isinstance(exc, SlurmError) else _describe(exc)
+            self._record(phase, job, verdict, action="drain-failed", reason=reason, error=error,
                          level="error")
             return EXIT_REFUSE
         self._record(phase, job, verdict, action=result.action, reason=result.reason)
@@ -337,9 +363,12 @@ class Gate:
             return []
         devices = {self.device_pattern.format(index=i): i for i in sorted(job.gpus)}
         uid = self.environ.get("SLURM_JOB_UID")
-        found = find_device_holders(devices, uid=int(uid) if uid and uid.isdigit() else None,
-                                    ignore=self.settings.epilog.strays_ignore)
-        if mode == "kill":
+        known_uid = int(uid) if uid and uid.isdigit() else None
+        found = find_device_holders(devices, uid=known_uid, ignore=self.settings.epilog.strays_ignore)
+        if mode == "kill" and known_uid is None:
+            # Without the job's uid every holder would match, other users' included: report only.
+            _log().warning("strays_not_killed", job=job.job_id, reason="SLURM_JOB_UID not set")
+        elif mode == "kill":
             for proc in found:
                 try:
                     os.kill(proc["pid"], 9)
@@ -373,19 +402,35 @@ class Gate:
                                  for f in verdict.problems()]
         self.records.append(entry)
         self._append("gate.jsonl", entry)
-        log = _log()
-        if level == "error" or (verdict and verdict.severity is Severity.FAIL):
-            log.error(f"{phase}_decision", **entry)
-        else:
-            log.info(f"{phase}_decision", **entry)
+        try:
+            log = _log()
+            if level == "error" or (verdict and verdict.severity is Severity.FAIL):
+                log.error(f"{phase}_decision", **entry)
+            else:
+                log.info(f"{phase}_decision", **entry)
+        except Exception as exc:  # the decision line could not be logged: still decided
+            self.bookkeeping_errors.append(f"log: {_describe(exc)}")
 
     def _append(self, name: str, entry: dict[str, Any]) -> None:
         try:
             self.state_dir.mkdir(parents=True, exist_ok=True)
             with open(self.state_dir / name, "a", encoding="utf-8") as f:
                 f.write(json.dumps(entry, default=str) + "\n")
-        except OSError as exc:  # a full or read-only disk must not change the decision
-            _log().warning("state_write_failed", file=name, error=str(exc))
+        except (OSError, TypeError, ValueError) as exc:  # a full or read-only disk: still decided
+            self.bookkeeping_errors.append(f"{self.state_dir / name}: {exc}")
+            with contextlib.suppress(Exception):
+                _log().warning("state_write_failed", file=name, error=str(exc))
+
+    def _best_effort(self, what: str, work: Callable[[], object]) -> None:
+        """Bookkeeping around a decision (job state, summaries, replaying journalled
+        drains): a failure is logged and kept in ``bookkeeping_errors`` (the agent turns
+        it into an ``agent.state_dir`` finding), never raised into the decision."""
+        try:
+            work()
+        except Exception as exc:
+            self.bookkeeping_errors.append(f"{what}: {_describe(exc)}")
+            with contextlib.suppress(Exception):
+                _log().warning("bookkeeping_failed", what=what, error=_describe(exc))
 
 
 def _log() -> Any:

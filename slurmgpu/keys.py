@@ -75,8 +75,13 @@ def fingerprint(public_key: bytes) -> str:
     return public_key[:FINGERPRINT_CHARS].decode("ascii", "replace")
 
 
+class InsecureKeyError(KeyFileError):
+    """A key file or the allow-list is open to others: the daemon refuses to start."""
+
+
 def check_private(path: str | Path) -> None:
-    """Raise KeyFileError unless ``path`` is a regular file that only its owner can access.
+    """Raise KeyFileError unless ``path`` is a regular file that only its owner can access,
+    and that owner is this process's user (InsecureKeyError for the mode and owner).
 
     Symlinks are followed (the target is what gets read)."""
     try:
@@ -90,7 +95,10 @@ def check_private(path: str | Path) -> None:
     mode = stat.S_IMODE(st.st_mode)
     if mode & 0o077:
         how = "readable" if mode & 0o044 else "writable"
-        raise KeyFileError(f"{path} is {how} by group/others (mode {mode:04o}); chmod 600 it")
+        raise InsecureKeyError(f"{path} is {how} by group/others (mode {mode:04o}); chmod 600 it")
+    if st.st_uid != os.geteuid():
+        raise InsecureKeyError(f"{path} is owned by uid {st.st_uid}, not by this daemon's uid "
+                               f"{os.geteuid()}; chown it")
 
 
 @contextmanager
@@ -290,6 +298,9 @@ def allowed_nodes(keys_dir: str | Path) -> dict[bytes, str]:
     nodes = Path(keys_dir) / NODES_DIR
     if not nodes.is_dir():
         raise KeyFileError(f"{nodes}: no such directory (run 'slurmgpu keys init' first)")
+    mode = stat.S_IMODE(nodes.stat().st_mode)
+    if mode & 0o022:  # whoever can write here can add a node to the allow-list
+        raise InsecureKeyError(f"{nodes} is writable by group/others (mode {mode:04o}); chmod 700 it")
     result: dict[bytes, str] = {}
     with _os_errors(nodes):
         files = sorted(nodes.glob(f"*{PUBLIC_SUFFIX}"))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import struct
 import sys
 import time
 
@@ -132,6 +133,7 @@ def ask_agent(path: str, request: Mapping[str, Any], timeout: float) -> dict[str
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(timeout)
             sock.connect(path)
+            check_peer(sock)
             sock.sendall(json.dumps(request).encode() + b"\n")
             reply = read_line(deadline)
             if reply.get("ack") is True:
@@ -141,6 +143,15 @@ def ask_agent(path: str, request: Mapping[str, Any], timeout: float) -> dict[str
     except OSError as exc:  # no socket, refused, permission, timeout
         raise AgentUnavailable(str(exc)) from None
     return reply
+
+
+def check_peer(sock: socket.socket) -> None:
+    """Only the agent (root, or this hook's own user) may answer: whoever else created a
+    socket at that path would decide whether jobs run (SO_PEERCRED: pid, uid, gid)."""
+    _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                          struct.calcsize("3i")))
+    if uid not in (0, os.geteuid()):
+        raise AgentUnavailable(f"the socket's server runs as uid {uid}, not root: not the agent")
 
 
 def decision(reply: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:

@@ -8,9 +8,19 @@ A frame is one msgpack map:
 * ``v`` protocol version; a frame with an unknown version is rejected.
 * ``id`` unique message id; ``seq`` per-node sequence number, strictly increasing for
   messages that need an ack (report, event, command-result, hello); the collector
-  deduplicates by (node, seq).
+  deduplicates by (node, epoch, seq).
+* ``epoch`` (optional, absent = "") the id of the agent's spool that numbered ``seq``: a
+  new spool (reinstall, lost disk, deleted spool.db) starts a new sequence at 1 under a
+  new epoch, so its messages are not mistaken for resends of the old spool's. An ack
+  carries the epoch it acknowledges.
+* Every number is bounded: integers fit SQLite's int64 (most fields much less, see
+  the ``MAX_*`` constants), floats are finite, and every list and string that ends up in
+  a table, an in-memory map or a metric label has a length limit, so a frame can neither
+  crash the store (``OverflowError`` binding an int >= 2**63) nor grow the collector.
 * Every frame is bounded (``MAX_FRAME``) and every body is validated per type, so a
   malformed frame is a ``WireError`` (counted and logged by the receiver), never a crash.
+  One whose envelope is valid but whose body is not is a ``BodyError`` carrying the
+  envelope, so the collector can ack it as rejected (it would fail on every resend).
 
 Message types (body fields):
     hello           {"version": str, "gpus": int, "interval_s": float}
@@ -25,7 +35,9 @@ Message types (body fields):
                      "findings": [finding...], "coalesced": int (events folded into this one),
                      "message": str (an XID's kernel-log text, at most XID_MESSAGE_MAX)}
     heartbeat       {}                         (no ack, no seq needed: seq 0)
-    ack             {"seqs": [int, ...]}       (collector -> agent)
+    ack             {"seqs": [int, ...], "rejected": [int, ...]}   (collector -> agent;
+                     ``rejected`` optional: seqs also in ``seqs`` that were refused for
+                     good (malformed body, unstorable): the agent drops them and logs)
     command         {"command": str, "args": {...}}   (collector -> agent)
     command-result  {"command_id": str, "ok": bool, "result": {...}}
 
@@ -42,8 +54,9 @@ import math
 import re
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import msgpack
 
@@ -54,6 +67,27 @@ PROTOCOL_VERSION = 1
 MAX_FRAME = 1 << 20  # 1 MiB: a full 8-GPU report is ~20 KiB
 MAX_NODE_NAME = 128
 MAX_ID = 64
+MAX_EPOCH = 64
+# Bounds per message. Generous for any real node (8 GPUs, 8 IB ports, ~40 checks), tight
+# enough that one message cannot add more than a few thousand keys to the collector's
+# in-memory maps and metric labels.
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1  # what SQLite can bind
+MAX_SEQ = INT64_MAX
+MAX_TS = 1e11  # seconds since the epoch: year 5138
+MAX_GPUS = 1024  # GPU indices are 0..MAX_GPUS-1, at most MAX_GPUS distinct per message
+MAX_IB_PORTS = 256
+MAX_FINDINGS = 4096
+MAX_CHECKS = 1024  # ok_checks ids per report
+MAX_CHECK_NAME = 128
+MAX_SEVERITY = 16  # also verdicts
+MAX_KIND = 64  # event kinds, command names
+MAX_SHORT = 256  # versions, subjects, port names, summary strings
+MAX_TEXT = 1 << 16  # finding messages (stored truncated; never a key or a label)
+MAX_ACK_SEQS = 100_000
+MAX_THROTTLE = (1 << 32) - 1
+MAX_INTERVAL_S = 1e7
+MAX_SUMMARY_ROW = 64  # values per summary row (GPU_FIELDS, IB_FIELDS: < 12 today)
+_EPOCH_RE = re.compile(r"[A-Za-z0-9._-]+")
 # Slurm node name characters (the same rule the CURVE allow-list uses for file names).
 _NODE_RE = re.compile(r"[A-Za-z0-9._-]+")
 
@@ -68,6 +102,16 @@ class WireError(SlurmGpuError):
     """A frame that is not a valid message (too big, not msgpack, bad version/fields)."""
 
 
+class BodyError(WireError):
+    """A frame whose envelope is valid but whose body is not. The receiver knows which
+    message of which spool it was, so it can tell the sender to drop it (a frame that
+    is bad now is bad on every resend)."""
+
+    def __init__(self, message: str, envelope: Envelope) -> None:
+        super().__init__(message)
+        self.envelope = envelope  # its body is the raw, unvalidated one
+
+
 @dataclass(frozen=True)
 class Envelope:
     type: str
@@ -77,10 +121,14 @@ class Envelope:
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     ts: float = field(default_factory=time.time)
     v: int = PROTOCOL_VERSION
+    epoch: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"v": self.v, "id": self.id, "node": self.node, "seq": self.seq, "ts": self.ts,
+        data = {"v": self.v, "id": self.id, "node": self.node, "seq": self.seq, "ts": self.ts,
                 "type": self.type, "body": self.body}
+        if self.epoch:  # absent when empty: frames of epoch-less senders stay byte-identical
+            data["epoch"] = self.epoch
+        return data
 
 
 def encode(message: Envelope) -> bytes:
@@ -137,28 +185,49 @@ def decode(frame: bytes) -> Envelope:
         raise WireError(f"unsupported protocol version {_short(version)} "
                         f"(this side speaks {PROTOCOL_VERSION})")
     mtype, node, seq, body = data.get("type"), data.get("node"), data.get("seq"), data.get("body")
-    mid, ts = data.get("id"), data.get("ts")
+    mid, ts, epoch = data.get("id"), data.get("ts"), data.get("epoch", "")
     if not isinstance(mtype, str) or mtype not in TYPES:  # (a list is unhashable)
         raise WireError(f"unknown message type {_short(mtype)}")
     if not isinstance(node, str) or not 0 < len(node) <= MAX_NODE_NAME \
             or not _NODE_RE.fullmatch(node):
         raise WireError("bad node name")
-    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+    if not _is_int(seq, 0, MAX_SEQ):
         raise WireError("bad sequence number")
     if not isinstance(mid, str) or not 0 < len(mid) <= MAX_ID:
         raise WireError("bad message id")
-    if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not math.isfinite(ts):
+    if not _is_number(ts, 0, MAX_TS):
         raise WireError("bad timestamp")
+    if not isinstance(epoch, str) or len(epoch) > MAX_EPOCH or \
+            (epoch and not _EPOCH_RE.fullmatch(epoch)):
+        raise WireError("bad epoch")
     if not isinstance(body, dict):
         raise WireError("body is not a map")
-    _validate_body(mtype, body)
-    return Envelope(type=mtype, node=node, seq=seq, body=body, id=mid, ts=float(ts), v=version)
+    env = Envelope(type=mtype, node=node, seq=seq, body=body, id=mid, ts=float(ts), v=version,
+                   epoch=epoch)
+    try:
+        _validate_body(mtype, body)
+    except WireError as exc:
+        raise BodyError(str(exc), env) from None
+    return env
 
 
 def _short(value: Any) -> str:
     """repr() of an untrusted value, bounded for an error message."""
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _is_int(value: Any, low: int, high: int) -> TypeGuard[int]:
+    """A real int (not a bool) in [low, high]."""
+    return type(value) is int and low <= value <= high
+
+
+def _is_number(value: Any, low: float, high: float) -> TypeGuard[int | float]:
+    """A real int or a finite float (not a bool) in [low, high]. (The range check comes
+    first for ints: math.isfinite(10**400) raises OverflowError.)"""
+    if type(value) is int:
+        return low <= value <= high
+    return type(value) is float and math.isfinite(value) and low <= value <= high
 
 
 def _require(body: dict[str, Any], key: str, kind: type | tuple[type, ...], mtype: str, *,
@@ -173,44 +242,203 @@ def _require(body: dict[str, Any], key: str, kind: type | tuple[type, ...], mtyp
         raise WireError(f"{mtype}: field {key!r} missing or of the wrong type")
 
 
+def _require_str(body: dict[str, Any], key: str, limit: int, mtype: str, *,
+                 optional: bool = False) -> None:
+    _require(body, key, str, mtype, optional=optional)
+    if len(body.get(key) or "") > limit:
+        raise WireError(f"{mtype}: field {key!r} longer than {limit} characters")
+
+
+def _require_int(body: dict[str, Any], key: str, low: int, high: int, mtype: str, *,
+                 optional: bool = False) -> None:
+    _require(body, key, int, mtype, optional=optional)
+    value = body.get(key)
+    if value is not None and not low <= value <= high:
+        raise WireError(f"{mtype}: field {key!r} out of range [{low}, {high}]")
+
+
 def _validate_body(mtype: str, body: dict[str, Any]) -> None:
-    if mtype == HELLO:
-        _require(body, "version", str, mtype)
-        _require(body, "gpus", int, mtype)
-        _require(body, "interval_s", (int, float), mtype)
-    if mtype in (REPORT, EVENT):
-        _require(body, "verdict", str, mtype)
-        _require(body, "findings", list, mtype)
-        for f in body["findings"]:
-            if not isinstance(f, dict) or not isinstance(f.get("check"), str) or \
-                    not isinstance(f.get("severity"), str):
-                raise WireError(f"{mtype}: malformed finding")
-    if mtype == REPORT:
-        # facts: a map, or (as the agent sends them) that map pre-packed as msgpack bytes,
-        # which the collector stores as they are instead of decoding ~13 KB per report.
-        _require(body, "facts", (dict, bytes), mtype, optional=True)
-        _require(body, "ok_checks", list, mtype, optional=True)
-        _require(body, "summary", (dict, bytes), mtype, optional=True)
-        _require(body, "throttle", int, mtype, optional=True)
-        # (set of the item types, built in C: ~25 ids per report, on the ingest hot path)
-        if not set(map(type, body.get("ok_checks") or ())) <= {str}:
-            raise WireError("report: ok_checks must be check ids")
-    if mtype == EVENT:
-        _require(body, "kind", str, mtype)
-        _require(body, "gpu", int, mtype, optional=True)
-        _require(body, "data", int, mtype, optional=True)
-        _require(body, "message", str, mtype, optional=True)
-        if len(body.get("message") or "") > XID_MESSAGE_MAX:
-            raise WireError(f"event: message longer than {XID_MESSAGE_MAX} characters")
-    if mtype == ACK:
-        _require(body, "seqs", list, mtype)
-        if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
-                   for s in body["seqs"]):
-            raise WireError("ack: seqs must be non-negative integers")
-    if mtype == COMMAND:
-        _require(body, "command", str, mtype)
-        _require(body, "args", dict, mtype, optional=True)
-    if mtype == COMMAND_RESULT:
-        _require(body, "command_id", str, mtype)
-        _require(body, "ok", bool, mtype)
-        _require(body, "result", dict, mtype, optional=True)
+    _VALIDATORS[mtype](body)
+
+
+def _hello(body: dict[str, Any]) -> None:
+    _require_str(body, "version", MAX_SHORT, HELLO)
+    _require_int(body, "gpus", 0, MAX_GPUS, HELLO)
+    _require(body, "interval_s", (int, float), HELLO)
+    if not _is_number(body["interval_s"], 0, MAX_INTERVAL_S):
+        raise WireError(f"hello: field 'interval_s' out of range [0, {MAX_INTERVAL_S:g}]")
+
+
+def _verdict_findings(mtype: str, body: dict[str, Any]) -> None:
+    _require_str(body, "verdict", MAX_SEVERITY, mtype)
+    _require(body, "findings", list, mtype)
+    findings = body["findings"]
+    if len(findings) > MAX_FINDINGS:
+        raise WireError(f"{mtype}: more than {MAX_FINDINGS} findings")
+    for f in findings:
+        if type(f) is not dict:
+            raise WireError(f"{mtype}: malformed finding")
+        check, severity, gpu = f.get("check"), f.get("severity"), f.get("gpu")
+        subject, message = f.get("subject"), f.get("message")
+        if type(check) is not str or len(check) > MAX_CHECK_NAME or type(severity) is not str \
+                or len(severity) > MAX_SEVERITY \
+                or (subject is not None and not _is_str(subject, MAX_SHORT)) \
+                or (message is not None and not _is_str(message, MAX_TEXT)):
+            raise WireError(f"{mtype}: malformed finding")
+        # (the index range also bounds the distinct GPUs per message to MAX_GPUS)
+        if gpu is not None and (type(gpu) is not int or not 0 <= gpu < MAX_GPUS):
+            raise WireError(f"{mtype}: finding GPU index out of range [0, {MAX_GPUS - 1}]")
+
+
+def _is_str(value: Any, limit: int, *, optional: bool = False) -> bool:
+    if value is None:
+        return optional
+    return isinstance(value, str) and len(value) <= limit
+
+
+def _report(body: dict[str, Any]) -> None:
+    _verdict_findings(REPORT, body)
+    # facts: a map, or (as the agent sends them) that map pre-packed as msgpack bytes,
+    # which the collector stores as they are instead of decoding ~13 KB per report.
+    # They are only ever stored as a blob, never bound as SQL values: not walked here.
+    _require(body, "facts", (dict, bytes), REPORT, optional=True)
+    _require(body, "ok_checks", list, REPORT, optional=True)
+    _require(body, "summary", (dict, bytes), REPORT, optional=True)
+    _require_int(body, "throttle", 0, MAX_THROTTLE, REPORT, optional=True)
+    ok_checks = body.get("ok_checks") or ()
+    # (set of the item types, built in C: ~25 ids per report, on the ingest hot path)
+    if not set(map(type, ok_checks)) <= {str}:
+        raise WireError("report: ok_checks must be check ids")
+    if len(ok_checks) > MAX_CHECKS or max(map(len, ok_checks), default=0) > MAX_CHECK_NAME:
+        raise WireError(f"report: at most {MAX_CHECKS} ok_checks of at most "
+                        f"{MAX_CHECK_NAME} characters")
+    summary = body.get("summary")
+    if summary is not None:
+        validate_summary(summary)
+
+
+def _event(body: dict[str, Any]) -> None:
+    _verdict_findings(EVENT, body)
+    _require_str(body, "kind", MAX_KIND, EVENT)
+    _require_int(body, "gpu", 0, MAX_GPUS - 1, EVENT, optional=True)
+    _require_int(body, "data", INT64_MIN, INT64_MAX, EVENT, optional=True)
+    _require_int(body, "coalesced", 0, INT64_MAX, EVENT, optional=True)
+    _require(body, "message", str, EVENT, optional=True)
+    if len(body.get("message") or "") > XID_MESSAGE_MAX:
+        raise WireError(f"event: message longer than {XID_MESSAGE_MAX} characters")
+
+
+def _seq_list(body: dict[str, Any], key: str, *, optional: bool = False) -> None:
+    _require(body, key, list, ACK, optional=optional)
+    seqs = body.get(key) or ()
+    if len(seqs) > MAX_ACK_SEQS:
+        raise WireError(f"ack: more than {MAX_ACK_SEQS} {key}")
+    if not all(_is_int(s, 0, MAX_SEQ) for s in seqs):
+        raise WireError(f"ack: {key} must be non-negative integers")
+
+
+def _ack(body: dict[str, Any]) -> None:
+    _seq_list(body, "seqs")
+    _seq_list(body, "rejected", optional=True)
+
+
+def _command(body: dict[str, Any]) -> None:
+    _require_str(body, "command", MAX_KIND, COMMAND)
+    _require(body, "args", dict, COMMAND, optional=True)
+
+
+def _command_result(body: dict[str, Any]) -> None:
+    _require_str(body, "command_id", MAX_ID, COMMAND_RESULT)
+    _require(body, "ok", bool, COMMAND_RESULT)
+    _require(body, "result", dict, COMMAND_RESULT, optional=True)
+
+
+_VALIDATORS: dict[str, Callable[[dict[str, Any]], None]] = {
+    HELLO: _hello, REPORT: _report, EVENT: _event, HEARTBEAT: lambda body: None, ACK: _ack,
+    COMMAND: _command, COMMAND_RESULT: _command_result}
+
+
+# ---------------------------------------------------------------- report summaries
+# (format: slurmgpu.summary). Unpacked and checked here, once per report (~600 bytes,
+# a few microseconds), because the collector's history turns its GPU indices and
+# ports into table rows and in-memory keys.
+
+def validate_summary(summary: dict[str, Any] | bytes) -> None:
+    """A report's ``summary`` (a map, or msgpack bytes of one) within the bounds."""
+    if isinstance(summary, bytes):
+        # A node's summary rarely changes between reports: remember the bytes that passed
+        # (a pure function of them), bounded, so the common case is one dict lookup.
+        if summary in _GOOD_SUMMARIES:
+            return
+        _validate_packed_summary(summary)
+        if len(_GOOD_SUMMARIES) >= _GOOD_SUMMARIES_MAX:
+            _GOOD_SUMMARIES.clear()
+        _GOOD_SUMMARIES.add(summary)
+        return
+    _validate_summary_map(summary)
+
+
+_GOOD_SUMMARIES: set[bytes] = set()
+_GOOD_SUMMARIES_MAX = 16384  # x ~600 bytes: ~10 MiB at most
+
+
+def _validate_packed_summary(packed: bytes) -> None:
+    try:
+        summary = msgpack.unpackb(packed, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise WireError(f"report: summary is not msgpack: {type(exc).__name__}") from None
+    _validate_summary_map(summary)
+
+
+def _validate_summary_map(summary: Any) -> None:
+    if not isinstance(summary, dict):
+        raise WireError("report: summary is not a map")
+    gpus, ports, versions = summary.get("gpus"), summary.get("ib"), summary.get("versions")
+    _summary_rows(gpus, MAX_GPUS, "gpus", _gpu_key)
+    _summary_rows(ports, MAX_IB_PORTS, "ib", _port_key)
+    if versions is not None:
+        if not isinstance(versions, list) or len(versions) > MAX_SUMMARY_ROW:
+            raise WireError("report: summary versions is not a short list")
+        _scalars(versions)
+
+
+def _gpu_key(value: Any) -> bool:
+    return _is_int(value, 0, MAX_GPUS - 1)
+
+
+def _port_key(value: Any) -> bool:
+    return _is_str(value, MAX_SHORT)
+
+
+def _summary_rows(rows: Any, limit: int, name: str, key_ok: Callable[[Any], bool]) -> None:
+    """At most ``limit`` rows ``[key, *values]`` with distinct, valid keys."""
+    if rows is None:
+        return
+    if not isinstance(rows, list) or len(rows) > limit:
+        raise WireError(f"report: summary {name} is not a list of at most {limit} rows")
+    keys: set[Any] = set()
+    for row in rows:
+        if not isinstance(row, list) or not row or len(row) > MAX_SUMMARY_ROW \
+                or not key_ok(row[0]) or row[0] in keys:
+            raise WireError(f"report: bad or repeated summary {name} row")
+        keys.add(row[0])
+        _scalars(row[1:])
+
+
+def _scalars(values: list[Any]) -> None:
+    """Summary values: None, bool, an int64, a finite float or a short string. (Inline
+    type dispatch: ~150 values per report, on the ingest hot path.)"""
+    for v in values:
+        t = type(v)
+        if t is int:
+            if INT64_MIN <= v <= INT64_MAX:
+                continue
+        elif t is str:
+            if len(v) <= MAX_SHORT:
+                continue
+        elif t is float:
+            if math.isfinite(v):
+                continue
+        elif v is None or t is bool:
+            continue
+        raise WireError(f"report: summary value {_short(v)} out of range")

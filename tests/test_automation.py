@@ -275,3 +275,11 @@ def test_refused_reboot_drains_instead(tmp_path: Path) -> None:
     client.reboot = refuse  # type: ignore[method-assign]
     [d] = auto.on_report("gpu-001", "FAIL", [finding("xid.recent", xid=154, action="reboot")], clock.time())
     assert (d.action, d.result) == ("reboot", "drained") and drains(client) == ["gpu-001"]
+
+
+def test_automation_refuses_to_start_without_a_writable_state_dir(tmp_path: Path) -> None:
+    """Issue 12 item 10: before, it started and drained but recorded no decision."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ValueError, match="not writable"):
+        Automation(AutomationSettings(), FakeSlurmClient(["n1"]), blocker / "state")

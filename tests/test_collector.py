@@ -40,6 +40,7 @@ from slurmgpu.wire import (
     decode,
     encode,
 )
+from tests.agenthelpers import wait_until
 
 NODES = ("gpu-a", "gpu-b")
 
@@ -150,7 +151,9 @@ def test_report_stored_then_acked(tmp_path: Path, keys_dir: Path, ctx: zmq.Conte
         # The ack comes after the COMMIT: the row is visible to another connection now.
         assert db_rows(cfg, "SELECT node, seq, verdict FROM reports") == [("gpu-a", 2, "WARN")]
         assert db_rows(cfg, "SELECT check_id, severity, gpu FROM findings") == [("gpu.thermal", "WARN", 3)]
-        assert collector.counters.stored == 2 and collector.counters.acks_sent == 2
+        # (acks_sent is bumped just after the send the agent already saw: wait for it)
+        wait_until(lambda: collector.counters.acks_sent == 2, 5.0, "acks_sent == 2")
+        assert collector.counters.stored == 2
     [row] = Store(cfg.db).fleet()
     assert row["node"] == "gpu-a" and row["verdict"] == "WARN" and row["reachable"]
     assert row["worst_check"] == "gpu.thermal" and row["agent_version"] == "1.2.3"
@@ -230,8 +233,13 @@ def test_bad_frames_rejected_loop_survives(tmp_path: Path, keys_dir: Path, ctx: 
             agent.sock.send(frame)
         agent.sock.send_multipart([b"two", b"frames"])
         agent.send(ACK, 0, {"seqs": [1]})  # a collector-only type from an agent
-        agent.report(1)
-        assert agent.acked() == [1]
+        # The bad report seq 1 (valid envelope, malformed body) is acked as rejected, so
+        # its agent drops it instead of resending it forever.
+        refused = agent.recv()
+        assert refused is not None and refused.type == ACK
+        assert refused.body == {"seqs": [1], "rejected": [1]}
+        agent.report(1)  # (only now: in the same batch, the good copy's ack would win)
+        assert agent.acked() == [1]  # every frame sent before it was handled by now
         rejected = collector.counters.rejected
         assert rejected == {"malformed": 5, "version": 1, "oversized": 1, "frames": 1,
                             "unexpected_type": 1}

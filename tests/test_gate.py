@@ -4,6 +4,7 @@ tests/test_slurm_integration.py runs the same hooks on the real mini-cluster).""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -258,7 +259,8 @@ def test_epilog_finds_and_kills_stray_processes(tmp_path: Path) -> None:
         settings = Settings()
         settings.epilog.strays = "kill"
         gate, _ = make_gate(tmp_path, settings=settings,
-                            env={"SLURMGPU_DEVICE_PATTERN": str(tmp_path / "nvidia{index}")})
+                            env={"SLURMGPU_DEVICE_PATTERN": str(tmp_path / "nvidia{index}"),
+                                 "SLURM_JOB_UID": str(os.getuid())})  # never killed without it
         assert gate.epilog() == 0
         [summary] = records(tmp_path, "job-summaries.jsonl")
         assert summary["strays"][0]["pid"] == holder.pid and summary["strays"][0]["killed"] is True

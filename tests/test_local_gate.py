@@ -109,7 +109,11 @@ def _settings() -> Settings:
 
 
 @pytest.fixture
-def served(short_dir: Path, tmp_path: Path) -> Iterator[Served]:
+def served(short_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
+    # The agent's own paths (a request cannot move them: see test_env_filter).
+    monkeypatch.setenv("SLURMGPU_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("SLURMGPU_KMSG", str(tmp_path / "kmsg"))
+    monkeypatch.setenv("SLURMGPU_JOBS_DIR", str(tmp_path / "jobs"))
     agent = FakeAgent(make_facts(NODE), _settings())
     client = FakeSlurmClient([NODE])
     path = str(short_dir / "run" / "agent.sock")
@@ -194,9 +198,10 @@ def test_stale_socket_file_is_replaced(short_dir: Path) -> None:
 
 
 def test_env_filter() -> None:
-    env = job_env({"SLURM_JOB_ID": "1", "SLURMGPU_STATE_DIR": "/x", "CUDA_VISIBLE_DEVICES": "0",
-                   "LD_PRELOAD": "/evil.so", "PATH": "/tmp"})
-    assert env == {"SLURM_JOB_ID": "1", "SLURMGPU_STATE_DIR": "/x", "CUDA_VISIBLE_DEVICES": "0"}
+    # A client never moves the root agent's state/jobs directories (it writes and chowns there).
+    env = job_env({"SLURM_JOB_ID": "1", "SLURMGPU_STATE_DIR": "/x", "SLURMGPU_JOBS_DIR": "/etc",
+                   "CUDA_VISIBLE_DEVICES": "0", "LD_PRELOAD": "/evil.so", "PATH": "/tmp"})
+    assert env == {"SLURM_JOB_ID": "1", "CUDA_VISIBLE_DEVICES": "0"}
     with pytest.raises(ValueError):
         job_env({"SLURM_JOB_ID": 1})
 
@@ -420,3 +425,49 @@ def test_healthcheck_through_quickgate_drains_then_resumes(served: Served) -> No
     served.agent.facts.gpus[6].lost = False
     proc = quickgate(served.env(), "healthcheck")
     assert proc.returncode == 0 and json.loads(proc.stderr.strip().splitlines()[-1])["action"] == "resumed"
+
+
+def test_a_client_cannot_move_the_agents_state_or_jobs_dir(served: Served, tmp_path: Path) -> None:
+    """The root agent writes and chowns in these directories: a socket client's
+    SLURMGPU_STATE_DIR / SLURMGPU_JOBS_DIR are ignored, the agent's own are used."""
+    elsewhere = tmp_path / "elsewhere"
+    reply = served.ask({"op": "prolog", "env": served.env(SLURMGPU_STATE_DIR=str(elsewhere / "state"),
+                                                          SLURMGPU_JOBS_DIR=str(elsewhere / "jobs"))})
+    assert reply["ok"] and reply["exit"] == 0
+    assert not elsewhere.exists()
+    assert (served.tmp / "state" / "gate.jsonl").is_file() and (served.tmp / "jobs" / "42").is_dir()
+
+
+def test_quickgate_refuses_an_answer_from_a_non_root_server(tmp_path: Path, short_dir: Path) -> None:
+    """Whoever can create a socket at the agent's path must not decide whether jobs run:
+    quickgate checks the server's uid (SO_PEERCRED: the uid that created it) and otherwise
+    takes the full path."""
+    from slurmgpu import quickgate as qg
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run the impostor as another user")
+    short_dir.chmod(0o777)
+    path = str(short_dir / "fake.sock")
+    ready_r, ready_w = os.pipe()
+    child = os.fork()
+    if child == 0:  # the impostor: another user, answering "OK, let it run"
+        try:
+            os.setuid(65534)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+                server.bind(path)
+                server.listen(1)
+                os.write(ready_w, b"1")  # listening: the parent may connect
+                conn, _ = server.accept()
+                conn.recv(65536)
+                conn.sendall(b'{"ok": true, "exit": 0, "record": {}}\n')
+        finally:
+            os._exit(0)
+    try:
+        os.close(ready_w)
+        assert os.read(ready_r, 1) == b"1"
+        with pytest.raises(qg.AgentUnavailable, match="not root"):
+            qg.ask_agent(path, {"op": "prolog"}, 2.0)
+    finally:
+        os.close(ready_r)
+        os.kill(child, 9)
+        os.waitpid(child, 0)

@@ -15,6 +15,7 @@ import pytest
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
+from slurmgpu.collector import metrics as metrics_module
 from slurmgpu.collector.metrics import IngestRate, parse_bind
 from slurmgpu.collector.policy import Automation, Decision
 from slurmgpu.collector.server import Collector, CollectorError
@@ -110,7 +111,14 @@ def add_checkpoints(db_path: str, states: list[str]) -> None:
             [(str(i), state) for i, state in enumerate(states)])
 
 
-def test_scrape_reports_store_automation_and_checkpoints(tmp_path: Path, keys_dir: Path) -> None:  # noqa: F811
+@pytest.fixture
+def uncached(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every scrape computes (the 1 s scrape cache is tested on its own)."""
+    monkeypatch.setattr(metrics_module, "CACHE_S", 0.0)
+
+
+def test_scrape_reports_store_automation_and_checkpoints(tmp_path: Path, keys_dir: Path,  # noqa: F811
+                                                         uncached: None) -> None:
     cfg = make_settings(tmp_path, keys_dir, metrics_bind=f"127.0.0.1:{free_port()}")
     auto = Automation(AutomationSettings(), FakeSlurmClient(["gpu-a", "gpu-b"]), tmp_path / "state")
     auto.state.breaker = {"open": True, "since": 1.0, "why": "storm"}
@@ -298,3 +306,54 @@ def test_ingest_rate_window() -> None:
     # 10 messages a second; the oldest sample inside the last 60 s is t=60.
     assert rate.rate(1200, now=120.0) == pytest.approx(10.0)
     assert rate.rate(1200, now=1000.0) == 0.0  # all samples stale: the loop stalled
+
+
+def test_scrapes_are_cached_bounded_and_time_out(tmp_path: Path, keys_dir: Path) -> None:  # noqa: F811
+    """Issue 12 item 11: 8 scrapers in a loop compute at most one scrape a second; an idle
+    connection (slowloris) is closed after the request timeout, never held; more concurrent
+    connections than workers are turned away instead of piling up threads."""
+    import threading
+
+    from prometheus_client import CollectorRegistry
+
+    from slurmgpu.collector.metrics import CachedExposition
+
+    calls = []
+
+    class Counting:
+        def collect(self) -> Any:
+            from prometheus_client.core import GaugeMetricFamily
+
+            calls.append(1)
+            yield GaugeMetricFamily("x", "x", value=1)
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Counting())
+    app = CachedExposition(registry, cache_s=1.0)
+    threads = [threading.Thread(target=lambda: [app.body() for _ in range(50)]) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == app.computed <= 2  # 400 scrapes within ~a second: one or two computed
+
+    cfg = make_settings(tmp_path, keys_dir, metrics_bind=f"127.0.0.1:{free_port()}")
+    with running(cfg) as collector:
+        server = collector.metrics_server
+        assert server is not None
+        workers = metrics_module.MAX_WORKERS
+        idle = [socket.create_connection((server.host, server.port)) for _ in range(workers + 4)]
+        try:
+            started = time.monotonic()
+            while time.monotonic() - started < metrics_module.REQUEST_TIMEOUT_S + 10:
+                try:  # served once the idle ones time out (the extra ones are turned away)
+                    assert scrape(server.url)
+                    break
+                except (urllib.error.URLError, ConnectionError, TimeoutError):
+                    time.sleep(0.2)
+            else:
+                raise AssertionError("scrapes stayed blocked by idle connections")
+            assert threading.active_count() < 40
+        finally:
+            for conn in idle:
+                conn.close()

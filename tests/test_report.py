@@ -451,12 +451,20 @@ def test_markdown(model: dict[str, Any]) -> None:
         assert f"\n## {TITLES[section]}\n" in text
     assert "OFF-PIN n2" in text
     assert "slurmgpu automation" in text and "operator alice" in text
-    assert "maint <b>evil</b>" in text  # Markdown keeps text as is; pipes are escaped
+    # The Markdown is the mail body: a node's text never becomes HTML or a link there.
+    assert "maint &lt;b&gt;evil&lt;/b&gt;" in text and "<b>evil" not in text
     assert "∞" in text
 
 
 def test_markdown_escapes_pipes() -> None:
     assert report_md.cell("a|b\nc") == "a\\|b c"
+
+
+def test_markdown_never_passes_html_or_links_through() -> None:
+    hostile = report_md.cell('<script>alert(1)</script> [click](javascript:alert(1)) `x`')
+    assert "<" not in hostile and ">" not in hostile
+    assert "](" not in hostile.replace("\\]\\(", "")  # no link syntax survives unescaped
+    assert "\\`x\\`" in hostile
 
 
 # --------------------------------------------------------------------------- CLI

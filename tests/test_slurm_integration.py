@@ -182,3 +182,16 @@ def test_hostile_reason_text_is_safe(cluster: SimCluster, tmp_path: Path) -> Non
     resumed = subprocess.run([sys.executable, "-m", "slurmgpu", "resume", "gpu-n2"], env=env,
                              capture_output=True, text=True, timeout=60, check=False)
     assert resumed.returncode == 0 and "resumed" in resumed.stdout
+
+
+def test_a_broken_config_push_drains_no_node(cluster: SimCluster) -> None:
+    """Issue 12: a config error in a hook follows on_error (fail-open by default) instead
+    of exiting non-zero, which Slurm answers by draining the node. The hooks run exactly
+    as installed (wrapper -> quickgate -> `slurmgpu prolog`, no agent)."""
+    broken = cluster.default_config().replace("[gpu]\n", '[gpu]\nmig = "sometimes"\n')  # invalid value
+    assert broken != cluster.default_config()
+    cluster.write_config(broken)
+    jobs = [cluster.sbatch("", "--gres=gpu:1", "-w", node, "--wrap", "true") for node in ("gpu-n1", "gpu-n2")]
+    assert [cluster.wait_job(job) for job in jobs] == ["COMPLETED", "COMPLETED"]
+    for node in ("gpu-n1", "gpu-n2"):
+        assert "DRAIN" not in state(cluster, node), state(cluster, node)

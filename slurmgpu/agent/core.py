@@ -45,6 +45,7 @@ MAX_EVENTS_PER_EVAL = 16
 # How far back the kernel log is searched for the text of an XID that NVML reported.
 KMSG_LOOKBACK_S = 10.0
 SPOOL_CHECK = "agent.spool"
+STATE_DIR_CHECK = "agent.state_dir"
 
 
 def load_client_keys(bundle_dir: str) -> tuple[bytes, bytes, bytes]:
@@ -126,6 +127,7 @@ class Agent:
         self._agent_findings: list[Finding] = []
         self._refresh_ids: list[str] = []
         self._keys_retry_at = 0.0
+        self._state_error: str | None = None  # gate bookkeeping that failed (warm path)
         # Event coalescing, per GPU (None: could not tell which): events waiting for the
         # next evaluation, when the last one ran, when a deferred one is due, and what
         # the last evaluation found (an unchanged one is not a message).
@@ -193,6 +195,10 @@ class Agent:
         spool_error = self.spool.take_error() if self.spool is not None else None
         if spool_error:
             extra.append(Finding(SPOOL_CHECK, Severity.WARN, spool_error))
+        with self._lock:
+            state_error, self._state_error = self._state_error, None
+        if state_error:
+            extra.append(Finding(STATE_DIR_CHECK, Severity.WARN, state_error))
         verdict = Verdict(self.node, verdict.findings + tuple(extra), verdict.duration_ms)
         with self._lock:
             self._facts, self._verdict, self._at = facts, verdict, now
@@ -395,7 +401,9 @@ class Agent:
             return None
 
         def encode(seq: int) -> bytes:
-            return wire.encode(wire.Envelope(type=mtype, node=self.node, seq=seq, body=body))
+            # (called by the spool under its lock: the epoch is the one ``seq`` belongs to)
+            return wire.encode(wire.Envelope(type=mtype, node=self.node, seq=seq, body=body,
+                                             epoch=spool.epoch))
 
         try:
             item = spool.append(mtype, encode)
@@ -409,6 +417,13 @@ class Agent:
             else:
                 link.send_unspooled(item.frame)
         return item.seq
+
+    def bookkeeping_failed(self, errors: list[str]) -> None:
+        """A gate run on the warm path decided, but could not record (state dir full or
+        read-only): the next report says so as an ``agent.state_dir`` WARN."""
+        with self._lock:
+            self._state_error = f"could not record gate bookkeeping: {errors[0]}" + (
+                f" (+{len(errors) - 1} more)" if len(errors) > 1 else "")
 
     def prolog_blocked(self, job_id: str | None, record: dict[str, Any]) -> None:
         """The warm-path prolog refused a job: tell the collector (fleet report: jobs
@@ -455,8 +470,12 @@ class Agent:
         from slurmgpu.agent.link import Link
 
         self._keys_retry_at = self.clock.monotonic() + KEYS_RETRY_S
+        from slurmgpu.keys import InsecureKeyError
+
         try:
             keys = load_client_keys(self.keys_dir)
+        except InsecureKeyError:
+            raise  # docs/keys.md: a secret open to others is refused, the agent does not start
         except Exception as exc:
             self.log.error("collector_keys_missing", keys_dir=self.keys_dir,
                            error=f"{type(exc).__name__}: {exc}", retry_s=KEYS_RETRY_S,

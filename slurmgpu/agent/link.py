@@ -6,7 +6,9 @@ this connection, in seq order, straight from the spool. A completed CURVE handsh
 (socket monitor) starts a fresh pass over the whole spool, so a restarted collector
 or a new socket gets every unacked message again. ``IMMEDIATE`` keeps zmq from
 queueing messages for a peer that is not there. A collector silent for
-``SILENT_HEARTBEATS`` heartbeats gets a new socket (close + connect).
+``SILENT_HEARTBEATS`` heartbeats gets a new socket (close + connect). An ack deletes
+its seqs from the spool only if it is for this spool's epoch; seqs it lists as
+``rejected`` are dropped and logged (the collector refused them for good).
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ class Link(threading.Thread):
         self.reconnects = 0
         self.received = 0
         self.bad_frames = 0
+        self.rejected = 0  # messages the collector refused for good (dropped)
+        self.stale_acks = 0  # acks for another spool epoch (ignored)
         self._ctx: zmq.Context[Any] | None = None
         self._sock: zmq.Socket[Any] | None = None
         self._monitor: zmq.Socket[Any] | None = None
@@ -233,8 +237,24 @@ class Link(threading.Thread):
                 self.log.warning("bad_frame_from_collector", error=str(exc))
                 continue
             if message.type == wire.ACK:
-                self.spool.delete(message.body["seqs"])
+                self._ack(message)
             elif message.type == wire.COMMAND:
                 self.on_command(message)
             elif message.type != wire.HEARTBEAT:
                 self.log.warning("unexpected_message", type=message.type)
+
+    def _ack(self, message: wire.Envelope) -> None:
+        """Drop the acked rows. An ack for another spool epoch (sent for a previous
+        spool of this node, e.g. before a reinstall) must not delete this spool's rows
+        under the same seqs; an ack without an epoch is from an epoch-less collector."""
+        if message.epoch and message.epoch != self.spool.epoch:
+            self.stale_acks += 1
+            self.log.info("ack_for_other_epoch", epoch=message.epoch, spool_epoch=self.spool.epoch)
+            return
+        rejected = message.body.get("rejected") or []
+        if rejected:
+            # The collector refused these for good (malformed, or unstorable): resending
+            # would fail again. Dropped here, loudly.
+            self.rejected += len(rejected)
+            self.log.error("messages_rejected_by_collector", seqs=rejected[:20], count=len(rejected))
+        self.spool.delete(message.body["seqs"])

@@ -52,6 +52,7 @@ READ_TIMEOUT_S = 5.0
 POLL_S = 0.2
 #: Job variables a hook may pass (the same filter as ``slurmgpu.quickgate``).
 ENV_PREFIXES = ("SLURM", "SLURMGPU")
+OWN_PREFIX = "SLURMGPU_"
 ENV_NAMES = frozenset({"CUDA_VISIBLE_DEVICES"})
 _PEERCRED = struct.Struct("3i")
 
@@ -93,16 +94,24 @@ def peer_allowed(uid: int, allowed: frozenset[int]) -> bool:
 
 
 def job_env(raw: Any) -> dict[str, str]:
-    """The job variables of a request, filtered to the names a hook may pass."""
+    """The job variables of a request, filtered to the names a hook may pass. SLURMGPU_*
+    variables (state and jobs directories, kernel log, device pattern, ...) are never taken
+    from a socket client: this root process writes and chowns where they point. The
+    agent's own environment supplies them (``agent_paths``)."""
     if not isinstance(raw, dict):
         raise ValueError("'env' must be an object of strings")
     env = {}
     for key, value in raw.items():
         if not isinstance(key, str) or not isinstance(value, str):
             raise ValueError("'env' must be an object of strings")
-        if key in ENV_NAMES or key.startswith(ENV_PREFIXES):
+        if (key in ENV_NAMES or key.startswith(ENV_PREFIXES)) and not key.startswith(OWN_PREFIX):
             env[key] = value
     return env
+
+
+def agent_paths(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """This agent's own SLURMGPU_* settings, which a request's gate runs with."""
+    return {k: v for k, v in environ.items() if k.startswith(OWN_PREFIX)}
 
 
 # ---------------------------------------------------------------------- sources
@@ -203,9 +212,9 @@ class LocalService:
         if op == "gate":
             return self.gate(request.get("gpus"))
         if op in ("prolog", "epilog"):
-            return self.hook(str(op), job_env(request.get("env", {})), ack)
+            return self.hook(str(op), {**agent_paths(), **job_env(request.get("env", {}))}, ack)
         if op == "healthcheck":
-            return self.healthcheck(job_env(request.get("env", {})), ack)
+            return self.healthcheck({**agent_paths(), **job_env(request.get("env", {}))}, ack)
         return _error(f"unknown op {op!r} (status, gate, prolog, epilog, healthcheck)")
 
     def healthcheck(self, env: dict[str, str],
@@ -289,6 +298,9 @@ class LocalService:
             return _error(f"{phase} did not decide in time")
         records = outcome["records"]
         record = records[-1] if records else None
+        failed = getattr(self.agent, "bookkeeping_failed", None)
+        if gate.bookkeeping_errors and failed is not None:
+            failed(list(gate.bookkeeping_errors))
         blocked = getattr(self.agent, "prolog_blocked", None)
         if phase == "prolog" and outcome["exit"] != 0 and blocked is not None:
             blocked(env.get("SLURM_JOB_ID"), record or {})  # for the fleet report

@@ -6,6 +6,13 @@ strictly increasing across restarts (``AUTOINCREMENT`` never reuses a number). A
 is deleted only when the collector acks its seq; on (re)connect the link resends
 every remaining row in seq order, byte for byte (same envelope id).
 
+Each spool has an epoch: a random id created with the spool file and kept in it
+(``meta``). Messages carry it, and the collector deduplicates by (node, epoch, seq), so
+a new spool (reinstall, new disk, deleted spool.db) whose seqs restart at 1 is a new
+sequence, not a replay of the old one. A spool that cannot be opened gets an epoch of
+its own in memory; when the file opens later its epoch is adopted and seqs go on above
+both.
+
 Over ``spool_max_mb`` the spool compacts: all ``report`` rows but the newest go
 (a newer report supersedes an older one); events, hellos and command results are
 never dropped. A write that fails (disk full, I/O error, unwritable directory) never
@@ -20,6 +27,7 @@ import os
 import sqlite3
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +44,11 @@ CREATE TABLE IF NOT EXISTS messages (
     frame BLOB NOT NULL
 )
 """
+_META = "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
+
+
+def new_epoch() -> str:
+    return uuid.uuid4().hex
 
 
 @dataclass(frozen=True)
@@ -54,6 +67,8 @@ class Spool:
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._last_seq = 0
+        # Read by ``append``'s encode callback (under the lock) to stamp the frame.
+        self.epoch = new_epoch()
         self._error: str | None = None  # for the next report's agent.spool finding
         self._failing = False
         self._next_open = 0.0
@@ -72,14 +87,27 @@ class Spool:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute(_SCHEMA)
+            epoch = self._load_epoch(conn)
             row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name='messages'").fetchone()
             high = conn.execute("SELECT max(seq) FROM messages").fetchone()[0]
         except (sqlite3.Error, OSError) as exc:
             self._fail(f"cannot open spool {self.path}: {exc}")
             return False
         self._conn = conn
+        if epoch != self.epoch:
+            self._log.info("spool_epoch", epoch=epoch, path=str(self.path))
+        self.epoch = epoch
         self._last_seq = max(self._last_seq, row[0] if row else 0, high or 0)
         return True
+
+    def _load_epoch(self, conn: sqlite3.Connection) -> str:
+        """The file's epoch; a file without one (new, or from before epochs) gets ours."""
+        conn.execute(_META)
+        row = conn.execute("SELECT value FROM meta WHERE key='epoch'").fetchone()
+        if row is not None and isinstance(row[0], str) and row[0]:
+            return row[0]
+        conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('epoch', ?)", (self.epoch,))
+        return self.epoch
 
     def _fail(self, message: str) -> None:
         self._error = message
@@ -90,8 +118,9 @@ class Spool:
     # ------------------------------------------------------------------ writes
 
     def append(self, mtype: str, encode: Callable[[int], bytes]) -> Spooled:
-        """Assign the next seq, build the frame with it, store it. Never raises for
-        storage problems (``stored`` False); ``encode`` errors propagate."""
+        """Assign the next seq, build the frame with it (``encode`` must stamp the frame
+        with ``self.epoch``, read inside the call), store it. Never raises for storage
+        problems (``stored`` False); ``encode`` errors propagate."""
         with self._lock:
             if self._conn is None and time.monotonic() >= self._next_open:
                 self._open()

@@ -1,4 +1,5 @@
-"""`slurmgpu config check [FILE]` and `slurmgpu config explain --node NAME`."""
+"""`slurmgpu config check [FILE]`, `slurmgpu config explain --node NAME` and
+`slurmgpu config ranges`."""
 
 from __future__ import annotations
 
@@ -8,7 +9,14 @@ from typing import Any, NoReturn
 
 import click
 
-from slurmgpu.config.load import ExplainRow, LoadedConfig, config_path, format_value, load_config
+from slurmgpu.config.load import (
+    ExplainRow,
+    LoadedConfig,
+    config_path,
+    format_value,
+    load_config,
+    ranges_markdown,
+)
 from slurmgpu.errors import ConfigError
 
 EXIT_CONFIG = 3
@@ -103,6 +111,12 @@ def explain(ctx: click.Context, node: str | None, config_file: str | None, as_js
     if not show_all:
         click.echo(f"{defaulted} setting{'' if defaulted == 1 else 's'} at the default "
                    "(--all shows them)")
+
+
+@config.command("ranges")
+def ranges() -> None:
+    """The allowed range of every numeric setting, as Markdown (docs/config-ranges.md)."""
+    click.echo(ranges_markdown(), nl=False)
 
 
 def _table(rows: list[ExplainRow]) -> str:

@@ -31,14 +31,58 @@ def _hook(phase: str, config_file: str | None) -> int:
     from slurmgpu import log
     from slurmgpu.cli import versions_cache
     from slurmgpu.engine import system_sources
-    from slurmgpu.gate import Gate, job_context
+    from slurmgpu.errors import SlurmGpuError
+    from slurmgpu.gate import Gate, Watchdog, job_context
 
     log.configure("info", json=True)
-    settings = _settings(config_file, job_context(os.environ).node)
+    # The config itself may hang (a stuck NFS home, a huge hostlist): bound it with the
+    # packaged default timeout and policy until the site's are known.
+    timeout = float(getattr(getattr(Settings(), phase, None), "timeout_s", 30.0))
+    with Watchdog(timeout, lambda step: os._exit(_hook_failed(phase, config_file, "watchdog: loading "
+                                                             f"the config exceeded {timeout:g} s"))):
+        try:
+            settings = _settings(config_file, job_context(os.environ).node)
+        except SlurmGpuError as exc:  # a bad config must not drain the cluster
+            return _hook_failed(phase, config_file, f"config: {exc}")
     # The sources the gate would make itself, plus the versions cache in the state dir.
     sources = system_sources(settings, versions_cache=versions_cache(settings))
     gate = Gate(settings, os.environ, lambda: _client(settings), sources=sources)
     return int(getattr(gate, phase)())
+
+
+def _hook_failed(phase: str, config_file: str | None, error: str) -> int:
+    """The hook cannot judge the node (its own config is broken): follow ``[<phase>]
+    on_error`` as far as the file still says it (read leniently), else the packaged
+    default (fail-open). Fail-open exits 0 with one loud line; fail-closed refuses the job
+    (exit 1: Slurm drains the node, as the admin asked). The healthcheck says UNKNOWN."""
+    from slurmgpu import log
+
+    policy = _lenient_on_error(phase, config_file)
+    if phase == "healthcheck":
+        code, action = 3, "none"
+    else:
+        code, action = (0, "fail-open") if policy == "fail-open" else (1, "fail-closed")
+    log.get_logger().error(f"{phase}_decision", phase=phase, action=action, error=error,
+                           node=os.environ.get("SLURMD_NODENAME"), job=os.environ.get("SLURM_JOB_ID"))
+    return code
+
+
+def _lenient_on_error(phase: str, config_file: str | None) -> str:
+    """``[<phase>] on_error`` from the raw TOML when it is readable and valid there."""
+    import tomllib
+
+    from slurmgpu.config.load import MAX_CONFIG_BYTES, config_path
+
+    default = getattr(Settings(), phase, None)
+    fallback = str(getattr(default, "on_error", "fail-open"))
+    try:
+        path, _ = config_path(config_file)
+        with open(path, "rb") as f:
+            raw = tomllib.loads(f.read(MAX_CONFIG_BYTES).decode("utf-8"))
+        value = raw.get(phase, {}).get("on_error")
+    except Exception:  # unreadable, not TOML, not a table: the packaged default
+        return fallback
+    return value if value in ("fail-open", "fail-closed") else fallback
 
 
 config_option = click.option("--config", "config_file", metavar="FILE",

@@ -20,6 +20,7 @@ from typing import Any
 import msgpack
 
 from slurmgpu.summary import GPU_FIELDS, IB_FIELDS, THROTTLE_HW, THROTTLE_SW, VERSION_FIELDS
+from slurmgpu.wire import MAX_GPUS
 
 _MAX_TEXT = 256
 
@@ -107,7 +108,9 @@ class History:
 
     def _changed(self, node: str, ts: float, gpus: Any, ports: Any, versions: Any, rows: Rows) -> None:
         for g in gpus if isinstance(gpus, list) else ():
-            if not isinstance(g, list) or not g or not isinstance(g[0], int) or isinstance(g[0], bool):
+            # (the wire bounds indices; a direct caller's odd row is skipped, never bound
+            # as an out-of-range SQL integer)
+            if not isinstance(g, list) or not g or type(g[0]) is not int or not 0 <= g[0] < MAX_GPUS:
                 continue
             values = _values(g[1:], len(GPU_FIELDS))
             if self._gpu.get((node, g[0])) != values:
@@ -126,6 +129,17 @@ class History:
             if self._versions.get(node) != values:
                 self._versions[node] = values
                 rows.versions.append((node, ts, *values))
+
+    def forget(self, nodes: set[str]) -> None:
+        """The store rolled back a batch with these nodes' rows: forget their last seen
+        values, so their next report writes its rows again (as after a restart). Their
+        sample counts keep the rolled-back reports (at most one batch over-counted)."""
+        for node in nodes:
+            self._seen.pop(node, None)
+            self._versions.pop(node, None)
+        if nodes:
+            self._gpu = {k: v for k, v in self._gpu.items() if k[0] not in nodes}
+            self._ib = {k: v for k, v in self._ib.items() if k[0] not in nodes}
 
     def flush(self, now: float, rows: Rows) -> None:
         """Write every node's partial interval (at shutdown)."""

@@ -28,11 +28,10 @@ import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
@@ -150,6 +149,8 @@ class FleetMetrics:
              "event, command-result).", c.stored),
             ("slurmgpu_messages_duplicates", "Acked-type messages already stored (resends), "
              "acked again and not stored.", c.duplicates),
+            ("slurmgpu_messages_duplicate_conflicts", "Duplicates (same node, spool epoch and "
+             "seq) whose body differs from the stored message: dropped, logged.", c.conflicts),
             ("slurmgpu_heartbeats_received", "Heartbeats received from agents.",
              c.heartbeats_received),
             ("slurmgpu_heartbeats_sent", "Heartbeats sent to agents.", c.heartbeats_sent),
@@ -358,9 +359,75 @@ class FleetMetrics:
         return out
 
 
+# A scraper gets this long to send its request and read the answer: an idle or trickling
+# connection (slowloris) is closed instead of holding a thread.
+REQUEST_TIMEOUT_S = 10.0
+# At most this many requests are served at once; more are turned away at accept.
+MAX_WORKERS = 4
+# A scrape is computed at most once per this many seconds; scrapers in between (and
+# concurrent ones) get the same bytes, so scrapers cannot load the collector's database.
+CACHE_S = 1.0
+
+
 class _Handler(WSGIRequestHandler):
+    timeout = REQUEST_TIMEOUT_S
+
     def log_message(self, format: str, *args: Any) -> None:
         pass  # no access log on stderr
+
+
+class CachedExposition:
+    """The WSGI app: ``generate_latest`` at most once per ``CACHE_S``, under a lock."""
+
+    def __init__(self, registry: CollectorRegistry, cache_s: float | None = None) -> None:
+        self.registry = registry
+        self.cache_s = CACHE_S if cache_s is None else cache_s
+        self.computed = 0  # scrapes actually computed (tests, and the docs' figures)
+        self._lock = threading.Lock()
+        self._body = b""
+        self._at = -1e9
+
+    def body(self) -> bytes:
+        with self._lock:
+            if time.monotonic() - self._at >= self.cache_s:
+                self._body = generate_latest(self.registry)
+                self._at = time.monotonic()
+                self.computed += 1
+            return self._body
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        if environ.get("PATH_INFO", "/") not in ("/", "/metrics"):
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [b"not found; see /metrics\n"]
+        body = self.body()
+        start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST),
+                                  ("Content-Length", str(len(body)))])
+        return [body]
+
+
+class _BoundedServer(WSGIServer):
+    """One thread per request, at most MAX_WORKERS at once; beyond that the connection is
+    closed at once (a scraper retries; a flood does not pile up threads)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.slots = threading.BoundedSemaphore(MAX_WORKERS)
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        thread = threading.Thread(target=self._serve, args=(request, client_address), daemon=True)
+        thread.start()
+
+    def _serve(self, request: Any, client_address: Any) -> None:
+        try:
+            self.finish_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
+        finally:
+            self.shutdown_request(request)
+            self.slots.release()
 
 
 class MetricsServer:
@@ -403,13 +470,12 @@ def start_metrics_server(collector: Collector, bind: str) -> MetricsServer:
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     family, addr = infos[0][0], infos[0][4][0]
 
-    class _Server(ThreadingMixIn, WSGIServer):
-        daemon_threads = True
+    class _Server(_BoundedServer):
         address_family = family
 
     registry = CollectorRegistry(auto_describe=False)
     metrics = FleetMetrics(collector)
     registry.register(metrics)
-    httpd = make_server(str(addr), port, make_wsgi_app(registry), server_class=_Server,
+    httpd = make_server(str(addr), port, CachedExposition(registry), server_class=_Server,
                         handler_class=_Handler)
     return MetricsServer(httpd, metrics, registry)

@@ -19,6 +19,7 @@ import dataclasses
 import json
 import math
 import os
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -150,8 +151,22 @@ class Automation:
         self.actions = Actions(client, state_dir)
         self.path = Path(state_dir) / STATE_FILE
         self.clock: Clock = clock or _SystemClock()
-        self.state = _State.load(self.path)
         self.checkpoints: Checkpoints | None = None
+        self.state = self._load_writable()
+
+    def _load_writable(self) -> _State:
+        """Automation that cannot record its decisions must not take any: refuse to start
+        (a ValueError naming the directory) rather than drain nodes with no trace."""
+        try:
+            state = _State.load(self.path)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, probe = tempfile.mkstemp(prefix=".write-probe.", dir=self.path.parent)  # leaves nothing
+            os.close(fd)
+            os.unlink(probe)
+            return state
+        except OSError as exc:
+            raise ValueError(f"automation state directory {self.path.parent} is not writable "
+                             f"({exc.strerror or exc}): fix it, or run without [automation]") from None
 
     def attach_checkpoints(self, checkpoints: Checkpoints) -> None:
         """Coordinate "checkpoint"/"drain-now" with the jobs on the node: their drain

@@ -9,7 +9,16 @@ the next allow-list reload (SIGHUP, or within 30 s).
 
 Delivery: for each acked type (hello, report, event, command-result) the collector
 stores the message and, only after the batch COMMITs, acks its seq; a duplicate
-(node, seq) is not stored again but is acked again. Nothing else is acked.
+(node, epoch, seq) is not stored again but is acked again (and counted as a conflict,
+and logged, when its body differs from the stored one). An ack names the epoch it
+acknowledges.
+
+Bad messages never stop ingestion. A frame whose envelope is valid but whose body is
+not (``BodyError``), or a message the store cannot take although the store works, is
+rejected, counted and acked as ``rejected``: it would fail the same way on every resend,
+so the agent drops it (and logs it) instead of resending it forever. When the store
+itself fails (disk full, I/O error, locked, corrupt) nothing is acked, so agents keep
+their messages spooled and resend them later.
 
 Automation (optional): after a batch's acks are sent, every newly stored report and
 event is passed to ``Automation.on_report`` and its decisions are stored in the
@@ -56,6 +65,7 @@ from slurmgpu.wire import (
     MAX_FRAME,
     PROTOCOL_VERSION,
     REPORT,
+    BodyError,
     Envelope,
     WireError,
     decode,
@@ -75,6 +85,22 @@ REJECT_LOG_EVERY_S = 10.0
 # frames between MAX_FRAME and this are read and counted as "oversized".
 TRANSPORT_MAX_FRAME = 4 * MAX_FRAME
 HWM = 100_000
+
+# An acked-type message to acknowledge: (routing id, node, epoch, seq, rejected).
+AckItem = tuple[bytes, str, str, int, bool]
+Batch = list[tuple[str, Envelope, bytes]]
+
+
+def _message_fault(exc: BaseException) -> bool:
+    """Whether a failed ``store_batch`` points at a message (a value SQLite cannot bind,
+    a constraint, a bug on odd input: retry message by message and reject the culprit)
+    rather than at the store itself (disk full, I/O error, locked, corrupt, closed:
+    stop acking, agents keep spooling)."""
+    if isinstance(exc, (sqlite3.InterfaceError, sqlite3.IntegrityError, sqlite3.DataError)):
+        return True
+    if isinstance(exc, sqlite3.ProgrammingError):  # a value of a type SQLite cannot bind,
+        return "binding parameter" in str(exc)  # else a closed or misused connection
+    return not isinstance(exc, (sqlite3.Error, OSError, MemoryError))
 
 
 class SlurmPoller(threading.Thread):
@@ -132,6 +158,7 @@ class Counters:
     heartbeats_sent: int = 0
     batches: int = 0
     store_errors: int = 0
+    conflicts: int = 0  # duplicates whose body differs from the stored message
     decisions: int = 0
     automation_errors: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
@@ -141,7 +168,8 @@ class Counters:
                 "acks_sent": self.acks_sent, "acks_failed": self.acks_failed,
                 "heartbeats_received": self.heartbeats_received,
                 "heartbeats_sent": self.heartbeats_sent, "batches": self.batches,
-                "store_errors": self.store_errors, "decisions": self.decisions,
+                "store_errors": self.store_errors, "conflicts": self.conflicts,
+                "decisions": self.decisions,
                 "automation_errors": self.automation_errors, "rejected": dict(self.rejected)}
 
 
@@ -158,26 +186,32 @@ class _FrameBuilder:
     same fields (tests check it decodes)."""
 
     def __init__(self) -> None:
-        self._head = b"\x87" + _packed("v") + _packed(PROTOCOL_VERSION) + _packed("id")
+        # (the map header, 0x87 = 7 keys, is prepended per frame: 8 with an epoch)
+        self._head = _packed("v") + _packed(PROTOCOL_VERSION) + _packed("id")
         self._node_key = _packed("node")
         self._mid = _packed("seq") + _packed(0) + _packed("ts")
-        self._ack_tail = _packed("type") + _packed(ACK) + _packed("body") + b"\x81" + _packed("seqs")
+        self._ack_tail = _packed("type") + _packed(ACK) + _packed("body")
+        self._seqs_key, self._rejected_key = _packed("seqs"), _packed("rejected")
+        self._epoch_key = _packed("epoch")
         self._heartbeat_tail = _packed("type") + _packed(HEARTBEAT) + _packed("body") + _packed({})
         self._prefix = uuid.uuid4().hex[:16]
         self._counter = itertools.count(1)
         self._nodes: dict[str, bytes] = {}
 
-    def _start(self, node: str) -> bytes:
+    def _start(self, node: str, keys: int = 7) -> bytes:
         part = self._nodes.get(node)
         if part is None:
             if len(self._nodes) > 1_000_000:
                 self._nodes.clear()
             part = self._nodes[node] = self._node_key + _packed(node) + self._mid
-        return (self._head + _packed(f"{self._prefix}{next(self._counter):016x}") + part
-                + _packed(time.time()))
+        return (bytes((0x80 | keys,)) + self._head
+                + _packed(f"{self._prefix}{next(self._counter):016x}") + part + _packed(time.time()))
 
-    def ack(self, node: str, seqs: list[int]) -> bytes:
-        return self._start(node) + self._ack_tail + _packed(seqs)
+    def ack(self, node: str, seqs: list[int], epoch: str = "", rejected: list[int] | None = None) -> bytes:
+        body = (b"\x82" + self._seqs_key + _packed(seqs) + self._rejected_key + _packed(rejected)
+                if rejected else b"\x81" + self._seqs_key + _packed(seqs))
+        frame = self._start(node, 8 if epoch else 7) + self._ack_tail + body
+        return frame + self._epoch_key + _packed(epoch) if epoch else frame
 
     def heartbeat(self, node: str) -> bytes:
         return self._start(node) + self._heartbeat_tail
@@ -323,8 +357,8 @@ class Collector:
                 gc.enable()
 
     def _drain_batch(self) -> int:
-        batch: list[tuple[str, Envelope, bytes]] = []
-        to_ack: list[tuple[bytes, str, int]] = []
+        batch: Batch = []
+        to_ack: list[AckItem] = []
         handled = 0
         sock = self.sock
         now = time.time()
@@ -336,17 +370,14 @@ class Collector:
             handled += 1
             self._accept(parts, batch, to_ack, now)
         if not batch:
+            self._send_acks(to_ack)  # rejected messages only
             return handled
         self.counters.batches += 1
-        try:
-            new = self.store.store_batch(batch, received_at=now)
-        except sqlite3.Error as exc:
-            # Nothing is acked: the agents resend, nothing is lost.
-            self.counters.store_errors += 1
-            self.log.error("store_failed", error=str(exc), messages=len(batch))
-            return handled
+        new = self._store(batch, to_ack, now)
+        if new is None:
+            return handled  # the store failed: nothing is acked, the agents resend
         self.counters.stored += len(new)
-        self.counters.duplicates += len(to_ack) - len(new)
+        self.counters.duplicates += sum(1 for item in to_ack if not item[4]) - len(new)
         self._send_acks(to_ack)
         if self.automation is not None and new:
             self._automate(batch, new, now)
@@ -354,8 +385,55 @@ class Collector:
             self._checkpoint_messages(batch, new, now)
         return handled
 
-    def _accept(self, parts: list[Any], batch: list[tuple[str, Envelope, bytes]],
-                to_ack: list[tuple[bytes, str, int]], now: float) -> None:
+    def _store(self, batch: Batch, to_ack: list[AckItem], now: float) -> list[tuple[str, int]] | None:
+        """Store the batch in one transaction; if a message in it is what failed, store
+        it message by message and reject the ones that fail (marked in ``to_ack``).
+        None: the store itself failed."""
+        try:
+            new = self.store.store_batch(batch, received_at=now)
+        except Exception as exc:
+            if not _message_fault(exc):
+                self._store_failed(exc, len(batch))
+                return None
+            self.log.warning("store_batch_isolating", error=f"{type(exc).__name__}: {exc}",
+                             messages=len(batch))
+            return self._store_each(batch, to_ack, now)
+        self._note_conflicts()
+        return new
+
+    def _store_each(self, batch: Batch, to_ack: list[AckItem], now: float) -> list[tuple[str, int]] | None:
+        new: list[tuple[str, int]] = []
+        bad: set[tuple[str, str, int]] = set()
+        for item in batch:
+            node, env = item[0], item[1]
+            try:
+                new += self.store.store_batch([item], received_at=now)
+            except Exception as exc:
+                if not _message_fault(exc):
+                    self._store_failed(exc, len(batch))
+                    return None
+                bad.add((node, env.epoch, env.seq))
+                self._reject("store", node=node, type=env.type, epoch=env.epoch, seq=env.seq,
+                             error=f"{type(exc).__name__}: {exc}")
+                continue
+            self._note_conflicts()
+        if bad:
+            to_ack[:] = [(r, n, e, q, rej or (n, e, q) in bad) for r, n, e, q, rej in to_ack]
+        return new
+
+    def _store_failed(self, exc: BaseException, messages: int) -> None:
+        self.counters.store_errors += 1
+        self.log.error("store_failed", error=f"{type(exc).__name__}: {exc}", messages=messages)
+
+    def _note_conflicts(self) -> None:
+        """Count and log the duplicates the store found with a body different from the
+        stored one (a seq reused within a spool epoch: that message was not stored)."""
+        for c in self.store.conflicts:
+            self.counters.conflicts += 1
+            self._log_limited("duplicate_body_differs", node=c.node, epoch=c.epoch, seq=c.seq,
+                              type=c.type)
+
+    def _accept(self, parts: list[Any], batch: Batch, to_ack: list[AckItem], now: float) -> None:
         self.counters.received += 1
         if len(parts) != 2:
             self._reject("frames", frames=len(parts))
@@ -376,6 +454,10 @@ class Collector:
             return
         try:
             env = decode(data)
+        except BodyError as exc:
+            self._reject("malformed", node=node, error=str(exc))
+            self._ack_rejected(exc.envelope, node, routing_id, to_ack)
+            return
         except WireError as exc:
             reason = "version" if "protocol version" in str(exc) else "malformed"
             self._reject(reason, node=node, error=str(exc))
@@ -395,11 +477,17 @@ class Collector:
         self._seen[node] = now
         batch.append((node, env, data))
         if env.type in ACKED:
-            to_ack.append((routing_id, node, env.seq))
+            to_ack.append((routing_id, node, env.epoch, env.seq, False))
+
+    def _ack_rejected(self, env: Envelope, node: str, routing_id: bytes, to_ack: list[AckItem]) -> None:
+        """Ack a message whose body was refused, if it is the authenticated node's own
+        acked-type message: the agent drops it instead of resending it forever."""
+        if env.node == node and routing_id == node.encode() and env.type in ACKED:
+            to_ack.append((routing_id, node, env.epoch, env.seq, True))
 
     # ------------------------------------------------------------------ automation
 
-    def _automate(self, batch: list[tuple[str, Envelope, bytes]], new: list[tuple[str, int]],
+    def _automate(self, batch: Batch, new: list[tuple[str, int]],
                   now: float) -> None:
         """Feed the newly stored reports and events to the automation (after the acks)."""
         automation = self.automation
@@ -424,7 +512,7 @@ class Collector:
         self._auto_stamp = self._automation_stamp()
         self._record_decisions(decisions)
 
-    def _checkpoint_messages(self, batch: list[tuple[str, Envelope, bytes]],
+    def _checkpoint_messages(self, batch: Batch,
                              new: list[tuple[str, int]], now: float) -> None:
         """Acks of checkpoint requests (command results) and agents' local fallbacks."""
         checkpoints = self.checkpoints
@@ -511,13 +599,17 @@ class Collector:
                           breaker_open=bool(automation.state.breaker.get("open")))
         self._auto_stamp = stamp
 
-    def _send_acks(self, to_ack: list[tuple[bytes, str, int]]) -> None:
-        per_peer: dict[bytes, tuple[str, list[int]]] = {}
-        for routing_id, node, seq in to_ack:
-            per_peer.setdefault(routing_id, (node, []))[1].append(seq)
+    def _send_acks(self, to_ack: list[AckItem]) -> None:
+        """One ack per peer and epoch. A seq both rejected and stored in this batch (a
+        bad copy and a good one) is acked as stored."""
+        per_peer: dict[tuple[bytes, str], tuple[str, dict[int, bool]]] = {}
+        for routing_id, node, epoch, seq, rejected in to_ack:
+            seqs = per_peer.setdefault((routing_id, epoch), (node, {}))[1]
+            seqs[seq] = seqs.get(seq, True) and rejected
         ack = self._frames.ack
-        for routing_id, (node, seqs) in per_peer.items():
-            if self._send(routing_id, ack(node, seqs)):
+        for (routing_id, epoch), (node, seqs) in per_peer.items():
+            refused = [q for q, rejected in seqs.items() if rejected]
+            if self._send(routing_id, ack(node, list(seqs), epoch, refused)):
                 self.counters.acks_sent += 1
             else:
                 self.counters.acks_failed += 1
@@ -531,14 +623,21 @@ class Collector:
 
     def _reject(self, reason: str, **detail: Any) -> None:
         self.counters.rejected[reason] += 1
+        self._log_limited("message_rejected", reason=reason, **detail)
+
+    def _log_limited(self, event: str, *, reason: str = "", **detail: Any) -> None:
+        """A warning, at most one per event and reason every REJECT_LOG_EVERY_S (with how
+        many were suppressed since), so a flood of bad frames cannot flood the log."""
         now = time.monotonic()
-        last = self._reject_logged.get(reason)
+        key = f"{event}:{reason}"
+        last = self._reject_logged.get(key)
         if last is not None and now - last < REJECT_LOG_EVERY_S:
-            self._reject_suppressed[reason] += 1
+            self._reject_suppressed[key] += 1
             return
-        self._reject_logged[reason] = now
-        suppressed = self._reject_suppressed.pop(reason, 0)
-        self.log.warning("message_rejected", reason=reason, suppressed=suppressed, **detail)
+        self._reject_logged[key] = now
+        suppressed = self._reject_suppressed.pop(key, 0)
+        extra = {"reason": reason} if reason else {}
+        self.log.warning(event, suppressed=suppressed, **extra, **detail)
 
     # ------------------------------------------------------------------ commands
 

@@ -24,11 +24,13 @@ report each node sends after the collector starts), which is what trend views wa
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,13 @@ _MAX_TEXT = 1024
 # A batch item: (node, message) or (node, message, frame) where ``frame`` is the
 # bytes ``message`` was decoded from (lets the store keep the body without re-packing).
 BatchItem = tuple[str, Envelope] | tuple[str, Envelope, bytes]
+# What a message is deduplicated by: (node, epoch, seq).
+MessageKey = tuple[str, str, int]
+# A message's body as stored (msgpack bytes) and its digest.
+_Body = tuple[bytes, bytes]
+# In-memory high-water marks kept at most (one per node and spool epoch); past this the
+# map is dropped and rebuilt lazily, so a node inventing epochs cannot grow it.
+MAX_HIGH_WATER = 100_000
 # A report's state for the history: (verdict, its non-OK findings' rows).
 _State = tuple[str, tuple[tuple[Any, ...], ...]]
 
@@ -265,9 +274,32 @@ def _migration_4(db: sqlite3.Connection) -> None:
     """)
 
 
+def _migration_5(db: sqlite3.Connection) -> None:
+    """Deduplication per (node, epoch, seq): a reinstalled agent (new spool, seq back at
+    1) is a new epoch, not a replay. Rows from before have epoch '' (what epoch-less
+    agents send). ``digest`` (of the body) tells a resend from a different message that
+    reuses a seq; NULL for rows from before."""
+    _script(db, """
+        CREATE TABLE messages_new (
+            node TEXT NOT NULL,
+            epoch TEXT NOT NULL DEFAULT '',
+            seq INTEGER NOT NULL,
+            type TEXT NOT NULL,
+            ts REAL NOT NULL,
+            received_at REAL NOT NULL,
+            digest BLOB,
+            PRIMARY KEY (node, epoch, seq)
+        ) WITHOUT ROWID;
+        INSERT INTO messages_new (node, epoch, seq, type, ts, received_at)
+            SELECT node, '', seq, type, ts, received_at FROM messages;
+        DROP TABLE messages;
+        ALTER TABLE messages_new RENAME TO messages
+    """)
+
+
 # Applied in order at open; the schema version is the number applied. Append only.
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migration_1, _migration_2, _migration_3,
-                                                          _migration_4]
+                                                          _migration_4, _migration_5]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -306,6 +338,25 @@ def _int(value: Any) -> int | None:
     return None
 
 
+def _digest(body: bytes) -> bytes:
+    """What tells a resend (same body bytes) from another message under the same key.
+    (SHA-256, cut to 8 bytes: ~10 us for a 14 KB report body, half of BLAKE2b's time
+    where the CPU has SHA instructions; a node cannot hide a reused seq behind a
+    collision.)"""
+    return hashlib.sha256(body).digest()[:8]
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """A message dropped as a duplicate although its body differs from the stored one
+    (or from another copy in the same batch): a seq reused within one epoch."""
+
+    node: str
+    epoch: str
+    seq: int
+    type: str
+
+
 def _body_bytes(item: BatchItem) -> bytes:
     """The packed body: sliced from the frame when the item carries it, else re-packed."""
     if len(item) > 2:
@@ -328,7 +379,10 @@ class Store:
         self._slurm_state: dict[str, tuple[bool, str | None]] | None = None
         if str(path) != ":memory:":
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._high: dict[str, int] | None = None
+        # (node, epoch) -> largest stored seq, loaded per key on first sight
+        self._high: dict[tuple[str, str], int] = {}
+        # Duplicates whose body differed, found by the last ``store_batch`` call.
+        self.conflicts: list[Conflict] = []
         # node -> state of the last report written to report_history (this process)
         self._last_state: dict[str, _State] = {}
         self.db = sqlite3.connect(str(path), timeout=timeout_s, isolation_level=None,
@@ -391,60 +445,101 @@ class Store:
         the (node, seq) pairs newly stored by this call (duplicates are left out).
         An item may carry the frame its message was decoded from (see ``BatchItem``).
         """
+        self.conflicts = []
         if not batch:
             return []
         now = time.time() if received_at is None else received_at
-        # Deduplicate within the batch first (an agent may resend before the ack arrives).
-        candidates: dict[tuple[str, int], BatchItem] = {}
-        touched: set[str] = set()
-        for item in batch:
-            node, env = item[0], item[1]
-            touched.add(node)
-            if env.type in _STORED:
-                candidates.setdefault((node, env.seq), item)
+        touched, candidates, bodies = self._candidates(batch)
         db = self.db
         states: dict[str, _State] = {}
         db.execute("BEGIN IMMEDIATE")
         try:
-            existing = self._existing(list(candidates)) if candidates else set()
+            existing = self._existing(list(candidates)) if candidates else {}
             new = [(key, item) for key, item in candidates.items() if key not in existing]
-            self._write(new, touched, now, states)
+            self._check_duplicates(existing, candidates, bodies)
+            self._write(new, bodies, touched, now, states)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
-            self._high = None  # reload from the database: what is stored is what counts
+            self._forget_uncommitted(touched)
             raise
         self._last_state.update(states)  # only what is committed
-        high = self._high_water()
-        for node, seq in (key for key, _ in new):
-            if seq > high.get(node, 0):
-                high[node] = seq
-        return [key for key, _ in new]
+        high = self._high
+        for node, epoch, seq in (key for key, _ in new):
+            # (only marks loaded from the database are raised: one missing because the map
+            # was dropped mid-batch is loaded again on next use, never guessed low)
+            if seq > high.get((node, epoch), seq):
+                high[(node, epoch)] = seq
+        return [(node, seq) for (node, _epoch, seq), _ in new]
 
-    def _existing(self, keys: list[tuple[str, int]]) -> set[tuple[str, int]]:
-        """Which of these (node, seq) are already stored.
-
-        Agents send each node's seqs in increasing order, so almost every message is
-        above the node's high-water mark (the largest stored seq, kept in memory) and
-        needs no query; only resends at or below it cost an indexed point lookup.
-        """
-        high = self._high_water()
-        found: set[tuple[str, int]] = set()
-        for node, seq in keys:
-            if seq > high.get(node, 0):
+    def _candidates(self, batch: Sequence[BatchItem]) -> tuple[
+            set[str], dict[MessageKey, BatchItem], dict[MessageKey, _Body]]:
+        """The nodes heard from; the acked messages deduplicated within the batch (an
+        agent may resend before the ack arrives), with their packed bodies and digests.
+        A copy whose body differs from the first is a conflict."""
+        candidates: dict[MessageKey, BatchItem] = {}
+        bodies: dict[MessageKey, _Body] = {}
+        touched: set[str] = set()
+        for item in batch:
+            node, env = item[0], item[1]
+            touched.add(node)
+            if env.type not in _STORED:
                 continue
-            if self.db.execute("SELECT 1 FROM messages WHERE node = ? AND seq = ?", (node, seq)).fetchone():
-                found.add((node, seq))
+            key = (node, env.epoch, env.seq)
+            packed = _body_bytes(item)
+            digest = _digest(packed)
+            if key not in candidates:
+                candidates[key], bodies[key] = item, (packed, digest)
+            elif bodies[key][1] != digest:
+                self.conflicts.append(Conflict(node, env.epoch, env.seq, env.type))
+        return touched, candidates, bodies
+
+    def _check_duplicates(self, existing: dict[MessageKey, bytes | None],
+                          candidates: dict[MessageKey, BatchItem],
+                          bodies: dict[MessageKey, _Body]) -> None:
+        """Stored keys whose stored body digest differs (unknown for rows written
+        before digests were kept: not counted)."""
+        for key, stored in existing.items():
+            if stored is not None and stored != bodies[key][1]:
+                self.conflicts.append(Conflict(key[0], key[1], key[2], candidates[key][1].type))
+
+    def _forget_uncommitted(self, touched: set[str]) -> None:
+        """After a ROLLBACK: drop what memory says about rows that were not written, so
+        the next batch writes them (what is stored is what counts)."""
+        self._high.clear()
+        self._unreachable = None
+        self.history.forget(touched)
+
+    def _existing(self, keys: list[MessageKey]) -> dict[MessageKey, bytes | None]:
+        """Which of these (node, epoch, seq) are already stored, with their digests.
+
+        Agents send each spool's seqs in increasing order, so almost every message is
+        above its (node, epoch) high-water mark (the largest stored seq, kept in memory)
+        and needs no query; only resends at or below it cost an indexed point lookup.
+        """
+        found: dict[MessageKey, bytes | None] = {}
+        for key in keys:
+            node, epoch, seq = key
+            if seq > self._high_water(node, epoch):
+                continue
+            row = self.db.execute("SELECT digest FROM messages WHERE node = ? AND epoch = ? AND seq = ?",
+                                  key).fetchone()
+            if row is not None:
+                found[key] = row[0]
         return found
 
-    def _high_water(self) -> dict[str, int]:
-        if self._high is None:
-            self._high = {str(n): int(m) for n, m in
-                          self.db.execute("SELECT node, max(seq) FROM messages GROUP BY node")}
-        return self._high
+    def _high_water(self, node: str, epoch: str) -> int:
+        high = self._high.get((node, epoch))
+        if high is None:
+            if len(self._high) >= MAX_HIGH_WATER:
+                self._high.clear()
+            row = self.db.execute("SELECT max(seq) FROM messages WHERE node = ? AND epoch = ?",
+                                  (node, epoch)).fetchone()
+            high = self._high[(node, epoch)] = int(row[0] or 0)
+        return high
 
-    def _write(self, new: list[tuple[tuple[str, int], BatchItem]], touched: set[str], now: float,
-               states: dict[str, _State]) -> None:
+    def _write(self, new: list[tuple[MessageKey, BatchItem]], bodies: dict[MessageKey, _Body],
+               touched: set[str], now: float, states: dict[str, _State]) -> None:
         db = self.db
         last_state = self._last_state
         messages: list[tuple[Any, ...]] = []
@@ -453,13 +548,15 @@ class Store:
         events: list[tuple[Any, ...]] = []
         results: list[tuple[Any, ...]] = []
         hist = Rows()
-        latest_report: dict[str, BatchItem] = {}
+        latest_report: dict[str, tuple[Envelope, bytes]] = {}  # node -> (report, its body)
         # Per node: [last_seq, verdict_ts, verdict, worst finding, agent_version]
         node_rows: dict[str, list[Any]] = {node: [0, None, None, None, None] for node in touched}
-        for (node, seq), item in new:
+        for key, item in new:
+            node, epoch, seq = key
             env = item[1]
             body = env.body
-            messages.append((node, seq, env.type, env.ts, now))
+            packed, digest = bodies[key]
+            messages.append((node, epoch, seq, env.type, env.ts, now, digest))
             row = node_rows[node]
             if seq > row[0]:
                 row[0] = seq
@@ -491,21 +588,20 @@ class Store:
                         history.append((node, seq, env.ts, verdict))
                         findings.extend((node, seq, env.ts, *b) for b in bad)
                     prev = latest_report.get(node)
-                    if prev is None or env.ts >= prev[1].ts:
-                        latest_report[node] = item
+                    if prev is None or env.ts >= prev[0].ts:
+                        latest_report[node] = (env, packed)
                 else:
                     findings.extend((node, seq, env.ts, *b) for b in bad)
                     events.append((node, seq, env.ts, _text(body.get("kind")), _int(body.get("gpu")),
-                                   _int(body.get("data")), verdict,
-                                   msgpack.packb(body, use_bin_type=True)))
+                                   _int(body.get("data")), verdict, packed))
             elif env.type == HELLO:
                 row[4] = _text(body.get("version"))
             elif env.type == COMMAND_RESULT:
                 results.append((node, seq, env.ts, _text(body.get("command_id")), int(bool(body.get("ok"))),
                                 msgpack.packb(body.get("result"), use_bin_type=True)))
         if messages:
-            db.executemany("INSERT INTO messages (node, seq, type, ts, received_at) VALUES (?,?,?,?,?)",
-                           messages)
+            db.executemany("INSERT INTO messages (node, epoch, seq, type, ts, received_at, digest) "
+                           "VALUES (?,?,?,?,?,?,?)", messages)
         if history:
             db.executemany("INSERT INTO report_history (node, seq, ts, verdict) VALUES (?,?,?,?)", history)
         if findings:
@@ -524,8 +620,8 @@ class Store:
                 "INSERT INTO reports (node, seq, ts, verdict, body) VALUES (?,?,?,?,?) "
                 "ON CONFLICT (node) DO UPDATE SET seq = excluded.seq, ts = excluded.ts, "
                 "verdict = excluded.verdict, body = excluded.body WHERE excluded.ts >= reports.ts",
-                [(node, item[1].seq, item[1].ts, _text(item[1].body.get("verdict")) or "UNKNOWN",
-                  _body_bytes(item)) for node, item in latest_report.items()])
+                [(node, env.seq, env.ts, _text(env.body.get("verdict")) or "UNKNOWN", packed)
+                 for node, (env, packed) in latest_report.items()])
         rows = []
         for node, (last_seq, verdict_ts, verdict, worst, version) in node_rows.items():
             w = worst or {}

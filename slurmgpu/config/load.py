@@ -20,15 +20,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import os
 import re
 import tomllib
 import types
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from slurmgpu.config.schema import Settings
+from slurmgpu.config.schema import Range, Settings
 from slurmgpu.config.versions_match import spec_error
 from slurmgpu.errors import ConfigError
 
@@ -36,16 +37,28 @@ __all__ = [
     "DEFAULT_PATH",
     "ENV_VAR",
     "IB_COUNTERS",
+    "MAX_CONFIG_BYTES",
+    "MAX_HOSTLIST_NODES",
     "ExplainRow",
     "HostSection",
     "LoadedConfig",
+    "NumericSetting",
     "config_path",
     "format_value",
     "load_config",
+    "numeric_settings",
+    "ranges_markdown",
 ]
 
 DEFAULT_PATH = "/etc/slurmgpu/slurmgpu.toml"
 ENV_VAR = "SLURMGPU_CONFIG"
+
+# Every hook reads the whole file before its watchdog can help: a real config is a few KiB,
+# so anything this big is a mistake (a log, a core file, /dev/zero) to refuse, not to parse.
+MAX_CONFIG_BYTES = 1024 * 1024
+# A [[hosts]] hostlist is expanded into a set of names when it is parsed, so a typo such as
+# "gpu-[1-99999999]" would hang every hook; its size is counted from the text first.
+MAX_HOSTLIST_NODES = 100_000
 
 # Port counters under /sys/class/infiniband/<dev>/ports/<n>/counters/.
 IB_COUNTERS = (
@@ -80,8 +93,9 @@ _IB_DEVICE_RE = re.compile(r"[^/\s]+(?:/[0-9*?\[\]!-]+)?")
 # ib.hw_counters_delta_max keys: file names under ports/<n>/hw_counters.
 _HW_COUNTER_RE = re.compile(r"[A-Za-z0-9_]+")
 
-# Numeric settings must be >= 0 (they are counts, thresholds and margins); these must be > 0.
-_POSITIVE = frozenset({"pcie.gen", "pcie.width", "ib.rate_gbps"})
+# The bound for a numeric setting the schema gave no Range (a test requires one for each):
+# finite, not negative, and small enough for the int64 columns of the store.
+_FALLBACK_RANGE = Range(0, 2**63 - 1)
 _HOST_KEYS = ("nodes", "name")
 
 Table = dict[str, Any]
@@ -197,13 +211,16 @@ def load_config(path: str | None = None, *, environ: Mapping[str, str] = os.envi
     resolved, explicit = config_path(path, environ)
     try:
         with open(resolved, "rb") as fh:
-            data = fh.read()
+            data = fh.read(MAX_CONFIG_BYTES + 1)  # bounded: a FIFO or /dev/zero cannot hang us
     except FileNotFoundError:
         if not explicit:
             return LoadedConfig(path=None)
         raise ConfigError("config file not found", path=resolved) from None
     except OSError as e:
         raise ConfigError(f"cannot read config file: {e.strerror or e}", path=resolved) from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file is larger than {MAX_CONFIG_BYTES // 1024} KiB; "
+                          "is this the right file?", path=resolved)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -220,6 +237,12 @@ def parse_config(text: str, *, path: str | None = None,
         m = re.search(r"at line (\d+)", str(e))
         raise ConfigError(f"invalid TOML: {e}", path=path,
                           line=int(m.group(1)) if m else None) from None
+    except RecursionError:  # tomllib recurses per nesting level: a = [[[[...]]]]
+        raise ConfigError("invalid TOML: arrays or tables nested too deeply",
+                          path=path) from None
+    except ValueError as e:  # not a TOMLDecodeError: int() refusing over 4300 digits
+        why = "an integer with too many digits" if "digits" in str(e) else str(e)
+        raise ConfigError(f"invalid TOML: {why}", path=path) from None
     v = _Validator(path, text, known_checks)
     base = v.tables(raw, (), extra=("hosts",))
     hosts = v.hosts(raw.get("hosts", []), "hosts" in raw)
@@ -242,6 +265,84 @@ def format_value(value: Any) -> str:
         return "{ " + ", ".join(f"{_quote(str(k))} = {format_value(v)}"
                                 for k, v in value.items()) + " }"
     return str(value)
+
+
+@dataclass(frozen=True)
+class NumericSetting:
+    """One numeric setting of the schema and its Range (``slurmgpu config ranges``)."""
+
+    table: str
+    name: str
+    kind: type  # int or float
+    bounds: Range | None  # None only for a schema bug (a test requires one everywhere)
+    default: Any  # a number, None (not checked), or the default dict of a per-entry setting
+    per_entry: bool  # a dict-valued setting (ib.counters_max): the range applies to each entry
+
+    @property
+    def key(self) -> str:
+        return f"{self.table}.{self.name}" + (".<entry>" if self.per_entry else "")
+
+
+def numeric_settings() -> list[NumericSetting]:
+    """Every numeric setting in schema order, found from the annotations (so a new
+    setting cannot miss the ranges table or the tests that iterate it)."""
+    out: list[NumericSetting] = []
+    defaults = Settings()
+    for table, cls in _hints(Settings).items():
+        for name, tp in _hints(cls).items():
+            found = _numeric(tp)
+            if found:
+                kind, bounds, per_entry = found
+                default = getattr(getattr(defaults, table), name)
+                out.append(NumericSetting(table, name, kind, bounds, default, per_entry))
+    return out
+
+
+def _numeric(tp: Any, bounds: Range | None = None,
+             per_entry: bool = False) -> tuple[type, Range | None, bool] | None:
+    origin = get_origin(tp)
+    if origin is Annotated:
+        base, *extras = get_args(tp)
+        bounds = next((x for x in extras if isinstance(x, Range)), bounds)
+        return _numeric(base, bounds, per_entry)
+    if origin in (Union, types.UnionType):
+        options = [a for a in get_args(tp) if a is not type(None)]
+        return _numeric(options[0], bounds, per_entry) if len(options) == 1 else None
+    if origin is dict:
+        return _numeric(get_args(tp)[1], bounds, True)
+    if tp is int or tp is float:
+        return tp, bounds, per_entry
+    return None
+
+
+def ranges_markdown() -> str:
+    """The allowed range of every numeric setting as a Markdown table (the body of
+    docs/config-ranges.md, which a test keeps equal to this)."""
+    lines = [
+        "# Config ranges",
+        "",
+        "Generated from `slurmgpu/config/schema.py` by `slurmgpu config ranges`; do not edit.",
+        "",
+        "Every numeric setting must lie in its range (bounds included). NaN, `inf` and",
+        "`-inf` are refused everywhere. A value outside its range is a config error: one",
+        "line naming the file, line and key, and exit status 3 from `slurmgpu config check`",
+        "and from every command that loads the config. `[[hosts]]` sections are held to",
+        f"the same ranges. The file itself may be at most {MAX_CONFIG_BYTES // 1024} KiB, and",
+        f"a `[[hosts]]` hostlist may name at most {MAX_HOSTLIST_NODES:,} nodes.",
+        "",
+        "| Setting | Type | Allowed | Default |",
+        "|---|---|---|---|",
+    ]
+    for n in numeric_settings():
+        kind = "integer" if n.kind is int else "number"
+        allowed = n.bounds.describe() if n.bounds else "(no range declared)"
+        if n.per_entry:
+            default = ", ".join(f"{k} = {format_value(v)}" for k, v in n.default.items())
+            default = default or "{}"
+        else:
+            default = format_value(n.default)
+        lines.append(f"| `{n.key}` | {kind} | {allowed} | {default} |")
+    return "\n".join(lines) + "\n"
 
 
 # --------------------------------------------------------------------------- merging
@@ -294,7 +395,7 @@ def _render(path: _Path) -> str:
 
 @functools.cache
 def _hints(cls: type) -> dict[str, Any]:
-    return get_type_hints(cls)
+    return get_type_hints(cls, include_extras=True)  # keep Annotated[..., Range(...)]
 
 
 def _describe(value: Any) -> str:
@@ -320,6 +421,8 @@ def _describe(value: Any) -> str:
 
 def _type_name(tp: Any) -> str:
     origin = get_origin(tp)
+    if origin is Annotated:
+        return _type_name(get_args(tp)[0])
     if origin in (Union, types.UnionType):
         return " or ".join(_type_name(a) for a in get_args(tp) if a is not type(None))
     if origin is Literal:
@@ -334,13 +437,17 @@ def _type_name(tp: Any) -> str:
 
 def _parse_nodeset(nodes: str) -> Any:
     """Parse a hostlist; raises ValueError with a readable message."""
-    from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
-
     if not nodes.strip():
         raise ValueError("empty hostlist")
     if "@" in nodes:
         raise ValueError(f"invalid hostlist {_quote(nodes)}: node groups (@group) are not "
                          "supported; list the nodes")
+    if _hostlist_size_bound(nodes) > MAX_HOSTLIST_NODES:
+        raise ValueError(f"hostlist {_quote(nodes)} names more than {MAX_HOSTLIST_NODES:,} "
+                         "nodes; a typo in a range?")
+
+    from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetException
+
     try:
         nodeset = NodeSet(nodes, resolver=RESOLVER_NOGROUP)
     except NodeSetException as e:
@@ -352,6 +459,44 @@ def _parse_nodeset(nodes: str) -> Any:
             raise ValueError(f"invalid hostlist {_quote(nodes)}: node names cannot contain "
                              "spaces; separate nodes and ranges with commas")
     return nodeset
+
+
+_RANGE_ITEM_RE = re.compile(r"\s*(\d+)(?:-(\d+))?(?:/(\d+))?\s*")
+
+
+def _hostlist_size_bound(nodes: str) -> int:
+    """An upper bound on the nodes ``nodes`` expands to, from the text alone: each
+    top-level element (split at ``,`` and the set operators outside brackets) counts the
+    product of its bracket ranges. Malformed ranges count 0 here; NodeSet reports them."""
+    total, depth, start = 0, 0, 0
+    for i, c in enumerate(nodes + ","):
+        if c == "[":
+            depth += 1
+        elif c == "]":
+            depth -= 1
+        elif depth == 0 and c in ",!&^":
+            total += _element_size_bound(nodes[start:i])
+            start = i + 1
+    return total
+
+
+def _element_size_bound(element: str) -> int:
+    size = 1
+    for group in re.findall(r"\[([^\[\]]*)\]", element):
+        count = 0
+        for item in group.split(","):
+            m = _RANGE_ITEM_RE.fullmatch(item)
+            if not m:
+                continue
+            lo, hi, step = m.groups()
+            if max(len(lo), len(hi or "")) > 18:  # also keeps int() under its digit limit
+                return MAX_HOSTLIST_NODES + 1
+            span = int(hi) - int(lo) if hi else 0
+            count += max(span, 0) // max(int(step or 1), 1) + 1
+        size *= max(count, 1)
+        if size > MAX_HOSTLIST_NODES:  # stop before the product itself grows huge
+            return size
+    return size
 
 
 class _Validator:
@@ -455,16 +600,23 @@ class _Validator:
 
     # ---- types
 
-    def value(self, value: Any, tp: Any, key: _Path, setting: str) -> Any:
+    def value(self, value: Any, tp: Any, key: _Path, setting: str,
+              bounds: Range | None = None) -> Any:
+        """``value`` checked against the annotation ``tp``; ``bounds``: the Range of the
+        Annotated around it, applied once the value is known to be a number."""
         origin = get_origin(tp)
+        if origin is Annotated:
+            base, *extras = get_args(tp)
+            bounds = next((x for x in extras if isinstance(x, Range)), bounds)
+            return self.value(value, base, key, setting, bounds)
         if origin in (Union, types.UnionType):
             # TOML has no null: None is only ever a default (omit the key to keep it).
             options = [a for a in get_args(tp) if a is not type(None)]
             if len(options) == 1:
-                return self.value(value, options[0], key, setting)
+                return self.value(value, options[0], key, setting, bounds)
             for option in options:
                 try:
-                    return self.value(value, option, key, setting)
+                    return self.value(value, option, key, setting, bounds)
                 except ConfigError:
                     pass
             raise self.error(key, f"expected {_type_name(tp)}, got {_describe(value)}")
@@ -499,10 +651,14 @@ class _Validator:
         if not ok:
             raise self.error(key, f"expected {_type_name(tp)}, got {_describe(value)}")
         if tp is int or tp is float:
-            if setting in _POSITIVE and not value > 0:
-                raise self.error(key, f"must be > 0, got {format_value(value)}")
-            if not value >= 0:
-                raise self.error(key, f"must be >= 0, got {format_value(value)}")
+            bounds = bounds or _FALLBACK_RANGE
+            # NaN fails every comparison and +-inf lies outside any finite span, so the
+            # range test alone refuses them; the message says "finite" for clarity.
+            if value not in bounds:
+                finite = ("" if isinstance(value, int) or math.isfinite(value)
+                          else "a finite number, ")
+                raise self.error(key, f"must be {finite}{bounds.describe('from ')}; "
+                                 f"got {_shown_number(value)}")
             return float(value) if tp is float else value
         return value
 
@@ -560,6 +716,11 @@ class _Validator:
                 continue
             raise self.unknown(where, pattern, known, "check",
                                otherwise="see `slurmgpu checks list`")
+
+
+def _shown_number(value: float) -> str:
+    shown = format_value(value)
+    return shown if len(shown) <= 40 else f"{shown[:20]}... ({len(shown)} digits)"
 
 
 def _ib_device_error(pattern: str) -> str | None:

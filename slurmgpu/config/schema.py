@@ -5,12 +5,61 @@ dataclasses: a key not declared here is an error (with a did-you-mean), and a
 value whose type does not match the annotation is an error naming the key.
 Top-level tables map to the fields of ``Settings``; ``[[hosts]]`` sections may
 set any of the same keys for the nodes in their ``nodes`` hostlist.
+
+Every numeric setting carries its allowed range next to it:
+``Annotated[float, Range(lo, hi)]`` (bounds inclusive). The loader refuses a value
+outside it, and NaN or +-inf everywhere, because a number the code cannot act on
+sanely (``heartbeat_s = inf``, ``interval_s = 0``, ``gpu.count = 10**26``) would
+otherwise kill a thread, burn a CPU or overflow the store far from the file that
+caused it. ``slurmgpu config ranges`` prints them all (docs/config-ranges.md).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
+
+
+@dataclass(frozen=True)
+class Range:
+    """The allowed values of a numeric setting: ``lo <= value <= hi``, finite. ``off``:
+    one more value outside that span that means "disabled" (``slurm_poll_s = 0``), so
+    that "off" does not drag the span down to values that would busy-loop."""
+
+    lo: float
+    hi: float
+    off: float | None = None
+
+    def __contains__(self, value: object) -> bool:
+        # int and float compare exactly in Python, so a huge int is never rounded into range.
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            return False
+        return value == self.off or self.lo <= value <= self.hi
+
+    def describe(self, lead: str = "") -> str:
+        """ "0.05 to 3600", "0 (off) or 1 to 86400"; ``lead`` goes before the span."""
+        span = f"{lead}{_num(self.lo)} to {_num(self.hi)}"
+        return span if self.off is None else f"{_num(self.off)} (off) or {span}"
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
+
+
+DAY = 86400
+# Error-counter thresholds (ECC, NVLink, InfiniBand, PCIe replays): a billion errors is
+# "never" for any real counter, and anything above cannot be stored as a sane int.
+COUNTER = Range(0, 1_000_000_000)
+FRACTION = Range(0, 1)
+# A command or query that may wait this long: > 0 (0 would never succeed) and at most an
+# hour, past which a hung slurmctld looks like a hung node.
+TIMEOUT = Range(0.05, 3600)
+# The prolog/epilog watchdogs: any positive value is a working watchdog (a tiny one just
+# always trips, which the fail-open/fail-closed tests rely on); an hour at most.
+HOOK_TIMEOUT = Range(0.001, 3600)
+# Agent <-> collector heartbeats: below 0.1 s they flood the link, above an hour a
+# node's silence goes unseen (inf killed the agent's link thread).
+HEARTBEAT = Range(0.1, 3600)
 
 SeverityName = Literal["warn", "fail"]
 MigMode = Literal["disabled", "enabled", "any"]
@@ -19,8 +68,8 @@ MigMode = Literal["disabled", "enabled", "any"]
 @dataclass
 class GpuSettings:
     # Expected GPUs on the node. None: do not check the count. 0: this node has no GPUs,
-    # so a missing NVML library is fine.
-    count: int | None = None
+    # so a missing NVML library is fine. Up to 1024 (no node comes near it).
+    count: Annotated[int | None, Range(0, 1024)] = None
     # Require persistence mode (avoids slow first-contact init and lost state between jobs).
     persistence: bool = True
     mig: MigMode = "any"
@@ -47,12 +96,12 @@ class PinSettings:
 class EccSettings:
     require_enabled: bool = True
     # Volatile (since last reset) uncorrected errors above this fail the node.
-    uncorrected_volatile_max: int = 0
+    uncorrected_volatile_max: Annotated[int, COUNTER] = 0
     # Aggregate (lifetime) uncorrected errors above this warn. None: not checked.
-    uncorrected_aggregate_max: int | None = None
-    corrected_volatile_max: int = 10000
+    uncorrected_aggregate_max: Annotated[int | None, COUNTER] = None
+    corrected_volatile_max: Annotated[int, COUNTER] = 10000
     # Needs a previous sample (the agent keeps one); errors per hour.
-    corrected_rate_per_hour_max: float = 1000.0
+    corrected_rate_per_hour_max: Annotated[float, COUNTER] = 1000.0
     # SRAM (on-chip) ECC errors past the driver's field-diagnostic threshold (R550+):
     # NVIDIA's guidance is field diagnostics and likely RMA.
     sram_threshold_severity: SeverityName = "fail"
@@ -61,9 +110,9 @@ class EccSettings:
 @dataclass
 class MemorySettings:
     # Retired pages (SBE + DBE) above this fail; NVIDIA's RMA guidance is 60 (of 64 slots).
-    retired_pages_max: int = 60
+    retired_pages_max: Annotated[int, Range(0, 1024)] = 60
     # Uncorrectable remapped rows above this fail (the bank is running out of spares).
-    row_remap_uncorrectable_max: int = 8
+    row_remap_uncorrectable_max: Annotated[int, Range(0, 1_000_000)] = 8
     # A pending retirement/remap needs a GPU reset before it takes effect.
     pending_severity: SeverityName = "fail"
 
@@ -71,41 +120,42 @@ class MemorySettings:
 @dataclass
 class ThermalSettings:
     # Degrees below the slowdown threshold at which to warn, and to fail.
-    margin_warn_c: int = 5
-    margin_fail_c: int = 0
+    margin_warn_c: Annotated[int, Range(0, 150)] = 5
+    margin_fail_c: Annotated[int, Range(0, 150)] = 0
     # Severity for an active hardware slowdown, HW thermal slowdown or power brake.
     hw_throttle_severity: SeverityName = "warn"
     sw_thermal_severity: SeverityName = "warn"
     # Clock brake: SM clock below this fraction of its maximum while HW slowdown / power
     # brake is active. One sample warns; two polls in a row, or throttle time of at least
     # brake_fail_s between polls (NVML violation counters), fail.
-    brake_fraction: float = 0.5
-    brake_fail_s: float = 10.0
+    brake_fraction: Annotated[float, FRACTION] = 0.5
+    brake_fail_s: Annotated[float, Range(0, 3600)] = 10.0
 
 
 @dataclass
 class PcieSettings:
-    # Pinned expectation; None: compare against the GPU's own maximum.
-    gen: int | None = None
-    width: int | None = None
+    # Pinned expectation; None: compare against the GPU's own maximum. Gen 1-7 and
+    # width x1-x32 are all the PCIe specification defines.
+    gen: Annotated[int | None, Range(1, 7)] = None
+    width: Annotated[int | None, Range(1, 32)] = None
     # Current below the device maximum (GPUs drop link gen at idle: width is what matters).
     downtrained_severity: SeverityName = "warn"
     below_pin_severity: SeverityName = "fail"
     # Idle GPUs legitimately lower link generation to save power; only width counts then.
     check_gen_when_idle: bool = False
     # PCIe replays per minute between two samples above this warn (DCGM's default is 8).
-    replay_rate_per_min_max: float = 8.0
+    replay_rate_per_min_max: Annotated[float, COUNTER] = 8.0
     replay_severity: SeverityName = "warn"
 
 
 @dataclass
 class NvlinkSettings:
     # Active links expected per GPU. None: every link NVML reports must be active.
-    links: int | None = None
-    replay_max: int = 1000
-    recovery_max: int = 10
-    crc_flit_max: int = 1000
-    crc_data_max: int = 100
+    links: Annotated[int | None, Range(0, 64)] = None
+    replay_max: Annotated[int, COUNTER] = 1000
+    recovery_max: Annotated[int, COUNTER] = 10
+    crc_flit_max: Annotated[int, COUNTER] = 1000
+    crc_data_max: Annotated[int, COUNTER] = 100
     errors_severity: SeverityName = "warn"
 
 
@@ -119,16 +169,16 @@ class FabricSettings:
 class IbSettings:
     # Ports expected in scope (see devices): each one must be ACTIVE/LinkUp (ib.port_state),
     # so this is the number of ports expected active. None: do not check.
-    count: int | None = None
+    count: Annotated[int | None, Range(0, 256)] = None
     # Expected rate per port in Gb/s (e.g. 400 for NDR). None: do not check.
-    rate_gbps: float | None = None
+    rate_gbps: Annotated[float | None, Range(1, 10_000)] = None
     # Ports in scope: "<device glob>" (every port of the matching /sys/class/infiniband
     # devices) or "<device glob>/<port glob>" ("mlx5_0/1", "mlx4_*/1"). Ports whose link
     # layer is Ethernet are out of scope unless include_ethernet, whatever their name.
     devices: list[str] = field(default_factory=lambda: ["*"])
     include_ethernet: bool = False
     # Absolute counter ceilings (counter name -> max); above raises counters_severity.
-    counters_max: dict[str, int] = field(default_factory=lambda: {
+    counters_max: dict[str, Annotated[int, COUNTER]] = field(default_factory=lambda: {
         "symbol_error": 1000,
         "link_downed": 5,
         "link_error_recovery": 100,
@@ -137,7 +187,7 @@ class IbSettings:
         "excessive_buffer_overrun_errors": 10,
     })
     # Growth since the previous sample (counter name -> max delta); above raises counters_severity.
-    counters_delta_max: dict[str, int] = field(default_factory=lambda: {
+    counters_delta_max: dict[str, Annotated[int, COUNTER]] = field(default_factory=lambda: {
         "symbol_error": 100,
         "link_downed": 0,
         "link_error_recovery": 10,
@@ -149,14 +199,14 @@ class IbSettings:
     # ib.flap (the agent keeps the history): link_downed rising in `flap_count` samples
     # within `flap_window_s` is a strike (WARN); `flap_strikes` strikes fail the port.
     # Formerly [agent] flap_*; the loader still reads those names.
-    flap_window_s: float = 300.0
-    flap_count: int = 2
-    flap_strikes: int = 2
+    flap_window_s: Annotated[float, Range(1, DAY)] = 300.0
+    flap_count: Annotated[int, Range(1, 1000)] = 2
+    flap_strikes: Annotated[int, Range(1, 1000)] = 2
     # RoCE: read ports/<n>/hw_counters (driver counters) of Ethernet ports in scope (so
     # include_ethernet too) and warn when one grows by more than hw_counters_delta_max
     # between two samples (ib.roce_counters). Off by default: the names are the driver's.
     roce_hw_counters: bool = False
-    hw_counters_delta_max: dict[str, int] = field(default_factory=lambda: {
+    hw_counters_delta_max: dict[str, Annotated[int, COUNTER]] = field(default_factory=lambda: {
         "local_ack_timeout_err": 10,  # transport retries ran out: lost packets, a bad link
         "req_cqe_error": 10,  # requests completed in error
         "rnr_nak_retry_err": 10,  # receiver not ready, retries exhausted
@@ -187,7 +237,7 @@ class NvmlSettings:
     library: str | None = None
     # A GPU query that fails (other than NotSupported) is asked once more after this many
     # seconds in the same run: an error on both reads is persistent (FAIL). 0: no retry.
-    retry_delay_s: float = 0.2
+    retry_delay_s: Annotated[float, Range(0, 10)] = 0.2
 
 
 @dataclass
@@ -203,7 +253,7 @@ OnError = Literal["fail-open", "fail-closed"]
 @dataclass
 class PrologSettings:
     # The whole prolog (gather + checks + drain) is bounded by this watchdog.
-    timeout_s: float = 10.0
+    timeout_s: Annotated[float, HOOK_TIMEOUT] = 10.0
     # An internal error or timeout: fail-open lets the job run (loud log line, reason
     # recorded) so a slurmgpu bug can never drain a cluster; fail-closed drains.
     on_error: OnError = "fail-open"
@@ -213,7 +263,7 @@ class PrologSettings:
 
 @dataclass
 class EpilogSettings:
-    timeout_s: float = 30.0
+    timeout_s: Annotated[float, HOOK_TIMEOUT] = 30.0
     on_error: OnError = "fail-open"
     drain: bool = True
     # Processes still holding the job's GPUs after it ended: ignore, report or kill.
@@ -236,10 +286,11 @@ class HealthcheckSettings:
 class SlurmSettings:
     # Directory holding scontrol/squeue/sinfo/scancel (default: PATH, then /usr/bin).
     bin_dir: str | None = None
-    # Tries for a command when slurmctld does not answer, and the pause between them.
-    retries: int = 3
-    retry_delay_s: float = 1.0
-    command_timeout_s: float = 10.0
+    # Tries for a command when slurmctld does not answer (at least 1), and the pause
+    # between them.
+    retries: Annotated[int, Range(1, 100)] = 3
+    retry_delay_s: Annotated[float, Range(0, 600)] = 1.0
+    command_timeout_s: Annotated[float, TIMEOUT] = 10.0
 
 
 @dataclass
@@ -253,20 +304,21 @@ class PathsSettings:
 @dataclass
 class AgentSettings:
     # Full poll of every fact (checks run on each); NVML events arrive in between.
-    interval_s: float = 15.0
+    # At least 1 s: 0 made the poll loop spin (87 % of a CPU).
+    interval_s: Annotated[float, Range(1, 3600)] = 15.0
     # Software versions (NCCL, CUDA, OFED) change rarely and cost more: refreshed this often.
-    versions_interval_s: float = 300.0
+    versions_interval_s: Annotated[float, Range(1, DAY)] = 300.0
     # Local query socket for the prolog/epilog (root and slurm_user only).
     socket: str = "/run/slurmgpu/agent.sock"
     slurm_user: str = "slurm"
     # A cached verdict older than this is refreshed (just the requested GPUs) before answering.
-    max_age_s: float = 30.0
+    max_age_s: Annotated[float, Range(0, 3600)] = 30.0
     # The prolog waits this long for the agent before falling back to the direct path.
-    query_timeout_s: float = 0.5
+    query_timeout_s: Annotated[float, Range(0.05, 60)] = 0.5
     # Outgoing messages wait here until the collector acknowledges them.
     spool_dir: str = "/var/spool/slurmgpu"
-    spool_max_mb: float = 64.0
-    heartbeat_s: float = 5.0
+    spool_max_mb: Annotated[float, Range(1, 1_048_576)] = 64.0
+    heartbeat_s: Annotated[float, HEARTBEAT] = 5.0
     # NVML event watching (XID, ECC, clock changes) in a thread.
     events: bool = True
     # flap_window_s, flap_count and flap_strikes moved to [ib]; the loader reads them here too.
@@ -274,7 +326,7 @@ class AgentSettings:
     # the job's user, removed by the epilog; SLURMGPU_JOBS_DIR overrides.
     jobs_dir: str = "/run/slurmgpu/jobs"
     # While a checkpoint request is open, look for the job's ack this often.
-    checkpoint_poll_s: float = 0.25
+    checkpoint_poll_s: Annotated[float, Range(0.01, 60)] = 0.25
     # Collector unreachable and a drain-now-class event (GPU lost, XID 79): signal the
     # jobs' local processes with this signal ("" turns the fallback off).
     fallback_signal: str = "USR1"
@@ -288,16 +340,18 @@ class CollectorSettings:
     db: str = "/var/lib/slurmgpu/fleet.db"
     # CURVE keys: collector keypair, node keypairs, allow-list (see `slurmgpu keys`).
     keys_dir: str = "/etc/slurmgpu/keys"
-    heartbeat_s: float = 5.0
+    heartbeat_s: Annotated[float, HEARTBEAT] = 5.0
     # A node silent for this many heartbeat intervals is marked unreachable.
-    unreachable_after: int = 3
-    retention_days: int = 90
+    unreachable_after: Annotated[int, Range(1, 1000)] = 3
+    # At least 1: 0 would prune every stored report at the next sweep.
+    retention_days: Annotated[int, Range(1, 36_500)] = 90
     # Prometheus /metrics ("host:port"; "" = off), e.g. "0.0.0.0:9750".
     metrics_bind: str = ""
     # Per-node history for `slurmgpu report`: counts (reports, throttled reports) per interval.
-    sample_interval_s: float = 3600.0
+    sample_interval_s: Annotated[float, Range(1, DAY)] = 3600.0
     # Ask Slurm for drained/resumed nodes this often (the report's drain history); 0 = never.
-    slurm_poll_s: float = 60.0
+    # Otherwise at least 1 s, so "almost off" cannot hammer slurmctld.
+    slurm_poll_s: Annotated[float, Range(1, DAY, off=0)] = 60.0
 
 
 AutomationAction = Literal["none", "warn", "checkpoint", "drain", "drain-now", "reboot"]
@@ -314,22 +368,22 @@ class AutomationSettings:
     # Allow the "reboot" action (XIDs the table marks reboot); otherwise such nodes drain.
     reboot_allowed: bool = False
     # Consecutive reports with a strike-counted WARN (thermal.throttle) before it drains.
-    strikes: int = 3
+    strikes: Annotated[int, Range(1, 1000)] = 3
     # Site overrides: "check" or "check:SEVERITY" -> action.
     policy: dict[str, AutomationAction] = field(default_factory=dict)
     # Circuit breaker: at most this fraction of the fleet drained by slurmgpu at once ...
-    max_fraction: float = 0.10
+    max_fraction: Annotated[float, FRACTION] = 0.10
     # ... and at most this many new drains in any rolling hour.
-    max_per_hour: int = 5
+    max_per_hour: Annotated[int, Range(0, 10_000)] = 5
     # The same check failing on this fraction of the fleet within the window trips it at once.
-    storm_fraction: float = 0.25
-    storm_window_s: float = 300.0
+    storm_fraction: Annotated[float, FRACTION] = 0.25
+    storm_window_s: Annotated[float, Range(1, DAY)] = 300.0
     # Auto-resume: this many consecutive OK reports spanning at least resume_after_s.
-    resume_healthy_reports: int = 3
-    resume_after_s: float = 600.0
+    resume_healthy_reports: Annotated[int, Range(1, 1000)] = 3
+    resume_after_s: Annotated[float, Range(0, 30 * DAY)] = 600.0
     # Lemon: this many drains within the window -> stays drained, never auto-resumed.
-    lemon_drains: int = 3
-    lemon_window_s: float = 7 * 86400.0
+    lemon_drains: Annotated[int, Range(1, 1000)] = 3
+    lemon_window_s: Annotated[float, Range(1, 365 * DAY)] = 7 * 86400.0
     # Checkpoint coordination ("checkpoint" and "drain-now" actions on a node running jobs):
     # the signal sent to each job (scancel --signal), to the batch shell or, with
     # checkpoint_full, to every process of the job ...
@@ -337,7 +391,7 @@ class AutomationSettings:
     checkpoint_full: bool = False
     # ... and how long a job has to ack before the node is drained (and, for drain-now,
     # the job requeued) anyway.
-    checkpoint_deadline_s: float = 300.0
+    checkpoint_deadline_s: Annotated[float, Range(1, DAY)] = 300.0
 
 
 @dataclass
@@ -347,13 +401,13 @@ class ReportSettings:
     # Where YYYY-MM-DD.html and .json are written.
     dir: str = "/var/lib/slurmgpu/reports"
     # Reports dated more than this many days ago are deleted at each run (0: keep all).
-    keep_days: int = 90
+    keep_days: Annotated[int, Range(0, 36_500)] = 90
     # Recipients of the nightly mail (Markdown report as the body, HTML attached); [] = no mail.
     mail_to: list[str] = field(default_factory=list)
     mail_from: str = "slurmgpu@localhost"
     # SMTP relay host; "" = hand the mail to the local `sendmail -t` below.
     smtp_host: str = ""
-    smtp_port: int = 25
+    smtp_port: Annotated[int, Range(1, 65_535)] = 25
     sendmail: str = "/usr/sbin/sendmail"
     # {date} and any key of the report's summary: {availability_pct}, {drains}, {drained_at_end}, ...
     subject: str = "slurmgpu fleet report {date}: {availability_pct}% available, {drains} drains"

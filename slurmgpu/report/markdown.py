@@ -12,10 +12,17 @@ from slurmgpu.report.render_util import duration, mtbf, num, pct, when
 BAR_WIDTH = 20
 
 
+# Text from nodes (drain reasons, versions, messages) ends up in the mail body: no raw
+# HTML (a <script>, an <img onerror>) and no link or code syntax ([x](javascript:...)).
+_MARKUP = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", "[": "\\[", "]": "\\]",
+                         "(": "\\(", ")": "\\)", "`": "\\`"})
+
+
 def cell(value: Any) -> str:
-    """A table cell: no newlines, pipes escaped."""
+    """A table cell (or inline text from a node): no newlines, pipes, HTML or links."""
     text = "-" if value is None or value == "" else str(value)
-    return " ".join(text.split()).replace("\\", "\\\\").replace("|", "\\|")
+    text = " ".join(text.split()).replace("\\", "\\\\").replace("|", "\\|")
+    return text.translate(_MARKUP)
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -35,6 +42,7 @@ def bars(items: Sequence[tuple[str, float, str]]) -> str:
     width = min(30, max(len(label) for label, _, _ in items))
     lines = []
     for label, value, text in items:
+        label, text = label.replace("`", "'"), text.replace("`", "'")  # cannot end the code block
         n = round(BAR_WIDTH * value / top) if value > 0 else 0
         lines.append(f"{label[:width]:<{width}}  {'█' * max(n, 1 if value > 0 else 0):<{BAR_WIDTH}} {text}")
     return "```\n" + "\n".join(lines) + "\n```\n"
