@@ -363,8 +363,7 @@ def test_kill_9_loses_nothing_duplicates_nothing(tmp_path: Path, keys_dir: Path,
 
 
 def test_schema_migrates_and_reopens(tmp_path: Path) -> None:
-    path = tmp_path / "empty.db"
-    path.touch()  # an empty file is an empty database
+    path = tmp_path / "new.db"  # (a 0-byte file is refused: tests/test_store_integrity.py)
     store = Store(path)
     assert store.schema_version() == SCHEMA_VERSION
     tables = {r[0] for r in store.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}

@@ -24,6 +24,7 @@ report each node sends after the collector starts), which is what trend views wa
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -325,6 +326,35 @@ class StoreError(SlurmGpuError):
     """The database is newer than this slurmgpu, or unusable."""
 
 
+_RECOVER = ("restore it from a backup, or move it aside to start an empty one "
+            "(slurmgpu never wipes or rewrites a damaged database)")
+
+
+def _refuse_empty_file(path: Path) -> None:
+    """A 0-byte file where the database should be is damage (a failed copy, a full disk),
+    not a fresh start: refuse it instead of silently initialising over it."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return  # a new database: created by the migrations
+    if size == 0:
+        raise StoreError(f"{path}: the database file is empty (0 bytes); {_RECOVER}")
+
+
+@functools.cache
+def _expected_tables() -> frozenset[str]:
+    """The tables a fully migrated database has (the migrations run on an in-memory one)."""
+    db = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        for migration in MIGRATIONS:
+            migration(db)
+        return frozenset(str(r[0]) for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+                         if not str(r[0]).startswith("sqlite_"))
+    finally:
+        db.close()
+
+
 def _text(value: Any) -> str | None:
     if value is None:
         return None
@@ -379,6 +409,7 @@ class Store:
         self._slurm_state: dict[str, tuple[bool, str | None]] | None = None
         if str(path) != ":memory:":
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            _refuse_empty_file(self.path)
         # (node, epoch) -> largest stored seq, loaded per key on first sight
         self._high: dict[tuple[str, str], int] = {}
         # Duplicates whose body differed, found by the last ``store_batch`` call.
@@ -387,13 +418,40 @@ class Store:
         self._last_state: dict[str, _State] = {}
         self.db = sqlite3.connect(str(path), timeout=timeout_s, isolation_level=None,
                                   check_same_thread=False)
-        self.db.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
-        self.db.execute("PRAGMA journal_mode = WAL")
-        self.db.execute("PRAGMA synchronous = NORMAL")
-        self.db.execute("PRAGMA foreign_keys = OFF")
-        self._migrate()
+        try:
+            self.db.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
+            self._check_integrity()
+            self.db.execute("PRAGMA journal_mode = WAL")
+            self.db.execute("PRAGMA synchronous = NORMAL")
+            self.db.execute("PRAGMA foreign_keys = OFF")
+            self._migrate()
+            self._check_schema()
+        except sqlite3.DatabaseError as exc:  # not a database, or corrupt beyond the check
+            self.db.close()
+            raise StoreError(f"{self.path}: not a usable database ({exc}); {_RECOVER}") from None
+        except StoreError:
+            self.db.close()
+            raise
 
     # ------------------------------------------------------------------ schema
+
+    def _check_integrity(self) -> None:
+        """``PRAGMA quick_check`` before anything is written: a corrupt file is refused
+        with one line, never written to, never wiped."""
+        if str(self.path) == ":memory:":
+            return
+        problems = [str(row[0]) for row in self.db.execute("PRAGMA quick_check(5)")]
+        if problems != ["ok"]:
+            raise StoreError(f"{self.path}: integrity check failed ({'; '.join(problems)[:300]}); {_RECOVER}")
+
+    def _check_schema(self) -> None:
+        """Every table the migrations make is there (a dropped table used to give a
+        collector that stayed up, stored nothing and acked nothing)."""
+        have = {str(r[0]) for r in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        missing = sorted(_expected_tables() - have)
+        if missing:
+            raise StoreError(f"{self.path}: schema version {self.schema_version()} but table(s) "
+                             f"{', '.join(missing)} missing; {_RECOVER}")
 
     def schema_version(self) -> int:
         row = self.db.execute("SELECT version FROM schema_version").fetchone()
