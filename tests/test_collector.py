@@ -449,3 +449,24 @@ def test_sd_notify(tmp_path: Path) -> None:
         assert server.recv(100) == b"READY=1"
     assert not fleet_cmd.sd_notify("READY=1", {})
     assert os.path.exists(path)
+
+
+@pytest.mark.parametrize("step_s", [-3600.0, 3600.0])
+def test_the_nodes_clock_never_decides_which_report_counts(tmp_path: Path, step_s: float) -> None:
+    """Issue 12 item 7: after the node's clock stepped back 1 h a new FAIL was hidden in
+    `fleet` and the metrics; after a step forward a stale verdict stayed frozen. The last
+    report to arrive is the node's word; its ts is kept as data only."""
+    store = Store(tmp_path / "clock.db")
+    now = time.time()
+    ok = Envelope(type=REPORT, node="n1", seq=1, ts=now, body={"verdict": "OK", "findings": []})
+    fail = Envelope(type=REPORT, node="n1", seq=2, ts=now + step_s, body={
+        "verdict": "FAIL", "findings": [{"check": "gpu.lost", "severity": "FAIL", "gpu": 3, "message": "lost"}]})
+    later_ok = Envelope(type=REPORT, node="n1", seq=3, ts=now, body={"verdict": "OK", "findings": []})
+    store.store_batch([("n1", ok)])
+    store.store_batch([("n1", fail)])
+    [node] = store.fleet()
+    assert (node["verdict"], node["worst_check"]) == ("FAIL", "gpu.lost")
+    assert store.db.execute("SELECT verdict, ts FROM reports WHERE node = 'n1'").fetchone() == ("FAIL", now + step_s)
+    store.store_batch([("n1", later_ok)])
+    assert store.fleet()[0]["verdict"] == "OK"
+    store.close()

@@ -635,8 +635,9 @@ class Store:
                     rank = _RANK.get(severity, _RANK["UNKNOWN"])
                     if rank > worst_rank:
                         worst, worst_rank = f, rank
-                if row[1] is None or env.ts >= row[1]:
-                    row[1], row[2], row[3] = env.ts, verdict, worst
+                # The node's latest word is the last to arrive (a node's messages arrive in
+                # seq order, resends are deduplicated): its clock is data, never the order.
+                row[1], row[2], row[3] = now, verdict, worst
                 if env.type == REPORT:
                     self.history.observe(node, env.ts, verdict, body.get("throttle"),
                                          body.get("summary"), hist)
@@ -645,9 +646,7 @@ class Store:
                         states[node] = state
                         history.append((node, seq, env.ts, verdict))
                         findings.extend((node, seq, env.ts, *b) for b in bad)
-                    prev = latest_report.get(node)
-                    if prev is None or env.ts >= prev[0].ts:
-                        latest_report[node] = (env, packed)
+                    latest_report[node] = (env, packed)  # arrival order, as above
                 else:
                     findings.extend((node, seq, env.ts, *b) for b in bad)
                     events.append((node, seq, env.ts, _text(body.get("kind")), _int(body.get("gpu")),
@@ -677,7 +676,7 @@ class Store:
             db.executemany(
                 "INSERT INTO reports (node, seq, ts, verdict, body) VALUES (?,?,?,?,?) "
                 "ON CONFLICT (node) DO UPDATE SET seq = excluded.seq, ts = excluded.ts, "
-                "verdict = excluded.verdict, body = excluded.body WHERE excluded.ts >= reports.ts",
+                "verdict = excluded.verdict, body = excluded.body",
                 [(node, env.seq, env.ts, _text(env.body.get("verdict")) or "UNKNOWN", packed)
                  for node, (env, packed) in latest_report.items()])
         rows = []
@@ -693,17 +692,18 @@ class Store:
             "last_seq = max(nodes.last_seq, excluded.last_seq), "
             "reachable = 1, unreachable_since = NULL, "
             "agent_version = coalesce(excluded.agent_version, nodes.agent_version), "
-            "verdict = CASE WHEN excluded.verdict_ts >= coalesce(nodes.verdict_ts, -1) "
-            "  THEN excluded.verdict ELSE nodes.verdict END, "
-            "worst_check = CASE WHEN excluded.verdict_ts >= coalesce(nodes.verdict_ts, -1) "
+            # A batch that carried a verdict (a report or event) replaces the node's: the
+            # newest to arrive (verdict_ts is when the collector received it).
+            "verdict = CASE WHEN excluded.verdict IS NOT NULL THEN excluded.verdict ELSE nodes.verdict END, "
+            "worst_check = CASE WHEN excluded.verdict IS NOT NULL "
             "  THEN excluded.worst_check ELSE nodes.worst_check END, "
-            "worst_severity = CASE WHEN excluded.verdict_ts >= coalesce(nodes.verdict_ts, -1) "
+            "worst_severity = CASE WHEN excluded.verdict IS NOT NULL "
             "  THEN excluded.worst_severity ELSE nodes.worst_severity END, "
-            "worst_message = CASE WHEN excluded.verdict_ts >= coalesce(nodes.verdict_ts, -1) "
+            "worst_message = CASE WHEN excluded.verdict IS NOT NULL "
             "  THEN excluded.worst_message ELSE nodes.worst_message END, "
-            "worst_gpu = CASE WHEN excluded.verdict_ts >= coalesce(nodes.verdict_ts, -1) "
+            "worst_gpu = CASE WHEN excluded.verdict IS NOT NULL "
             "  THEN excluded.worst_gpu ELSE nodes.worst_gpu END, "
-            "verdict_ts = max(coalesce(nodes.verdict_ts, -1), coalesce(excluded.verdict_ts, -1))",
+            "verdict_ts = coalesce(excluded.verdict_ts, nodes.verdict_ts)",
             rows)
 
     def add_decisions(self, decisions: Iterable[Any]) -> int:
