@@ -91,6 +91,14 @@ _EPOCH_RE = re.compile(r"[A-Za-z0-9._-]+")
 # Slurm node name characters (the same rule the CURVE allow-list uses for file names).
 _NODE_RE = re.compile(r"[A-Za-z0-9._-]+")
 
+# Event kinds agents send (the agent's NVML kinds, gpu_lost and the gate's own): anything
+# else is still stored, but labelled "other" in metrics (a label per invented kind would
+# let one node grow the metrics without bound).
+EVENT_KINDS = frozenset({"xid", "ecc_dbe", "ecc_sbe", "ecc_sbe_storm", "dram_retirement",
+                         "dram_retirement_failure", "poison_nonfatal", "poison_fatal",
+                         "gpu_unavailable", "recovery_action", "gpu_lost", "clock", "pstate",
+                         "power_source", "local_checkpoint", "prolog_blocked"})
+
 HELLO, REPORT, EVENT, HEARTBEAT, ACK, COMMAND, COMMAND_RESULT = (
     "hello", "report", "event", "heartbeat", "ack", "command", "command-result")
 TYPES = frozenset({HELLO, REPORT, EVENT, HEARTBEAT, ACK, COMMAND, COMMAND_RESULT})

@@ -74,8 +74,8 @@ def seed(store: Store, now: float) -> None:
         ("gpu-a", report("gpu-a", 1, "FAIL", [
             finding("gpu.ecc", "OK", 0),
             finding("ecc.uncorrected", "FAIL", 0), finding("thermal.throttle", "WARN", 0),
-            finding("thermal.throttle", "WARN", 3), finding("clock.odd", "UNKNOWN", 5),
-            finding("ib.link", "WARN")], now - 5)),
+            finding("thermal.throttle", "WARN", 3), finding("thermal.clock_brake", "UNKNOWN", 5),
+            finding("ib.made_up_by_a_node", "WARN")], now - 5)),
         ("gpu-b", report("gpu-b", 1, "OK", [], now - 30)),
         ("gpu-a", xid_event("gpu-a", 2, 79, now - 4)),
         ("gpu-a", xid_event("gpu-a", 3, 79, now - 3)),
@@ -154,8 +154,8 @@ def test_scrape_reports_store_automation_and_checkpoints(tmp_path: Path, keys_di
         assert named(m, "slurmgpu_findings") == {
             frozenset({("check", "ecc.uncorrected"), ("severity", "FAIL")}): 1,
             frozenset({("check", "thermal.throttle"), ("severity", "WARN")}): 2,
-            frozenset({("check", "clock.odd"), ("severity", "UNKNOWN")}): 1,
-            frozenset({("check", "ib.link"), ("severity", "WARN")}): 1}
+            frozenset({("check", "thermal.clock_brake"), ("severity", "UNKNOWN")}): 1,
+            frozenset({("check", "other"), ("severity", "WARN")}): 1}  # an unknown check id
         assert named(m, "slurmgpu_gpu_verdict") == {
             frozenset({("node", "gpu-a"), ("gpu", "0")}): 2,  # FAIL beats WARN
             frozenset({("node", "gpu-a"), ("gpu", "3")}): 1,
@@ -357,3 +357,27 @@ def test_scrapes_are_cached_bounded_and_time_out(tmp_path: Path, keys_dir: Path)
         finally:
             for conn in idle:
                 conn.close()
+
+
+def test_one_node_cannot_grow_metric_label_cardinality(tmp_path: Path) -> None:
+    """Issue 12 item 9: check ids, event kinds and XID codes a node invents become "other";
+    at most MAX_GPU_SERIES_PER_NODE per-GPU series per node."""
+    from slurmgpu.collector.metrics import MAX_GPU_SERIES_PER_NODE, FleetMetrics
+
+    store = Store(tmp_path / "m.db")
+    findings = [{"check": f"made.up{i}", "severity": "WARN", "gpu": i % 1000, "message": "x"} for i in range(600)]
+    store.store_batch([("evil", Envelope(type=REPORT, node="evil", seq=1,
+                                         body={"verdict": "WARN", "findings": findings}))])
+    store.store_batch([("evil", Envelope(type=EVENT, node="evil", seq=2 + i, body={
+        "kind": kind, "gpu": 0, "data": data, "verdict": "WARN", "findings": []}))
+        for i, (kind, data) in enumerate([(f"kind{i}", 1) for i in range(50)] + [("xid", 10**12), ("xid", 79)])])
+    metrics = FleetMetrics(None)  # type: ignore[arg-type]
+    families = {f.name: f for f in metrics._families(store.db, None)}
+    checks = {s.labels["check"] for s in families["slurmgpu_findings"].samples}
+    assert checks == {"other"}
+    assert len(families["slurmgpu_gpu_verdict"].samples) == MAX_GPU_SERIES_PER_NODE
+    assert metrics.series_dropped > 0
+    kinds = {s.labels["kind"] for s in families["slurmgpu_events"].samples}
+    assert kinds == {"other", "xid"}
+    assert {s.labels["xid"] for s in families["slurmgpu_xid_events"].samples} == {"79", "other"}
+    store.close()

@@ -21,6 +21,7 @@ one) and served by a small threading HTTP server; see docs/metrics.md for every 
 
 from __future__ import annotations
 
+import functools
 import socket
 import sqlite3
 import threading
@@ -33,6 +34,8 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from slurmgpu.wire import EVENT_KINDS
 
 if TYPE_CHECKING:
     from slurmgpu.collector.server import Collector
@@ -102,6 +105,7 @@ class FleetMetrics:
         self.rate = IngestRate()
         self.started = time.time()
         self.store_errors = 0
+        self.series_dropped = 0
 
     def sample(self) -> None:
         """From the collector loop (cheap; at most one sample a second)."""
@@ -130,6 +134,9 @@ class FleetMetrics:
                                 value=1 if ok else 0)
         yield CounterMetricFamily("slurmgpu_metrics_store_errors", "Scrapes that could not read "
                                   "the fleet database.", value=self.store_errors)
+        yield CounterMetricFamily("slurmgpu_metrics_series_dropped", "Per-GPU series left out "
+                                  f"(over {MAX_GPU_SERIES_PER_NODE} GPUs for one node).",
+                                  value=self.series_dropped)
         yield GaugeMetricFamily("slurmgpu_metrics_scrape_duration_seconds",
                                 "Time this scrape took to compute its metrics.",
                                 value=time.perf_counter() - began)
@@ -291,10 +298,19 @@ class FleetMetrics:
             per_check[key] = per_check.get(key, 0) + int(count)
             if gpu_index is not None and int(rank) > gpu_rank.get((node, gpu_index), 0):
                 gpu_rank[(node, gpu_index)] = int(rank)
-        for (check, severity), count in sorted(per_check.items()):
+        capped: dict[tuple[str, str], int] = {}
+        for (check, severity), count in per_check.items():
+            key = (check if check in known_checks() else OTHER, severity if severity in VERDICT_CODE else OTHER)
+            capped[key] = capped.get(key, 0) + count
+        for (check, severity), count in sorted(capped.items()):
             findings.add_metric([check, severity], count)
+        per_node: dict[str, int] = {}
         for (node, gpu_index), rank in sorted(gpu_rank.items()):
-            gpu.add_metric([str(node), str(gpu_index)], _RANK_CODE[rank])
+            per_node[node] = per_node.get(node, 0) + 1
+            if per_node[node] <= MAX_GPU_SERIES_PER_NODE:
+                gpu.add_metric([str(node), str(gpu_index)], _RANK_CODE[rank])
+            else:
+                self.series_dropped += 1
         out += [findings, gpu]
         # ---- events (history within the retention): by kind, XIDs by code
         events = CounterMetricFamily("slurmgpu_events", "Events stored (within the retention), "
@@ -302,12 +318,18 @@ class FleetMetrics:
         xids = CounterMetricFamily("slurmgpu_xid_events", "XID events stored (within the "
                                    "retention), by XID code.", labels=["xid"])
         per_kind: dict[str, int] = {}
+        per_xid: dict[str, int] = {}
         for kind, xid, count in db.execute(
                 "SELECT kind, CASE WHEN kind = 'xid' THEN data END, count(*) FROM events "
                 "GROUP BY 1, 2"):
-            per_kind[str(kind)] = per_kind.get(str(kind), 0) + int(count)
+            label = str(kind) if kind in EVENT_KINDS else OTHER
+            per_kind[label] = per_kind.get(label, 0) + int(count)
             if kind == "xid":
-                xids.add_metric(["unknown" if xid is None else str(xid)], int(count))
+                xid_label = "unknown" if xid is None else (
+                    str(xid) if 0 <= int(xid) <= MAX_XID_LABEL else OTHER)
+                per_xid[xid_label] = per_xid.get(xid_label, 0) + int(count)
+        for xid_label, n in sorted(per_xid.items()):
+            xids.add_metric([xid_label], n)
         for kind, count in sorted(per_kind.items()):
             events.add_metric([kind], count)
         out += [events, xids]
@@ -357,6 +379,20 @@ class FleetMetrics:
         out.append(GaugeMetricFamily("slurmgpu_pending_drains", "Nodes whose drain waits for "
                                      "their jobs' checkpoints.", value=pending))
         return out
+
+
+# Label cardinality from what nodes send: check ids, event kinds and XID codes outside the
+# known sets become "other"; at most this many per-GPU series per node.
+OTHER = "other"
+MAX_GPU_SERIES_PER_NODE = 128
+MAX_XID_LABEL = 1023
+
+
+@functools.cache
+def known_checks() -> frozenset[str]:
+    from slurmgpu.checks.registry import all_checks
+
+    return frozenset({c.id for c in all_checks()} | {"agent.spool", "agent.state_dir"})
 
 
 # A scraper gets this long to send its request and read the answer: an idle or trickling
