@@ -56,6 +56,7 @@ class FakeCollector:
         self.messages: list[Received] = []  # every frame, duplicates included
         self.stored: dict[int, wire.Envelope] = {}  # deduped by seq
         self.peers: set[bytes] = set()
+        self.routes: dict[str, bytes] = {}  # node -> the routing id it last spoke from
         self._outbox: list[tuple[bytes, bytes]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -78,7 +79,7 @@ class FakeCollector:
     def send_command(self, node: str, command: str, **args: Any) -> str:
         env = wire.Envelope(type=wire.COMMAND, node=node, seq=0, body={"command": command, "args": args})
         with self._lock:
-            self._outbox.append((node.encode(), wire.encode(env)))
+            self._outbox.append((self.routes.get(node, node.encode()), wire.encode(env)))
         return env.id
 
     def _run(self) -> None:
@@ -109,8 +110,8 @@ class FakeCollector:
                     sock.send_multipart([ident, frame])
                 if now >= next_hb:
                     next_hb = now + 0.5
-                    for peer in list(self.peers):
-                        hb = wire.Envelope(type=wire.HEARTBEAT, node=peer.decode(), seq=0)
+                    for node, peer in list(self.routes.items()):
+                        hb = wire.Envelope(type=wire.HEARTBEAT, node=node, seq=0)
                         sock.send_multipart([peer, wire.encode(hb)])
         finally:
             sock.close(linger=0)
@@ -118,6 +119,7 @@ class FakeCollector:
     def _handle(self, sock: zmq.Socket[Any], ident: bytes, frame: bytes) -> None:
         env = wire.decode(frame)
         self.peers.add(ident)
+        self.routes[env.node] = ident  # agents let ZeroMQ pick their routing id
         with self._lock:
             self.messages.append(Received(env, time.monotonic()))
         if env.type in wire.ACKED:

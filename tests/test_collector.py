@@ -93,7 +93,8 @@ class Agent:
             server = keys.public_key(keys_dir / "collector.key")
         self.node = node
         self.sock = ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.ROUTING_ID, (routing_id or node).encode())
+        if routing_id != "":  # "": none, ZeroMQ picks one (as agents do since issue 12)
+            self.sock.setsockopt(zmq.ROUTING_ID, (routing_id or node).encode())
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.curve_publickey, self.sock.curve_secretkey, self.sock.curve_serverkey = public, secret, server
         self.sock.connect(cfg.address)
@@ -470,3 +471,31 @@ def test_the_nodes_clock_never_decides_which_report_counts(tmp_path: Path, step_
     store.store_batch([("n1", later_ok)])
     assert store.fleet()[0]["verdict"] == "OK"
     store.close()
+
+
+def test_a_routing_id_squatter_neither_locks_a_node_out_nor_gets_its_commands(
+        tmp_path: Path, keys_dir: Path, ctx: zmq.Context[Any]) -> None:
+    """Issue 12 item 6: gpu-b's valid key connected under the routing id "gpu-a"; the real
+    gpu-a then stored nothing and its drain-now checkpoint command went to the squatter.
+    Agents now let ZeroMQ pick their routing id, and the collector routes by the
+    authenticated key."""
+    cfg = make_settings(tmp_path, keys_dir)
+    collector = Collector(cfg)
+    try:
+        squatter = Agent(ctx, cfg, keys_dir, "gpu-b", routing_id="gpu-a")
+        squatter.send(HELLO, 1, {"version": "1", "gpus": 8, "interval_s": 15.0})
+        real = Agent(ctx, cfg, keys_dir, "gpu-a", routing_id="")
+        real.send(HELLO, 1, {"version": "1", "gpus": 8, "interval_s": 15.0})
+        deadline = time.monotonic() + 10
+        while collector.counters.stored < 1 and time.monotonic() < deadline:
+            collector.serve_once(50)
+        assert real.acked() == [1]  # the real node is heard
+        while collector.counters.rejected["routing_mismatch"] < 1 and time.monotonic() < deadline:
+            collector.serve_once(50)
+        assert collector.counters.rejected["routing_mismatch"] == 1  # the squatter is refused, counted
+        command_id = collector.send_command("gpu-a", "checkpoint", {"job_id": "7"})
+        env = real.recv()
+        assert env is not None and env.type == COMMAND and env.id == command_id
+        assert squatter.recv(0.5) is None  # nothing for the squatter
+    finally:
+        collector.close()

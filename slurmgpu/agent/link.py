@@ -111,7 +111,9 @@ class Link(threading.Thread):
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.IMMEDIATE, 1)
-        sock.setsockopt(zmq.ROUTING_ID, self.node.encode())
+        # No ROUTING_ID: the collector's ROUTER gives each connection its own, and routes
+        # to this node by its authenticated key. (A name chosen here could be claimed by
+        # another node's key first and lock this one out.)
         sock.setsockopt(zmq.RECONNECT_IVL, 200)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)
         sock.curve_publickey = self.public

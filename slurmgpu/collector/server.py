@@ -266,6 +266,9 @@ class Collector:
         self.endpoint: str = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         now = time.monotonic()
         self._seen: dict[str, float] = {}  # node -> wall time last heard (this process)
+        # node -> routing id its authenticated key last spoke from: where its commands and
+        # heartbeats go (a routing id is the client's claim; the key is not)
+        self._routes: dict[str, bytes] = {}
         self._next_heartbeat = now + settings.heartbeat_s
         self._next_reload = now + ALLOW_LIST_RELOAD_S
         self._next_prune = now  # prune once at start, then hourly
@@ -465,10 +468,11 @@ class Collector:
         if env.node != node:
             self._reject("node_mismatch", node=node, claimed=env.node)
             return
-        if routing_id != node.encode():
+        if not _routing_id_ok(routing_id, node):
             self._reject("routing_mismatch", node=node,
                          routing_id=routing_id.decode("utf-8", "replace")[:64])
             return
+        self._routes[node] = routing_id  # commands follow the authenticated key, not a claimed id
         if env.type == HEARTBEAT:
             self.counters.heartbeats_received += 1
         elif env.type not in ACKED:
@@ -482,7 +486,7 @@ class Collector:
     def _ack_rejected(self, env: Envelope, node: str, routing_id: bytes, to_ack: list[AckItem]) -> None:
         """Ack a message whose body was refused, if it is the authenticated node's own
         acked-type message: the agent drops it instead of resending it forever."""
-        if env.node == node and routing_id == node.encode() and env.type in ACKED:
+        if env.node == node and _routing_id_ok(routing_id, node) and env.type in ACKED:
             to_ack.append((routing_id, node, env.epoch, env.seq, True))
 
     # ------------------------------------------------------------------ automation
@@ -647,7 +651,8 @@ class Collector:
         command_id = uuid.uuid4().hex
         env = Envelope(type=COMMAND, node=node, seq=0, body={"command": command, "args": args or {}},
                        id=command_id)
-        if not self._send(node.encode(), encode(env)):
+        route = self._routes.get(node)
+        if route is None or not self._send(route, encode(env)):
             raise CollectorError(f"node {node} is not connected (or its queue is full)")
         self.log.info("command_sent", node=node, command=command, command_id=command_id)
         return command_id
@@ -706,7 +711,8 @@ class Collector:
             if now - seen > window:
                 del self._seen[node]
                 continue
-            if self._send(node.encode(), self._frames.heartbeat(node)):
+            route = self._routes.get(node)
+            if route is not None and self._send(route, self._frames.heartbeat(node)):
                 self.counters.heartbeats_sent += 1
         try:
             gone = self.store.mark_unreachable(now, window)
@@ -741,3 +747,10 @@ class Collector:
         self._automation_fleet_size()
         self.log.info("allow_list_loaded", nodes=len(allowed), added=added, removed=removed)
         return True
+
+
+def _routing_id_ok(routing_id: bytes, node: str) -> bool:
+    """A message's routing id is the node's own name (agents before issue 12 set it) or
+    one ZeroMQ generated for the connection (first byte 0; current agents set none). Any
+    other id, e.g. another node's name claimed by this key, is squatting: refused."""
+    return routing_id == node.encode() or routing_id[:1] == b"\x00"
