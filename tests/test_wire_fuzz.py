@@ -296,10 +296,12 @@ def test_broken_store_stops_acks(rig: tuple[Collector, Agent, Agent], monkeypatc
     serve_until(collector, 1)
     assert good.acked(0.3) is None
     assert collector.counters.store_errors == 1 and not collector.counters.rejected
+    assert collector.counters.store_failing == 1  # /metrics: slurmgpu_store_writable 0
     monkeypatch.setattr(collector.store, "store_batch", real)
     good.report(1)  # the agent's resend
     serve_until(collector, 2)
     assert good.acked() == [1]
+    assert collector.counters.store_failing == 0  # writable again
 
 
 @pytest.mark.parametrize(("exc", "message_fault"), [

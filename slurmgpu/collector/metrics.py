@@ -129,6 +129,9 @@ class FleetMetrics:
             self.collector.log.warning("metrics_store_failed", error=str(exc))
         ok = families is not None
         yield from families or ()
+        yield GaugeMetricFamily("slurmgpu_store_writable", "0 while the collector's store "
+                                "batches keep failing (nothing is acked; agents keep spooling), "
+                                "else 1.", value=0 if self.collector.counters.store_failing else 1)
         yield GaugeMetricFamily("slurmgpu_store_up", "1 if this scrape could read the fleet "
                                 "database, else 0 (the store's metrics are then left out).",
                                 value=1 if ok else 0)

@@ -158,6 +158,9 @@ class Counters:
     heartbeats_sent: int = 0
     batches: int = 0
     store_errors: int = 0
+    # Consecutive store batches that failed (0 after one that succeeded): while it is not
+    # 0 nothing is acked, agents keep spooling, and /metrics says the store is down.
+    store_failing: int = 0
     conflicts: int = 0  # duplicates whose body differs from the stored message
     decisions: int = 0
     automation_errors: int = 0
@@ -401,6 +404,7 @@ class Collector:
             self.log.warning("store_batch_isolating", error=f"{type(exc).__name__}: {exc}",
                              messages=len(batch))
             return self._store_each(batch, to_ack, now)
+        self.counters.store_failing = 0
         self._note_conflicts()
         return new
 
@@ -422,10 +426,12 @@ class Collector:
             self._note_conflicts()
         if bad:
             to_ack[:] = [(r, n, e, q, rej or (n, e, q) in bad) for r, n, e, q, rej in to_ack]
+        self.counters.store_failing = 0
         return new
 
     def _store_failed(self, exc: BaseException, messages: int) -> None:
         self.counters.store_errors += 1
+        self.counters.store_failing += 1
         self.log.error("store_failed", error=f"{type(exc).__name__}: {exc}", messages=messages)
 
     def _note_conflicts(self) -> None:
