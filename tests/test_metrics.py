@@ -381,3 +381,39 @@ def test_one_node_cannot_grow_metric_label_cardinality(tmp_path: Path) -> None:
     assert kinds == {"other", "xid"}
     assert {s.labels["xid"] for s in families["slurmgpu_xid_events"].samples} == {"79", "other"}
     store.close()
+
+
+def test_metrics_over_tls_and_client_certificates(tmp_path: Path, keys_dir: Path) -> None:  # noqa: F811
+    """Issue 12 item 11: optional TLS (and mutual TLS with metrics_client_ca)."""
+    import shutil
+    import ssl
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl not installed")
+
+    def cert(name: str) -> tuple[Path, Path]:
+        crt, key = tmp_path / f"{name}.crt", tmp_path / f"{name}.key"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                        "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                        "-keyout", str(key), "-out", str(crt)], check=True, capture_output=True, timeout=60)
+        return crt, key
+
+    server_crt, server_key = cert("server")
+    client_crt, client_key = cert("client")
+    cfg = make_settings(tmp_path, keys_dir, metrics_bind=f"127.0.0.1:{free_port()}",
+                        metrics_tls_cert=str(server_crt), metrics_tls_key=str(server_key),
+                        metrics_client_ca=str(client_crt))
+    with running(cfg) as collector:
+        server = collector.metrics_server
+        assert server is not None and server.url.startswith("https://")
+        trusting = ssl.create_default_context(cafile=str(server_crt))
+        with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):  # no client cert
+            urllib.request.urlopen(server.url, timeout=10, context=trusting)
+        trusting.load_cert_chain(str(client_crt), str(client_key))
+        with urllib.request.urlopen(server.url, timeout=10, context=trusting) as resp:
+            assert resp.status == 200 and b"slurmgpu_collector_up 1.0" in resp.read()
+    half = make_settings(tmp_path, keys_dir, metrics_bind=f"127.0.0.1:{free_port()}",
+                         metrics_tls_cert=str(server_crt))
+    with pytest.raises(CollectorError, match="set both or neither"):
+        Collector(half)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import socket
 import sqlite3
+import ssl
 import threading
 import time
 from collections import deque
@@ -459,6 +460,9 @@ class _BoundedServer(WSGIServer):
         thread = threading.Thread(target=self._serve, args=(request, client_address), daemon=True)
         thread.start()
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that times out or fails the TLS handshake is not the collector's error
+
     def _serve(self, request: Any, client_address: Any) -> None:
         try:
             self.finish_request(request, client_address)
@@ -473,7 +477,7 @@ class MetricsServer:
     """The running HTTP server (a daemon thread); ``shutdown()`` stops it."""
 
     def __init__(self, httpd: WSGIServer, metrics: FleetMetrics,
-                 registry: CollectorRegistry) -> None:
+                 registry: CollectorRegistry, *, scheme: str = "http") -> None:
         self.httpd = httpd
         self.metrics = metrics
         self.registry = registry
@@ -481,7 +485,7 @@ class MetricsServer:
         self.host = address[0] if isinstance(address[0], str) else address[0].decode()
         self.port = int(address[1])
         host = f"[{self.host}]" if ":" in self.host else self.host
-        self.url = f"http://{host}:{self.port}/metrics"
+        self.url = f"{scheme}://{host}:{self.port}/metrics"
         self._closed = False
         self.thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.2},
                                        name="slurmgpu-metrics", daemon=True)
@@ -501,10 +505,29 @@ class MetricsServer:
     close = shutdown
 
 
-def start_metrics_server(collector: Collector, bind: str) -> MetricsServer:
-    """Serve the collector's metrics at ``http://<bind>/metrics`` from a daemon thread.
+def tls_context(cert: str, key: str, client_ca: str = "") -> ssl.SSLContext:
+    """The server's TLS context (ValueError: only one of cert/key; ssl.SSLError, an
+    OSError: a file that cannot be read or does not match)."""
+    if bool(cert) != bool(key):
+        raise ValueError("collector.metrics_tls_cert and metrics_tls_key go together: set both or neither")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert, key)
+    if client_ca:
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(client_ca)
+    return context
 
-    ValueError: ``bind`` is not "host:port"; OSError: it cannot be bound."""
+
+def start_metrics_server(collector: Collector, bind: str, *, tls_cert: str = "", tls_key: str = "",
+                         client_ca: str = "") -> MetricsServer:
+    """Serve the collector's metrics at ``http(s)://<bind>/metrics`` from a daemon thread.
+
+    ValueError: ``bind`` is not "host:port" (or half a TLS setting); OSError: it cannot be
+    bound, or the TLS files cannot be used."""
+    if client_ca and not tls_cert:
+        raise ValueError("collector.metrics_client_ca needs metrics_tls_cert and metrics_tls_key")
+    context = tls_context(tls_cert, tls_key, client_ca) if tls_cert or tls_key else None
     host, port = parse_bind(bind)
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     family, addr = infos[0][0], infos[0][4][0]
@@ -517,4 +540,9 @@ def start_metrics_server(collector: Collector, bind: str) -> MetricsServer:
     registry.register(metrics)
     httpd = make_server(str(addr), port, CachedExposition(registry), server_class=_Server,
                         handler_class=_Handler)
-    return MetricsServer(httpd, metrics, registry)
+    if context is not None:
+        # The handshake happens on the first read, in the request's worker thread and under
+        # its timeout: a client that never finishes it cannot hold the accept loop.
+        httpd.socket = context.wrap_socket(httpd.socket, server_side=True,
+                                           do_handshake_on_connect=False)
+    return MetricsServer(httpd, metrics, registry, scheme="https" if context is not None else "http")

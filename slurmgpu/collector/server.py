@@ -294,7 +294,9 @@ class Collector:
             from slurmgpu.collector.metrics import start_metrics_server
 
             try:
-                self.metrics_server = start_metrics_server(self, settings.metrics_bind)
+                self.metrics_server = start_metrics_server(
+                    self, settings.metrics_bind, tls_cert=settings.metrics_tls_cert,
+                    tls_key=settings.metrics_tls_key, client_ca=settings.metrics_client_ca)
             except (OSError, ValueError) as exc:
                 self.close()
                 detail = str(exc) if isinstance(exc, ValueError) else (

@@ -345,8 +345,13 @@ class CollectorSettings:
     unreachable_after: Annotated[int, Range(1, 1000)] = 3
     # At least 1: 0 would prune every stored report at the next sweep.
     retention_days: Annotated[int, Range(1, 36_500)] = 90
-    # Prometheus /metrics ("host:port"; "" = off), e.g. "0.0.0.0:9750".
+    # Prometheus /metrics ("host:port"; "" = off), e.g. "127.0.0.1:9750".
     metrics_bind: str = ""
+    # Serve /metrics over TLS with this certificate and key (PEM files; both or neither),
+    # and with metrics_client_ca, only to clients with a certificate that CA signed.
+    metrics_tls_cert: str = ""
+    metrics_tls_key: str = ""
+    metrics_client_ca: str = ""
     # Per-node history for `slurmgpu report`: counts (reports, throttled reports) per interval.
     sample_interval_s: Annotated[float, Range(1, DAY)] = 3600.0
     # Ask Slurm for drained/resumed nodes this often (the report's drain history); 0 = never.
