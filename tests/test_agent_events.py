@@ -45,6 +45,16 @@ def agent_with_fakes(tmp_path: Path) -> tuple[Agent, FakeClock, FakeNvmlSource]:
     return agent, clock, nvml
 
 
+def agent_and_collector(tmp_path: Path, lib: Path, scenario: Path, *,
+                        interval: float) -> tuple[FakeCollector, AgentProcess]:
+    """A real agent process on the fake NVML, talking CURVE to a test collector."""
+    keys, collector_secret = make_bundle(tmp_path)
+    port = free_port()
+    config = write_config(tmp_path / "agent.toml", port=port, spool=tmp_path / "spool", interval=interval)
+    collector = FakeCollector(port, collector_secret).start()
+    return collector, AgentProcess(config, keys, sim_env(lib, scenario), tmp_path / "agent.log")
+
+
 def sent(agent: Agent) -> list[wire.Envelope]:
     assert agent.spool is not None
     return [e for e in (wire.decode(f) for _, f in agent.spool.pending()) if e.type == "event"]
@@ -118,11 +128,7 @@ def test_clock_event_flood_sends_nothing(tmp_path: Path, fake_nvml_lib: Path,
     """8 GPUs under load emit ~280 clock events/s; for FLOOD_S seconds the agent puts no
     event on the wire (before the fix: one message, a WARNING line and a DB row each)."""
     path = scenario_file("h100-sxm-8", lambda s: [g.update(load=True) for g in s["gpus"]])
-    keys, collector_secret = make_bundle(tmp_path)
-    port = free_port()
-    config = write_config(tmp_path / "agent.toml", port=port, spool=tmp_path / "spool", interval=5.0)
-    collector = FakeCollector(port, collector_secret).start()
-    agent = AgentProcess(config, keys, sim_env(fake_nvml_lib, path), tmp_path / "agent.log")
+    collector, agent = agent_and_collector(tmp_path, fake_nvml_lib, path, interval=5.0)
     try:
         collector.wait_for(lambda e: e.type == "report", timeout=30)
         deadline = time.monotonic() + FLOOD_S
@@ -150,11 +156,7 @@ def test_recovery_action_event_reaches_the_collector(tmp_path: Path, fake_nvml_l
     """R570+: the driver's GpuRecoveryAction event (0x8000) is registered, re-judged at once
     and sent with the gpu.recovery_action finding naming the action."""
     path = scenario_file("h100-sxm-8-r570")
-    keys, collector_secret = make_bundle(tmp_path)
-    port = free_port()
-    config = write_config(tmp_path / "agent.toml", port=port, spool=tmp_path / "spool", interval=30.0)
-    collector = FakeCollector(port, collector_secret).start()
-    agent = AgentProcess(config, keys, sim_env(fake_nvml_lib, path), tmp_path / "agent.log")
+    collector, agent = agent_and_collector(tmp_path, fake_nvml_lib, path, interval=30.0)
     try:
         collector.wait_for(lambda e: e.type == "report", timeout=30)
         wait_until(lambda: "nvml_events_watching" in agent.output(), what="the event watcher")

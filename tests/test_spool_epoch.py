@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,10 +23,11 @@ from slurmgpu.agent.link import Link
 from slurmgpu.agent.spool import FILENAME, Spool
 from slurmgpu.collector.server import Collector
 from slurmgpu.collector.store import Store
-from slurmgpu.config.schema import CollectorSettings, Settings
+from slurmgpu.config.schema import Settings
 from slurmgpu.engine import Sources
 from slurmgpu.testing import FakeClock, FakeIbSource, FakeNvmlSource, FakeVersionSource, make_facts
-from tests.agenthelpers import free_port, wait_until
+from tests.agenthelpers import wait_until
+from tests.test_collector import make_settings, running
 
 NODE = "gpu-a"
 
@@ -47,19 +47,8 @@ def keys_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def collector(tmp_path: Path, keys_dir: Path) -> Iterator[Collector]:
-    port = free_port()
-    cfg = CollectorSettings(address=f"tcp://127.0.0.1:{port}", bind=f"tcp://127.0.0.1:{port}",
-                            db=str(tmp_path / "fleet.db"), keys_dir=str(keys_dir))
-    server = Collector(cfg)
-    stop = threading.Event()
-    thread = threading.Thread(target=server.run, args=(stop,), daemon=True)
-    thread.start()
-    try:
+    with running(make_settings(tmp_path, keys_dir)) as server:
         yield server
-        assert thread.is_alive(), "the collector loop died"
-    finally:
-        stop.set()
-        thread.join(10)
 
 
 @contextlib.contextmanager

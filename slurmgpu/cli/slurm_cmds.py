@@ -42,11 +42,13 @@ def _hook(phase: str, config_file: str | None) -> int:
                                                              f"the config exceeded {timeout:g} s"))):
         try:
             settings = _settings(config_file, job_context(os.environ).node)
+            # The sources the gate would make itself, plus the versions cache in the state dir.
+            sources = system_sources(settings, versions_cache=versions_cache(settings))
+            gate = Gate(settings, os.environ, lambda: _client(settings), sources=sources)
         except SlurmGpuError as exc:  # a bad config must not drain the cluster
             return _hook_failed(phase, config_file, f"config: {exc}")
-    # The sources the gate would make itself, plus the versions cache in the state dir.
-    sources = system_sources(settings, versions_cache=versions_cache(settings))
-    gate = Gate(settings, os.environ, lambda: _client(settings), sources=sources)
+        except Exception as exc:  # nor a bug before the gate runs (the gate catches its own)
+            return _hook_failed(phase, config_file, f"setup: {type(exc).__name__}: {exc}")
     return int(getattr(gate, phase)())
 
 
