@@ -145,21 +145,21 @@ def test_the_agent_reports_bookkeeping_it_could_not_do(tmp_path: Path, monkeypat
     assert finding.severity.name == "WARN" and "could not record" in finding.message
 
 
-def test_a_bug_before_the_gate_runs_is_fail_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_bug_before_the_gate_runs_is_fail_open(tmp_path: Path) -> None:
     """Anything that breaks while the hook sets up (after the config, before the gate's own
-    error handling) follows on_error too, instead of a traceback and exit 1."""
-    import slurmgpu.engine
-    from slurmgpu.cli.slurm_cmds import _hook
-
-    def broken(*_a: object, **_k: object) -> None:
-        raise RuntimeError("a bug in setting up the sources")
-
-    monkeypatch.setattr(slurmgpu.engine, "system_sources", broken)
-    for key, value in {"SLURMD_NODENAME": NODE, "SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "0",
-                       "SLURMGPU_STATE_DIR": str(tmp_path / "state")}.items():
-        monkeypatch.setenv(key, value)
+    error handling) follows on_error too, instead of a traceback and exit 1. (In a child
+    process: the hook configures logging for the whole process.)"""
     config = tmp_path / "slurmgpu.toml"
     config.write_text("")
-    assert _hook("prolog", str(config)) == 0
-    assert '"action": "fail-open"' in capsys.readouterr().err
+    code = ("import slurmgpu.engine as engine\n"
+            "def broken(*a, **k):\n"
+            "    raise RuntimeError('a bug in setting up the sources')\n"
+            "engine.system_sources = broken\n"
+            "from slurmgpu.cli import main\n"
+            f"main(['prolog', '--config', {str(config)!r}])\n")
+    env = {"PATH": os.environ["PATH"], "SLURMD_NODENAME": NODE, "SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "0",
+           "SLURMGPU_STATE_DIR": str(tmp_path / "state")}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert '"action": "fail-open"' in proc.stderr and "a bug in setting up the sources" in proc.stderr
