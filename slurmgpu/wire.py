@@ -375,19 +375,36 @@ def validate_summary(summary: dict[str, Any] | bytes) -> None:
     """A report's ``summary`` (a map, or msgpack bytes of one) within the bounds."""
     if isinstance(summary, bytes):
         # A node's summary rarely changes between reports: remember the bytes that passed
-        # (a pure function of them), bounded, so the common case is one dict lookup.
-        if summary in _GOOD_SUMMARIES:
+        # (a pure function of them), bounded in bytes (summaries can be up to a frame's
+        # size), so the common case is one set lookup.
+        if summary in _GOOD_SUMMARIES.items:
             return
         _validate_packed_summary(summary)
-        if len(_GOOD_SUMMARIES) >= _GOOD_SUMMARIES_MAX:
-            _GOOD_SUMMARIES.clear()
         _GOOD_SUMMARIES.add(summary)
         return
     _validate_summary_map(summary)
 
 
-_GOOD_SUMMARIES: set[bytes] = set()
-_GOOD_SUMMARIES_MAX = 16384  # x ~600 bytes: ~10 MiB at most
+class _BoundedBytesSet:
+    """A set of bytes holding at most ``max_bytes`` in all; emptied when full."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.items: set[bytes] = set()
+        self.size = 0
+
+    def add(self, value: bytes) -> None:
+        if self.size + len(value) > self.max_bytes:
+            self.items.clear()
+            self.size = 0
+        if len(value) <= self.max_bytes:
+            self.items.add(value)
+            self.size += len(value)
+
+
+# ~600 bytes a summary: ~27,000 nodes' summaries; a node sending a new 1 MiB summary in
+# every report clears it every 16 reports, at no cost but re-validation.
+_GOOD_SUMMARIES = _BoundedBytesSet(16 << 20)
 
 
 def _validate_packed_summary(packed: bytes) -> None:

@@ -150,3 +150,26 @@ def test_collector_polls_slurm_for_drains(tmp_path: Path) -> None:
     finally:
         stop.set()
         thread.join(10)
+
+
+def test_a_node_inventing_port_names_holds_one_summarys_worth_of_memory() -> None:
+    """Issue 12 item 9: the in-memory last-values maps are per node and replaced by each
+    summary, so a node that sends new port names in every report (1,000 x 256 names)
+    holds at most one message's worth; a port or GPU that vanishes and comes back is a
+    change, written again."""
+    from slurmgpu.collector.history import History, Rows
+
+    history = History()
+    rows = Rows()
+    for i in range(1000):
+        ports = [[f"mlx5_{p}-{i}/1", "ACTIVE", 400.0] for p in range(256)]
+        gpus = [[g, f"SN{i}"] for g in range(8)]
+        history.observe("evil", float(i), "OK", 0, {"gpus": gpus, "ib": ports}, rows)
+    assert sum(len(v) for v in history._ib.values()) == 256
+    assert sum(len(v) for v in history._gpu.values()) == 8
+    rows = Rows()
+    history.observe("n1", 1.0, "OK", 0, {"gpus": [[0, "A"], [1, "B"]], "ib": [["mlx5_0/1", "ACTIVE"]]}, rows)
+    history.observe("n1", 2.0, "OK", 0, {"gpus": [[0, "A"]], "ib": []}, rows)
+    history.observe("n1", 3.0, "OK", 0, {"gpus": [[0, "A"], [1, "B"]], "ib": [["mlx5_0/1", "ACTIVE"]]}, rows)
+    assert [(r[1], r[2]) for r in rows.gpus] == [(0, 1.0), (1, 1.0), (1, 3.0)]
+    assert [(r[1], r[2]) for r in rows.ib] == [("mlx5_0/1", 1.0), ("mlx5_0/1", 3.0)]

@@ -304,6 +304,72 @@ def test_broken_store_stops_acks(rig: tuple[Collector, Agent, Agent], monkeypatc
     assert collector.counters.store_failing == 0  # writable again
 
 
+def test_a_database_locked_by_another_process_stops_acks_until_released(tmp_path: Path) -> None:
+    """DB locked past the busy timeout (a backup or an admin's sqlite3 shell holding a write
+    lock): a real lock, no monkeypatch. Nothing is acked or rejected while it is held, the
+    store reads unwritable, and the agent's resend after the lock goes is stored once."""
+    keys_dir = tmp_path / "keys"
+    keys.init(keys_dir)
+    keys.add_node(keys_dir, "gpu-b")
+    cfg = make_settings(tmp_path, keys_dir)
+    store = Store(cfg.db, timeout_s=0.2)
+    collector = Collector(cfg, store=store)
+    ctx = zmq.Context()
+    locker = sqlite3.connect(cfg.db, isolation_level=None)
+    try:
+        good = Agent(ctx, cfg, keys_dir, "gpu-b")
+        locker.execute("BEGIN EXCLUSIVE")
+        good.report(1)
+        serve_until(collector, 1)
+        assert good.acked(0.3) is None
+        assert collector.counters.store_errors == 1 and not collector.counters.rejected
+        assert collector.counters.store_failing == 1
+        locker.execute("COMMIT")
+        good.report(1)  # the agent's resend
+        serve_until(collector, 2)
+        assert good.acked() == [1]
+        assert collector.counters.store_failing == 0
+        rows = locker.execute("SELECT count(*) FROM messages WHERE node = 'gpu-b'").fetchone()[0]
+        assert rows == 1
+    finally:
+        locker.close()
+        collector.close()
+        store.close()
+        ctx.destroy(linger=0)
+
+
+def test_the_validated_summary_cache_is_bounded_in_bytes() -> None:
+    """Issue 12 item 9 (found by bench/collector_memory_flood.py): the cache of summaries
+    that passed validation was bounded by count (16,384) while a summary can be ~1 MiB;
+    one node sending new large summaries grew the collector by 250 KB a report."""
+    wire._GOOD_SUMMARIES.items.clear()
+    wire._GOOD_SUMMARIES.size = 0
+    for i in range(80):
+        rows = [[g, f"{i:04d}" + "s" * 200, "H100", 0, 0, 0, 0, 0, 0] for g in range(1024)]
+        wire.validate_summary(msgpack.packb({"gpus": rows}, use_bin_type=True))
+    assert 0 < wire._GOOD_SUMMARIES.size <= wire._GOOD_SUMMARIES.max_bytes
+    assert wire._GOOD_SUMMARIES.size == sum(len(s) for s in wire._GOOD_SUMMARIES.items)
+
+
+def test_one_peers_large_frames_end_the_batch(rig: tuple[Collector, Agent, Agent]) -> None:
+    """A node sending frames at the size limit gets at most MAX_PEER_BATCH_BYTES into one
+    batch (one transaction before any ack), so the other nodes' acks wait for two such
+    frames' work, not a thousand; the rest are read by the following batches."""
+    collector, bad, good = rig
+    filler = [{"check": "x.y", "severity": "WARN", "gpu": 0, "subject": None, "message": "m" * 60_000}
+              for _ in range(15)]
+    for seq in range(1, 9):  # ~900 KB each
+        bad.send(REPORT, seq, {"verdict": "WARN", "findings": filler, "facts": {}})
+    time.sleep(0.5)  # all eight queued at the collector
+    handled = collector.serve_once(1000)
+    # frames are read until this peer's share reaches the bound: 3 x ~900 KB >= 2 MiB
+    assert 1 <= handled <= 3 and server_mod.MAX_PEER_BATCH_BYTES == 2 * wire.MAX_FRAME
+    good.report(1)
+    serve_until(collector, 9)
+    assert good.acked(5) == [1]
+    acked_all(bad, set(range(1, 9)))
+
+
 @pytest.mark.parametrize(("exc", "message_fault"), [
     (OverflowError("Python int too large to convert to SQLite INTEGER"), True),
     (sqlite3.InterfaceError("Error binding parameter 1"), True),

@@ -20,7 +20,7 @@ from typing import Any
 import msgpack
 
 from slurmgpu.summary import GPU_FIELDS, IB_FIELDS, THROTTLE_HW, THROTTLE_SW, VERSION_FIELDS
-from slurmgpu.wire import MAX_GPUS
+from slurmgpu.wire import MAX_GPUS, MAX_IB_PORTS
 
 _MAX_TEXT = 256
 
@@ -76,8 +76,11 @@ class History:
         # node -> its last summary as received: a report that changed nothing costs one
         # comparison of bytes, not a walk over every GPU and port.
         self._seen: dict[str, Any] = {}
-        self._gpu: dict[tuple[str, int], tuple[Any, ...]] = {}
-        self._ib: dict[tuple[str, str], tuple[Any, ...]] = {}
+        # node -> {GPU index / IB port: its last values}. Each summary replaces its node's
+        # map, so a node holds at most what one message may carry (the wire's bounds),
+        # however many port names it invents over time.
+        self._gpu: dict[str, dict[int, tuple[Any, ...]]] = {}
+        self._ib: dict[str, dict[str, tuple[Any, ...]]] = {}
         self._versions: dict[str, tuple[Any, ...]] = {}
 
     def observe(self, node: str, ts: float, verdict: str, throttle: Any, summary: Any,
@@ -107,23 +110,27 @@ class History:
             self._changed(node, ts, summary.get("gpus"), summary.get("ib"), summary.get("versions"), rows)
 
     def _changed(self, node: str, ts: float, gpus: Any, ports: Any, versions: Any, rows: Rows) -> None:
-        for g in gpus if isinstance(gpus, list) else ():
-            # (the wire bounds indices; a direct caller's odd row is skipped, never bound
-            # as an out-of-range SQL integer)
-            if not isinstance(g, list) or not g or type(g[0]) is not int or not 0 <= g[0] < MAX_GPUS:
-                continue
-            values = _values(g[1:], len(GPU_FIELDS))
-            if self._gpu.get((node, g[0])) != values:
-                self._gpu[(node, g[0])] = values
-                rows.gpus.append((node, g[0], ts, *values))
-        for p in ports if isinstance(ports, list) else ():
-            if not isinstance(p, list) or not p or not isinstance(p[0], str):
-                continue
-            port = p[0][:_MAX_TEXT]
-            values = _values(p[1:], len(IB_FIELDS))
-            if self._ib.get((node, port)) != values:
-                self._ib[(node, port)] = values
-                rows.ib.append((node, port, ts, *values))
+        if isinstance(gpus, list):
+            last_gpus, now_gpus = self._gpu.get(node, {}), {}
+            for g in gpus[:MAX_GPUS]:
+                # (the wire bounds indices; a direct caller's odd row is skipped, never
+                # bound as an out-of-range SQL integer)
+                if not isinstance(g, list) or not g or type(g[0]) is not int or not 0 <= g[0] < MAX_GPUS:
+                    continue
+                values = now_gpus[g[0]] = _values(g[1:], len(GPU_FIELDS))
+                if last_gpus.get(g[0]) != values:
+                    rows.gpus.append((node, g[0], ts, *values))
+            self._gpu[node] = now_gpus
+        if isinstance(ports, list):
+            last_ports, now_ports = self._ib.get(node, {}), {}
+            for p in ports[:MAX_IB_PORTS]:
+                if not isinstance(p, list) or not p or not isinstance(p[0], str):
+                    continue
+                port = p[0][:_MAX_TEXT]
+                values = now_ports[port] = _values(p[1:], len(IB_FIELDS))
+                if last_ports.get(port) != values:
+                    rows.ib.append((node, port, ts, *values))
+            self._ib[node] = now_ports
         if isinstance(versions, list):
             values = _values(versions, len(VERSION_FIELDS))
             if self._versions.get(node) != values:
@@ -137,9 +144,8 @@ class History:
         for node in nodes:
             self._seen.pop(node, None)
             self._versions.pop(node, None)
-        if nodes:
-            self._gpu = {k: v for k, v in self._gpu.items() if k[0] not in nodes}
-            self._ib = {k: v for k, v in self._ib.items() if k[0] not in nodes}
+            self._gpu.pop(node, None)
+            self._ib.pop(node, None)
 
     def flush(self, now: float, rows: Rows) -> None:
         """Write every node's partial interval (at shutdown)."""

@@ -84,7 +84,18 @@ REJECT_LOG_EVERY_S = 10.0
 # libzmq drops (and disconnects) a peer sending a frame above this before Python sees it;
 # frames between MAX_FRAME and this are read and counted as "oversized".
 TRANSPORT_MAX_FRAME = 4 * MAX_FRAME
-HWM = 100_000
+# Per peer: a ROUTER queues at most this many frames from one connection, then stops
+# reading it (TCP backpressure; the agent's send waits, its spool keeps the rest). With
+# MAX_FRAME that bounds what one node can make the collector hold to ~64 MiB; agents
+# send far fewer between acks.
+RCVHWM = 64
+SNDHWM = 100_000  # acks and commands: small frames, and a ROUTER drops at the limit
+# A batch (one transaction, then its acks) ends after MAX_BATCH frames, after
+# MAX_BATCH_BYTES, or as soon as one peer has sent MAX_PEER_BATCH_BYTES of it: a node
+# sending frames at the size limit delays other nodes' acks by two frames' work, not a
+# thousand, while normal reports (~16 KB, a few per node) still batch by the thousand.
+MAX_BATCH_BYTES = 32 * MAX_FRAME
+MAX_PEER_BATCH_BYTES = 2 * MAX_FRAME
 
 # An acked-type message to acknowledge: (routing id, node, epoch, seq, rejected).
 AckItem = tuple[bytes, str, str, int, bool]
@@ -252,8 +263,8 @@ class Collector:
         sock.curve_secretkey = secret
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.MAXMSGSIZE, TRANSPORT_MAX_FRAME)
-        sock.setsockopt(zmq.RCVHWM, HWM)
-        sock.setsockopt(zmq.SNDHWM, HWM)
+        sock.setsockopt(zmq.RCVHWM, RCVHWM)
+        sock.setsockopt(zmq.SNDHWM, SNDHWM)
         sock.setsockopt(zmq.LINGER, 0)
         # ZMTP heartbeats drop dead connections, so a restarted agent (same routing id)
         # is not locked out by its own stale connection.
@@ -367,16 +378,23 @@ class Collector:
     def _drain_batch(self) -> int:
         batch: Batch = []
         to_ack: list[AckItem] = []
-        handled = 0
+        handled = size = 0
+        per_peer: dict[bytes, int] = {}
         sock = self.sock
         now = time.time()
-        while handled < self.max_batch:
+        while handled < self.max_batch and size < MAX_BATCH_BYTES:
             try:
                 parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
             handled += 1
             self._accept(parts, batch, to_ack, now)
+            frame_size = len(parts[-1])
+            size += frame_size
+            peer = parts[0].bytes
+            peer_size = per_peer[peer] = per_peer.get(peer, 0) + frame_size
+            if peer_size >= MAX_PEER_BATCH_BYTES:
+                break
         if not batch:
             self._send_acks(to_ack)  # rejected messages only
             return handled
