@@ -4,9 +4,15 @@
 Asks the node's agent (``slurmgpu.agent.local``) to run the prolog/epilog gate on its
 cached facts, exits with the agent's exit code and writes the agent's gate record as
 one JSON line on stderr (it carries ``"path": "agent"``). When the agent does not
-answer (no socket, refused, timeout, bad reply) it execs the full path,
-``slurmgpu prolog|epilog`` (``$SLURMGPU_BIN``, split on whitespace), so an agent that is
-down never blocks a job nor skips the gate.
+answer (no socket, refused, timeout, bad reply) it runs the full path,
+``slurmgpu prolog|epilog``, so an agent that is down never blocks a job nor skips the
+gate. The full path is ``$SLURMGPU_BIN`` (split on whitespace) when set, else
+``<python> -c BOOTSTRAP``, the python being ``$SLURMGPU_PYTHON`` (the hook wrappers read
+it from /etc/default/slurmgpu or /etc/sysconfig/slurmgpu), the interpreter of a
+``slurmgpu`` script on PATH, or the packaged one. When slurmgpu cannot start at all
+(nothing to run, an interpreter that cannot import it, a crash here) the hook follows
+``[<phase>] on_error``: fail-open (the default) exits 0 with one loud line; a site's own
+install problem never drains its nodes.
 
 Socket: ``$SLURMGPU_AGENT_SOCKET``, else ``[agent] socket`` of the config file
 (``--config``, ``$SLURMGPU_CONFIG`` or /etc/slurmgpu/slurmgpu.toml, read only when it
@@ -29,7 +35,7 @@ import time
 TYPE_CHECKING = False  # typing costs ~3 ms of start-up; only type checkers need it
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
-    from typing import Any, NoReturn
+    from typing import Any
 
 DEFAULT_SOCKET = "/run/slurmgpu/agent.sock"
 DEFAULT_CONFIG = "/etc/slurmgpu/slurmgpu.toml"
@@ -68,7 +74,10 @@ def read_config(path: str) -> dict[str, Any]:
     reports config errors; this one only needs ``[agent]``)."""
     if not os.path.isfile(path):
         return {}
-    import tomllib
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11 runs the quick client, not slurmgpu: no config
+        return {}
 
     try:
         with open(path, "rb") as f:
@@ -165,28 +174,132 @@ def decision(reply: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
     return code, out
 
 
-def full_path(phase: str, args: Sequence[str], environ: Mapping[str, str]) -> NoReturn:
-    """Replace this process with ``slurmgpu <phase> <args>``."""
+#: The full path's exit code when the interpreter cannot even import slurmgpu (see
+#: BOOTSTRAP); the hooks themselves only exit 0, 1 or 3.
+CANNOT_START = 97
+PYTHON_ENV = "SLURMGPU_PYTHON"
+#: Interpreters a package installs slurmgpu for, tried after $SLURMGPU_PYTHON and a
+#: ``slurmgpu`` console script on PATH: the RPM's private venv, then Debian's python3.
+PACKAGED_PYTHONS = ("/usr/lib/slurmgpu/venv/bin/python", "/usr/bin/python3")
+#: Run as ``python -c BOOTSTRAP <phase> <args>``: an interpreter that cannot import
+#: slurmgpu (not installed there, too old, a broken dependency) exits CANNOT_START
+#: instead of 1, which Slurm would answer by draining the node. (Old-Python syntax.)
+BOOTSTRAP = (
+    "import sys\n"
+    "try:\n"
+    "    if sys.version_info < (3, 11):\n"
+    "        raise ImportError('Python %d.%d is older than 3.11' % sys.version_info[:2])\n"
+    "    from slurmgpu.cli import main\n"
+    "except BaseException as exc:\n"
+    "    sys.stderr.write('slurmgpu cannot start with %s: %s: %s\\n' % (sys.executable, type(exc).__name__, exc))\n"
+    "    sys.exit(97)\n"
+    "sys.argv[0] = 'slurmgpu'\n"
+    "main()\n"
+)
+
+
+def which(name: str, environ: Mapping[str, str]) -> str | None:
+    """``name`` as an executable path (searched on $PATH when it has no slash)."""
+    if "/" in name:
+        return name if os.access(name, os.X_OK) and os.path.isfile(name) else None
+    for directory in environ.get("PATH", "").split(os.pathsep):
+        path = os.path.join(directory or ".", name)
+        if os.access(path, os.X_OK) and os.path.isfile(path):
+            return path
+    return None
+
+
+def python_of(script: str) -> str | None:
+    """The Python interpreter a console script's shebang names, if it names one."""
+    try:
+        with open(script, "rb") as f:
+            line = f.readline(512).decode("utf-8", "replace")
+    except OSError:
+        return None
+    words = line[2:].split() if line.startswith("#!") else []
+    if words and os.path.basename(words[0]) == "env" and len(words) > 1:
+        words = words[1:]
+    if words and os.path.basename(words[0]).startswith("python") and os.path.isabs(words[0]):
+        return words[0]
+    return None
+
+
+def full_path_command(phase: str, args: Sequence[str], environ: Mapping[str, str]) -> list[str]:
+    """How to run ``slurmgpu <phase> <args>``: $SLURMGPU_BIN as given, else an interpreter
+    that runs BOOTSTRAP: $SLURMGPU_PYTHON, the one of a ``slurmgpu`` script on PATH, this
+    one when it imported this module from the package, or the first packaged one present."""
+    configured = environ.get(BIN_ENV, "").split()
+    if configured:
+        return [*configured, phase, *args]
+    python = environ.get(PYTHON_ENV, "")
+    if not python:
+        script = which("slurmgpu", environ)
+        python = (python_of(script) if script else None) or ""
+    if not python and __name__ == "slurmgpu.quickgate":  # imported from the package: this one has it
+        python = sys.executable
+    if not python:
+        python = next((p for p in PACKAGED_PYTHONS if os.access(p, os.X_OK)), PACKAGED_PYTHONS[-1])
+    return [python, "-c", BOOTSTRAP, phase, *args]
+
+
+def run_full_path(phase: str, args: Sequence[str], environ: Mapping[str, str]) -> int | str:
+    """Run the full path as a child and return its exit code, or why slurmgpu could not
+    start at all (nothing to execute, an interpreter without slurmgpu, killed)."""
+    command = full_path_command(phase, args, environ)
+    executable = which(command[0], environ)
+    if executable is None:
+        return f"{command[0]}: no such executable (set {PYTHON_ENV} in /etc/default/slurmgpu)"
     sys.stdout.flush()
     sys.stderr.flush()
-    configured = environ.get(BIN_ENV, "").split()
-    command = [*(configured or ["slurmgpu"]), phase, *args]
     try:
-        os.execvp(command[0], command)
+        pid = os.posix_spawn(executable, command, dict(environ))
+        _, status = os.waitpid(pid, 0)
     except OSError as exc:
-        error = f"{command[0]}: {exc}"
-    if not configured:  # not on PATH: this interpreter has slurmgpu (it runs this module)
-        try:
-            os.execv(sys.executable, [sys.executable, "-m", "slurmgpu", phase, *args])
-        except OSError as exc:
-            error += f"; {sys.executable} -m slurmgpu: {exc}"
-    # Neither path can run. Follow the configured on_error (default fail-open), loudly.
-    policy = _table(read_config(config_file(args, environ)), phase).get("on_error", "fail-open")
-    code = 1 if policy == "fail-closed" else 0
-    sys.stderr.write(json.dumps({"phase": phase, "path": "none", "action": policy,
-                                 "error": f"cannot run the slurmgpu {phase}: {error}"}) + "\n")
-    sys.stderr.flush()
-    os._exit(code)
+        return f"{command[0]}: {exc.strerror or exc}"
+    if os.WIFSIGNALED(status):
+        return f"{command[0]} was killed by signal {os.WTERMSIG(status)}"
+    code = os.WEXITSTATUS(status)
+    if code == CANNOT_START and command[1:2] == ["-c"]:
+        return f"{command[0]} cannot import slurmgpu (set {PYTHON_ENV} in /etc/default/slurmgpu)"
+    return code
+
+
+def cannot_run(phase: str, args: Sequence[str], environ: Mapping[str, str], error: str) -> int:
+    """slurmgpu itself cannot judge the node (not installed, import error, a bug here):
+    follow ``[<phase>] on_error`` (default fail-open) with one loud line on stderr
+    (slurmd's log) and in syslog. It never refuses a job for its own install problem
+    unless the site asked for fail-closed; the health check says UNKNOWN (3)."""
+    policy = _table(read_config(config_file(args, environ)), phase).get("on_error")
+    policy = policy if policy in ("fail-open", "fail-closed") else "fail-open"
+    if phase == "healthcheck":
+        code, action = 3, "none"
+    else:
+        code, action = (1, "fail-closed") if policy == "fail-closed" else (0, "fail-open")
+    line = json.dumps({"event": f"{phase}_decision", "level": "error", "phase": phase,
+                       "action": action, "path": "none", "error": f"cannot run slurmgpu: {error}",
+                       "node": environ.get("SLURMD_NODENAME"), "job": environ.get("SLURM_JOB_ID")})
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+        import syslog
+
+        syslog.openlog("slurmgpu", 0, syslog.LOG_DAEMON)
+        syslog.syslog(syslog.LOG_ERR, line)
+    except Exception:  # no stderr, no syslog: the exit code still follows the policy
+        pass
+    return code
+
+
+def gate(phase: str, args: Sequence[str], environ: Mapping[str, str]) -> int:
+    path, timeout = agent_endpoint(args, environ)
+    request = {"op": phase, "env": job_environment(environ), "ack": True}
+    try:
+        code, record = decision(ask_agent(path, request, timeout))
+    except AgentUnavailable:
+        result = run_full_path(phase, args, environ)
+        return result if isinstance(result, int) else cannot_run(phase, args, environ, result)
+    sys.stderr.write(json.dumps(record, default=str) + "\n")
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -195,15 +308,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write("usage: slurmgpu-quickgate prolog|epilog|healthcheck [--config FILE]\n")
         return 2
     phase, rest = args[0], args[1:]
-    environ = os.environ
-    path, timeout = agent_endpoint(rest, environ)
-    request = {"op": phase, "env": job_environment(environ), "ack": True}
     try:
-        code, record = decision(ask_agent(path, request, timeout))
-    except AgentUnavailable:
-        full_path(phase, rest, environ)
-    sys.stderr.write(json.dumps(record, default=str) + "\n")
-    return code
+        return gate(phase, rest, os.environ)
+    except Exception as exc:  # a bug here must not drain the node
+        return cannot_run(phase, rest, os.environ, f"quickgate: {type(exc).__name__}: {exc}")
 
 
 if __name__ == "__main__":

@@ -26,9 +26,15 @@ if TYPE_CHECKING:
 def _jobfiles() -> Any:
     try:
         from slurmgpu import jobfiles
-    except ImportError:  # -I -S: put the directory holding the slurmgpu package last on the path
+    except ImportError:  # -I -S: a checkout holds the package next to this file (a symlink)
         sys.path.append(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
-        from slurmgpu import jobfiles
+        try:
+            from slurmgpu import jobfiles
+        except ImportError:  # an installed file: this interpreter's site-packages have it
+            import site
+
+            site.main()
+            from slurmgpu import jobfiles
     return jobfiles
 
 

@@ -389,14 +389,20 @@ def test_hook_wrappers_try_the_quick_client_first(served: Served) -> None:
     proc = subprocess.run([str(REPO / "prolog" / "slurmgpu-prolog")], env=shipped,
                           capture_output=True, text=True, timeout=30, check=False)
     assert proc.returncode == 0 and '"path": "agent"' in proc.stderr, proc.stderr
-    # No quick client installed (a wrapper alone, a missing override): the full path.
+    # The full path runs through the quick client: with the agent down, $SLURMGPU_BIN.
     bin_, marker = fake_bin(served.tmp, code=5)
+    env = served.env(SLURMGPU_AGENT_SOCKET=str(served.tmp / "none.sock"), SLURMGPU_BIN=bin_)
+    env.pop("SLURMGPU_QUICKGATE", None)
+    proc = subprocess.run([str(REPO / "epilog" / "slurmgpu-epilog")], env=env, capture_output=True, text=True,
+                          timeout=30, check=False)
+    assert proc.returncode == 5 and marker.read_text().strip() == "epilog"
+    # A wrapper without its quick client (a broken install) follows on_error: never a drain
+    # for its own install (tests/test_hook_wrappers.py has the cases).
     lonely = served.tmp / "slurmgpu-epilog"
     shutil.copy(REPO / "epilog" / "slurmgpu-epilog", lonely)
     env = served.env(SLURMGPU_QUICKGATE="/nonexistent/slurmgpu-quickgate", SLURMGPU_BIN=bin_)
-    env["PATH"] = "/usr/bin:/bin"  # no slurmgpu-quickgate console script either
     proc = subprocess.run([str(lonely)], env=env, capture_output=True, text=True, timeout=30, check=False)
-    assert proc.returncode == 5 and marker.read_text().strip() == "epilog"
+    assert proc.returncode == 0 and '"action": "fail-open"' in proc.stderr
 
 
 def test_quickgate_runs_as_an_isolated_file(served: Served) -> None:

@@ -195,3 +195,107 @@ def test_a_broken_config_push_drains_no_node(cluster: SimCluster) -> None:
     assert [cluster.wait_job(job) for job in jobs] == ["COMPLETED", "COMPLETED"]
     for node in ("gpu-n1", "gpu-n2"):
         assert "DRAIN" not in state(cluster, node), state(cluster, node)
+
+
+# ------------------------------------------------- the hooks exactly as a package installs them
+
+LIBEXEC = Path("/usr/libexec/slurmgpu")
+DEFAULTS = Path("/etc/default/slurmgpu")
+REPO = Path(__file__).resolve().parent.parent
+#: What the packages put in /usr/libexec/slurmgpu (packaging/), from the repository.
+PACKAGED_WRAPPERS = {"slurmgpu-prolog": "prolog/slurmgpu-prolog", "slurmgpu-epilog": "epilog/slurmgpu-epilog",
+                     "slurmgpu-healthcheck": "daemon/slurmgpu-healthcheck",
+                     "slurmgpu-taskprolog": "prolog/slurmgpu-taskprolog",
+                     "slurmgpu-taskprolog.py": "slurmgpu/taskprolog.py",
+                     "slurmgpu-quickgate": "slurmgpu/quickgate.py"}
+MARKER = ".installed-by-slurmgpu-tests"
+
+
+@pytest.fixture
+def installed(cluster: SimCluster) -> Any:
+    """The wrappers copied to /usr/libexec/slurmgpu as the packages install them, slurm.conf's
+    hooks running them with nothing that says where slurmgpu is; ``write(text)`` writes
+    /etc/default/slurmgpu (None: no such file). Restored afterwards; a real install is
+    never touched (skipped)."""
+    import shutil
+
+    if (LIBEXEC.exists() and not (LIBEXEC / MARKER).exists()) or \
+            (DEFAULTS.exists() and not (LIBEXEC / MARKER).exists()):
+        pytest.skip(f"{LIBEXEC} or {DEFAULTS} belongs to a real installation")
+    if Path("/usr/local/bin/slurmgpu").exists() or Path("/usr/bin/slurmgpu").exists():
+        pytest.skip("slurmgpu is installed system-wide: no broken install to show")
+    LIBEXEC.mkdir(parents=True, exist_ok=True)
+    (LIBEXEC / MARKER).write_text("")
+    for name, source in PACKAGED_WRAPPERS.items():
+        shutil.copy(REPO / source, LIBEXEC / name)
+        (LIBEXEC / name).chmod(0o755)
+    cluster.use_installed_hooks(LIBEXEC)
+
+    def write(text: str | None) -> None:
+        if text is None:
+            DEFAULTS.unlink(missing_ok=True)
+        else:
+            DEFAULTS.parent.mkdir(parents=True, exist_ok=True)
+            DEFAULTS.write_text(text)
+
+    try:
+        yield write
+    finally:
+        DEFAULTS.unlink(missing_ok=True)
+        shutil.rmtree(LIBEXEC, ignore_errors=True)
+        cluster.set_hooks_enabled(True)
+
+
+def _cannot_import_slurmgpu(python: str) -> bool:
+    return subprocess.run([python, "-c", "import slurmgpu"], cwd="/", capture_output=True,
+                          check=False).returncode != 0
+
+
+def test_installed_hooks_with_a_broken_install_drain_no_node(cluster: SimCluster, installed: Any) -> None:
+    """Issue 13 item 1: slurmgpu in a venv, no /etc/default/slurmgpu, agent down. The
+    wrapper falls back to /usr/bin/python3, which cannot import slurmgpu: fail-open (the
+    packaged default), the jobs run, no node drains (was: both nodes "Prolog error")."""
+    if not _cannot_import_slurmgpu("/usr/bin/python3"):
+        pytest.skip("/usr/bin/python3 can import slurmgpu here")
+    installed(None)
+    jobs = [cluster.sbatch("", "--gres=gpu:1", "-w", node, "--wrap", "true") for node in ("gpu-n1", "gpu-n2")]
+    assert [cluster.wait_job(job) for job in jobs] == ["COMPLETED", "COMPLETED"]
+    for node in ("gpu-n1", "gpu-n2"):
+        assert "DRAIN" not in state(cluster, node), (state(cluster, node), reason(cluster, node))
+    # As slurmd runs it: the loud line says why and what to set.
+    proc = cluster.run_hook("prolog", "gpu-n3", job_env())
+    assert proc.returncode == 0
+    line = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert line["event"] == "prolog_decision" and line["action"] == "fail-open"
+    assert "cannot import slurmgpu" in line["error"] and "SLURMGPU_PYTHON" in line["error"]
+
+
+def test_installed_hooks_with_a_broken_install_fail_closed_when_configured(cluster: SimCluster,
+                                                                         installed: Any) -> None:
+    if not _cannot_import_slurmgpu("/usr/bin/python3"):
+        pytest.skip("/usr/bin/python3 can import slurmgpu here")
+    config = cluster.dir / "etc" / "slurmgpu.toml"
+    cluster.write_config(cluster.default_config().replace("[prolog]\n", '[prolog]\non_error = "fail-closed"\n'))
+    assert 'on_error = "fail-closed"' in config.read_text()
+    installed(f"SLURMGPU_CONFIG={config}\n")
+    cluster.sbatch("", "--gres=gpu:1", "-w", "gpu-n1", "--wrap", "true")
+    wait_for(lambda: "DRAIN" in state(cluster, "gpu-n1"), what="gpu-n1 drained")
+    assert reason(cluster, "gpu-n1") == "Prolog error"
+    cluster.cancel_all()
+
+
+def test_installed_hooks_find_slurmgpu_through_etc_default(cluster: SimCluster, installed: Any) -> None:
+    """With SLURMGPU_PYTHON in /etc/default/slurmgpu the same wrappers gate for real: a
+    lost GPU drains its node with slurmgpu's reason, a healthy node runs the job, and the
+    TaskProlog exports the checkpoint file."""
+    config = cluster.dir / "etc" / "slurmgpu.toml"
+    installed(f"# written as an admin would for a venv install\nSLURMGPU_PYTHON={sys.executable}\n"
+              f"SLURMGPU_CONFIG={config}\n")
+    cluster.inject("gpu-n2", "fault-gpu-lost")  # GPU 5 lost: every GPU requested below
+    cluster.sbatch("", "--gres=gpu:8", "-w", "gpu-n2", "--wrap", "true")
+    good = cluster.sbatch("", "--gres=gpu:1", "-w", "gpu-n1", "--wrap", "echo ckpt=$SLURMGPU_CHECKPOINT_FILE")
+    assert cluster.wait_job(good) == "COMPLETED"
+    assert "/checkpoint" in cluster.job_output(good)
+    wait_for(lambda: "DRAIN" in state(cluster, "gpu-n2"), what="gpu-n2 drained")
+    assert reason(cluster, "gpu-n2").startswith("slurmgpu: gpu.lost GPU 5")
+    cluster.cancel_all()

@@ -29,9 +29,25 @@ def _python3_on_path() -> None:
 
 
 def test_shipped_like_the_quickgate() -> None:
-    assert SCRIPT.is_symlink() and os.readlink(SCRIPT) == "../slurmgpu/taskprolog.py"
-    assert SCRIPT.stat().st_mode & stat.S_IXUSR
-    assert SCRIPT.read_text().startswith("#!/usr/bin/env -S python3 -I -S\n")
+    """A sh wrapper (it finds the interpreter: /etc/default/slurmgpu, packaged paths) and
+    the script beside it, a symlink into the package."""
+    script = SCRIPT.with_name("slurmgpu-taskprolog.py")
+    assert script.is_symlink() and os.readlink(script) == "../slurmgpu/taskprolog.py"
+    assert SCRIPT.stat().st_mode & stat.S_IXUSR and script.stat().st_mode & stat.S_IXUSR
+    assert SCRIPT.read_text().startswith("#!/bin/sh\n")
+    assert script.read_text().startswith("#!/usr/bin/env -S python3 -I -S\n")
+
+
+def test_the_wrapper_never_fails_the_task_without_any_python(tmp_path: Path) -> None:
+    wrapper = tmp_path / "slurmgpu-taskprolog"
+    shutil.copy(SCRIPT, wrapper)  # no slurmgpu-taskprolog.py beside it
+    proc = run({"SLURM_JOB_ID": "9", "SLURMGPU_PYTHON": "/nonexistent/python"}, script=wrapper)
+    assert proc.returncode == 0 and proc.stdout == ""
+
+
+def test_the_wrapper_uses_the_configured_python(tmp_path: Path) -> None:
+    proc = run({"SLURM_JOB_ID": "9", "SLURMGPU_JOBS_DIR": "/j", "SLURMGPU_PYTHON": sys.executable})
+    assert proc.returncode == 0 and proc.stdout == "export SLURMGPU_CHECKPOINT_FILE=/j/9/checkpoint\n"
 
 
 def test_prints_the_export_line_from_the_env(tmp_path: Path) -> None:

@@ -1,0 +1,1 @@
+../slurmgpu/taskprolog.py
