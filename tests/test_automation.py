@@ -283,3 +283,166 @@ def test_automation_refuses_to_start_without_a_writable_state_dir(tmp_path: Path
     blocker.write_text("")
     with pytest.raises(ValueError, match="not writable"):
         Automation(AutomationSettings(), FakeSlurmClient(["n1"]), blocker / "state")
+
+
+# ---- breaker release: the held drains proceed once; would it trip again, and why
+
+
+def test_release_lets_the_held_drains_proceed_once(tmp_path: Path) -> None:
+    """The admin's 3-node cluster: a release used to close the breaker and drop the held
+    drain, which the next report held again at once (max_fraction re-tripped)."""
+    auto, client, clock = make(tmp_path, nodes=3, max_fraction=0.34, min_nodes=1)
+    auto.on_report("gpu-001", "FAIL", FAIL, clock.time())
+    [held] = auto.on_report("gpu-002", "FAIL", [finding("nvlink.state")], clock.time())
+    assert held.held and auto.status()["why"] == (
+        "fraction: 1 of 3 nodes drained, gpu-002 would make 2; max_fraction = 0.34 trips at 2 nodes")
+    before = auto.forecast(clock.time())
+    assert before["would_trip"] and before["coming"] == ["gpu-002"]
+
+    clock.advance(60)
+    [released] = auto.release(by="alice")
+    assert (released["node"], released["action"], released["released_by"]) == ("gpu-002", "drain", "alice")
+    status = auto.status()
+    assert not status["breaker_open"] and status["held"] == []
+    assert [r["node"] for r in status["released"]] == ["gpu-002"]
+    forecast = auto.forecast(clock.time())
+    fraction = forecast["rules"][0]
+    assert (fraction["rule"], fraction["setting"], fraction["count"], fraction["trips_at"]) == (
+        "fraction", "automation.max_fraction", 2, 2)
+    assert fraction["text"].startswith("2 of 3 nodes (67%) would be drained; max_fraction = 0.34 trips at 2 nodes")
+    assert forecast["would_trip"] and fraction["trips_again"] and forecast["why"] == [fraction["text"]]
+
+    # The next report comes first (before the collector's loop turn): the drain proceeds.
+    clock.advance(15)
+    [d] = auto.on_report("gpu-002", "FAIL", [finding("nvlink.state")], clock.time())
+    assert (d.held, d.result, d.released_by) == (False, "drained", "alice")
+    assert d.reason.endswith("(held by the breaker, released by alice)")
+    assert client.states["gpu-002"].reason.startswith("slurmgpu: nvlink.state GPU 0 broken")  # as ever
+    assert auto.run_released(clock.time()) == [] and auto.status()["released"] == []
+    assert auto.on_report("gpu-002", "FAIL", [finding("nvlink.state")], clock.time()) == []  # once
+    # ... and, as forecast, the next new drain trips the breaker again.
+    [d] = auto.on_report("gpu-003", "FAIL", FAIL, clock.time())
+    assert d.held and drains(client) == ["gpu-001", "gpu-002"]
+
+
+def test_release_then_the_next_report_drains(tmp_path: Path) -> None:
+    """2 nodes, one drained at a time: the held drain used to be dropped by the release
+    and held again at the node's next report."""
+    auto, client, clock = make(tmp_path, nodes=2)
+    auto.on_report("gpu-001", "FAIL", FAIL, clock.time())
+    assert auto.on_report("gpu-002", "FAIL", FAIL, clock.time())[0].held
+    auto.release()
+    clock.advance(15)
+    [d] = auto.on_report("gpu-002", "FAIL", FAIL, clock.time())
+    assert (d.held, d.result) == (False, "drained") and drains(client) == ["gpu-001", "gpu-002"]
+    assert "released by operator" in d.reason
+
+
+def test_release_carried_out_by_run_released(tmp_path: Path) -> None:
+    auto, client, clock = make(tmp_path, nodes=3, max_fraction=0.34, min_nodes=1)
+    auto.on_report("gpu-001", "FAIL", FAIL, clock.time())
+    auto.on_report("gpu-002", "FAIL", FAIL, clock.time())
+    # Another process (`slurmgpu breaker release`) releases it through the state file.
+    other = Automation(AutomationSettings(max_fraction=0.34, min_nodes=1), client, tmp_path, clock)
+    other.release(by="bob")
+    auto.state = type(auto.state).load(auto.path)  # what the collector does when the file changes
+    [d] = auto.run_released(clock.time())
+    assert (d.node, d.action, d.result, d.held, d.released_by) == ("gpu-002", "drain", "drained", False, "bob")
+    assert auto.state.log[-1]["released_by"] == "bob" and auto.run_released(clock.time()) == []
+    assert drains(client) == ["gpu-001", "gpu-002"] and "gpu-002" in auto.status()["drained"]
+
+
+def test_released_drain_dropped_when_the_node_is_healthy_again(tmp_path: Path) -> None:
+    auto, client, clock = make(tmp_path, nodes=3, max_fraction=0.34, min_nodes=1)
+    auto.on_report("gpu-001", "FAIL", FAIL, clock.time())
+    auto.on_report("gpu-002", "FAIL", FAIL, clock.time())
+    auto.release(by="carol")
+    ok(auto, "gpu-002", clock)
+    assert auto.run_released(clock.time()) == [] and drains(client) == ["gpu-001"]
+
+
+def test_forecast_names_the_setting_that_decides(tmp_path: Path) -> None:
+    auto, _client, clock = make(tmp_path, nodes=4)  # defaults: min_nodes = 2
+    forecast = auto.forecast(clock.time())
+    fraction, rate, storm = forecast["rules"]
+    assert (fraction["setting"], fraction["limit"], fraction["count"], fraction["trips_again"]) == (
+        "automation.min_nodes", 2, 0, False)
+    assert fraction["text"] == "0 of 4 nodes (0%) would be drained; min_nodes = 2 trips at 3 nodes"
+    assert (rate["setting"], rate["limit"], rate["trips_again"]) == ("automation.max_per_hour", 5, False)
+    assert (storm["setting"], storm["trips_at"]) == ("automation.min_nodes", 3)
+    assert not forecast["would_trip"] and forecast["why"] == []
+    big, _, _ = make(tmp_path / "big", nodes=100)
+    assert [r["setting"] for r in big.forecast()["rules"]] == [
+        "automation.max_fraction", "automation.max_per_hour", "automation.storm_fraction"]
+
+
+def test_forecast_storm_trips_again_while_the_drained_nodes_still_fail(tmp_path: Path) -> None:
+    auto, _client, clock = make(tmp_path, nodes=40, max_fraction=0.9, max_per_hour=100)
+    pin = [finding("pins.driver", gpu=None)]
+    for node in NODES[:12]:
+        auto.on_report(node, "FAIL", pin, clock.time())
+    assert auto.status()["why"].startswith("storm: pins.driver failing on 10 of 40")
+    assert len(auto.release(by="dan")) == 3
+    forecast = auto.forecast(clock.time())
+    storm = forecast["rules"][2]
+    assert (storm["check"], storm["count"], storm["trips_at"], storm["trips_again"]) == ("pins.driver", 12, 10, True)
+    assert "storm_fraction = 0.25 trips when one check fails on 10 nodes within 300 s" in storm["text"]
+    assert forecast["would_trip"]
+
+
+# ---- the breaker's floor on small fleets (min_nodes)
+
+
+def test_breaker_limits_table() -> None:
+    from slurmgpu.collector.policy import fraction_limit, storm_threshold
+
+    s = AutomationSettings()  # max_fraction 0.1, storm_fraction 0.25, min_nodes 2
+    assert [fraction_limit(s, n) for n in (1, 2, 3, 4, 19, 20, 30, 100)] == [
+        (1, "max_fraction"), (1, "max_fraction"), (2, "min_nodes"), (2, "min_nodes"), (2, "min_nodes"),
+        (2, "max_fraction"), (3, "max_fraction"), (10, "max_fraction")]
+    assert [storm_threshold(s, n) for n in (1, 2, 3, 4, 8, 12, 40)] == [
+        (2, "storm_fraction"), (2, "storm_fraction"), (3, "min_nodes"), (3, "min_nodes"), (3, "min_nodes"),
+        (3, "storm_fraction"), (10, "storm_fraction")]
+    old = AutomationSettings(min_nodes=1)  # the fractions alone, as before min_nodes
+    assert [fraction_limit(old, n)[0] for n in (1, 3, 4, 40)] == [1, 1, 1, 4]
+    assert [storm_threshold(old, n)[0] for n in (3, 4, 40)] == [2, 2, 10]
+
+
+@pytest.mark.parametrize("nodes", [3, 4])
+def test_small_fleet_defaults_allow_a_second_drain(tmp_path: Path, nodes: int) -> None:
+    """On 3-4 nodes the default max_fraction (0.1) allowed a single drained node: the
+    second one tripped the breaker, which then held every later drain."""
+    auto, client, clock = make(tmp_path, nodes=nodes)
+    xid79 = [finding("xid.recent", message="XID 79", xid=79, action="reset")]
+    assert auto.on_report("gpu-001", "FAIL", xid79, clock.time())[0].result == "drained"
+    clock.advance(60)
+    assert auto.on_report("gpu-002", "FAIL", xid79, clock.time())[0].result == "drained"
+    assert not auto.status()["breaker_open"]
+    # A third node failing the same check is a storm on this fleet: held.
+    clock.advance(60)
+    [d] = auto.on_report("gpu-003", "FAIL", xid79, clock.time())
+    assert d.held and auto.status()["breaker_open"]
+    assert drains(client) == ["gpu-001", "gpu-002"]
+
+
+def test_small_fleet_floor_never_covers_the_whole_fleet(tmp_path: Path) -> None:
+    auto, _client, clock = make(tmp_path, nodes=2)
+    auto.on_report("gpu-001", "FAIL", FAIL, clock.time())
+    [d] = auto.on_report("gpu-002", "FAIL", [finding("nvlink.state")], clock.time())
+    assert d.held and auto.status()["why"].startswith("fraction: 1 of 2 nodes drained")
+
+
+def test_min_nodes_one_is_the_old_breaker(tmp_path: Path) -> None:
+    auto, _client, clock = make(tmp_path, nodes=4, min_nodes=1)
+    auto.on_report("gpu-001", "FAIL", FAIL, clock.time())
+    [d] = auto.on_report("gpu-002", "FAIL", [finding("nvlink.state")], clock.time())
+    assert d.held and auto.status()["why"].endswith("max_fraction = 0.1 trips at 2 nodes")
+
+
+def test_storm_of_many_nodes_still_trips_on_a_mid_size_fleet(tmp_path: Path) -> None:
+    auto, client, clock = make(tmp_path, nodes=12, max_fraction=1.0, max_per_hour=100)
+    pin = [finding("pins.driver", gpu=None)]
+    for node in NODES[:5]:
+        auto.on_report(node, "FAIL", pin, clock.time())
+    assert len(drains(client)) == 2  # 3 of 12 failing one check is a storm (storm_fraction 0.25)
+    assert auto.status()["why"].startswith("storm: pins.driver failing on 3 of 12 nodes")

@@ -172,14 +172,111 @@ def test_collector_restart_mid_checkpoint_resumes_from_the_db(tmp_path: Path) ->
     assert d.node == "gpu-014" and rig.kinds("78")[-2:] == ["drained", "requeued"]
 
 
-def test_breaker_holds_checkpoints_too(tmp_path: Path) -> None:
+def test_held_drain_now_still_asks_the_jobs_to_checkpoint(tmp_path: Path) -> None:
+    """A drain-now held by the breaker used to leave the job alone: it ran on, on a node
+    with a lost GPU, until it ended. Now only the drain waits; the job is signalled and
+    told at once, and the release does not signal it again."""
     rig = Rig(tmp_path, max_per_hour=1)
     rig.client.add_job("1", ["gpu-001"])
-    rig.client.add_job("2", ["gpu-002"])
+    rig.client.add_job("2", ["gpu-002", "gpu-003"], user="bob")
     assert rig.report("gpu-001", XID79)[0].result == "checkpointing"
     [held] = rig.report("gpu-002", XID79)
-    assert held.held and held.result == "held"
-    assert [c[1] for c in rig.calls("signal")] == ["1"]  # the held node's job is left alone
+    assert held.held and held.result == "held" and "1 job(s) asked to checkpoint" in held.reason
+    assert [c[1] for c in rig.calls("signal")] == ["1", "2"]
+    assert [(n, c, a["job_id"], a["action"]) for n, c, a in rig.sent[1:]] == [
+        ("gpu-002", "checkpoint", "2", "drain-now"), ("gpu-003", "checkpoint", "2", "drain-now")]
+    assert rig.kinds("2") == ["detected", "signalled"]
+    assert "circuit breaker holds the drain" in rig.store.job_events("2")[0]["detail"]
+    assert rig.auto.status()["held"][0]["checkpoints"] == 1
+    # More reports of the held node: no second request.
+    rig.clock.advance(15)
+    assert rig.report("gpu-002", XID79)[0].held
+    assert len(rig.calls("signal")) == 2 and len(rig.sent) == 3
+    # The job acks; the drain still waits for the operator.
+    rig.clock.advance(5)
+    assert rig.ack("gpu-003", "2") == []
+    assert rig.calls("drain") == [] and rig.calls("requeue") == []
+    assert [p["node"] for p in rig.cp.pending()] == ["gpu-001"]  # gpu-002's drain is held
+    # Released: drained and requeued on the ack already given, not signalled again.
+    rig.auto.release(by="alice")
+    [d] = rig.auto.run_released(rig.clock.time())
+    assert (d.node, d.action, d.result, d.released_by) == ("gpu-002", "drain-now", "checkpointing", "alice")
+    [done] = rig.cp.tick(rig.clock.time())
+    assert (done.node, done.result) == ("gpu-002", "drained")
+    assert rig.calls("requeue") == [("requeue", "2")]
+    assert len(rig.calls("signal")) == 2 and len(rig.sent) == 3
+    assert rig.kinds("2") == ["detected", "signalled", "acked", "drain-released", "drained", "requeued"]
+    assert "released by alice" in rig.store.job_events("2")[3]["detail"]
+    assert rig.store.checkpoints(job_id="2")[0]["closed"] is not None
+
+
+def test_held_drain_released_before_the_ack_waits_for_it(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, max_per_hour=0)  # every drain trips the breaker
+    rig.client.add_job("5", ["gpu-004"])
+    assert rig.report("gpu-004", XID79)[0].held
+    rig.auto.release(by="alice")
+    [d] = rig.auto.run_released(rig.clock.time())
+    assert d.result == "checkpointing" and "released by alice" in d.reason
+    assert rig.calls("drain") == [] and len(rig.calls("signal")) == 1
+    [done] = rig.ack("gpu-004", "5")
+    assert done.result == "drained" and rig.calls("requeue") == [("requeue", "5")]
+    assert len(rig.calls("signal")) == 1
+
+
+def test_held_drain_past_its_deadline_drains_at_once_when_released(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, max_per_hour=0)
+    rig.client.add_job("6", ["gpu-005"])
+    rig.report("gpu-005", XID79)
+    rig.clock.advance(61)
+    assert rig.cp.tick(rig.clock.time()) == []  # expired, but the drain is held
+    assert rig.kinds("6") == ["detected", "signalled", "deadline"]
+    rig.auto.release(by="alice")
+    rig.auto.run_released(rig.clock.time())
+    [done] = rig.cp.tick(rig.clock.time())
+    assert done.result == "drained" and rig.calls("requeue") == [("requeue", "6")]
+    assert len(rig.calls("signal")) == 1
+
+
+def test_held_requests_survive_a_collector_restart(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, max_per_hour=0)
+    rig.client.add_job("7", ["gpu-006"])
+    rig.report("gpu-006", XID79)
+    rig.store.close()
+    rig.open()
+    assert rig.report("gpu-006", XID79)[0].held and len(rig.calls("signal")) == 1
+    rig.auto.release(by="alice")
+    rig.auto.run_released(rig.clock.time())
+    [done] = rig.ack("gpu-006", "7")
+    assert done.result == "drained" and len(rig.calls("signal")) == 1
+
+
+def test_held_node_healthy_again_closes_its_requests(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, max_per_hour=0)
+    rig.client.add_job("8", ["gpu-007"])
+    rig.report("gpu-007", XID79)
+    assert rig.cp.open_count() == 1
+    rig.auto.on_report("gpu-007", "OK", [], rig.clock.time())
+    assert rig.auto.status()["held"] == [] and rig.cp.open_count() == 0
+    assert rig.kinds("8")[-1] == "request-closed"
+    assert rig.store.checkpoints(job_id="8")[0]["closed"] is not None
+
+
+def test_released_node_whose_job_ended_drains_and_closes_the_request(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, max_per_hour=0)
+    rig.client.add_job("9", ["gpu-008"])
+    rig.report("gpu-008", XID79)
+    rig.client.add_job("9", ["gpu-008"], state="COMPLETED")
+    rig.auto.release(by="alice")
+    [d] = rig.auto.run_released(rig.clock.time())
+    assert d.result == "drained" and rig.calls("requeue") == []
+    assert rig.kinds("9")[-1] == "request-closed" and rig.cp.open_count() == 0
+
+
+def test_dry_run_held_drain_signals_nothing(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, max_per_hour=0, dry_run=True)
+    rig.client.add_job("10", ["gpu-009"])
+    [d] = rig.report("gpu-009", XID79)
+    assert d.held and rig.client.calls == [] and rig.sent == []
 
 
 def test_dry_run_signals_nothing(tmp_path: Path) -> None:
@@ -293,7 +390,8 @@ def test_jobs_events_without_a_database_is_one_line_exit_3(tmp_path: Path) -> No
                           check=False)
     assert proc.returncode == 3 and proc.stdout == ""
     assert proc.stderr.strip().splitlines() == [
-        f"slurmgpu: error: {tmp_path / 'missing.db'}: no fleet database (is the collector running?)"]
+        f"slurmgpu: error: no fleet database at {tmp_path / 'missing.db'} (from --db); is the collector "
+        "running, and is this its database? (set --db, $SLURMGPU_DB or [collector] db)"]
     assert not (tmp_path / "missing.db").exists()
 
 

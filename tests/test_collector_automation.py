@@ -189,3 +189,154 @@ def _report(node: str) -> Any:
     from slurmgpu.wire import Envelope
 
     return Envelope(type=REPORT, node=node, seq=1, body={"verdict": "OK", "findings": []})
+
+
+# --------------------------------------------------------------------------- breaker release
+
+
+def three_node_state(tmp_path: Path, config: Path) -> Automation:
+    """The admin's cluster: 3 nodes, max_fraction = 0.34 (one drained at a time), gpu-a
+    drained, gpu-b's drain held by the breaker."""
+    config.write_text(f'[paths]\nstate_dir = "{tmp_path / "state"}"\n'
+                      "[automation]\nmax_fraction = 0.34\nmin_nodes = 1\n")
+    client = FakeSlurmClient(["gpu-a", "gpu-b", "gpu-c"])
+    auto = Automation(AutomationSettings(max_fraction=0.34, min_nodes=1), client, tmp_path / "state")
+    auto.fleet_size(3)
+    auto.on_report("gpu-a", "FAIL", [ECC])
+    [held] = auto.on_report("gpu-b", "FAIL", [dict(ECC, check="nvlink.state")])
+    assert held.held
+    return auto
+
+
+def test_breaker_release_says_it_would_trip_again_and_why(tmp_path: Path, config: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("slurmgpu.slurm.factory.make_client", lambda *a, **k: FakeSlurmClient())
+    monkeypatch.setenv("SUDO_USER", "alice")
+    three_node_state(tmp_path, config)
+    status = CliRunner().invoke(fleet_cmd.breaker, ["status", "--config", str(config)])
+    assert status.exit_code == 0, status.output
+    assert "  held: gpu-b drain" in status.output and "if released:" in status.output
+    assert "would trip again: YES" in status.output
+
+    result = CliRunner().invoke(fleet_cmd.breaker, ["release", "--config", str(config)])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == ("released by alice: 1 held drain(s) proceed once "
+                        "(the collector carries them out at its next loop turn):")
+    assert lines[1].startswith("  gpu-b drain: slurmgpu: nvlink.state")
+    assert lines[2] == "would trip again: YES"
+    assert lines[3] == ("  fraction (trips again; [automation] max_fraction): 2 of 3 nodes (67%) would be "
+                        "drained; max_fraction = 0.34 trips at 2 nodes: the next drain trips the breaker again")
+    assert f"state: {tmp_path / 'state' / STATE_FILE} (config: {config})" in lines
+    on_disk = json.loads((tmp_path / "state" / STATE_FILE).read_text())
+    assert on_disk["breaker"]["open"] is False and on_disk["held"] == {}
+    assert on_disk["released"]["gpu-b"]["released_by"] == "alice"
+
+
+def test_breaker_release_json(tmp_path: Path, config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("slurmgpu.slurm.factory.make_client", lambda *a, **k: FakeSlurmClient())
+    monkeypatch.setenv("SUDO_USER", "alice")
+    three_node_state(tmp_path, config)
+    result = CliRunner().invoke(fleet_cmd.breaker, ["release", "--config", str(config), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["released_by"] == "alice" and [r["node"] for r in doc["released_now"]] == ["gpu-b"]
+    assert [r["node"] for r in doc["released"]] == ["gpu-b"] and doc["held"] == []
+    assert doc["state_file"] == str(tmp_path / "state" / STATE_FILE) and doc["config"] == str(config)
+    forecast = doc["forecast"]
+    assert (forecast["fleet"], forecast["drained"], forecast["drained_pct"], forecast["would_trip"]) == (3, 2, 67, True)
+    fraction = forecast["rules"][0]
+    assert {k: fraction[k] for k in ("rule", "setting", "value", "count", "limit", "trips_at", "trips_again")} == {
+        "rule": "fraction", "setting": "automation.max_fraction", "value": 0.34, "count": 2, "limit": 1,
+        "trips_at": 2, "trips_again": True}
+    assert forecast["why"] == [fraction["text"]]
+
+
+def test_collector_carries_out_a_release(tmp_path: Path, keys_dir: Path, ctx: zmq.Context[Any],  # noqa: F811
+                                         config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`slurmgpu breaker release` while the collector runs: the collector drains the
+    released node once (it used to drop the held drain), and records who released it."""
+    monkeypatch.setattr("slurmgpu.slurm.factory.make_client", lambda *a, **k: FakeSlurmClient())
+    monkeypatch.setenv("SUDO_USER", "alice")
+    cfg = make_settings(tmp_path, keys_dir)
+    auto, client = automation(tmp_path, max_fraction=0.5)  # 2 nodes: one drained at a time
+    auto.fleet_size(2)
+    auto.on_report("gpu-a", "FAIL", [ECC])
+    assert auto.on_report("gpu-b", "FAIL", [ECC])[0].held
+    with running(cfg, auto):
+        result = CliRunner().invoke(fleet_cmd.breaker, ["release", "--config", str(config)])
+        assert result.exit_code == 0, result.output
+        assert wait_for(lambda: [c[1] for c in client.calls if c[0] == "drain"] == ["gpu-a", "gpu-b"])
+    store = Store(cfg.db)
+    [d] = store.decisions(node="gpu-b")
+    assert (d["action"], d["result"], d["held"]) == ("drain", "drained", False)
+    assert d["reason"].endswith("(held by the breaker, released by alice)")
+    store.close()
+    assert json.loads((tmp_path / "state" / STATE_FILE).read_text())["released"] == {}
+
+
+# --------------------------------------------------------------------------- where the state is
+
+
+@pytest.fixture
+def no_config_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """No --config, no $SLURMGPU_CONFIG: /etc/slurmgpu/slurmgpu.toml is this test's file."""
+    monkeypatch.setattr("slurmgpu.slurm.factory.make_client", lambda *a, **k: FakeSlurmClient())
+    monkeypatch.delenv("SLURMGPU_CONFIG", raising=False)
+    default = tmp_path / "etc" / "slurmgpu.toml"
+    monkeypatch.setattr("slurmgpu.config.load.DEFAULT_PATH", str(default))
+    return default
+
+
+def test_breaker_status_without_state_is_not_closed(tmp_path: Path, no_config_env: Path) -> None:
+    """Without --config, a state file that is not there used to read as "breaker closed",
+    exit 0, while the collector's breaker (in another state_dir) was open."""
+    no_config_env.parent.mkdir()
+    no_config_env.write_text(f'[paths]\nstate_dir = "{tmp_path / "empty"}"\n')
+    for command in ("status", "release"):
+        result = CliRunner().invoke(fleet_cmd.breaker, [command])
+        assert result.exit_code == 4, result.output
+        assert result.output == (
+            f"slurmgpu: error: no breaker state at {tmp_path / 'empty' / STATE_FILE} (is the collector "
+            f"running with [automation] enabled?); [paths] state_dir from {no_config_env}\n")
+        assert "closed" not in result.output
+    assert fleet_cmd.EXIT_NO_STATE == 4
+    assert not (tmp_path / "empty").exists()  # neither made the directory nor a state file
+
+
+def test_breaker_status_finds_the_state_as_the_collector_does(tmp_path: Path, no_config_env: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    auto, _ = automation(tmp_path)  # state in tmp_path/state
+    auto.state.breaker = {"open": True, "since": 1.0, "why": "storm: ecc.uncorrected failing"}
+    auto._save()
+    no_config_env.parent.mkdir()
+    no_config_env.write_text(f'[paths]\nstate_dir = "{tmp_path / "state"}"\n')
+    result = CliRunner().invoke(fleet_cmd.breaker, ["status"])  # /etc/slurmgpu/slurmgpu.toml
+    assert result.exit_code == 0 and "breaker OPEN" in result.output, result.output
+    assert result.output.splitlines()[-1] == f"state: {tmp_path / 'state' / STATE_FILE} (config: {no_config_env})"
+    # $SLURMGPU_CONFIG comes before it, --config before both.
+    elsewhere = tmp_path / "elsewhere.toml"
+    elsewhere.write_text(f'[paths]\nstate_dir = "{tmp_path / "nothing"}"\n')
+    monkeypatch.setenv("SLURMGPU_CONFIG", str(elsewhere))
+    assert CliRunner().invoke(fleet_cmd.breaker, ["status"]).exit_code == 4
+    result = CliRunner().invoke(fleet_cmd.breaker, ["status", "--json", "--config", str(no_config_env)])
+    doc = json.loads(result.output)
+    assert doc["breaker_open"] and doc["state_file"] == str(tmp_path / "state" / STATE_FILE)
+    assert doc["config"] == str(no_config_env) and "forecast" in doc
+
+
+def test_breaker_status_with_built_in_defaults_names_them(no_config_env: Path) -> None:
+    if Path("/var/lib/slurmgpu", STATE_FILE).exists():
+        pytest.skip("this machine has a real automation state file")
+    result = CliRunner().invoke(fleet_cmd.breaker, ["status"])
+    assert result.exit_code == 4
+    assert result.output == (
+        f"slurmgpu: error: no breaker state at /var/lib/slurmgpu/{STATE_FILE} (is the collector running "
+        f"with [automation] enabled?); [paths] state_dir from the built-in default (no {no_config_env})\n")
+
+
+def test_breaker_help_documents_the_exit_codes() -> None:
+    for command in ("status", "release"):
+        result = CliRunner().invoke(fleet_cmd.breaker, [command, "--help"])
+        assert result.exit_code == 0
+        assert "Exit status:" in result.output and "  4  no state file" in result.output

@@ -193,7 +193,12 @@ def test_history_and_report_from_real_agents(fleet: SimCluster) -> None:
                "GPU counters from both nodes")
     per_node = dict(query(fleet, "SELECT node, count(DISTINCT gpu) FROM gpu_counters GROUP BY node"))
     assert per_node == {"gpu-n1": 8, "gpu-n2": 8}
-    [(driver, model)] = query(fleet, "SELECT DISTINCT driver, gpu_model FROM node_versions")
+    # Each node's latest versions (the history also holds what earlier tests injected, e.g.
+    # a node whose GPUs were all lost reports no model: which rows exist depends on timing).
+    latest = ("SELECT DISTINCT driver, gpu_model FROM node_versions v "
+              "WHERE ts = (SELECT max(ts) FROM node_versions WHERE node = v.node)")
+    wait_until(lambda: len(query(fleet, latest)) == 1, 20, "both nodes' healthy versions")
+    [(driver, model)] = query(fleet, latest)
     assert driver == load_scenario("h100-sxm-8")["driver_version"] and "H100" in model
     env = {**os.environ, **fleet.env()}
     proc = subprocess.run([sys.executable, "-m", "slurmgpu", "report", "--db", str(db), "--since", "1h",

@@ -43,6 +43,8 @@ COMMANDS: dict[str, LazyCommand] = {
                     "Run the fleet collector until SIGTERM/SIGINT (SIGHUP reloads the allow-list)."),
     "config": _C("slurmgpu.cli.config_cmd", "config",
                  "Validate the config file and show the effective settings for a node."),
+    "doctor": _C("slurmgpu.cli.doctor_cmd", "doctor",
+                 "Check this host's slurmgpu installation and say what to fix, one line per problem."),
     "drain": _C("slurmgpu.cli.slurm_cmds", "drain",
                 "Drain NODE with a slurmgpu-owned reason (an operator's drain is left as it is)."),
     "epilog": _C("slurmgpu.cli.slurm_cmds", "epilog",

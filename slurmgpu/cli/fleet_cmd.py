@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from slurmgpu.agent.notify import notify as sd_notify
+from slurmgpu.cli.fleetdb import db_option
 from slurmgpu.config.schema import CollectorSettings, Settings
 
 if TYPE_CHECKING:
@@ -135,17 +136,17 @@ def _drained(settings: Settings) -> dict[str, bool] | None:
 @click.command("fleet")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
               help="Config file (default: $SLURMGPU_CONFIG or /etc/slurmgpu/slurmgpu.toml).")
-@click.option("--db", default=None, help="SQLite database (default: collector.db).")
+@db_option
 @click.option("--json", "as_json", is_flag=True, help="JSON output.")
 def fleet(config_file: str | None, db: str | None, as_json: bool) -> None:
     """Fleet health from the collector's database: one line per node."""
+    from slurmgpu.cli.fleetdb import existing_db
     from slurmgpu.collector.store import Store
+    from slurmgpu.config.load import load_config
 
-    settings = _settings(config_file)
-    path = db or settings.collector.db
-    if not Path(path).is_file():
-        raise click.ClickException(f"{path}: no fleet database (is the collector running?)")
-    store = Store(path)
+    config = load_config(config_file)
+    settings = config.settings_for(None)
+    store = Store(existing_db(db, config.path, settings.collector.db).path)
     try:
         rows = store.fleet()
         pending = _pending_checkpoints(store)
@@ -252,40 +253,138 @@ _CONFIG = click.option("--config", "config_file", type=click.Path(dir_okay=False
 _JSON = click.option("--json", "as_json", is_flag=True, help="JSON output.")
 
 
-def _show(status: dict[str, Any], as_json: bool) -> None:
-    if as_json:
-        click.echo(json.dumps(status, indent=2, sort_keys=True))
-        return
+# `slurmgpu breaker` exit statuses (besides 3: bad config, unreadable state file).
+EXIT_NO_STATE = 4
+_EXIT_HELP = """
+    \b
+    Exit status:
+      0  the state was read (the breaker may be open or closed: see the output)
+      3  bad config, or a state file that cannot be read or written
+      4  no state file at the path found (wrong config, or no collector with
+         [automation] enabled has run with it yet)
+    """
+
+
+def _breaker_state(config_file: str | None) -> tuple[Automation, dict[str, Any]]:
+    """The collector's automation state, found the way the collector finds it: the config
+    from --config > $SLURMGPU_CONFIG > /etc/slurmgpu/slurmgpu.toml > the built-in defaults,
+    then its ``[paths] state_dir``. No state file there is never "closed": one error line
+    naming the path, exit ``EXIT_NO_STATE``."""
+    from slurmgpu.cli import fail
+    from slurmgpu.collector.policy import Automation, state_file
+    from slurmgpu.config import load as config_load
+    from slurmgpu.slurm.factory import make_client
+
+    try:
+        loaded = config_load.load_config(config_file)
+        settings = loaded.settings_for(None)
+    except Exception as exc:  # bad config
+        fail(str(exc) or type(exc).__name__)
+        raise AssertionError("unreachable") from None
+    path = state_file(settings.paths.state_dir)
+    where = {"state_file": str(path), "config": loaded.path}
+    if not path.is_file():
+        source = loaded.path or f"the built-in default (no {config_load.DEFAULT_PATH})"
+        fail(f"no breaker state at {path} (is the collector running with [automation] enabled?); "
+             f"[paths] state_dir from {source}", code=EXIT_NO_STATE)
+    try:
+        auto = Automation(settings.automation, make_client(settings.slurm), settings.paths.state_dir,
+                          read_only=True)
+    except Exception as exc:  # a bad [automation] policy entry, an unreadable state file
+        fail(f"{path}: {exc}" if isinstance(exc, (OSError, json.JSONDecodeError)) else str(exc))
+    return auto, where
+
+
+def _operator() -> str:
+    """Who runs the command (the sudo caller, not root), for the decisions' record."""
+    import getpass
+    import os
+
+    try:
+        return os.environ.get("SUDO_USER") or getpass.getuser()
+    except Exception:  # no user name for this uid
+        return "operator"
+
+
+def _forecast_lines(forecast: dict[str, Any]) -> list[str]:
+    lines = [f"would trip again: {'YES' if forecast['would_trip'] else 'no'}"]
+    for rule in forecast["rules"]:
+        table, _, key = rule["setting"].partition(".")
+        mark = "trips again" if rule["trips_again"] else "ok"
+        lines.append(f"  {rule['rule']} ({mark}; [{table}] {key}): {rule['text']}")
+    return lines
+
+
+def _show(status: dict[str, Any], where: dict[str, Any], forecast: dict[str, Any]) -> None:
     click.echo(_breaker_text(status))
     for held in status["held"]:
         click.echo(f"  held: {held['node']} {held.get('action', '')}: {held.get('reason', '')}")
+    for rel in status["released"]:
+        click.echo(f"  released by {rel.get('released_by', '?')}, not carried out yet: {rel['node']} "
+                   f"{rel.get('action', '')}: {rel.get('reason', '')}")
     for node, lemon in sorted(status["lemons"].items()):
         click.echo(f"  lemon: {node}: {lemon.get('why', '')}")
+    if status["breaker_open"] or status["held"] or status["released"]:
+        click.echo("if released:" if status["breaker_open"] or status["held"] else "after the released drains:")
+        for line in _forecast_lines(forecast):
+            click.echo(f"  {line}")
+    click.echo(f"state: {where['state_file']} (config: {where['config'] or 'built-in defaults'})")
 
 
-@breaker.command("status")
+@breaker.command("status", epilog=_EXIT_HELP)
 @_CONFIG
 @_JSON
 def breaker_status(config_file: str | None, as_json: bool) -> None:
-    """Show the breaker (open/closed, why), held drains and lemon nodes."""
-    _show(_breaker_automation(config_file).status(), as_json)
+    """Show the breaker (open/closed, why), held drains, lemon nodes, and whether
+    releasing it now would trip it again (and which setting decides).
+
+    The state file is found as the collector finds it: --config, else
+    $SLURMGPU_CONFIG, else /etc/slurmgpu/slurmgpu.toml, else the built-in defaults;
+    then its [paths] state_dir. The output names the file read."""
+    auto, where = _breaker_state(config_file)
+    status, forecast = auto.status(), auto.forecast()
+    if as_json:
+        click.echo(json.dumps(dict(status, **where, forecast=forecast), indent=2, sort_keys=True))
+        return
+    _show(status, where, forecast)
 
 
-@breaker.command("release")
+@breaker.command("release", epilog=_EXIT_HELP)
 @_CONFIG
 @_JSON
 def breaker_release(config_file: str | None, as_json: bool) -> None:
-    """Close the breaker; held drains are re-decided on the nodes' next reports.
+    """Close the breaker and let the drains it holds now proceed, once.
 
-    A running collector picks the released state up at its next loop turn."""
+    The collector carries them out at its next loop turn whatever the breaker says by
+    then (their decisions record who released them); jobs on those nodes that were
+    already asked to checkpoint are not asked again. The output says whether the next
+    drain (or the drained nodes' next reports, for a storm) would trip the breaker
+    again, and which [automation] setting decides. The state file is found as for
+    `slurmgpu breaker status`."""
     from slurmgpu.cli import fail
 
-    auto = _breaker_automation(config_file)
+    auto, where = _breaker_state(config_file)
+    by = _operator()
     try:
-        auto.release()
+        released = auto.release(by=by)
     except OSError as exc:
         fail(f"{auto.path}: {exc.strerror or exc}")
-    _show(auto.status(), as_json)
+    status, forecast = auto.status(), auto.forecast()
+    if as_json:
+        click.echo(json.dumps(dict(status, **where, released_by=by, released_now=released,
+                                   forecast=forecast), indent=2, sort_keys=True))
+        return
+    if released:
+        click.echo(f"released by {by}: {len(released)} held drain(s) proceed once "
+                   "(the collector carries them out at its next loop turn):")
+        for rel in released:
+            click.echo(f"  {rel['node']} {rel.get('action', '')}: {rel.get('reason', '')}")
+    else:
+        click.echo(f"released by {by}: no drain was held")
+    for line in _forecast_lines(forecast):
+        click.echo(line)
+    click.echo(_breaker_text(status))
+    click.echo(f"state: {where['state_file']} (config: {where['config'] or 'built-in defaults'})")
 
 
 # --------------------------------------------------------------------------- lemon

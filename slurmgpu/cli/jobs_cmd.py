@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 import click
 
+from slurmgpu.cli.fleetdb import db_option
 from slurmgpu.config.schema import Settings
 
 
@@ -19,12 +19,12 @@ def _settings(config_file: str | None) -> Settings:
 
 
 def _open_store(config_file: str | None, db: str | None) -> Any:
+    from slurmgpu.cli.fleetdb import existing_db
     from slurmgpu.collector.store import Store
+    from slurmgpu.config.load import load_config
 
-    path = db or _settings(config_file).collector.db
-    if not Path(path).is_file():
-        raise click.ClickException(f"{path}: no fleet database (is the collector running?)")
-    return Store(path)
+    config = load_config(config_file)
+    return Store(existing_db(db, config.path, config.settings_for(None).collector.db).path)
 
 
 @click.group("jobs")
@@ -36,7 +36,7 @@ def jobs() -> None:
 @click.argument("job_id")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
               help="Config file (default: $SLURMGPU_CONFIG or /etc/slurmgpu/slurmgpu.toml).")
-@click.option("--db", default=None, help="SQLite database (default: collector.db).")
+@db_option
 @click.option("--json", "as_json", is_flag=True, help="JSON output.")
 def events(job_id: str, config_file: str | None, db: str | None, as_json: bool) -> None:
     """The timeline of JOB_ID: detected, signalled, delivered, acked, drained, requeued.

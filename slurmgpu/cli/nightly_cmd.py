@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from slurmgpu.cli.fleetdb import db_option, resolve_db
 from slurmgpu.fileutil import write_text_atomic
 
 if TYPE_CHECKING:
@@ -81,8 +82,12 @@ def run_nightly(config_file: str | None = None, *, day: Date | None = None, mail
     rs = report if report is not None else report_settings(settings)
     if mail_to:
         rs = dataclasses.replace(rs, mail_to=list(mail_to))
-    path = db or settings.collector.db
-    model = report_from_path(path, t0, t1, config=config, generated_at=clock)
+    found = resolve_db(db, config.path, settings.collector.db)
+    if not Path(found.path).is_file():
+        from slurmgpu.errors import SlurmGpuError
+
+        raise SlurmGpuError(found.missing())
+    model = report_from_path(found.path, t0, t1, config=config, generated_at=clock)
 
     directory = Path(out_dir or rs.dir)
     directory.mkdir(parents=True, exist_ok=True)
@@ -115,7 +120,7 @@ def run_nightly(config_file: str | None = None, *, day: Date | None = None, mail
 @click.option("--no-mail", is_flag=True, help="Write the reports, send no mail.")
 @click.option("--mail-to", multiple=True, metavar="ADDR",
               help="Mail to ADDR instead of [report] mail_to (repeatable).")
-@click.option("--db", default=None, help="SQLite database (default: collector.db).")
+@db_option
 @click.option("--dir", "out_dir", default=None, help="Report directory (default: [report] dir).")
 @click.option("--json", "as_json", is_flag=True, help="Print what was done as JSON.")
 def report_nightly(config_file: str | None, day: str | None, no_mail: bool, mail_to: tuple[str, ...],

@@ -4,9 +4,11 @@ collector's database (see docs/report.md). The report modules load inside the co
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import click
 
+from slurmgpu.cli.fleetdb import db_option
 from slurmgpu.fileutil import write_text_atomic
 
 
@@ -22,7 +24,7 @@ from slurmgpu.fileutil import write_text_atomic
               help="Write to FILE (atomically) instead of stdout.")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
               help="Config file (default: $SLURMGPU_CONFIG or /etc/slurmgpu/slurmgpu.toml).")
-@click.option("--db", default=None, help="SQLite database (default: collector.db).")
+@db_option
 @click.option("--now", default=None, metavar="ISO",
               help="Pretend it is this time (reproducible reports).")
 def report(since: str | None, start: str | None, end: str | None, fmt: str, out: str | None,
@@ -33,6 +35,7 @@ def report(since: str | None, start: str | None, end: str | None, fmt: str, out:
     Exit 0 with the report; 3 (one line on stderr, nothing written) on a bad argument,
     a bad config or a missing or too old database."""
     from slurmgpu.cli import fail
+    from slurmgpu.cli.fleetdb import resolve_db
     from slurmgpu.errors import SlurmGpuError
     from slurmgpu.report import FORMATS
     from slurmgpu.report.model import parse_time, report_from_path, resolve_window
@@ -45,8 +48,10 @@ def report(since: str | None, start: str | None, end: str | None, fmt: str, out:
         from slurmgpu.config.load import load_config
 
         config = load_config(config_file)
-        path = db or config.settings_for(None).collector.db
-        model = report_from_path(path, t0, t1, config=config, generated_at=clock)
+        found = resolve_db(db, config.path, config.settings_for(None).collector.db)
+        if not Path(found.path).is_file():
+            fail(found.missing())
+        model = report_from_path(found.path, t0, t1, config=config, generated_at=clock)
     except SlurmGpuError as exc:
         fail(str(exc))
         return

@@ -227,7 +227,8 @@ def cluster() -> None:
 
     \b
     slurmgpu sim cluster up --nodes 4 --gpus 8
-    eval "$(slurmgpu sim cluster env)"; sinfo; sbatch --gres=gpu:2 --wrap 'nvidia-smi'
+    eval "$(slurmgpu sim cluster env)"; sinfo
+    sbatch --gres=gpu:2 --wrap 'echo "GPUs $CUDA_VISIBLE_DEVICES on $SLURMD_NODENAME"'
     slurmgpu sim cluster inject gpu-n2 fault-ecc-dbe
     slurmgpu sim cluster down
 
@@ -246,20 +247,35 @@ def cluster() -> None:
               help="Also run a collector and one slurmgpu agent per node, with generated "
                    "CURVE keys [default: agents on a fresh cluster; a running one keeps "
                    "its choice].")
+@click.option("--automation/--no-automation", default=None,
+              help="Run the collector with [automation] enabled: it drains and resumes nodes "
+                   "and asks jobs to checkpoint (the defaults allow it on a 3-4 node "
+                   "cluster) [default: a running cluster keeps its choice; off on a fresh one].")
+@click.option("--dry-run", is_flag=True,
+              help="With --automation: record every decision, make no Slurm call.")
 @click.option("--timeout", type=float, default=60, show_default=True,
               help="Seconds to wait for every node to be idle (and every agent ready).")
 @_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 @_one_line_errors
 def cluster_up(nodes: int, gpus: int, scenario: str, hooks: bool, agents: bool | None,
-               timeout: float, directory: Path | None, as_json: bool) -> None:
+               automation: bool | None, dry_run: bool, timeout: float, directory: Path | None,
+               as_json: bool) -> None:
     """Install Slurm if needed, write the configs and start the daemons (idempotent)."""
     import time
 
+    if dry_run and not automation:
+        raise click.UsageError("--dry-run needs --automation")
+    if automation and agents is False:
+        raise click.UsageError("--automation needs the agents and the collector (drop --no-agents)")
     started = time.monotonic()
     c = _cluster(directory)
     c.up(nodes=nodes, gpus=gpus, scenario=scenario, hooks_enabled=hooks, timeout=timeout,
-         agents=agents)
+         agents=True if automation else agents)
+    if automation is not None:
+        wanted = ("dry_run = true" if dry_run else "") if automation else None
+        if c.automation_settings() != wanted:
+            c.set_automation(wanted)
     status = c.status()
     status["elapsed_s"] = round(time.monotonic() - started, 2)
     if as_json:
@@ -267,6 +283,9 @@ def cluster_up(nodes: int, gpus: int, scenario: str, hooks: bool, agents: bool |
         return
     agents_text = (f", {len(c.nodes)} agents + collector at {status['collector']['address']}"
                    if status["agents"] else "")
+    wanted_now = c.automation_settings()
+    if wanted_now is not None:
+        agents_text += ", automation on" + (" (dry run)" if "dry_run = true" in wanted_now else "")
     click.echo(f"cluster up in {c.dir}: {len(c.nodes)} nodes x {c.gpus} GPUs, "
                f"Slurm {status['slurm_version']}{agents_text} ({status['elapsed_s']} s)")
     env_hint = f" --dir {shlex.quote(str(c.dir))}" if directory is not None else ""
@@ -325,10 +344,12 @@ def _render_status(status: dict[str, Any]) -> str:
 @_dir_option
 @_one_line_errors
 def cluster_env(directory: Path | None) -> None:
-    """Print export lines for Slurm clients: eval "$(slurmgpu sim cluster env)"."""
+    """Print export lines for Slurm clients and slurmgpu's fleet commands:
+    eval "$(slurmgpu sim cluster env)" (SLURM_CONF, and SLURMGPU_CONFIG: the head node's
+    config, so `fleet`, `report`, `breaker` and `jobs events` read this cluster)."""
     from slurmgpu.simcluster import path_additions
 
-    for key, value in _cluster(directory).env().items():
+    for key, value in _cluster(directory).shell_env().items():
         if key == "PATH":  # keep the shell's own PATH, only append what is missing
             click.echo(f'export PATH="$PATH:{":".join(path_additions())}"')
         else:

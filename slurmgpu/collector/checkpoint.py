@@ -14,6 +14,11 @@ For a ``checkpoint`` or ``drain-now`` decision on a node that runs jobs
    (through the automation, so its rules and journal apply) and, for ``drain-now``, each
    job is requeued so it restarts elsewhere from its checkpoint.
 
+When the automation's circuit breaker holds the node's drain, ``request`` does step 1
+all the same (only the drain waits for an operator's release); the released drain's
+``begin`` then reuses those requests, so no job is signalled twice. A node that is
+healthy again before its release drops its hold: ``cancel`` closes those requests.
+
 Every step is a row in ``job_events`` (``slurmgpu jobs events JOBID``). All state lives in
 the database, so a collector restarted mid-checkpoint picks up where it was: open
 requests keep their deadline, pending drains still wait for their jobs.
@@ -73,31 +78,87 @@ class Checkpoints:
 
     # ------------------------------------------------------------------ start
 
-    def begin(self, node: str, action: str, reason: str, trigger: str, now: float | None = None) -> int:
+    def begin(self, node: str, action: str, reason: str, trigger: str, now: float | None = None, *,
+              released_by: str | None = None) -> int:
         """Ask every job running on ``node`` to checkpoint; the node's drain waits for them.
-        Returns how many jobs it waits for (0: nothing runs there, drain at once)."""
+        Returns how many jobs it waits for (0: nothing runs there, drain at once).
+        ``released_by``: the drain was held by the breaker and released by this operator;
+        the jobs asked while it was held are not asked again."""
         now = self.clock() if now is None else now
         if node in self._pending:
             return len(self._pending[node]["checkpoints"])
-        try:
-            jobs = [j for j in self.client.jobs_on_node(node) if j.state in REQUEUEABLE]
-        except SlurmError as exc:
-            self.log.error("checkpoint_jobs_unknown", node=node, error=str(exc))
-            return 0
-        if not jobs:
+        jobs = self._jobs(node)
+        held = any(cp["trigger_node"] == node for cp in self._open.values())  # asked while held
+        if not jobs and not held:
             return 0
         events: list[JobEvent] = []
         ids: list[int] = []
         with self.store.transaction():
             for job in jobs:
-                ids.append(self._request(job, node, action, reason, now, events))
-            self.store.set_pending_drain(node, action, reason, trigger, now, ids)
+                ids.append(self._request(job, node, action, reason, now, events, released_by=released_by))
+            if ids:
+                self.store.set_pending_drain(node, action, reason, trigger, now, ids)
+            if held:  # requests made while the drain was held, for jobs that have ended since
+                self._close_held(node, set(ids), now, events, "request-closed",
+                                 "the job no longer runs on the node")
             self._add_events(events)
+        if not jobs:
+            return 0
         self._pending[node] = {"node": node, "action": action, "reason": reason,
                                "trigger": trigger, "since": now, "checkpoints": ids}
         self.log.info("checkpoint_started", node=node, action=action, jobs=[j.job_id for j in jobs],
                       deadline_s=self.settings.checkpoint_deadline_s)
         return len(ids)
+
+    def request(self, node: str, action: str, reason: str, trigger: str, now: float | None = None) -> int:
+        """The breaker holds ``node``'s drain: ask its jobs to checkpoint now all the same
+        (signal, request rows, agents told), with no pending drain: that waits for the
+        release (``begin(..., released_by=...)``). Returns how many jobs were asked."""
+        now = self.clock() if now is None else now
+        if node in self._pending:
+            return len(self._pending[node]["checkpoints"])
+        jobs = self._jobs(node)
+        if not jobs:
+            return 0
+        events: list[JobEvent] = []
+        with self.store.transaction():
+            for job in jobs:
+                self._request(job, node, action, reason, now, events, held=True)
+            self._add_events(events)
+        self.log.info("checkpoint_requested_drain_held", node=node, action=action, trigger=trigger,
+                      jobs=[j.job_id for j in jobs], deadline_s=self.settings.checkpoint_deadline_s)
+        return len(jobs)
+
+    def cancel(self, node: str, now: float | None, why: str) -> int:
+        """Close the requests made for ``node``'s held drain (the node is healthy again and
+        its hold dropped). Returns how many were closed."""
+        now = self.clock() if now is None else now
+        if node in self._pending:
+            return 0
+        events: list[JobEvent] = []
+        with self.store.transaction():
+            closed = self._close_held(node, set(), now, events, "request-closed", why)
+            self._add_events(events)
+        return closed
+
+    def _close_held(self, node: str, keep: set[int], now: float, events: list[JobEvent],
+                    kind: str, detail: str) -> int:
+        """Close the open requests made for ``node`` that no pending drain waits for (and
+        that are not in ``keep``): those of a held drain. Inside a transaction."""
+        needed = keep | {i for p in self._pending.values() for i in p["checkpoints"]}
+        stale = [cp for cp in self._open.values() if cp["trigger_node"] == node and cp["id"] not in needed]
+        for cp in stale:
+            self.store.update_checkpoint(cp["id"], closed=now)
+            self._open.pop(cp["id"], None)
+            events.append(JobEvent(cp["job_id"], now, kind, node, detail))
+        return len(stale)
+
+    def _jobs(self, node: str) -> list[JobInfo]:
+        try:
+            return [j for j in self.client.jobs_on_node(node) if j.state in REQUEUEABLE]
+        except SlurmError as exc:
+            self.log.error("checkpoint_jobs_unknown", node=node, error=str(exc))
+            return []
 
     def escalate(self, node: str, reason: str, trigger: str, now: float | None = None) -> bool:
         """A node waiting for checkpoints ("checkpoint") got a drain-now-class fault: its
@@ -118,17 +179,25 @@ class Checkpoints:
         return True
 
     def _request(self, job: JobInfo, node: str, action: str, reason: str, now: float,
-                 events: list[JobEvent]) -> int:
+                 events: list[JobEvent], *, held: bool = False, released_by: str | None = None) -> int:
         """One job: reuse its open request (upgraded to drain-now if need be), or signal
-        it, open a request and notify the agents on its nodes."""
+        it, open a request and notify the agents on its nodes. ``held``: the node's drain
+        is held by the breaker; ``released_by``: that hold was released by this operator."""
         jid = job.job_id
-        events.append(JobEvent(jid, now, "detected", node, f"{action}: {reason}"))
-        for cp in self._open.values():
-            if cp["job_id"] == jid:
-                if action == "drain-now" and cp["action"] != "drain-now":
-                    cp["action"] = action
-                    self.store.update_checkpoint(cp["id"], action=action)
-                return int(cp["id"])
+        existing = next((cp for cp in self._open.values() if cp["job_id"] == jid), None)
+        if existing is not None and released_by is not None and existing["trigger_node"] == node:
+            events.append(JobEvent(jid, now, "drain-released", node,
+                                   f"the breaker's hold on the drain was released by {released_by}; "
+                                   f"the request of {_stamp(existing['requested'])} stands (not signalled again)"))
+        else:
+            held_note = " (the circuit breaker holds the drain; only the checkpoint goes ahead)" if held else ""
+            events.append(JobEvent(jid, now, "detected", node, f"{action}: {reason}{held_note}"))
+        if existing is not None:
+            cp = existing
+            if action == "drain-now" and cp["action"] != "drain-now":
+                cp["action"] = action
+                self.store.update_checkpoint(cp["id"], action=action)
+            return int(cp["id"])
         s = self.settings
         deadline = now + s.checkpoint_deadline_s
         scope = "every process" if s.checkpoint_full else "the batch shell"
@@ -311,3 +380,7 @@ class Checkpoints:
     def _add_events(self, events: Iterable[JobEvent]) -> None:
         for e in events:
             self.store.add_job_event(e.job_id, e.ts, e.kind, e.node, e.detail)
+
+
+def _stamp(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))

@@ -8,7 +8,12 @@ circuit breaker survive a restart.
 * Policy table: (check, severity, context) -> one of ``ACTIONS``.
 * Circuit breaker: caps the fraction of the fleet drained and the drains per
   rolling hour; a "storm" (one check failing on a large part of the fleet) trips
-  it at once. Once open, every drain is held until ``release()``.
+  it at once. ``min_nodes`` is a floor for small fleets (``fraction_limit``,
+  ``storm_threshold``). Once open, every new drain is held until ``release()``;
+  the jobs on a held checkpoint/drain-now node are still asked to checkpoint (only
+  the drain waits). ``release()`` lets the drains held at that moment proceed once
+  (``run_released``, in the collector), whatever the breaker says then; ``forecast()``
+  says whether the next drain would trip it again, and which setting decides.
 * Auto-resume with hysteresis; lemon nodes (drained too often) are never resumed.
 * Dry run: every decision recorded, no Slurm call made.
 """
@@ -38,6 +43,8 @@ ACTIONS = ("none", "warn", "checkpoint", "drain", "drain-now", "reboot")
 _RANK = {a: i for i, a in enumerate(ACTIONS)}
 # Actions that take the node away (drain at once, or after the jobs' checkpoints).
 DRAINING = frozenset({"checkpoint", "drain", "drain-now", "reboot"})
+# Actions whose jobs are asked to checkpoint before the node goes (checkpoint.CHECKPOINTING).
+CHECKPOINTING = frozenset({"checkpoint", "drain-now"})
 SEVERITIES = ("OK", "WARN", "FAIL", "UNKNOWN")
 # XID table action -> automation action (reboot depends on reboot_allowed).
 _XID_ACTIONS = {"ignore": "none", "warn": "warn", "checkpoint": "checkpoint", "drain": "drain",
@@ -69,6 +76,8 @@ class Decision:
     # "dry-run", "recorded" (warn/checkpoint: no Slurm call), "unreachable", "error: ...".
     result: str = ""
     time: float = 0.0
+    # A drain the breaker held and an operator released (`slurmgpu breaker release`): who.
+    released_by: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -129,6 +138,8 @@ class _State:
     failing: dict[str, dict[str, float]] = field(default_factory=dict)  # check -> node -> time
     breaker: dict[str, Any] = field(default_factory=lambda: {"open": False, "since": None, "why": None})
     held: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Held drains an operator released, to be carried out once by the collector.
+    released: dict[str, dict[str, Any]] = field(default_factory=dict)
     lemons: dict[str, dict[str, Any]] = field(default_factory=dict)
     log: list[dict[str, Any]] = field(default_factory=list)
 
@@ -142,17 +153,47 @@ class _State:
         return cls(**{k: v for k, v in raw.items() if k in names})
 
 
+def state_file(state_dir: str | Path) -> Path:
+    """The automation's state file in ``[paths] state_dir``: where the collector keeps it
+    and where `slurmgpu breaker` looks for it."""
+    return Path(state_dir) / STATE_FILE
+
+
+def fraction_limit(settings: AutomationSettings, fleet: int) -> tuple[int, str]:
+    """The most nodes slurmgpu may have drained at once on a fleet of ``fleet`` nodes, and
+    the setting that decides it: max(1, floor(max_fraction x fleet), min(min_nodes, fleet - 1))."""
+    by_fraction = max(1, math.floor(settings.max_fraction * fleet + 1e-9))
+    floor = min(settings.min_nodes, fleet - 1)
+    return (floor, "min_nodes") if floor > by_fraction else (by_fraction, "max_fraction")
+
+
+def storm_threshold(settings: AutomationSettings, fleet: int) -> tuple[int, str]:
+    """How many nodes failing one check within ``storm_window_s`` trip the breaker, and the
+    setting that decides it: max(2, ceil(storm_fraction x fleet), min(min_nodes + 1, fleet))."""
+    by_fraction = max(2, math.ceil(settings.storm_fraction * fleet - 1e-9))
+    floor = min(settings.min_nodes + 1, fleet)
+    return (floor, "min_nodes") if floor > by_fraction else (by_fraction, "storm_fraction")
+
+
+def _setting(settings: AutomationSettings, key: str) -> str:
+    """``key = value`` as in the TOML file (the [automation] table)."""
+    value = getattr(settings, key)
+    return f"{key} = {value:g}" if isinstance(value, float) else f"{key} = {value}"
+
+
 class Automation:
     def __init__(self, settings: AutomationSettings, client: SlurmClient, state_dir: str | Path,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, *, read_only: bool = False) -> None:
+        """``read_only``: only look at the state (`slurmgpu breaker status`): no directory
+        made, no write probe; saving still works where the file is writable."""
         self.settings = settings
         self.policy = PolicyTable(settings)
         self.client = client
         self.actions = Actions(client, state_dir)
-        self.path = Path(state_dir) / STATE_FILE
+        self.path = state_file(state_dir)
         self.clock: Clock = clock or _SystemClock()
         self.checkpoints: Checkpoints | None = None
-        self.state = self._load_writable()
+        self.state = _State.load(self.path) if read_only else self._load_writable()
 
     def _load_writable(self) -> _State:
         """Automation that cannot record its decisions must not take any: refuse to start
@@ -188,12 +229,97 @@ class Automation:
         if not self.state.breaker.get("open"):
             self.state.breaker = {"open": True, "since": now, "why": why}
 
-    def release(self) -> None:
-        """Operator: close the breaker. Held drains are re-decided on the nodes' next reports."""
-        self.state.breaker = {"open": False, "since": None, "why": None}
-        self.state.held.clear()
-        self.state.failing.clear()
+    def release(self, by: str = "operator", now: float | None = None) -> list[dict[str, Any]]:
+        """Operator: close the breaker and let every drain it holds now proceed once: they
+        move to ``released`` and the collector carries them out (``run_released``) whatever
+        the breaker says by then, recording ``by`` in their decisions. The storm evidence is
+        forgotten. Returns the released drains (``forecast()``: would it trip again?)."""
+        now = self.clock.time() if now is None else now
+        st = self.state
+        released = []
+        for node, held in sorted(st.held.items()):
+            entry = dict(held, released_at=now, released_by=by)
+            st.released[node] = entry
+            released.append(dict(entry, node=node))
+        st.breaker = {"open": False, "since": None, "why": None}
+        st.held.clear()
+        st.failing.clear()
         self._save()
+        return released
+
+    def run_released(self, now: float | None = None) -> list[Decision]:
+        """Carry out the drains an operator released, once each (the breaker is not asked
+        again: the operator has confirmed them). The collector calls this every loop turn."""
+        st = self.state
+        if not st.released:
+            return []
+        now = self.clock.time() if now is None else now
+        decisions: list[Decision] = []
+        for node, entry in sorted(st.released.items()):
+            action, reason = str(entry.get("action", "drain")), str(entry.get("reason", ""))
+            trigger = str(entry.get("trigger", ""))
+            try:
+                decisions += self._drain(node, action, reason, trigger, now,
+                                         then_reboot=entry.get("then") == "reboot")
+            except Exception as exc:  # recorded, not retried every loop turn
+                st.released.pop(node, None)
+                get_logger(component="automation").error("released_drain_failed", node=node,
+                                                         error=f"{type(exc).__name__}: {exc}")
+                decisions.append(self._decision(node, action, reason, trigger, f"error: {exc}", now,
+                                                released_by=str(entry.get("released_by", ""))))
+        st.released.clear()
+        st.log = (st.log + [d.to_json() for d in decisions])[-LOG_KEEP:]
+        self._save()
+        return decisions
+
+    def forecast(self, now: float | None = None) -> dict[str, Any]:
+        """The breaker once the drains it holds (or that were released) are done: per rule
+        (fraction, rate, storm) the count, the limit, the [automation] setting that decides
+        it, and whether it trips again (the next drain, or the drained nodes' next reports
+        of a storm). ``would_trip``: any of them; ``why``: their texts."""
+        now = self.clock.time() if now is None else now
+        st, s = self.state, self.settings
+        fleet = self._fleet()
+        coming = sorted((set(st.held) | set(st.released)) - set(st.drained))
+        drained = len(st.drained) + len(coming)
+        pct = round(100 * drained / fleet) if fleet else 0
+        limit, key = fraction_limit(s, fleet)
+        rules = [{
+            "rule": "fraction", "setting": f"automation.{key}", "value": getattr(s, key),
+            "count": drained, "limit": limit, "trips_at": limit + 1, "trips_again": drained + 1 > limit,
+            "text": f"{drained} of {fleet} nodes ({pct}%) would be drained; {_setting(s, key)} "
+                    f"trips at {limit + 1} nodes"}]
+        hour = sum(1 for t in st.drain_times if now - t < HOUR) + len(coming)
+        rules.append({
+            "rule": "rate", "setting": "automation.max_per_hour", "value": s.max_per_hour,
+            "count": hour, "limit": s.max_per_hour, "trips_at": s.max_per_hour + 1,
+            "trips_again": hour + 1 > s.max_per_hour,
+            "text": f"{hour} drain(s) in the last hour would be counted; {_setting(s, 'max_per_hour')} "
+                    f"trips at drain {s.max_per_hour + 1} within an hour"})
+        # Nodes drained (or about to be) for a check their last report still failed: they
+        # report it again, and that counts towards a storm as soon as the breaker closes.
+        per_check: dict[str, int] = {}
+        for node in [*st.drained, *coming]:
+            entry = st.drained.get(node) or st.released.get(node) or st.held.get(node) or {}
+            check = str(entry.get("trigger", ""))
+            if check in st.strikes.get(node, {}):
+                per_check[check] = per_check.get(check, 0) + 1
+        check, failing = max(sorted(per_check.items()), key=lambda kv: kv[1], default=("", 0))
+        threshold, skey = storm_threshold(s, fleet)
+        rules.append({
+            "rule": "storm", "setting": f"automation.{skey}", "value": getattr(s, skey),
+            "count": failing, "check": check or None, "limit": threshold - 1, "trips_at": threshold,
+            "trips_again": failing >= threshold,
+            "text": (f"{failing} node(s) drained for {check}" if check else "no node drained")
+                    + f"; {_setting(s, skey)} trips when one check fails on {threshold} nodes "
+                      f"within {s.storm_window_s:g} s"})
+        for rule in rules:
+            if rule["trips_again"]:
+                rule["text"] += (": their next reports trip the breaker again while they still fail"
+                                 if rule["rule"] == "storm" else ": the next drain trips the breaker again")
+        why = [r["text"] for r in rules if r["trips_again"]]
+        return {"fleet": fleet, "drained": drained, "drained_pct": pct, "coming": coming,
+                "would_trip": bool(why), "why": why, "rules": rules}
 
     def clear_lemon(self, node: str) -> None:
         """Operator: the node was repaired; its drain history starts afresh."""
@@ -208,6 +334,7 @@ class Automation:
             "since": b.get("since"),
             "why": b.get("why"),
             "held": [dict(v, node=k) for k, v in sorted(self.state.held.items())],
+            "released": [dict(v, node=k) for k, v in sorted(self.state.released.items())],
             "lemons": dict(self.state.lemons),
             "drained": sorted(n for n, v in self.state.drained.items() if not v.get("pending")),
             "checkpointing": sorted(n for n, v in self.state.drained.items() if v.get("pending")),
@@ -232,7 +359,9 @@ class Automation:
             st.strikes.pop(node, None)
         decisions: list[Decision] = []
         if str(verdict).upper() == "OK" and not bad:
-            st.held.pop(node, None)
+            dropped = [e for e in (st.held.pop(node, None), st.released.pop(node, None)) if e]
+            if self.checkpoints is not None and any(e.get("checkpoints") for e in dropped):
+                self.checkpoints.cancel(node, now, "the node is healthy again: its held drain is dropped")
             decisions += self._healthy(node, now)
         else:
             st.healthy.pop(node, None)
@@ -267,10 +396,11 @@ class Automation:
         window[node] = now
         for n in [n for n, t in window.items() if now - t > self.settings.storm_window_s]:
             del window[n]
-        threshold = max(2, math.ceil(self.settings.storm_fraction * self._fleet() - 1e-9))
+        threshold, key = storm_threshold(self.settings, self._fleet())
         if len(window) >= threshold:
             self._trip(f"storm: {check} failing on {len(window)} of {self._fleet()} nodes "
-                       f"within {self.settings.storm_window_s:g} s", now)
+                       f"within {self.settings.storm_window_s:g} s ({_setting(self.settings, key)} "
+                       f"trips at {threshold} nodes)", now)
 
     def _drain(self, node: str, action: str, reason: str, check: str, now: float, *,
                then_reboot: bool = False) -> list[Decision]:
@@ -278,6 +408,11 @@ class Automation:
         reboot_allowed): the jobs checkpoint and are requeued as for any drain-now, and the
         node is then rebooted (``scontrol reboot ASAP``) instead of only drained."""
         st, s = self.state, self.settings
+        released = st.released.pop(node, None)  # an operator released its held drain
+        if released is not None and _RANK.get(str(released.get("action")), 0) > _RANK[action]:
+            action, reason, check = str(released["action"]), str(released["reason"]), str(released["trigger"])
+        if released is not None and released.get("then") == "reboot":
+            then_reboot = True
         if node in st.drained:
             pending = st.drained[node].get("pending")
             if pending == "checkpoint" and action == "drain-now" and self.checkpoints is not None \
@@ -288,21 +423,24 @@ class Automation:
                 return []  # idempotent: already drained (or draining after checkpoints) by us
             st.drained.pop(node)  # someone resumed it while it still fails: drain again
         st.drain_times = [t for t in st.drain_times if now - t < HOUR]
-        limit = max(1, math.floor(s.max_fraction * self._fleet() + 1e-9))
-        if len(st.drained) + 1 > limit:
-            self._trip(f"fraction: {len(st.drained)} of {self._fleet()} nodes drained "
-                       f"(max_fraction {s.max_fraction:g})", now)
-        elif len(st.drain_times) >= s.max_per_hour:
-            self._trip(f"rate: {len(st.drain_times)} drains in the last hour "
-                       f"(max_per_hour {s.max_per_hour})", now)
-        if st.breaker.get("open"):
-            st.held[node] = {"action": action, "reason": reason, "trigger": check, "time": now}
-            return [self._decision(node, action, reason, check, "held", now, held=True)]
+        if released is None:  # a released drain proceeds whatever the breaker says now
+            limit, key = fraction_limit(s, self._fleet())
+            if len(st.drained) + 1 > limit:
+                self._trip(f"fraction: {len(st.drained)} of {self._fleet()} nodes drained, "
+                           f"{node} would make {len(st.drained) + 1}; {_setting(s, key)} "
+                           f"trips at {limit + 1} nodes", now)
+            elif len(st.drain_times) >= s.max_per_hour:
+                self._trip(f"rate: {len(st.drain_times)} drains in the last hour "
+                           f"({_setting(s, 'max_per_hour')})", now)
+            if st.breaker.get("open"):
+                return self._hold(node, action, reason, check, now, then_reboot=then_reboot)
         st.held.pop(node, None)
+        by = str(released.get("released_by") or "operator") if released is not None else ""
         waiting = 0
-        if not s.dry_run and action in ("checkpoint", "drain-now") and self.checkpoints is not None:
-            # Jobs run there: they are told to checkpoint; the drain comes at their ack.
-            waiting = self.checkpoints.begin(node, action, reason, check, now)
+        if not s.dry_run and action in CHECKPOINTING and self.checkpoints is not None:
+            # Jobs run there: they are told to checkpoint (a held drain's jobs already
+            # were: their requests are reused); the drain comes at their ack.
+            waiting = self.checkpoints.begin(node, action, reason, check, now, released_by=by or None)
         if s.dry_run:
             result = "dry-run"
         elif waiting:
@@ -330,7 +468,32 @@ class Automation:
                                    f"{s.lemon_window_s:g} s, last: {reason}"}
         if waiting:
             reason = f"{reason} (waiting for {waiting} job checkpoint(s))"
-        return [self._decision(node, action, reason, check, result, now)]
+        if released is not None:
+            reason = f"{reason} (held by the breaker, released by {by})"
+        return [self._decision(node, action, reason, check, result, now, released_by=by)]
+
+    def _hold(self, node: str, action: str, reason: str, check: str, now: float, *,
+              then_reboot: bool = False) -> list[Decision]:
+        """The breaker is open: the drain waits for an operator's release. The jobs on the
+        node are asked to checkpoint all the same (once per hold): only the drain waits, so
+        a job on a failing node can save its state meanwhile. The worst action held wins."""
+        st = self.state
+        prev = st.held.get(node) or {}
+        entry: dict[str, Any] = {"action": action, "reason": reason, "trigger": check, "time": now,
+                                 "since": prev.get("since", prev.get("time", now))}
+        if _RANK.get(str(prev.get("action")), -1) > _RANK[action]:
+            entry.update(action=prev["action"], reason=prev["reason"], trigger=prev["trigger"])
+        if then_reboot or prev.get("then") == "reboot":
+            entry["then"] = "reboot"
+        if "checkpoints" in prev:
+            entry["checkpoints"] = prev["checkpoints"]
+        elif not self.settings.dry_run and entry["action"] in CHECKPOINTING and self.checkpoints is not None:
+            entry["checkpoints"] = self.checkpoints.request(node, entry["action"], entry["reason"],
+                                                            entry["trigger"], now)
+            if entry["checkpoints"]:
+                reason = f"{reason} (drain held; {entry['checkpoints']} job(s) asked to checkpoint)"
+        st.held[node] = entry
+        return [self._decision(node, action, reason, check, "held", now, held=True)]
 
     def _take_away(self, node: str, action: str, reason: str) -> str:
         """Drain, or for "reboot" `scontrol reboot ASAP nextstate=RESUME` (a drain when
@@ -403,9 +566,9 @@ class Automation:
     # ---- helpers
 
     def _decision(self, node: str, action: str, reason: str, trigger: str, result: str, now: float,
-                  *, held: bool = False) -> Decision:
+                  *, held: bool = False, released_by: str = "") -> Decision:
         return Decision(node, action, reason, held=held, dry_run=self.settings.dry_run,
-                        trigger=trigger, result=result, time=now)
+                        trigger=trigger, result=result, time=now, released_by=released_by)
 
     def _save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

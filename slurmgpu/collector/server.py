@@ -23,7 +23,9 @@ their messages spooled and resend them later.
 Automation (optional): after a batch's acks are sent, every newly stored report and
 event is passed to ``Automation.on_report`` and its decisions are stored in the
 ``decisions`` table. A failing automation call is logged and counted; it never stops
-the loop and never delays an ack.
+the loop and never delays an ack. Drains an operator released from the circuit breaker
+(`slurmgpu breaker release` rewrites the state file) are carried out at the next loop
+turn (``Automation.run_released``).
 
 The loop is single-threaded (plus libzmq's I/O thread and the ZAP thread). All methods,
 ``send_command`` included, must be called from the thread that runs the loop.
@@ -524,6 +526,7 @@ class Collector:
         if automation is None:
             return
         self._automation_sync()
+        self._automation_released()  # before new reports: they may trip the breaker again
         fresh = set(new)
         decisions: list[Decision] = []
         for node, env, _data in batch:
@@ -600,6 +603,24 @@ class Collector:
             self.counters.automation_errors += 1
             self.log.error("automation_failed", error=f"{type(exc).__name__}: {exc}")
         self._auto_stamp = self._automation_stamp()
+
+    def _automation_released(self) -> None:
+        """Carry out the drains an operator released (``slurmgpu breaker release``)."""
+        run = getattr(self.automation, "run_released", None)
+        if run is None or not getattr(getattr(self.automation, "state", None), "released", None):
+            return
+        try:
+            decisions = run(time.time())
+        except Exception as exc:
+            self.counters.automation_errors += 1
+            self.log.error("automation_failed", error=f"{type(exc).__name__}: {exc}")
+            return
+        finally:
+            self._auto_stamp = self._automation_stamp()
+        for d in decisions:
+            self.log.info("breaker_release_carried_out", node=d.node, action=d.action, result=d.result,
+                          released_by=d.released_by)
+        self._record_decisions(decisions)
 
     def _automation_stamp(self) -> tuple[int, int, int] | None:
         if self.automation is None:
@@ -696,6 +717,7 @@ class Collector:
             self.reload_allow_list(force=force)
         if self.automation is not None:
             self._automation_sync()
+            self._automation_released()
         self._checkpoint_tick()
         self._slurm_states()
         if mono >= self._next_heartbeat:

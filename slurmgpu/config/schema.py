@@ -383,6 +383,11 @@ class AutomationSettings:
     # The same check failing on this fraction of the fleet within the window trips it at once.
     storm_fraction: Annotated[float, FRACTION] = 0.25
     storm_window_s: Annotated[float, Range(1, DAY)] = 300.0
+    # The breaker's floor for small fleets: up to this many nodes may be drained by slurmgpu
+    # at once whatever max_fraction gives, and this many nodes failing one check are not a
+    # storm whatever storm_fraction gives; but the floor never covers the whole fleet (at
+    # most fleet - 1 nodes). 1: the fractions alone (at least one drain, storms from 2).
+    min_nodes: Annotated[int, Range(1, 100_000)] = 2
     # Auto-resume: this many consecutive OK reports spanning at least resume_after_s.
     resume_healthy_reports: Annotated[int, Range(1, 1000)] = 3
     resume_after_s: Annotated[float, Range(0, 30 * DAY)] = 600.0

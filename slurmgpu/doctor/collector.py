@@ -1,0 +1,244 @@
+"""Doctor checks of the link to the collector: the collector is reachable, its CURVE
+handshake accepts this node's key, it answers this node's heartbeat, and the two clocks
+agree.
+
+The probe is a DEALER with the node's bundle, as the agent's link is. It sends one
+heartbeat: the one message the collector stores nothing for (it refreshes the node's
+last-seen time, which a live node would anyway). A hello would be stored as a message
+under a sequence number the agent's spool owns. The collector answers heartbeats on its
+own heartbeat tick, not at once, so the probe waits up to one ``[collector]
+heartbeat_s`` for the answer (see ``reply_wait_s``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from slurmgpu.doctor.local import NEEDS_CONFIG, expects_agent
+from slurmgpu.doctor.model import (
+    HEAD,
+    RUNNER_SLACK_S,
+    STEP_TIMEOUT_S,
+    CollectorReply,
+    Context,
+    Finding,
+    fail,
+    ok,
+    skip,
+    warn,
+)
+
+COLLECTOR_UNIT = "slurmgpu-collector"
+# The answer comes on the collector's heartbeat tick: one interval at most (plus the
+# trip). A collector with a very long heartbeat is not waited for past this.
+MAX_REPLY_WAIT_S = 10.0
+REPLY_MARGIN_S = 0.5
+# Clock skew against the collector. NTP keeps hosts within milliseconds, so 2 s means time
+# sync is not working here, and the order of this node's events against the collector's
+# drains and checkpoints (`slurmgpu jobs events`, the report) is no longer to be trusted.
+# Past 30 s those timelines are wrong by half a minute and the skew is heading for munge's
+# credential lifetime (300 s by default), past which Slurm itself refuses this node.
+SKEW_WARN_S = 2.0
+SKEW_FAIL_S = 30.0
+
+
+def reply_wait_s(ctx: Context) -> float:
+    heartbeat = ctx.settings.collector.heartbeat_s if ctx.settings is not None else 5.0
+    return min(heartbeat + REPLY_MARGIN_S, MAX_REPLY_WAIT_S)
+
+
+def collector_budget_s(ctx: Context) -> float:
+    """The runner's limit for the collector check: the handshake, one heartbeat interval."""
+    return STEP_TIMEOUT_S + reply_wait_s(ctx) + RUNNER_SLACK_S
+
+
+def check_collector(ctx: Context) -> Iterator[Finding]:
+    settings = ctx.settings
+    if settings is None:
+        yield skip("collector", NEEDS_CONFIG)
+    elif ctx.role == HEAD:
+        yield listening(settings.collector.address)
+    elif not expects_agent(ctx):
+        yield skip("collector", "no collector configured (no [collector] address, no node bundle)")
+    else:
+        yield probe(ctx)
+
+
+# --------------------------------------------------------------------------- head node
+
+
+def listening(address: str) -> Finding:
+    """On the head node: something accepts TCP connections where agents connect."""
+    where = urlsplit(address)
+    if where.scheme != "tcp" or where.port is None:
+        return skip("collector", f"[collector] address {address} is not tcp://HOST:PORT; not probed")
+    host = "127.0.0.1" if where.hostname in (None, "*") else where.hostname
+    try:
+        with socket.create_connection((host, where.port), timeout=STEP_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        return fail("collector", f"nothing accepts connections at {address}: {exc.strerror or exc}",
+                    f"systemctl start {COLLECTOR_UNIT}; `journalctl -u {COLLECTOR_UNIT}` says why it stopped")
+    return ok("collector", f"listening at {address}")
+
+
+# --------------------------------------------------------------------------- GPU node
+
+
+def probe(ctx: Context) -> Finding:
+    from slurmgpu import keys
+
+    assert ctx.settings is not None
+    try:
+        node_keys = keys.client_keys(ctx.keys_dir)
+    except keys.KeyFileError:
+        return skip("collector", "needs this node's keys (see the keys line)")
+    address = ctx.settings.collector.address
+    fp = keys.fingerprint(node_keys[0])
+    outcome, reply = _exchange(ctx, address, node_keys)
+    if reply is not None:
+        ctx.collector_reply = reply
+        return ok("collector", f"{address} accepted key {fp} and answered {ctx.node}'s heartbeat "
+                               f"in {reply.waited_s:.1f} s")
+    return _failed(ctx, address, fp, outcome)
+
+
+def _exchange(ctx: Context, address: str,
+              node_keys: tuple[bytes, bytes, bytes]) -> tuple[str, CollectorReply | None]:
+    """("ok", the reply) or (what went wrong, None)."""
+    import zmq
+
+    zctx = zmq.Context()
+    sock = zctx.socket(zmq.DEALER)
+    monitor = None
+    try:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = node_keys
+        monitor = sock.get_monitor_socket(_handshake_events())
+        try:
+            sock.connect(address)
+        except zmq.ZMQError as exc:
+            return f"address:{exc}", None
+        outcome = _handshake(monitor, time.monotonic() + STEP_TIMEOUT_S)
+        if outcome != "ok":
+            return outcome, None
+        return _heartbeat(ctx, sock)
+    finally:
+        if monitor is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                sock.disable_monitor()
+            monitor.close(linger=0)
+        sock.close(linger=0)
+        zctx.term()
+
+
+def _handshake_events() -> int:
+    import zmq
+
+    return int(zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+               | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+
+
+def _handshake(monitor: Any, deadline: float) -> str:
+    """"ok"; "auth" (the collector's ZAP refused the key); "server-key" (the handshake
+    broke: the bundle's collector.key is not this collector's); "no-handshake" (a TCP
+    peer that never completed one); "unreachable" (no connection at all)."""
+    import zmq
+    from zmq.utils.monitor import recv_monitor_message
+
+    connected = False
+    while (left := deadline - time.monotonic()) > 0:
+        if not monitor.poll(int(left * 1000) + 1):
+            continue
+        event = recv_monitor_message(monitor)["event"]
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            return "ok"
+        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            return "auth"
+        if event in (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
+            return "server-key"
+        connected = connected or event == zmq.EVENT_CONNECTED
+    return "no-handshake" if connected else "unreachable"
+
+
+def _heartbeat(ctx: Context, sock: Any) -> tuple[str, CollectorReply | None]:
+    import zmq
+
+    from slurmgpu import wire
+
+    sent = time.monotonic()
+    try:
+        sock.send(wire.encode(wire.Envelope(type=wire.HEARTBEAT, node=ctx.node, seq=0)), zmq.NOBLOCK)
+    except zmq.Again:  # the connection went away right after the handshake
+        return "no-reply", None
+    deadline = sent + reply_wait_s(ctx)
+    while (left := deadline - time.monotonic()) > 0:
+        if not sock.poll(int(left * 1000) + 1):
+            continue
+        frame = sock.recv()
+        received_at = time.time()
+        try:
+            envelope = wire.decode(frame)
+        except wire.WireError:
+            continue
+        return "ok", CollectorReply(envelope.ts, received_at, time.monotonic() - sent)
+    return "no-reply", None
+
+
+def _failed(ctx: Context, address: str, fp: str, outcome: str) -> Finding:
+    node, keys_dir = ctx.node, ctx.keys_dir
+    if outcome == "auth":
+        return fail("collector", f"{address} refused this node's key {fp}: not on the collector's "
+                                 "allow-list",
+                    f"on the head node run `slurmgpu keys add-node {node}` (--force if it has a key), "
+                    f"copy the bundle to {keys_dir}, then `systemctl reload {COLLECTOR_UNIT}`")
+    if outcome == "server-key":
+        return fail("collector", f"the CURVE handshake with {address} failed: "
+                                 f"{Path(keys_dir) / 'collector.key'} is not that collector's key",
+                    f"copy collector.key from the head node's keys directory to {keys_dir}")
+    if outcome == "no-handshake":
+        return fail("collector", f"{address} takes connections but completed no CURVE handshake "
+                                 f"in {STEP_TIMEOUT_S:g} s: is that the collector's port?",
+                    f"check [collector] address in {ctx.config_path} against the head's [collector] bind")
+    if outcome == "no-reply":
+        return fail("collector", f"{address} accepted key {fp} but did not answer {node}'s heartbeat "
+                                 f"in {reply_wait_s(ctx):g} s",
+                    f"on the head node `slurmgpu keys list` must show {node} with key {fp} (a key "
+                    f"allow-listed under another name is refused); else see `journalctl -u {COLLECTOR_UNIT}`")
+    if outcome.startswith("address:"):
+        return fail("collector", f"[collector] address {address} is not usable: {outcome[8:]}",
+                    f"set [collector] address = \"tcp://HEAD:7150\" in {ctx.config_path}")
+    unset = "" if ctx.configured("collector.address") else " (the default: [collector] address is not set)"
+    return fail("collector", f"no connection to {address}{unset} in {STEP_TIMEOUT_S:g} s",
+                f"start the collector (systemctl start {COLLECTOR_UNIT} on the head node), open its "
+                f"port, or set [collector] address in {ctx.config_path}")
+
+
+# --------------------------------------------------------------------------- clock
+
+
+def check_clock(ctx: Context) -> Iterator[Finding]:
+    """This host's clock against the timestamp of the collector's answer."""
+    if ctx.role == HEAD:
+        yield skip("clock", "head node: the GPU nodes compare their clocks with the collector's")
+        return
+    reply = ctx.collector_reply
+    if reply is None:
+        yield skip("clock", "no answer from the collector to compare with")
+        return
+    skew = reply.received_at - reply.ts  # > 0: this host is ahead
+    side = "ahead of" if skew > 0 else "behind"
+    message = f"this host's clock is {abs(skew):.1f} s {side} the collector's"
+    fix = "turn on time sync on both hosts (`timedatectl set-ntp true`; `chronyc tracking` shows the offset)"
+    if abs(skew) > SKEW_FAIL_S:
+        yield fail("clock", message, fix)
+    elif abs(skew) > SKEW_WARN_S:
+        yield warn("clock", message, fix)
+    else:
+        yield ok("clock", f"within {SKEW_WARN_S:g} s of the collector's ({skew:+.3f} s)")

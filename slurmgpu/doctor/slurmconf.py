@@ -1,0 +1,291 @@
+"""Doctor checks of the Slurm side: slurm.conf has the lines slurmgpu needs, the hook
+programs it names can be run by slurmd, and slurmctld answers.
+
+Prolog, Epilog and HealthCheckProgram are never run here: they drain nodes. They are
+checked the way exec would fail on them (exists, executable, a ``#!`` interpreter that
+exists). The TaskProlog only prints an ``export`` line, so it is run, as Slurm would,
+with a job id and nothing else in its environment.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from slurmgpu.doctor.model import HEAD, STEP_TIMEOUT_S, Context, Finding, fail, ok, skip, warn
+from slurmgpu.slurm.conf import ENV_VAR, Setting, SlurmConf
+
+# Where ``#!/usr/bin/env python3`` looks for python3 when slurmd gives a hook no PATH at
+# all (Slurm 22.05 does): execvp's default search path.
+NO_PATH_SEARCH = "/bin:/usr/bin"
+FAKE_JOB_ID = "1"
+# PrologFlags that run the Prolog at allocation time on every node (Contain and RunInJob
+# set Alloc implicitly).
+ALLOC_FLAGS = frozenset({"alloc", "contain", "runinjob"})
+SHIPPED = "/usr/libexec/slurmgpu"
+NO_CONF = "needs slurm.conf (see the slurm.conf line)"
+
+
+def check_slurm_conf(ctx: Context) -> Iterator[Finding]:
+    """slurm.conf is found (--slurm-conf, $SLURM_CONF, the default places) and readable,
+    includes and all."""
+    from slurmgpu.slurm.conf import SlurmConfError, find_slurm_conf, parse_slurm_conf
+
+    path, looked = find_slurm_conf(ctx.slurm_conf_file, ctx.environ)
+    path = os.path.abspath(path) if path is not None else None
+    if path is None:
+        yield fail("slurm.conf", f"no slurm.conf found (looked at {', '.join(looked)})",
+                   f"pass --slurm-conf FILE or set {ENV_VAR}")
+        return
+    try:
+        ctx.slurm_conf = parse_slurm_conf(path)
+    except SlurmConfError as exc:
+        yield fail("slurm.conf", str(exc), f"fix the path, or pass --slurm-conf FILE / set {ENV_VAR}")
+        return
+    included = len(ctx.slurm_conf.files) - 1
+    more = f" (+{included} included file{'' if included == 1 else 's'})" if included else ""
+    yield ok("slurm.conf", f"{path}{more}")
+
+
+# --------------------------------------------------------------------------- settings
+
+
+def check_slurm_settings(ctx: Context) -> Iterator[Finding]:
+    """PrologFlags includes Alloc, JobRequeue is not 0, failed prologs do not hold jobs."""
+    conf = ctx.slurm_conf
+    if conf is None:
+        yield skip("slurm.prolog_flags", NO_CONF)
+        return
+    yield _prolog_flags(conf)
+    yield _job_requeue(conf)
+    yield _nohold(conf)
+
+
+def _prolog_flags(conf: SlurmConf) -> Finding:
+    flags = conf.get("PrologFlags")
+    if flags is None:
+        return fail("slurm.prolog_flags", f"{conf.path} sets no PrologFlags: without Alloc the "
+                                          "Prolog runs only on a job's batch host, so most GPUs of a "
+                                          "multi-node job are never gated",
+                    f"add `PrologFlags=Alloc` to {conf.path}")
+    if ALLOC_FLAGS & {f.lower() for f in flags.items()}:
+        return ok("slurm.prolog_flags", f"PrologFlags={flags.value} ({flags.where})")
+    return fail("slurm.prolog_flags", f"PrologFlags={flags.value} ({flags.where}) lacks Alloc: the "
+                                      "Prolog runs only on a job's batch host",
+                f"change it to `PrologFlags={flags.value},Alloc` at {flags.where}")
+
+
+def _job_requeue(conf: SlurmConf) -> Finding:
+    requeue = conf.get("JobRequeue")
+    if requeue is None:
+        return ok("slurm.job_requeue", "JobRequeue not set (default 1: jobs can be requeued)")
+    if requeue.value.strip() == "0":
+        return warn("slurm.job_requeue", f"JobRequeue=0 ({requeue.where}): batch jobs cannot be "
+                                         "requeued, so a drain-now cannot move them to healthy nodes",
+                    f"set `JobRequeue=1` at {requeue.where} (1 is the default)")
+    return ok("slurm.job_requeue", f"JobRequeue={requeue.value} ({requeue.where})")
+
+
+def _nohold(conf: SlurmConf) -> Finding:
+    params = conf.get("SchedulerParameters")
+    if params is not None and "nohold_on_prolog_fail" in {p.lower() for p in params.items()}:
+        return ok("slurm.scheduler", f"SchedulerParameters has nohold_on_prolog_fail ({params.where})")
+    where = params.where if params is not None else conf.path
+    return warn("slurm.scheduler", "a job whose Prolog fails is held until an admin releases it, "
+                                   "not requeued (SchedulerParameters lacks nohold_on_prolog_fail)",
+                f"add nohold_on_prolog_fail to SchedulerParameters in {where}")
+
+
+# --------------------------------------------------------------------------- hooks
+
+
+def check_slurm_hooks(ctx: Context) -> Iterator[Finding]:
+    """Prolog= and Epilog= are set and runnable; HealthCheckProgram= too when set."""
+    conf = ctx.slurm_conf
+    if conf is None:
+        yield skip("slurm.prolog", NO_CONF)
+        return
+    for key, check_id, shipped in (("Prolog", "slurm.prolog", "slurmgpu-prolog"),
+                                   ("Epilog", "slurm.epilog", "slurmgpu-epilog")):
+        setting = conf.get(key)
+        if setting is None:
+            yield fail(check_id, f"{conf.path} sets no {key}: slurmgpu does not gate jobs",
+                       f"add `{key}={SHIPPED}/{shipped}` to {conf.path}")
+        else:
+            yield _hook(ctx, check_id, setting)
+    health = conf.get("HealthCheckProgram")
+    if health is None:
+        yield skip("slurm.healthcheck", "HealthCheckProgram not set: nodes slurmgpu drained are "
+                                        "not resumed when they recover")
+    else:
+        yield _hook(ctx, "slurm.healthcheck", health)
+
+
+def _hook(ctx: Context, check_id: str, setting: Setting) -> Finding:
+    """The first problem of any program a hook setting names (a comma list, globs allowed)."""
+    if ctx.role == HEAD:
+        return ok(check_id, f"{setting.key}={setting.value} ({setting.where}); the programs are "
+                            "checked on the GPU nodes")
+    paths = hook_paths(setting)
+    if not paths:
+        return fail(check_id, f"{setting.key}={setting.value} ({setting.where}) matches no file",
+                    f"install slurmgpu's hooks ({SHIPPED}) or correct {setting.key}= at {setting.where}")
+    for path in paths:
+        problem = program_problem(check_id, setting, path)
+        if problem is not None:
+            return problem
+    return ok(check_id, f"{setting.key}={setting.value} ({setting.where}): runnable")
+
+
+def hook_paths(setting: Setting) -> list[str]:
+    paths: list[str] = []
+    for item in setting.items():
+        paths.extend(sorted(glob.glob(item)) if glob.has_magic(item) else [item])
+    return paths
+
+
+def program_problem(check_id: str, setting: Setting, path: str) -> Finding | None:
+    """Why slurmd (root) could not, or should not, exec ``path``; None when it can."""
+    where = f"{setting.key}={path} ({setting.where})"
+    if not os.path.exists(path):
+        return fail(check_id, f"{where}: no such file",
+                    f"install slurmgpu's hooks ({SHIPPED}) or correct {setting.key}= at {setting.where}")
+    st = os.stat(path)
+    if not os.path.isfile(path):
+        return fail(check_id, f"{where} is not a file", f"correct {setting.key}= at {setting.where}")
+    if not st.st_mode & 0o111:
+        return fail(check_id, f"{where} is not executable", f"run: chmod 755 {path}")
+    if st.st_mode & 0o022:
+        # slurmd runs it as root: whoever can write it runs code as root on every job.
+        return fail(check_id, f"{where} is writable by group/others (mode {st.st_mode & 0o7777:04o})",
+                    f"run: chmod go-w {path}")
+    why = interpreter_problem(path)
+    if why is not None:
+        return fail(check_id, f"{where}: {why}", f"install the interpreter or fix the first line of {path}")
+    return None
+
+
+def interpreter_problem(path: str) -> str | None:
+    """Why exec of ``path`` would fail for want of an interpreter; None for a binary or a
+    script whose ``#!`` interpreter (and ``env``'s command) exists."""
+    with open(path, "rb") as fh:
+        head = fh.read(512)
+    if head.startswith(b"\x7fELF"):
+        return None
+    if not head.startswith(b"#!"):
+        return "starts with no #! line and is not a binary program (exec format error)"
+    words = head[2:].split(b"\n", 1)[0].decode("utf-8", "replace").split()
+    if not words:
+        return "has an empty #! line"
+    interpreter = words[0]
+    if not (os.path.isfile(interpreter) and os.access(interpreter, os.X_OK)):
+        return f"its interpreter {interpreter} does not exist"
+    command = env_command(words[1:]) if os.path.basename(interpreter) == "env" else None
+    if command and shutil.which(command, path=NO_PATH_SEARCH) is None:
+        return (f"`{interpreter} {command}`: {command} is not in {NO_PATH_SEARCH}, where env looks "
+                "when slurmd gives the hook no PATH")
+    return None
+
+
+def env_command(args: list[str]) -> str | None:
+    """The program ``/usr/bin/env [-S] [-i] [-u NAME] [VAR=value...] program ...`` runs."""
+    skip_next = False
+    for arg in args:
+        if skip_next:
+            skip_next = False
+        elif arg in ("-u", "--unset", "-C", "--chdir"):
+            skip_next = True
+        elif not arg.startswith("-") and "=" not in arg:
+            return arg
+    return None
+
+
+# --------------------------------------------------------------------------- TaskProlog
+
+
+def check_task_prolog(ctx: Context) -> Iterator[Finding]:
+    """TaskProlog= is set, and the program runs: exit 0 and an export of
+    SLURMGPU_CHECKPOINT_FILE, given only SLURM_JOB_ID."""
+    conf = ctx.slurm_conf
+    if conf is None:
+        yield skip("slurm.task_prolog", NO_CONF)
+        return
+    setting = conf.get("TaskProlog")
+    if setting is None:
+        yield warn("slurm.task_prolog", f"{conf.path} sets no TaskProlog: jobs never learn "
+                                        "$SLURMGPU_CHECKPOINT_FILE, so they cannot ack checkpoints",
+                   f"add `TaskProlog={SHIPPED}/slurmgpu-taskprolog` to {conf.path}")
+        return
+    if ctx.role == HEAD:
+        yield ok("slurm.task_prolog", f"TaskProlog={setting.value} ({setting.where}); the program "
+                                      "is checked on the GPU nodes")
+        return
+    problem = program_problem("slurm.task_prolog", setting, setting.value)
+    yield problem if problem is not None else run_task_prolog(setting)
+
+
+def run_task_prolog(setting: Setting) -> Finding:
+    from slurmgpu.jobfiles import CHECKPOINT_FILE_ENV
+
+    path = setting.value
+    by_hand = f"env -i SLURM_JOB_ID={FAKE_JOB_ID} {path}"
+    started = time.monotonic()
+    try:
+        proc = subprocess.run([path], env={"SLURM_JOB_ID": FAKE_JOB_ID}, capture_output=True,
+                              text=True, errors="replace", timeout=STEP_TIMEOUT_S,
+                              stdin=subprocess.DEVNULL, cwd="/", check=False)
+    except subprocess.TimeoutExpired:
+        return fail("slurm.task_prolog", f"{path} did not finish within {STEP_TIMEOUT_S:g} s "
+                                         "(it runs before every task)", f"run `{by_hand}` to see where it hangs")
+    except OSError as exc:
+        return fail("slurm.task_prolog", f"{path} cannot be run: {exc.strerror or exc}",
+                    f"run `{by_hand}` to see why")
+    took = (time.monotonic() - started) * 1000
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or [""])[-1]
+        return fail("slurm.task_prolog", f"{path} exited {proc.returncode} given only SLURM_JOB_ID: {last}",
+                    f"run `{by_hand}` to see why")
+    if f"export {CHECKPOINT_FILE_ENV}=" not in proc.stdout:
+        return warn("slurm.task_prolog", f"{path} runs but exports no {CHECKPOINT_FILE_ENV}: jobs "
+                                         "cannot find their checkpoint requests",
+                    f"point TaskProlog= at {SHIPPED}/slurmgpu-taskprolog, or run it from yours")
+    return ok("slurm.task_prolog", f"TaskProlog={path} runs ({took:.0f} ms) and exports "
+                                   f"{CHECKPOINT_FILE_ENV}")
+
+
+# --------------------------------------------------------------------------- slurmctld
+
+
+def check_slurmctld(ctx: Context) -> Iterator[Finding]:
+    """``scontrol ping`` through the Slurm client the hooks use, once, within the step
+    timeout, with SLURM_CONF pointing at the slurm.conf checked above."""
+    from slurmgpu.slurm import SlurmError
+    from slurmgpu.slurm.cli import CliSlurmClient
+
+    conf_env = {ENV_VAR: ctx.slurm_conf.path} if ctx.slurm_conf is not None else {}
+    bin_dir = ctx.settings.slurm.bin_dir if ctx.settings is not None else None
+    client = CliSlurmClient(bin_dir=bin_dir, env={**ctx.environ, **conf_env}, retries=1,
+                            command_timeout_s=STEP_TIMEOUT_S)
+    try:
+        proc = client.run("scontrol", "ping")
+    except SlurmError as exc:
+        # (one try: "unreachable after 1 tries" says nothing the line does not)
+        detail = re.sub(r"^slurmctld unreachable after \d+ tries: ", "", str(exc))
+        yield fail("slurmctld", f"slurmctld does not answer: {detail}", _ping_fix(ctx))
+        return
+    answer = "; ".join(line.strip() for line in proc.stdout.splitlines() if line.strip())
+    yield ok("slurmctld", answer or "scontrol ping: exit 0")
+
+
+def _ping_fix(ctx: Context) -> str:
+    if ctx.slurm_conf is None:
+        return f"set {ENV_VAR} to the cluster's slurm.conf (none was found), then retry"
+    used = Path(ctx.slurm_conf.path)
+    return (f"start slurmctld (scontrol read {ENV_VAR}={used}); if that is not the cluster's "
+            f"slurm.conf, set {ENV_VAR} or pass --slurm-conf")
