@@ -252,15 +252,31 @@ def test_collector_refuses_a_key_not_on_the_allow_list(install: Install) -> None
     assert code == 2
 
 
-def test_collector_probe_stores_nothing(install: Install) -> None:
+def test_collector_probe_stores_nothing_and_leaves_the_agents_route(install: Install) -> None:
+    """The probe is answered (at once), stores nothing, and does not take the node's route
+    (where checkpoint commands go) or its last-seen time from the running agent."""
+    import zmq
+
     from tests.agenthelpers import query_db
+    from tests.test_collector import Agent
 
     cfg = collector_settings(install)
-    with running(cfg) as collector:
-        _, rows = install.findings()
-        assert rows["collector"]["severity"] == "OK"
-        assert collector.counters.heartbeats_received == 1 and collector.counters.stored == 0
-    assert query_db(Path(cfg.db), "SELECT COUNT(*) FROM messages") == [(0,)]
+    ctx = zmq.Context()
+    try:
+        with running(cfg) as collector:
+            agent = Agent(ctx, cfg, install.keys_root, NODE, routing_id="")  # as agents: zmq picks the id
+            agent.report(1)
+            assert agent.acked() == [1]
+            route, seen = collector._routes[NODE], collector._seen[NODE]
+            _, rows = install.findings()
+            assert rows["collector"]["severity"] == "OK"
+            assert collector.counters.probes_answered == 1 and collector.counters.heartbeats_received == 0
+            assert collector._routes[NODE] == route
+            # (not refreshed by the probe; the collector forgets it after 3 silent heartbeats)
+            assert collector._seen.get(NODE, seen) == seen
+    finally:
+        ctx.destroy(linger=0)
+    assert query_db(Path(cfg.db), "SELECT COUNT(*) FROM messages") == [(1,)]  # the agent's report only
 
 
 def test_key_of_another_node_gets_no_answer(install: Install) -> None:

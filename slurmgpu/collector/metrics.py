@@ -165,6 +165,8 @@ class FleetMetrics:
             ("slurmgpu_heartbeats_received", "Heartbeats received from agents.",
              c.heartbeats_received),
             ("slurmgpu_heartbeats_sent", "Heartbeats sent to agents.", c.heartbeats_sent),
+            ("slurmgpu_probes_answered", "`slurmgpu doctor` probes answered (a node's key checked "
+             "from another socket; its route and last-seen time are left alone).", c.probes_answered),
             ("slurmgpu_acks_sent", "Ack frames sent.", c.acks_sent),
             ("slurmgpu_acks_failed", "Ack frames that could not be sent (peer gone or queue "
              "full; the agent resends).", c.acks_failed),

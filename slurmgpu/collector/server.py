@@ -169,6 +169,7 @@ class Counters:
     acks_failed: int = 0
     heartbeats_received: int = 0
     heartbeats_sent: int = 0
+    probes_answered: int = 0  # `slurmgpu doctor`'s heartbeats with {"probe": true}
     batches: int = 0
     store_errors: int = 0
     # Consecutive store batches that failed (0 after one that succeeded): while it is not
@@ -183,7 +184,8 @@ class Counters:
         return {"received": self.received, "stored": self.stored, "duplicates": self.duplicates,
                 "acks_sent": self.acks_sent, "acks_failed": self.acks_failed,
                 "heartbeats_received": self.heartbeats_received,
-                "heartbeats_sent": self.heartbeats_sent, "batches": self.batches,
+                "heartbeats_sent": self.heartbeats_sent, "probes_answered": self.probes_answered,
+                "batches": self.batches,
                 "store_errors": self.store_errors, "conflicts": self.conflicts,
                 "decisions": self.decisions,
                 "automation_errors": self.automation_errors, "rejected": dict(self.rejected)}
@@ -499,6 +501,12 @@ class Collector:
         if not _routing_id_ok(routing_id, node):
             self._reject("routing_mismatch", node=node,
                          routing_id=routing_id.decode("utf-8", "replace")[:64])
+            return
+        if env.type == HEARTBEAT and env.body.get("probe") is True:
+            # `slurmgpu doctor` checking this node's key from another socket: answer at once,
+            # and leave the node's route and last-seen time to its agent.
+            self.counters.probes_answered += 1
+            self._send(routing_id, self._frames.heartbeat(node))
             return
         self._routes[node] = routing_id  # commands follow the authenticated key, not a claimed id
         if env.type == HEARTBEAT:

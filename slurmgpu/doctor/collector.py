@@ -3,11 +3,11 @@ handshake accepts this node's key, it answers this node's heartbeat, and the two
 agree.
 
 The probe is a DEALER with the node's bundle, as the agent's link is. It sends one
-heartbeat: the one message the collector stores nothing for (it refreshes the node's
-last-seen time, which a live node would anyway). A hello would be stored as a message
-under a sequence number the agent's spool owns. The collector answers heartbeats on its
-own heartbeat tick, not at once, so the probe waits up to one ``[collector]
-heartbeat_s`` for the answer (see ``reply_wait_s``).
+heartbeat marked ``{"probe": true}``, which the collector answers at once and stores
+nothing for: it leaves the node's route (where checkpoint commands go) and last-seen time
+to the agent. A hello would be stored as a message under a sequence number the agent's
+spool owns. A collector older than the probe answers on its heartbeat tick instead, so
+the probe waits up to one ``[collector] heartbeat_s`` (see ``reply_wait_s``).
 """
 
 from __future__ import annotations
@@ -174,7 +174,8 @@ def _heartbeat(ctx: Context, sock: Any) -> tuple[str, CollectorReply | None]:
 
     sent = time.monotonic()
     try:
-        sock.send(wire.encode(wire.Envelope(type=wire.HEARTBEAT, node=ctx.node, seq=0)), zmq.NOBLOCK)
+        sock.send(wire.encode(wire.Envelope(type=wire.HEARTBEAT, node=ctx.node, seq=0,
+                                            body={"probe": True})), zmq.NOBLOCK)
     except zmq.Again:  # the connection went away right after the handshake
         return "no-reply", None
     deadline = sent + reply_wait_s(ctx)
