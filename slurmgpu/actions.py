@@ -1,7 +1,8 @@
 """Actions on Slurm: the one place that drains and resumes nodes.
 
 Rules an admin can rely on:
-* every reason slurmgpu writes starts with ``slurmgpu:``;
+* every reason slurmgpu writes starts with ``slurmgpu:``; a drain by a hook or by
+  ``slurmgpu drain`` ends with who did it (`` [by epilog]``, `` [by operator alice]``);
 * a node drained by someone else keeps its reason: slurmgpu never overrides it
   and never resumes it;
 * nodes being rebooted are left alone;
@@ -19,7 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurmgpu.result import Finding, Severity
-from slurmgpu.slurm import REASON_PREFIX, SlurmClient, SlurmError, SlurmUnreachable
+from slurmgpu.slurm import (
+    REASON_PREFIX,
+    SlurmClient,
+    SlurmError,
+    SlurmUnreachable,
+    actor_tag,
+    reason_actor,
+)
 
 # Checks whose failures are events, not states: the hardware can look healthy
 # right after them, so a node drained for one is not auto-resumed.
@@ -55,13 +63,31 @@ def with_prefix(reason: str) -> str:
     return reason if reason.startswith(REASON_PREFIX) else f"{REASON_PREFIX} {reason}"
 
 
+def with_actor(reason: str, actor: str | None, user: str | None = None) -> str:
+    """``reason`` (already prefixed) with the actor tag at its end, the text before it cut
+    ("…") so that the whole stays within ``MAX_REASON`` and Slurm never cuts the tag off.
+    No actor, or a reason that already names one (a journaled drain replayed by a later
+    hook keeps its first actor): unchanged."""
+    if actor is None or reason_actor(reason) is not None:
+        return reason
+    tag = actor_tag(actor, user)
+    room = MAX_REASON - len(tag)
+    if len(reason) > room:
+        reason = reason[: room - 1].rstrip() + "…"
+    return reason + tag
+
+
 class Actions:
     def __init__(self, client: SlurmClient, state_dir: str | Path) -> None:
         self.client = client
         self.journal = Path(state_dir) / "pending-actions.jsonl"
 
-    def drain(self, node: str, reason: str) -> ActionResult:
-        return self._take_away("drain", node, reason)
+    def drain(self, node: str, reason: str, *, actor: str | None = None,
+              user: str | None = None) -> ActionResult:
+        """``actor`` (``prolog``, ``epilog``, ``healthcheck``, ``operator`` with the
+        operator's login as ``user``) is written into the reason as a tag (see
+        ``with_actor``); the automation passes none (its decisions are recorded)."""
+        return self._take_away("drain", node, reason, actor, user)
 
     def reboot(self, node: str, reason: str) -> ActionResult:
         """``scontrol reboot ASAP nextstate=RESUME``: drain now, reboot when idle,
@@ -69,8 +95,9 @@ class Actions:
         a node slurmgpu drained is rebooted. Unreachable slurmctld: journaled."""
         return self._take_away("reboot", node, reason)
 
-    def _take_away(self, action: str, node: str, reason: str) -> ActionResult:
-        reason = with_prefix(reason)
+    def _take_away(self, action: str, node: str, reason: str, actor: str | None = None,
+                   user: str | None = None) -> ActionResult:
+        reason = with_actor(with_prefix(reason), actor, user)
         try:
             current = self.client.node(node)
             if current.drained and not current.owned_by_slurmgpu:

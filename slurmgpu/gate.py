@@ -221,7 +221,7 @@ class Gate:
             verdict = evaluate(facts, self.settings)
             actions = self._actions()
             if verdict.severity is Severity.FAIL:
-                result = actions.drain(job.node, drain_reason(verdict.findings))
+                result = actions.drain(job.node, drain_reason(verdict.findings), actor="healthcheck")
             elif verdict.severity in (Severity.OK, Severity.WARN) and self.settings.healthcheck.resume:
                 result = actions.resume_recovered(job.node)
             else:
@@ -241,36 +241,38 @@ class Gate:
     def _decide(self, phase: str, job: JobContext, verdict: Verdict, *, drain: bool,
                 exit_on_fail: int = EXIT_REFUSE) -> int:
         if verdict.severity is not Severity.FAIL:
-            self._record(phase, job, verdict, action="none")
+            self._record(phase, job, verdict, action="none", exit_code=EXIT_OK)
             return EXIT_OK
         reason = drain_reason(verdict.findings)
         if not drain:
-            self._record(phase, job, verdict, action="refuse", reason=reason)
+            self._record(phase, job, verdict, action="refuse", reason=reason, exit_code=exit_on_fail)
             return exit_on_fail
         try:
-            result = self._actions().drain(job.node, reason)
+            result = self._actions().drain(job.node, reason, actor=phase)
         except Exception as exc:
             # Exit non-zero: Slurm drains the node itself ("Prolog/Epilog error"); a Slurm
             # error is journalled for the next run. Whatever broke, the FAIL stands.
             error = str(exc) if isinstance(exc, SlurmError) else _describe(exc)
             self._record(phase, job, verdict, action="drain-failed", reason=reason, error=error,
-                         level="error")
+                         level="error", exit_code=EXIT_REFUSE)
             return EXIT_REFUSE
-        self._record(phase, job, verdict, action=result.action, reason=result.reason)
+        self._record(phase, job, verdict, action=result.action, reason=result.reason,
+                     exit_code=exit_on_fail)
         return exit_on_fail
 
     def _internal_error(self, phase: str, job: JobContext, error: str, policy: str) -> int:
         if policy == "fail-open":
-            self._record(phase, job, None, action="fail-open", error=error, level="error")
+            self._record(phase, job, None, action="fail-open", error=error, level="error",
+                         exit_code=EXIT_OK)
             return EXIT_OK
         reason = f"slurmgpu: internal error in {phase}: {error}"
         try:
-            result = self._actions().drain(job.node, reason)
+            result = self._actions().drain(job.node, reason, actor=phase)
             action = result.action
         except Exception as exc:
             action, error = "drain-failed", f"{error}; drain failed: {_describe(exc)}"
         self._record(phase, job, None, action=f"fail-closed:{action}", reason=reason, error=error,
-                     level="error")
+                     level="error", exit_code=EXIT_REFUSE)
         return EXIT_REFUSE
 
     def _timed_out(self, phase: str, job: JobContext, step: str, policy: str) -> None:
@@ -386,13 +388,20 @@ class Gate:
     # -- records ----------------------------------------------------------------------
 
     def _record(self, phase: str, job: JobContext, verdict: Verdict | None, *, action: str,
-                reason: str | None = None, error: str | None = None, level: str = "info") -> None:
+                reason: str | None = None, error: str | None = None, level: str = "info",
+                exit_code: int | None = None) -> None:
+        """One decision: a log line and a ``gate.jsonl`` line. ``exit_code`` (the record's
+        ``"exit"``): the hook's exit code, for prolog/epilog decisions (Slurm requeues a job
+        whose prolog exits non-zero; the agent forwards the full path's such records to the
+        collector, see ``slurmgpu.agent.gatelog``)."""
         entry: dict[str, Any] = {
             "time": time.time(), "phase": phase, "node": job.node, "job": job.job_id,
             "gpus": sorted(job.gpus) if job.gpus is not None else None,
             "verdict": verdict.severity.name if verdict else None, "action": action,
             **self.record_extra,
         }
+        if exit_code is not None:
+            entry["exit"] = exit_code
         if reason:
             entry["reason"] = reason
         if error:

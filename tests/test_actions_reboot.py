@@ -148,3 +148,50 @@ def test_replayed_reboot_respects_rules(tmp_path: Path) -> None:
     [result] = actions.replay_pending()
     assert result.action == "operator-drain-kept" and client.calls == []
     assert not actions.journal.exists()
+
+
+def test_actor_tag_fits_and_is_kept() -> None:
+    from slurmgpu.actions import MAX_REASON, with_actor
+    from slurmgpu.slurm import reason_actor
+
+    client = FakeSlurmClient(["gpu-n1", "gpu-n2", "gpu-n3"])
+    actions = Actions(client, "/nonexistent")  # (journal only when Slurm is unreachable)
+    long = "ecc.uncorrected GPU 0 " + "x" * 400
+    result = actions.drain("gpu-n1", long, actor="epilog")
+    assert len(result.reason or "") == MAX_REASON and (result.reason or "").endswith("… [by epilog]")
+    assert reason_actor(result.reason) == ("epilog", None)
+    # no actor (the automation's drains): the reason as before
+    assert actions.drain("gpu-n2", "gpu.lost GPU 1").reason == "slurmgpu: gpu.lost GPU 1"
+    # a reason that already names its actor keeps it (a journaled drain replayed later)
+    assert with_actor("slurmgpu: a [by prolog]", "healthcheck") == "slurmgpu: a [by prolog]"
+    assert actions.drain("gpu-n3", "maint", actor="operator", user="al ice").reason == \
+        "slurmgpu: maint [by operator]"  # not a login: left out
+
+
+def test_journaled_hook_drain_keeps_its_actor_when_replayed(tmp_path: Path) -> None:
+    client = FakeSlurmClient(["gpu-n1"])
+    client.unreachable = True
+    actions = Actions(client, tmp_path)
+    with pytest.raises(SlurmUnreachable):
+        actions.drain("gpu-n1", "gpu.lost GPU 3", actor="prolog")
+    client.unreachable = False
+    [result] = actions.replay_pending()  # by a later healthcheck, say
+    assert result.action == "drained"
+    assert client.states["gpu-n1"].reason == "slurmgpu: gpu.lost GPU 3 [by prolog]"
+
+
+def test_tagged_reason_reads_back_from_scontrol_text() -> None:
+    """`scontrol -o show node` ends the reason with ``[user@time]``: the actor tag before it
+    is still the reason's (and found after Slurm's `` : reboot issued``)."""
+    from slurmgpu.slurm import reason_actor
+    from slurmgpu.slurm.cli import parse_node_text
+
+    n = parse_node_text("NodeName=gpu-n1 State=IDLE+DRAIN ThreadsPerCore=1 Reason=slurmgpu: gpu.lost "
+                        "GPU 3 lost [by prolog] [root@2026-11-26T02:20:07] Comment=(null)")
+    assert (n.reason, n.reason_user, n.owned_by_slurmgpu) == (
+        "slurmgpu: gpu.lost GPU 3 lost [by prolog]", "root", True)
+    assert reason_actor(n.reason) == ("prolog", None)
+    n = parse_node_text("NodeName=gpu-n1 State=IDLE+DRAIN Reason=slurmgpu: a [by operator alice] : "
+                        "reboot issued [root@2026-11-26T02:20:07]")
+    assert reason_actor(n.reason) == ("operator", "alice")
+    assert reason_actor("maint [by operator bob]") is None  # not slurmgpu's: no actor

@@ -411,11 +411,17 @@ def test_spool_outlives_collector_outage_and_kill9(tmp_path: Path, fake_nvml_lib
         # (an unacked hello is superseded by the next connection's hello)
         before = [(s, t) for s, t in spool_rows(spool) if t != "hello"]
         agent = AgentProcess(config, keys, env, tmp_path / "agent.log")  # restarted, still no collector
-        wait_until(lambda: len(spool_rows(spool)) > len(before), what="the new agent to spool")
+        # (a row of its own, after the old backlog: the old run's unacked hello is still there,
+        # so a row count alone can be met before the new agent spooled anything)
+        last = before[-1][0]
+        wait_until(lambda: [s for s, _ in spool_rows(spool) if s > last], what="the new agent to spool")
         collector = FakeCollector(port, collector_secret).start()
         try:
             wait_until(lambda: all(s in collector.stored for s, _ in before), what="the backlog to arrive",
                        timeout=20)  # a reconnect on a loaded 2-core CI machine can take seconds
+            # (sent after the backlog: it may still be on its way when the backlog is in)
+            wait_until(lambda: [s for s in list(collector.stored) if s > last],
+                       what="the new agent's messages to arrive")
             wait_until(lambda: not [s for s, _ in spool_rows(spool) if s <= before[-1][0]],
                        what="acked rows to be deleted")
             # after the reconnect, the first pass over the spool came in seq order

@@ -600,8 +600,15 @@ def test_agent_process_checkpoint_roundtrip_and_local_fallback(tmp_path: Path, f
         assert acked.body["result"]["acked_at"] == json.loads(proc.stdout)["acked_at"]
 
         # The collector goes away; an XID 79 arrives: the agent signals the job itself.
+        def silent() -> int:
+            return agent.output().count("collector_silent_reconnecting")
+
         collector.stop()
-        time.sleep(0.5 * 3 + 0.5)  # 3 heartbeats of silence
+        seen = silent()  # (counted after the stop: a later line is about this silence)
+        # Not a fixed 3 heartbeats of silence: wait until the agent's link logged them (it
+        # logs once it is past them, so Link.connected is False from then on; on a loaded
+        # machine it may get there late, and the XID would take the collector's path).
+        wait_until(lambda: silent() > seen, timeout=15, what="the agent to find the collector silent")
         job = JobProcess(tmp_path, unique_job_id())
         (jobs / job.job_id).mkdir()
         scenario_file.update(scenario, lambda d: d.setdefault("events", []).append(

@@ -22,6 +22,7 @@ import zmq
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from zmq.utils.monitor import recv_monitor_message
 
 from slurmgpu import keys
 from slurmgpu.cli import fleet_cmd
@@ -85,7 +86,7 @@ class Agent:
 
     def __init__(self, ctx: zmq.Context[Any], cfg: CollectorSettings, keys_dir: Path, node: str, *,
                  key_of: str | None = None, routing_id: str | None = None,
-                 keypair: tuple[bytes, bytes] | None = None) -> None:
+                 keypair: tuple[bytes, bytes] | None = None, monitor: int = 0) -> None:
         if keypair is None:
             public, secret, server = keys.client_keys(keys_dir / "bundles" / (key_of or node))
         else:
@@ -97,6 +98,8 @@ class Agent:
             self.sock.setsockopt(zmq.ROUTING_ID, (routing_id or node).encode())
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.curve_publickey, self.sock.curve_secretkey, self.sock.curve_serverkey = public, secret, server
+        # socket events (zmq.EVENT_*) to watch, attached before the connect so none is missed
+        self.monitor = self.sock.get_monitor_socket(monitor) if monitor else None
         self.sock.connect(cfg.address)
 
     def send(self, mtype: str, seq: int, body: dict[str, Any], *, node: str | None = None) -> None:
@@ -184,8 +187,11 @@ def test_key_bound_to_node(tmp_path: Path, keys_dir: Path, ctx: zmq.Context[Any]
         agent = Agent(ctx, cfg, keys_dir, kw["node"], key_of=kw["key_of"],
                       routing_id=kw.get("routing_id"))
         agent.report(1)
-        assert agent.acked(0.5) is None
-        assert collector.counters.rejected[reason] == 1
+        # (wait for the refusal itself: on a loaded machine the frame may not even have
+        # been handled within the 0.5 s below)
+        wait_until(lambda: collector.counters.rejected[reason] == 1, 10.0, f"rejected[{reason!r}] == 1")
+        assert agent.acked(0.5) is None  # refused, never acked
+        assert collector.counters.rejected == {reason: 1}
     assert db_rows(cfg, "SELECT count(*) FROM messages") == [(0,)]
     assert db_rows(cfg, "SELECT count(*) FROM nodes") == [(0,)]
 
@@ -193,8 +199,13 @@ def test_key_bound_to_node(tmp_path: Path, keys_dir: Path, ctx: zmq.Context[Any]
 def test_unknown_key_gets_nothing(tmp_path: Path, keys_dir: Path, ctx: zmq.Context[Any]) -> None:
     cfg = make_settings(tmp_path, keys_dir)
     with running(cfg) as collector:
-        agent = Agent(ctx, cfg, keys_dir, "gpu-a", keypair=zmq.curve_keypair())
+        agent = Agent(ctx, cfg, keys_dir, "gpu-a", keypair=zmq.curve_keypair(),
+                      monitor=zmq.EVENT_HANDSHAKE_FAILED_AUTH)
         agent.report(1)
+        # Wait for the refusal (ZAP, in the CURVE handshake): without it, on a loaded machine
+        # the checks below could pass only because the frame was still on its way.
+        assert agent.monitor is not None and agent.monitor.poll(10_000), "the key was not refused"
+        assert recv_monitor_message(agent.monitor)["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH
         assert agent.recv(0.7, skip=()) is None
         assert collector.counters.received == 0
     assert db_rows(cfg, "SELECT count(*) FROM messages") == [(0,)]
@@ -208,10 +219,13 @@ def test_revoked_key_refused_after_reload(tmp_path: Path, keys_dir: Path, ctx: z
         assert agent.acked() == [1]
         keys.revoke(keys_dir, "gpu-a")
         collector.request_reload()
-        time.sleep(0.5)
+        # The reload happens at the loop's next turn: wait for it, not a fixed time.
+        wait_until(lambda: "gpu-a" not in collector.allowed.values(), 10.0, "the allow-list reload")
         agent.report(2)  # same (already authenticated) connection
-        assert agent.acked(0.5) is None
-        assert collector.counters.rejected["unknown_key"] == 1
+        wait_until(lambda: collector.counters.rejected["unknown_key"] == 1, 10.0,
+                   "rejected['unknown_key'] == 1")
+        assert agent.acked(0.5) is None  # refused, never acked
+        assert collector.counters.rejected == {"unknown_key": 1}
 
 
 BAD_FRAMES = [
@@ -278,15 +292,25 @@ def test_heartbeats_and_unreachable(tmp_path: Path, keys_dir: Path, ctx: zmq.Con
         beat = agent.recv(2.0, skip=())  # the collector heartbeats nodes it has heard from
         assert beat is not None and beat.type == HEARTBEAT
         [row] = Store(cfg.db).fleet()
-        assert row["reachable"]
+        # Stored reachable. This agent stays silent, so the collector marks it unreachable
+        # 0.3 s after the heartbeat: on a loaded machine that may have happened already.
+        assert row["reachable"] or row["unreachable_since"] - row["last_seen"] > 0.3
         deadline = time.monotonic() + 5
         while Store(cfg.db).fleet()[0]["reachable"] and time.monotonic() < deadline:
             time.sleep(0.05)
         [row] = Store(cfg.db).fleet()
         assert not row["reachable"] and row["unreachable_since"] > row["last_seen"]
+
+        def transitions() -> list[str]:
+            return [k for (k,) in db_rows(cfg, "SELECT kind FROM node_states WHERE node = 'gpu-a' "
+                                               "ORDER BY id")]
+
+        assert transitions() == ["unreachable"]
         agent.send(HEARTBEAT, 0, {})  # back again
-        time.sleep(0.3)
-        assert Store(cfg.db).fleet()[0]["reachable"]
+        # (reachable only until the next 0.3 s of silence: wait for the recorded transition,
+        # which stays, rather than sleep and read the flag, which flips back)
+        wait_until(lambda: transitions()[:2] == ["unreachable", "reachable"], 10.0,
+                   "gpu-a marked reachable again")
         assert collector.counters.heartbeats_received == 2
 
 

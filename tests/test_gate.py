@@ -350,3 +350,49 @@ def test_stray_scan_ignores_daemons_and_other_users(tmp_path: Path) -> None:
         assert find_device_holders({str(device): 0}, uid=12345) == []  # not the job user's
     finally:
         daemon.kill()
+
+
+# who drained: the actor tag at the end of the reason (the fleet report's drains)
+
+def test_each_hook_names_itself_in_its_drain_reason(tmp_path: Path) -> None:
+    facts = make_facts(NODE)
+    facts.gpus[3].lost = True
+    gate, client = make_gate(tmp_path / "p", facts)
+    assert gate.prolog() == 1
+    reason = client.states[NODE].reason
+    assert reason.startswith("slurmgpu: gpu.lost GPU 3 ") and reason.endswith(" [by prolog]")
+    assert client.states[NODE].owned_by_slurmgpu  # still slurmgpu's own: resumable
+    rec = records(tmp_path / "p")[0]
+    assert (rec["action"], rec["exit"], rec["reason"]) == ("drained", 1, reason)
+    gate, client = make_gate(tmp_path / "e", facts)
+    assert gate.epilog() == 0
+    assert client.states[NODE].reason.endswith(" [by epilog]")
+    assert records(tmp_path / "e")[0]["exit"] == 0
+    gate, client = make_gate(tmp_path / "h", facts, env={"SLURM_JOB_ID": "", "SLURM_JOB_GPUS": ""})
+    assert gate.healthcheck() == 2
+    assert client.states[NODE].reason.endswith(" [by healthcheck]")
+    settings = Settings()
+    settings.prolog.on_error = "fail-closed"
+    gate, client = make_gate(tmp_path / "f", settings=settings, src=broken_sources())
+    assert gate.prolog() == 1
+    assert client.states[NODE].reason.endswith(" [by prolog]")
+    assert records(tmp_path / "f")[0]["exit"] == 1
+
+
+def test_prolog_that_lets_the_job_run_records_exit_0(tmp_path: Path) -> None:
+    gate, _ = make_gate(tmp_path, src=broken_sources())  # fail-open
+    assert gate.prolog() == 0
+    assert [(r["action"], r["exit"]) for r in records(tmp_path)] == [("fail-open", 0)]
+
+
+@pytest.mark.parametrize(("reason", "expected_action"), [
+    ("slurmgpu: gpu.lost GPU 1 GPU is lost [by prolog]", "resumed"),
+    ("slurmgpu: xid.recent GPU 1 XID 79: fell off [by epilog]", "sticky-drain-kept"),
+])
+def test_healthcheck_resume_rules_hold_for_tagged_reasons(tmp_path: Path, reason: str,
+                                                          expected_action: str) -> None:
+    client = FakeSlurmClient([NODE])
+    client.states[NODE] = NodeState(NODE, "idle", frozenset({"DRAIN"}), reason)
+    gate, _ = make_gate(tmp_path, client=client)
+    assert gate.healthcheck() == 0
+    assert records(tmp_path)[0]["action"] == expected_action

@@ -120,6 +120,77 @@ def test_slurm_drain_transitions_survive_a_restart(tmp_path: Path) -> None:
         (T0 + 300, "resumed", None, None)]
 
 
+def _decision(node: str, when: float, reason: str, result: str = "drained") -> Any:
+    from slurmgpu.collector.policy import Decision
+
+    return Decision(node, "drain", reason, held=False, dry_run=False, trigger="t", result=result,
+                    time=when)
+
+
+def test_slurm_drains_record_who_drained(tmp_path: Path) -> None:
+    """node_states.drained_by, from the reason's actor tag, the automation's decisions
+    (this collector's own) or neither."""
+    store = Store(tmp_path / "f.db")
+    idle = [NodeState(f"gpu-n{i}", "idle") for i in range(1, 9)]
+    store.record_slurm_states(idle, T0)
+
+    def drain(node: str, reason: str, user: str = "root") -> NodeState:
+        return NodeState(node, "idle", frozenset({"DRAIN"}), reason, user, T0 + 10)
+
+    auto = "slurmgpu: ecc.uncorrected GPU 0 3 volatile uncorrected ECC errors"
+    store.add_decisions([
+        _decision("gpu-n1", T0 + 9, auto),
+        # a note the automation adds to its own record, not to Slurm's reason
+        _decision("gpu-n2", T0 + 9, auto + " (waiting for 2 job checkpoint(s))"),
+        _decision("gpu-n3", T0 + 9, auto, result="already-drained"),  # not its drain
+        _decision("gpu-n4", T0 + 9, "slurmgpu: xid.recent GPU 1 XID 79"),  # another reason
+        _decision("gpu-n8", T0 + 9, "slurmgpu: " + "x" * 300),  # Slurm got it cut at 256
+    ])
+    states = [drain("gpu-n1", auto), drain("gpu-n2", auto), drain("gpu-n3", auto),
+              drain("gpu-n4", auto),
+              drain("gpu-n5", "slurmgpu: gpu.lost GPU 3 lost [by prolog]"),
+              drain("gpu-n6", "slurmgpu: replace PSU [by operator alice]"),
+              drain("gpu-n7", "Kill task failed", "slurm"),
+              drain("gpu-n8", "slurmgpu: " + "x" * 245 + "…")]
+    store.record_slurm_states(states, T0 + 30)
+    assert _rows(store, "SELECT node, drained_by FROM node_states WHERE kind = 'drained' "
+                        "ORDER BY node") == [
+        ("gpu-n1", "automation"), ("gpu-n2", "automation"), ("gpu-n3", "slurmgpu"),
+        ("gpu-n4", "slurmgpu"), ("gpu-n5", "prolog"), ("gpu-n6", "operator"),
+        ("gpu-n7", "outside"), ("gpu-n8", "automation")]
+    # resumed, then drained again with the same reason by an older slurmgpu's hook: the
+    # automation's decision from before the resume is not this drain's
+    store.record_slurm_states([idle[0]], T0 + 60)
+    store.record_slurm_states([dataclasses.replace(states[0], reason_time=T0 + 70)], T0 + 90)
+    assert _rows(store, "SELECT drained_by FROM node_states WHERE node = 'gpu-n1' AND "
+                        "kind = 'drained' ORDER BY id") == [("automation",), ("slurmgpu",)]
+    # the automation's reboot: Slurm appends to the reason; still the automation's
+    store.add_decisions([_decision("gpu-n1", T0 + 100, auto, result="reboot-requested")])
+    store.record_slurm_states([idle[0]], T0 + 95)
+    rebooting = dataclasses.replace(states[0], reason=auto + " : reboot issued", reason_time=T0 + 101)
+    store.record_slurm_states([rebooting], T0 + 120)
+    assert _rows(store, "SELECT drained_by FROM node_states WHERE node = 'gpu-n1' AND "
+                        "kind = 'drained' ORDER BY id")[-1] == ("automation",)
+
+
+def test_schema_5_database_gets_drained_by(tmp_path: Path) -> None:
+    import sqlite3
+
+    from slurmgpu.collector.store import SCHEMA_VERSION
+
+    path = tmp_path / "f.db"
+    Store(path).close()
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("ALTER TABLE node_states DROP COLUMN drained_by")
+    db.execute("UPDATE schema_version SET version = 5")
+    db.execute("INSERT INTO node_states (node, ts, kind, reason, actor) VALUES "
+               "('gpu-n1', 1.0, 'drained', 'slurmgpu: x', 'root')")
+    db.close()
+    store = Store(path)
+    assert store.schema_version() == SCHEMA_VERSION == 6
+    assert _rows(store, "SELECT node, drained_by FROM node_states") == [("gpu-n1", None)]
+
+
 def test_collector_polls_slurm_for_drains(tmp_path: Path) -> None:
     import threading
 

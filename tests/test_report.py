@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from html.parser import HTMLParser
 from pathlib import Path
@@ -60,8 +61,11 @@ def _ins(db: sqlite3.Connection, table: str, **cols: Any) -> None:
 
 
 def _state(db: sqlite3.Connection, node: str, ts: float, kind: str, reason: str | None = None,
-           actor: str | None = None) -> None:
-    _ins(db, "node_states", node=node, ts=ts, kind=kind, reason=reason, actor=actor)
+           actor: str | None = None, by: str | None = None) -> None:
+    """A node_states row; ``by``: drained_by as the collector records it (None: a row from
+    before schema 6, whose actor the report guesses)."""
+    _ins(db, "node_states", node=node, ts=ts, kind=kind, reason=reason, actor=actor,
+         **({} if by is None else {"drained_by": by}))
 
 
 def _verdict(db: sqlite3.Connection, node: str, ts: float, verdict: str) -> None:
@@ -91,11 +95,12 @@ def fleet(tmp_path: Path) -> dict[str, Path]:
     """Four nodes with exactly known histories over the window (T0, T1] = 24 h:
 
     n1 (h100): drained 3 h by the automation, unreachable 1 h, FAIL (degraded) 2 h -> 18 h healthy
-    n2 (h100): drained by operator alice since before the window until T0+1h, unreachable
-               T0+0.5h..T0+1.5h (0.5 h counts, drained wins), FAIL from before the window to
-               T0+3h (1.5 h degraded counts) -> 21 h healthy
-    n3 (a100): first seen T0+12h, drained by a node hook from T0+20h (still) -> 8 h healthy
-    n4 (other): two hook drains of 1 h each -> 22 h healthy
+    n2 (h100): drained by alice (outside slurmgpu) since before the window until T0+1h,
+               unreachable T0+0.5h..T0+1.5h (0.5 h counts, drained wins), FAIL from before
+               the window to T0+3h (1.5 h degraded counts) -> 21 h healthy
+    n3 (a100): first seen T0+12h, drained by the healthcheck from T0+20h (still) -> 8 h healthy
+    n4 (other): two hook drains of 1 h each (the epilog's, with an automation decision 30 s
+                later; one recorded before schema 6: guessed) -> 22 h healthy
     """
     path = tmp_path / "fleet.db"
     Store(path).close()
@@ -105,7 +110,8 @@ def fleet(tmp_path: Path) -> dict[str, Path]:
                         ("n4", T0 - 86400)):
         _ins(db, "nodes", node=node, first_seen=first, last_seen=T1)
     # n1
-    _state(db, "n1", T0 + 2 * H, "drained", "slurmgpu: xid.recent GPU 1 XID 79", "root")
+    _state(db, "n1", T0 + 2 * H, "drained", "slurmgpu: xid.recent GPU 1 XID 79", "root",
+           "automation")
     _ins(db, "decisions", time=T0 + 2 * H + 30, node="n1", action="drain", reason="x",
          trigger="xid.recent", result="drained")
     _state(db, "n1", T0 + 5 * H, "resumed")
@@ -115,17 +121,20 @@ def fleet(tmp_path: Path) -> dict[str, Path]:
     _verdict(db, "n1", T0 + 14 * H, "FAIL")
     _verdict(db, "n1", T0 + 16 * H, "OK")
     # n2
-    _state(db, "n2", T0 - 5 * H, "drained", "maint <b>evil</b>", "alice")
+    _state(db, "n2", T0 - 5 * H, "drained", "maint <b>evil</b>", "alice", "outside")
     _state(db, "n2", T0 + 1 * H, "resumed")
     _state(db, "n2", T0 + 0.5 * H, "unreachable", actor="collector")
     _state(db, "n2", T0 + 1.5 * H, "reachable", actor="collector")
     _verdict(db, "n2", T0 - 2 * H, "FAIL")
     _verdict(db, "n2", T0 + 3 * H, "OK")
     # n3
-    _state(db, "n3", T0 + 20 * H, "drained", "slurmgpu: gpu.lost GPU 0 fell off the bus", "root")
-    # n4: a decision 200 s after the drain is not close enough to be the automation's
-    _state(db, "n4", T0 + 1 * H, "drained", "slurmgpu: thermal.throttle GPU 2", "root")
-    _ins(db, "decisions", time=T0 + 1 * H + 200, node="n4", action="drain", reason="x",
+    _state(db, "n3", T0 + 20 * H, "drained",
+           "slurmgpu: gpu.lost GPU 0 fell off the bus [by healthcheck]", "root", "healthcheck")
+    # n4: the epilog's drain, recorded so; an automation decision 30 s later (the old guess
+    # by time called that drain the automation's)
+    _state(db, "n4", T0 + 1 * H, "drained", "slurmgpu: thermal.throttle GPU 2 [by epilog]", "root",
+           "epilog")
+    _ins(db, "decisions", time=T0 + 1 * H + 30, node="n4", action="drain", reason="x",
          trigger="thermal.throttle", result="drained")
     _state(db, "n4", T0 + 2 * H, "resumed")
     _state(db, "n4", T0 + 3 * H, "drained", "slurmgpu: thermal.throttle GPU 2", "root")
@@ -253,7 +262,9 @@ def test_summary(model: dict[str, Any]) -> None:
     assert s["drained_at_end"] == 1
     assert s["new_failures"] == 5 and s["failing_nodes"] == 3
     assert s["xids"] == 4 and s["xid_nodes"] == 2
-    assert s["jobs_checkpointed"] == 4 and s["jobs_requeued"] == 1
+    # requeued: job 7 by the collector after its checkpoint, job 123 by Slurm after the
+    # prolog refused it
+    assert s["jobs_checkpointed"] == 4 and s["jobs_requeued"] == 2
     assert s["jobs_prolog_blocked"] == 1
     assert s["lemons"] == 1
     assert s["nodes_off_pin"] == 1
@@ -264,12 +275,15 @@ def test_drain_attribution(model: dict[str, Any]) -> None:
     rows = [(r["node"], r["by"], r["drained_by"], r["resumed"], r["still_drained"])
             for r in d["drains"]]
     assert rows == [
-        ("n2", "operator", "operator alice", True, False),
-        ("n4", "hook", "slurmgpu (node hook)", True, False),
+        ("n2", "outside", "alice (outside slurmgpu)", True, False),
+        ("n4", "hook", "slurmgpu epilog", True, False),  # not the automation's: recorded
         ("n1", "automation", "slurmgpu automation", True, False),
-        ("n4", "hook", "slurmgpu (node hook)", True, False),
-        ("n3", "hook", "slurmgpu (node hook)", False, True),
+        ("n4", "hook", "slurmgpu (node hook) (guessed)", True, False),
+        ("n3", "hook", "slurmgpu healthcheck", False, True),
     ]
+    assert [(r["hook"], r["attribution"]) for r in d["drains"]] == [
+        (None, "recorded"), ("epilog", "recorded"), (None, "recorded"), (None, "guessed"),
+        ("healthcheck", "recorded")]
     first = d["drains"][0]
     assert first["started_in_window"] is False and first["start"] == T0 - 5 * H
     assert first["duration_s"] == 6 * H and first["reason"] == "maint <b>evil</b>"
@@ -368,7 +382,7 @@ def test_jobs(model: dict[str, Any]) -> None:
     assert j["prolog_blocked"]["events"] == 1
     assert j["prolog_blocked"]["recent"][0]["job_id"] == "123"
     assert j["checkpoints"]["requests"] == 4 and j["checkpoints"]["jobs"] == 4
-    assert j["requeued"] == {"events": 2, "jobs": 1}
+    assert j["requeued"] == {"events": 2, "jobs": 2, "checkpoint_jobs": 1, "prolog_jobs": 1}
     assert j["ack"] == {"count": 2, "p50_s": 20.0, "max_s": 30.0, "no_ack": 1, "open": 1}
 
 
@@ -450,10 +464,11 @@ def test_markdown(model: dict[str, Any]) -> None:
     for section in SECTIONS:
         assert f"\n## {TITLES[section]}\n" in text
     assert "OFF-PIN n2" in text
-    assert "slurmgpu automation" in text and "operator alice" in text
+    assert "slurmgpu automation" in text and "alice \\(outside slurmgpu\\)" in text
+    assert "slurmgpu epilog" in text
     # The Markdown is the mail body: a node's text never becomes HTML or a link there.
     assert "maint &lt;b&gt;evil&lt;/b&gt;" in text and "<b>evil" not in text
-    assert "∞" in text
+    assert "n/a \\(no failures\\)" in text and "∞" not in text
 
 
 def test_markdown_escapes_pipes() -> None:
@@ -540,3 +555,137 @@ def test_db_not_modified(fleet: dict[str, Path]) -> None:
     result = _run(fleet, "--format", "json")
     assert result.exit_code == 0, result.output
     assert fleet["db"].read_bytes() == before
+
+
+# --------------------------------------------------------------------------- short windows
+
+
+def _short_fleet(tmp_path: Path) -> Path:
+    """A 1-hour window (T1 - 1h, T1]: n1 (A100) FAIL for 14 min, n2 (H100) drained by the
+    epilog for 10 min: 2 node-hours, 96 min healthy, 80 % available."""
+    path = tmp_path / "short.db"
+    Store(path).close()
+    db = sqlite3.connect(path, isolation_level=None)
+    m = 60.0
+    for node, model in (("n1", "A100"), ("n2", "H100")):
+        _ins(db, "nodes", node=node, first_seen=T0, last_seen=T1)
+        _ins(db, "node_versions", node=node, ts=T0, gpu_model=model)
+    _verdict(db, "n1", T0, "OK")
+    _verdict(db, "n1", T1 - 46 * m, "FAIL")
+    _verdict(db, "n1", T1 - 32 * m, "OK")
+    _state(db, "n2", T1 - 30 * m, "drained", "slurmgpu: ecc.uncorrected GPU 1 [by epilog]", "root")
+    _state(db, "n2", T1 - 20 * m, "resumed")
+    db.close()
+    return path
+
+
+def _axis_labels(page: str) -> list[str]:
+    """The value-axis texts of the availability chart (unit, top, 0)."""
+    chart = page.split('<section id="availability">')[1].split("</svg>")[0]
+    return re.findall(r'<text x="\d+" y="\d+" text-anchor="end">([^<]*)</text>', chart)
+
+
+def test_short_window_numbers(tmp_path: Path) -> None:
+    m = report_from_path(_short_fleet(tmp_path), T1 - H, T1, config=None, generated_at=T1)
+    a = m["availability"]
+    assert a["bucket_s"] == 300 and len(a["series"]) == 12
+    f = a["fleet"]
+    assert (f["node_hours"], f["healthy_h"], f["degraded_h"], f["drained_h"]) == (2.0, 1.6, 0.233, 0.167)
+    # the availability is the ratio of the hours shown, not of other (unrounded) numbers
+    assert f["availability_pct"] == round(100 * f["healthy_h"] / f["node_hours"], 2) == 80.0
+    assert f["node_hours"] == round(sum(f[f"{c}_h"] for c in ("healthy", "degraded", "drained",
+                                                                "unreachable")), 3)
+    models = {r["gpu_model"]: r for r in m["mtbf"]["models"]}
+    assert models["H100"]["mtbf_drain_h"] == 1.0 and models["H100"]["mtbf_fail_h"] is None
+    assert models["A100"]["mtbf_fail_h"] == 1.0
+
+
+def test_short_window_html(tmp_path: Path) -> None:
+    m = report_from_path(_short_fleet(tmp_path), T1 - H, T1, config=None, generated_at=T1)
+    page = report_html.render(m)
+    # the chart's axis fits the data: 5 node-minutes drained or degraded per 5 minutes
+    assert _axis_labels(page) == ["node-min", "5", "0"]
+    assert "per 5 minutes" in page
+    avail = page.split('<section id="availability">')[1].split("</section>")[0]
+    for text in ("2.0 h", "96 min", "14 min", "10 min", "80.0%"):
+        assert f">{text}<" in avail, text
+    assert ">0.0<" not in avail and ">0.2<" not in avail
+    mtbf = page.split('<section id="mtbf">')[1].split("</section>")[0]
+    assert ">60 min<" in mtbf and ">n/a (no failures)<" in mtbf
+    assert ">0 h<" not in mtbf and "∞" not in mtbf
+    assert "(60 min)" in page  # the window's length in the header
+    drains = page.split('<section id="drains">')[1].split("</section>")[0]
+    assert ">10 min<" in drains and ">slurmgpu epilog<" in drains
+
+
+def test_short_window_markdown(tmp_path: Path) -> None:
+    m = report_from_path(_short_fleet(tmp_path), T1 - H, T1, config=None, generated_at=T1)
+    text = report_md.render(m)
+    assert "| **fleet** | 2 | 2.0 h | 96 min | 14 min | 10 min | 0 min | 80.0% |" in text
+    assert "Healthy share per 5 minutes:" in text
+    assert "50.0% healthy" in text and "90.0% healthy" in text  # 23:10-23:15: 1 min FAIL
+    assert "| H100 | 1 | 60 min | 1 | 60 min | 0 | n/a \\(no failures\\) |" in text
+    assert "| 0.0 |" not in text and " 0 h " not in text
+
+
+def test_long_window_axis_in_node_hours(model: dict[str, Any]) -> None:
+    assert _axis_labels(report_html.render(model)) == ["node-h", "2", "0"]  # 2 nodes drained at most
+
+
+def test_chart_without_data_says_so(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.db"
+    Store(empty).close()
+    m = report_from_path(empty, T1 - H, T1, config=None, generated_at=T1)
+    page = report_html.render(m)
+    assert "no node-hours observed in the window" in page
+    assert "no XID events in the window" in page and "no FAIL or WARN findings in the window" in page
+    assert "no node-hours observed in the window" in report_md.render(m)
+    healthy = _short_fleet(tmp_path)
+    m = report_from_path(healthy, T1 - 10 * 60, T1, config=None, generated_at=T1)  # all healthy
+    assert "no unavailable node-hours in the window" in report_html.render(m)
+
+
+def test_units() -> None:
+    from slurmgpu.report.render_util import axis, duration, hours, mtbf, tick
+
+    assert [hours(h) for h in (0, 0.001, 0.233, 1.99, 2, 84, 99.96, 7200.4)] == [
+        "0 min", "<1 min", "14 min", "119 min", "2.0 h", "84.0 h", "100 h", "7,200 h"]
+    assert mtbf(None) == "n/a (no failures)" and mtbf(0.2) == "12 min" and mtbf(1234.0) == "1,234 h"
+    assert [duration(s) for s in (45, 840, 5400, 7200, 3 * 86400)] == [
+        "45 s", "14 min", "90 min", "2h 00m", "3d 0h"]
+    for top in (0.001, 0.05, 0.235, 1.99, 2.0, 84.0, 5000.0):
+        high, scale, unit = axis(top)
+        assert high >= top and high / scale > 0 and tick(high / scale) != "0"
+        assert unit == ("node-h" if top >= 2 else "node-min" if top * 60 >= 1 else "node-s")
+    assert tick(2.5) == "2.5" and tick(1000) == "1,000"
+
+
+# --------------------------------------------------------------------------- who drained
+
+
+def test_drains_before_schema_6_are_guessed(tmp_path: Path) -> None:
+    """A database whose node_states has no drained_by (schema 5): the report reads the
+    reason (outside slurmgpu, actor tags) and guesses the rest by time as before."""
+    path = tmp_path / "old.db"
+    Store(path).close()
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("ALTER TABLE node_states DROP COLUMN drained_by")
+    db.execute("UPDATE schema_version SET version = 5")
+    _ins(db, "nodes", node="n1", first_seen=T0, last_seen=T1)
+    for ts, reason, actor in ((T0 + H, "slurmgpu: a", "root"), (T0 + 3 * H, "slurmgpu: b", "root"),
+                              (T0 + 5 * H, "slurmgpu: c [by prolog]", "root"),
+                              (T0 + 7 * H, "slurmgpu: d [by operator bob]", "root"),
+                              (T0 + 9 * H, "disk swap", "carol")):
+        _ins(db, "node_states", node="n1", ts=ts, kind="drained", reason=reason, actor=actor)
+        _ins(db, "node_states", node="n1", ts=ts + 600, kind="resumed")
+    _ins(db, "decisions", time=T0 + H + 30, node="n1", action="drain", reason="slurmgpu: a",
+         trigger="t", result="drained")
+    db.close()
+    m = report_from_path(path, T0, T1, config=None, generated_at=T1)
+    got = [(r["by"], r["drained_by"], r["attribution"]) for r in m["drains"]["drains"]]
+    assert got == [("automation", "slurmgpu automation (guessed)", "guessed"),
+                   ("hook", "slurmgpu (node hook) (guessed)", "guessed"),
+                   ("hook", "slurmgpu prolog", "reason"),
+                   ("operator", "operator bob (slurmgpu drain)", "reason"),
+                   ("outside", "carol (outside slurmgpu)", "reason")]
+    assert m["drains"]["by"] == {"automation": 1, "hook": 2, "operator": 1, "outside": 1}

@@ -87,12 +87,19 @@ def test_row_counts_are_plausible(seeded: tuple[Path, dict[str, Any], Path]) -> 
         assert body["kind"] == "xid" and {"gpu", "data", "verdict", "findings"} <= set(body)
         blocked = db.execute("SELECT body FROM events WHERE kind = 'prolog_blocked'").fetchall()
         assert all("job_id" in msgpack.unpackb(b[0]) for b in blocked)
-        # drains: the automation's (slurmgpu: reasons, with a matching decision) and operators'
-        drains = db.execute("SELECT node, ts, reason, actor FROM node_states WHERE kind = 'drained'").fetchall()
-        auto = [d for d in drains if d[3] == "root"]
-        assert auto and all(d[2].startswith("slurmgpu: ") for d in auto)
-        assert any(d[3] not in ("root", "slurm") for d in drains)
-        for node, ts, _reason, _actor in auto:
+        # drains, each with who did it: the automation's (slurmgpu: reasons, with a matching
+        # decision), the epilog's (tagged reasons) and operators' (outside slurmgpu)
+        drains = db.execute("SELECT node, ts, reason, actor, drained_by FROM node_states "
+                            "WHERE kind = 'drained'").fetchall()
+        by = {d[4] for d in drains}
+        assert by == {"automation", "epilog", "outside"}
+        auto = [d for d in drains if d[4] == "automation"]
+        assert auto and all(d[2].startswith("slurmgpu: ") and d[3] == "root" for d in auto)
+        assert all(d[2].startswith("slurmgpu: ") and d[2].endswith(" [by epilog]")
+                   for d in drains if d[4] == "epilog")
+        assert all(not d[2].startswith("slurmgpu:") and d[3] not in ("root", "slurm")
+                   for d in drains if d[4] == "outside")
+        for node, ts, _reason, _actor, _by in auto:
             assert db.execute("SELECT 1 FROM decisions WHERE node = ? AND result = 'drained' AND "
                               "abs(time - ?) < 120", (node, ts)).fetchone(), node
         kinds = {r[0] for r in db.execute("SELECT DISTINCT kind FROM node_states")}

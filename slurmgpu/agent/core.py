@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -20,6 +21,7 @@ import msgpack
 from slurmgpu import __version__, jobfiles, wire
 from slurmgpu.agent.checkpoints import CheckpointWatcher
 from slurmgpu.agent.flap import FlapTracker
+from slurmgpu.agent.gatelog import GateLogForwarder, blocked_event
 from slurmgpu.agent.notify import Notifier
 from slurmgpu.agent.spool import Spool
 from slurmgpu.config.schema import Settings
@@ -140,6 +142,11 @@ class Agent:
         self.checkpoints = CheckpointWatcher(
             node=node, jobs_dir=jobfiles.jobs_dir(settings, self.environ),
             poll_s=settings.agent.checkpoint_poll_s, submit=self.submit, clock=self.clock)
+        # The prolog's full-path refusals, from the hooks' gate.jsonl (same state dir as
+        # slurmgpu.gate.Gate.state_dir): sent as prolog_blocked events after each poll.
+        self.gate_log = GateLogForwarder(
+            self.environ.get("SLURMGPU_STATE_DIR") or settings.paths.state_dir, node,
+            lambda body, ts: self.submit(wire.EVENT, body, ts=ts))
 
     # ------------------------------------------------------------ query API (local socket)
 
@@ -227,11 +234,20 @@ class Agent:
         self.submit(wire.REPORT, self.report_body(facts, verdict))
         self.log.info("poll", verdict=verdict.severity.name,
                       problems=len(verdict.problems()), duration_ms=round(verdict.duration_ms, 1))
+        self.forward_gate_log()
         with self._lock:
             pending, self._refresh_ids = self._refresh_ids, []
         for command_id in pending:
             self.submit(wire.COMMAND_RESULT, {"command_id": command_id, "ok": True, "result": {
                 "verdict": verdict.severity.name, "collected_at": facts.collected_at}})
+
+    def forward_gate_log(self) -> int:
+        """Send the full path's prolog refusals written since the last poll."""
+        try:
+            return self.gate_log.poll()
+        except Exception as exc:  # an unreadable state dir must not stop the loop
+            self.log.warning("gate_log_forward_failed", error=f"{type(exc).__name__}: {exc}")
+            return 0
 
     def _recent_xids(self) -> list[XidEvent]:
         cutoff = self.clock.time() - XID_KEEP_S
@@ -394,8 +410,9 @@ class Agent:
 
     # ------------------------------------------------------------ messages
 
-    def submit(self, mtype: str, body: dict[str, Any]) -> int | None:
-        """Spool (then send) one acked message; returns its seq (None: not sendable)."""
+    def submit(self, mtype: str, body: dict[str, Any], *, ts: float | None = None) -> int | None:
+        """Spool (then send) one acked message; returns its seq (None: not sendable).
+        ``ts``: when it happened (default: now)."""
         spool = self.spool
         if spool is None:
             return None
@@ -403,7 +420,8 @@ class Agent:
         def encode(seq: int) -> bytes:
             # (called by the spool under its lock: the epoch is the one ``seq`` belongs to)
             return wire.encode(wire.Envelope(type=mtype, node=self.node, seq=seq, body=body,
-                                             epoch=spool.epoch))
+                                             epoch=spool.epoch,
+                                             ts=time.time() if ts is None else float(ts)))
 
         try:
             item = spool.append(mtype, encode)
@@ -427,10 +445,9 @@ class Agent:
 
     def prolog_blocked(self, job_id: str | None, record: dict[str, Any]) -> None:
         """The warm-path prolog refused a job: tell the collector (fleet report: jobs
-        affected). No findings: the node's own reports carry those."""
-        self.submit(wire.EVENT, {"kind": "prolog_blocked", "gpu": None, "data": None,
-                                 "verdict": str(record.get("verdict") or "FAIL"), "findings": [],
-                                 "job_id": job_id, "problems": list(record.get("problems") or [])[:20]})
+        affected, and requeued: Slurm requeues it). No findings: the node's own reports
+        carry those. (The full path's refusals: ``slurmgpu.agent.gatelog``.)"""
+        self.submit(wire.EVENT, {**blocked_event(record, "agent"), "job_id": job_id})
 
     def hello_body(self) -> dict[str, Any]:
         with self._lock:

@@ -125,16 +125,30 @@ def healthcheck(config_file: str | None) -> int:
 
 @click.command()
 @click.argument("node")
-@click.option("--reason", required=True, help="Why; stored as 'slurmgpu: <reason>'.")
+@click.option("--reason", required=True,
+              help="Why; stored as 'slurmgpu: <reason> [by operator <you>]'.")
 @config_option
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def drain(node: str, reason: str, config_file: str | None, as_json: bool) -> None:
-    """Drain NODE with a slurmgpu-owned reason (an operator's drain is left as it is)."""
+    """Drain NODE with a slurmgpu-owned reason (an operator's drain is left as it is).
+    The reason ends with "[by operator <login>]" ($SUDO_USER under sudo), which the
+    collector records as who drained the node (the fleet report's drains)."""
     from slurmgpu.actions import Actions
 
     settings = _settings(config_file, node)
-    result = Actions(_client(settings), _state_dir(settings)).drain(node, reason)
+    result = Actions(_client(settings), _state_dir(settings)).drain(
+        node, reason, actor="operator", user=_operator())
     _print_result(result, as_json)
+
+
+def _operator() -> str | None:
+    """The login of whoever runs the command: the one behind sudo when under sudo."""
+    import getpass
+
+    try:
+        return os.environ.get("SUDO_USER") or getpass.getuser()
+    except (KeyError, OSError):  # no user name to be found
+        return None
 
 
 @click.command()

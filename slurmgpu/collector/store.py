@@ -39,6 +39,8 @@ import msgpack
 
 from slurmgpu.collector.history import History, Rows
 from slurmgpu.errors import SlurmGpuError
+from slurmgpu.slurm import REASON_PREFIX, reason_actor
+from slurmgpu.slurm.cli import sanitize_reason
 from slurmgpu.wire import COMMAND_RESULT, EVENT, HEARTBEAT, HELLO, REPORT, Envelope, raw_body
 
 # Severity names in verdict order (OK < WARN < UNKNOWN < FAIL), as slurmgpu.result ranks them.
@@ -56,6 +58,9 @@ _Body = tuple[bytes, bytes]
 # In-memory high-water marks kept at most (one per node and spool epoch); past this the
 # map is dropped and rebuilt lazily, so a node inventing epochs cannot grow it.
 MAX_HIGH_WATER = 100_000
+# A drain decision of the automation may be stamped this much after the poll that saw the
+# drain (the same clock; only a bound for the lookup, see Store.drain_actor).
+DECISION_SLACK_S = 60.0
 # A report's state for the history: (verdict, its non-OK findings' rows).
 _State = tuple[str, tuple[tuple[Any, ...], ...]]
 
@@ -298,9 +303,16 @@ def _migration_5(db: sqlite3.Connection) -> None:
     """)
 
 
+def _migration_6(db: sqlite3.Connection) -> None:
+    """Who drained a node, recorded by the collector when its Slurm poll sees the drain
+    (``node_states.drained_by``, see ``drain_actor``). Rows from before stay NULL: the
+    fleet report guesses those as it always did."""
+    _script(db, "ALTER TABLE node_states ADD COLUMN drained_by TEXT")
+
+
 # Applied in order at open; the schema version is the number applied. Append only.
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migration_1, _migration_2, _migration_3,
-                                                          _migration_4, _migration_5]
+                                                          _migration_4, _migration_5, _migration_6]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -366,6 +378,15 @@ def _int(value: Any) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < (1 << 63):
         return value
     return None
+
+
+def _same_reason(decided: str, polled: str) -> bool:
+    """The automation's decision reason (``polled`` plus, at times, a note such as
+    `` (waiting for 2 job checkpoint(s))``) is the one Slurm shows: Slurm got it
+    sanitised (one line, cut at 256 characters with "…") and may have appended
+    `` : reboot issued``."""
+    shown = " ".join(polled.split()).removesuffix(" : reboot issued").removesuffix("…").rstrip()
+    return bool(shown) and sanitize_reason(decided, max_len=1 << 20).startswith(shown)
 
 
 def _digest(body: bytes) -> bytes:
@@ -837,10 +858,11 @@ class Store:
             unreachable.difference_update(back)
 
     def record_slurm_states(self, states: Iterable[Any], now: float) -> list[tuple[str, str]]:
-        """Record drain/resume transitions from a Slurm poll (``NodeState`` objects);
-        returns the (node, kind) transitions written."""
+        """Record drain/resume transitions from a Slurm poll (``NodeState`` objects), each
+        drain with who did it (``drain_actor``); returns the (node, kind) transitions
+        written."""
         last = self._last_slurm_states()
-        rows = []
+        rows: list[tuple[str, float, str, str | None, str | None, str | None]] = []
         for st in states:
             drained, reason = bool(st.drained), _text(st.reason)
             before = last.get(st.name)
@@ -849,15 +871,42 @@ class Store:
                 continue
             if drained and (before is None or not before[0] or before[1] != reason):
                 ts = st.reason_time if st.reason_time and st.reason_time <= now else now
-                rows.append((st.name, ts, "drained", reason, _text(st.reason_user)))
+                rows.append((st.name, ts, "drained", reason, _text(st.reason_user),
+                             self.drain_actor(st.name, reason, now)))
             elif not drained and before is not None and before[0]:
-                rows.append((st.name, now, "resumed", None, None))
+                rows.append((st.name, now, "resumed", None, None, None))
             last[st.name] = (drained, reason if drained else None)
         if rows:
             with self.transaction():
-                self.db.executemany("INSERT INTO node_states (node, ts, kind, reason, actor) "
-                                    "VALUES (?,?,?,?,?)", rows)
+                self.db.executemany("INSERT INTO node_states (node, ts, kind, reason, actor, "
+                                    "drained_by) VALUES (?,?,?,?,?,?)", rows)
         return [(r[0], r[2]) for r in rows]
+
+    def drain_actor(self, node: str, reason: str | None, now: float) -> str:
+        """Who drained ``node`` with this Slurm ``reason`` (docs/fleet-db.md):
+
+        * ``outside``: the reason is not slurmgpu's (``scontrol``, Slurm itself);
+        * ``prolog`` / ``epilog`` / ``healthcheck`` / ``operator``: the actor tag that a
+          hook or ``slurmgpu drain`` ended the reason with (``[by epilog]``);
+        * ``automation``: an untagged slurmgpu reason that the automation (in this
+          collector, which records its decisions before it polls Slurm again) drained the
+          node with since the node's last resume;
+        * ``slurmgpu``: any other slurmgpu reason (a slurmgpu older than the tags).
+        """
+        if not reason or not reason.startswith(REASON_PREFIX):
+            return "outside"
+        tagged = reason_actor(reason)
+        if tagged is not None:
+            return tagged[0]
+        since = self.db.execute("SELECT max(ts) FROM node_states WHERE node = ? AND kind = "
+                                "'resumed'", (node,)).fetchone()[0]
+        for (decided,) in self.db.execute(
+                "SELECT reason FROM decisions WHERE node = ? AND result IN ('drained', "
+                "'reboot-requested') AND time > ? AND time <= ? ORDER BY time DESC LIMIT 20",
+                (node, since if since is not None else float("-inf"), now + DECISION_SLACK_S)):
+            if _same_reason(decided or "", reason):
+                return "automation"
+        return "slurmgpu"
 
     def _last_slurm_states(self) -> dict[str, tuple[bool, str | None]]:
         if self._slurm_state is None:

@@ -11,7 +11,7 @@ from html import escape
 from typing import Any
 
 from slurmgpu.report import SECTIONS, TITLES
-from slurmgpu.report.render_util import day, duration, mtbf, num, pct, when
+from slurmgpu.report.render_util import axis, day, duration, hours, mtbf, num, pct, per, tick, when
 
 COLORS = {"healthy": "#2e9d57", "degraded": "#e0a100", "drained": "#c8453c",
           "unreachable": "#8c8c8c"}
@@ -48,7 +48,8 @@ th{background:var(--panel);font-weight:600}
 td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}
 tr.off td{background:#fdecea}
 .tag{display:inline-block;padding:0 6px;border-radius:9px;font-size:.8em;color:#fff;background:var(--grey)}
-.tag.automation{background:var(--accent)} .tag.hook{background:#6a51a3} .tag.operator{background:var(--grey)}
+.tag.automation{background:var(--accent)} .tag.hook{background:#6a51a3} .tag.operator{background:#1f7a7a}
+.tag.outside{background:var(--grey)} .tag.slurmgpu{background:#b0b0b0;color:#222}
 .tag.FAIL,.tag.bad{background:var(--bad)} .tag.WARN{background:var(--warn);color:#222}
 .empty{color:var(--muted);font-style:italic}
 .legend{font-size:.82em;color:var(--muted);margin:.2em 0}
@@ -104,10 +105,15 @@ def _tag(text: str, cls: str) -> _Raw:
 # --------------------------------------------------------------------------- charts
 
 
-def hbars(items: Sequence[tuple[str, float, str]], *, color: str = ACCENT, title: str = "") -> str:
-    """Horizontal bars: (label, value, value text) per row."""
+def _no_data(text: str) -> str:
+    return f'<p class="empty">{e(text)}</p>'
+
+
+def hbars(items: Sequence[tuple[str, float, str]], *, color: str = ACCENT, title: str = "",
+          empty: str = "no data in the window") -> str:
+    """Horizontal bars: (label, value, value text) per row; ``empty`` when there is none."""
     if not items:
-        return ""
+        return _no_data(empty)
     top = max((v for _, v, _ in items), default=0) or 1
     row_h, label_w, bar_w, text_w = 20, 170, 300, 80
     width = label_w + bar_w + text_w
@@ -126,10 +132,12 @@ def hbars(items: Sequence[tuple[str, float, str]], *, color: str = ACCENT, title
     return "".join(parts)
 
 
-def vbars(items: Sequence[tuple[str, float, str]], *, color: str = ACCENT, title: str = "") -> str:
-    """Vertical bars (a histogram): (label, value, value text) per bar."""
+def vbars(items: Sequence[tuple[str, float, str]], *, color: str = ACCENT, title: str = "",
+          empty: str = "no data in the window") -> str:
+    """Vertical bars (a histogram): (label, value, value text) per bar; ``empty`` when
+    there is none."""
     if not items:
-        return ""
+        return _no_data(empty)
     top = max((v for _, v, _ in items), default=0) or 1
     bar, gap, plot_h, base = 34, 10, 120, 150
     width = max(200, len(items) * (bar + gap) + gap)
@@ -148,31 +156,38 @@ def vbars(items: Sequence[tuple[str, float, str]], *, color: str = ACCENT, title
     return "".join(parts)
 
 
-def stacked(series: Sequence[dict[str, Any]], hourly: bool) -> str:
+def stacked(series: Sequence[dict[str, Any]], bucket_s: float) -> str:
     """Per bucket, the node-hours that were not healthy (degraded, unreachable, drained)
-    stacked; healthy, the rest, would flatten everything else and is in the tooltip."""
-    if not series:
-        return ""
+    stacked; healthy, the rest, would flatten everything else and is in the tooltip. The
+    value axis is scaled to the data (``render_util.axis``: node-hours, -minutes or
+    -seconds); a window with nothing to draw says so instead."""
     order = ("degraded", "unreachable", "drained")
+    if not series or not any(b[f"{c}_h"] for b in series for c in (*order, "healthy")):
+        return _no_data("no node-hours observed in the window")
     totals = [sum(b[f"{c}_h"] for c in order) for b in series]
     if not any(totals):
-        return '<p class="empty">no unavailable node-hours in the window</p>'
-    top = max(totals)
+        return _no_data("no unavailable node-hours in the window")
+    top, scale, unit = axis(max(totals))
     n = len(series)
-    left, plot_h, base = 44, 140, 160
+    left, plot_h, base = 56, 140, 166
     step = max(8.0, min(40.0, 700 / n))
     bar = step * 0.8
     width = int(left + n * step + 10)
+    title = f"unavailable node-hours per {per(bucket_s)}"
     parts = [f'<svg viewBox="0 0 {width} {base + 24}" width="{width}" role="img" '
-             'aria-label="node-hours per period"><title>node-hours per period</title>',
+             f'aria-label="{e(title)}"><title>{e(title)}</title>',
+             f'<text x="{left - 4}" y="10" text-anchor="end">{e(unit)}</text>',
+             f'<line x1="{left}" y1="{base - plot_h}" x2="{width}" y2="{base - plot_h}" '
+             'stroke="#eee"/>',
              f'<line x1="{left}" y1="{base}" x2="{width}" y2="{base}" stroke="#bbb"/>',
-             f'<text x="{left - 4}" y="{base - plot_h + 4}" text-anchor="end">{top:,.0f}</text>',
+             f'<text x="{left - 4}" y="{base - plot_h + 4}" text-anchor="end">'
+             f'{e(tick(top / scale))}</text>',
              f'<text x="{left - 4}" y="{base}" text-anchor="end">0</text>']
     every = max(1, int(n / 12 + 0.999))
     for i, b in enumerate(series):
         x = left + i * step + (step - bar) / 2
         y = float(base)
-        tip = ", ".join(f"{c} {b[f'{c}_h']:,.1f} h" for c in ("healthy", *order))
+        tip = ", ".join(f"{c} {hours(b[f'{c}_h'])}" for c in ("healthy", *order))
         for c in order:
             h = plot_h * b[f"{c}_h"] / top
             if h <= 0:
@@ -182,7 +197,7 @@ def stacked(series: Sequence[dict[str, Any]], hourly: bool) -> str:
                          f'fill="{COLORS[c]}"><title>{e(when(b["start"]))}: {e(tip)}</title></rect>')
         if i % every == 0:
             parts.append(f'<text x="{x + bar / 2:.1f}" y="{base + 15}" text-anchor="middle">'
-                         f'{e(day(b["start"], hourly))}</text>')
+                         f'{e(day(b["start"], bucket_s))}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -245,23 +260,23 @@ def _availability(m: dict[str, Any]) -> str:
     legend = '<p class="legend">' + "".join(
         f'<i style="background:{COLORS[c]}"></i>{e(c)}' for c in ("degraded", "unreachable",
                                                                   "drained")) + "</p>"
-    hourly = a["bucket_s"] < 86400
     rows = [[h["name"], h["nodes"], h["node_hours"], *(h[f"{c}_h"] for c in cats),
              pct(h["availability_pct"])] for h in a["host_sets"]]
     f = a["fleet"]
     rows.append([_Raw("<b>fleet</b>"), f["nodes"], f["node_hours"], *(f[f"{c}_h"] for c in cats),
                  pct(f["availability_pct"])])
-    out = [f"<h3>Unavailable node-hours per {'hour' if hourly else 'day'}</h3>", legend,
-           stacked(a["series"], hourly), "<h3>Per host set</h3>",
-           _table(["host set", "nodes", "node-hours", "healthy h", "degraded h", "drained h",
-                   "unreachable h", "available"],
-                  [[r[0], r[1], *(num(v, 1) for v in r[2:7]), r[7]] for r in rows],
+    out = [f"<h3>Unavailable node-hours per {e(per(a['bucket_s']))}</h3>", legend,
+           stacked(a["series"], a["bucket_s"]), "<h3>Per host set</h3>",
+           _table(["host set", "nodes", "node-hours", "healthy", "degraded", "drained",
+                   "unreachable", "available"],
+                  [[r[0], r[1], *(hours(v) for v in r[2:7]), r[7]] for r in rows],
                   numeric=range(1, 8))]
     if a["worst_nodes"]:
         out += ["<h3>Least available nodes</h3>",
-                _table(["node", "degraded h", "drained h", "unreachable h", "healthy h"],
-                       [[w["node"], num(w["degraded_h"]), num(w["drained_h"]),
-                         num(w["unreachable_h"]), num(w["healthy_h"])] for w in a["worst_nodes"]],
+                _table(["node", "degraded", "drained", "unreachable", "healthy"],
+                       [[w["node"], hours(w["degraded_h"]), hours(w["drained_h"]),
+                         hours(w["unreachable_h"]), hours(w["healthy_h"])]
+                        for w in a["worst_nodes"]],
                        numeric=range(1, 5))]
     return "".join(out)
 
@@ -283,7 +298,10 @@ def _drains(m: dict[str, Any]) -> str:
 def _failures(m: dict[str, Any]) -> str:
     f = m["failures"]
     bars = hbars([(f"{r['check_id']} {r['severity']}", r["count"], num(r["count"]))
-                  for r in f["by_check"][:10]], color=BAD, title="findings by check")
+                  for r in f["by_check"][:10]], color=BAD, title="findings by check",
+                 empty="no FAIL or WARN findings in the window")
+    if not f["by_check"]:  # the chart said so
+        return f'<p class="meta">{f["total"]} findings on {f["nodes"]} nodes.</p>' + bars
     return (f'<p class="meta">{f["total"]} findings ({f["fail"]} FAIL, {f["warn"]} WARN) on '
             f'{f["nodes"]} nodes.</p>' + bars
             + _table(["check", "severity", "findings", "nodes"],
@@ -300,14 +318,16 @@ def _failures(m: dict[str, Any]) -> str:
 def _xids(m: dict[str, Any]) -> str:
     x = m["xids"]
     bars = vbars([(f"XID {c['xid']}", c["count"], num(c["count"])) for c in x["codes"][:20]],
-                 color=WARN, title="XID events by code")
-    return (f'<p class="meta">{x["total"]} XID events on {x["nodes"]} nodes.</p>' + bars
-            + _table(["XID", "meaning (NVIDIA)", "category", "slurmgpu action", "events", "nodes",
-                      "GPUs", "top nodes"],
-                     [[c["xid"], c["meaning"], c["category"], c["action"] or "-", c["count"],
-                       c["nodes"], c["gpus"],
-                       ", ".join(f"{t['node']} ({t['count']})" for t in c["top_nodes"][:5])]
-                      for c in x["codes"]], numeric=(0, 4, 5, 6), wrap=(1, 7)))
+                 color=WARN, title="XID events by code", empty="no XID events in the window")
+    head = f'<p class="meta">{x["total"]} XID events on {x["nodes"]} nodes.</p>' + bars
+    if not x["codes"]:  # the chart said so
+        return head
+    return head + _table(["XID", "meaning (NVIDIA)", "category", "slurmgpu action", "events",
+                          "nodes", "GPUs", "top nodes"],
+                         [[c["xid"], c["meaning"], c["category"], c["action"] or "-", c["count"],
+                           c["nodes"], c["gpus"],
+                           ", ".join(f"{t['node']} ({t['count']})" for t in c["top_nodes"][:5])]
+                          for c in x["codes"]], numeric=(0, 4, 5, 6), wrap=(1, 7))
 
 
 def _ecc(m: dict[str, Any]) -> str:
@@ -342,10 +362,11 @@ def _throttling(m: dict[str, Any]) -> str:
         rows = t[key]
         out.append(f"<h3>{e(label)}</h3>")
         out.append(hbars([(r["node"], r[f"{col}_pct"], pct(r[f"{col}_pct"])) for r in rows],
-                         color=color, title=label))
-        out.append(_table(["node", "share", "throttled reports", "reports"],
-                          [[r["node"], pct(r[f"{col}_pct"]), r[f"{col}_reports"], r["reports"]]
-                           for r in rows], numeric=(1, 2, 3)))
+                         color=color, title=label, empty="no node throttled in the window"))
+        if rows:
+            out.append(_table(["node", "share", "throttled reports", "reports"],
+                              [[r["node"], pct(r[f"{col}_pct"]), r[f"{col}_reports"],
+                                r["reports"]] for r in rows], numeric=(1, 2, 3)))
     return "".join(out)
 
 
@@ -405,7 +426,9 @@ def _jobs(m: dict[str, Any]) -> str:
         ["jobs blocked by the prolog", num(pb["jobs"]), f"{pb['events']} events on {pb['nodes']} nodes"],
         ["jobs asked to checkpoint", num(ck["jobs"]),
          f"{ck['requests']} requests; " + ", ".join(f"{k} {v}" for k, v in ck["by_action"].items())],
-        ["jobs requeued", num(rq["jobs"]), f"{rq['events']} requeue events"],
+        ["jobs requeued", num(rq["jobs"]),
+         f"{rq['prolog_jobs']} refused by the prolog (Slurm requeues them), "
+         f"{rq['checkpoint_jobs']} requeued after a checkpoint ({rq['events']} requeue events)"],
         ["checkpoint acks", num(ack["count"]),
          f"median {num(ack['p50_s'])} s, max {num(ack['max_s'])} s"],
         ["requests never acked", num(ack["no_ack"]), f"{ack['open']} still open"],
@@ -415,10 +438,10 @@ def _jobs(m: dict[str, Any]) -> str:
 
 def _mtbf(m: dict[str, Any]) -> str:
     return ('<p class="meta">Node-hours observed in the window divided by the failures '
-            "counted; ∞ when none.</p>"
+            "counted; n/a when there was none.</p>"
             + _table(["GPU model", "nodes", "node-hours", "drains", "MTBF (drains)",
                       "FAIL transitions", "MTBF (FAIL)"],
-                     [[r["gpu_model"], r["nodes"], num(r["node_hours"]), r["drains"],
+                     [[r["gpu_model"], r["nodes"], hours(r["node_hours"]), r["drains"],
                        mtbf(r["mtbf_drain_h"]), r["fail_transitions"], mtbf(r["mtbf_fail_h"])]
                       for r in m["mtbf"]["models"]], numeric=range(1, 7)))
 

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from slurmgpu.report import SECTIONS, TITLES
-from slurmgpu.report.render_util import duration, mtbf, num, pct, when
+from slurmgpu.report.render_util import duration, hours, mtbf, num, pct, per, when
 
 BAR_WIDTH = 20
 
@@ -70,18 +70,22 @@ def _summary(m: dict[str, Any]) -> str:
 def _availability(m: dict[str, Any]) -> str:
     a = m["availability"]
     cats = ("healthy", "degraded", "drained", "unreachable")
-    rows = [[h["name"], h["nodes"], num(h["node_hours"]), *(num(h[f"{c}_h"]) for c in cats),
+    rows = [[h["name"], h["nodes"], hours(h["node_hours"]), *(hours(h[f"{c}_h"]) for c in cats),
              pct(h["availability_pct"])] for h in a["host_sets"]]
     f = a["fleet"]
-    rows.append(["**fleet**", f["nodes"], num(f["node_hours"]), *(num(f[f"{c}_h"]) for c in cats),
-                 pct(f["availability_pct"])])
-    hourly = a["bucket_s"] < 86400
-    series = [(when(b["start"]), b["healthy_h"] / max(1e-9, sum(b[f"{c}_h"] for c in cats)) * 100,
-               f"{pct(b['healthy_h'] / max(1e-9, sum(b[f'{c}_h'] for c in cats)) * 100)} healthy")
-              for b in a["series"]]
-    return (table(["host set", "nodes", "node-hours", "healthy h", "degraded h", "drained h",
-                   "unreachable h", "available"], rows)
-            + f"\nHealthy share per {'hour' if hourly else 'day'}:\n\n" + bars(series))
+    rows.append(["**fleet**", f["nodes"], hours(f["node_hours"]),
+                 *(hours(f[f"{c}_h"]) for c in cats), pct(f["availability_pct"])])
+    series = []
+    for b in a["series"]:
+        observed = sum(b[f"{c}_h"] for c in cats)
+        share = 100 * b["healthy_h"] / observed if observed > 0 else 0.0
+        series.append((when(b["start"]), share,
+                       f"{pct(share)} healthy" if observed > 0 else "no node observed"))
+    chart = bars(series) if any(b[f"{c}_h"] for b in a["series"] for c in cats) \
+        else "_no node-hours observed in the window_\n"
+    return (table(["host set", "nodes", "node-hours", "healthy", "degraded", "drained",
+                   "unreachable", "available"], rows)
+            + f"\nHealthy share per {per(a['bucket_s'])}:\n\n" + chart)
 
 
 def _drains(m: dict[str, Any]) -> str:
@@ -186,7 +190,9 @@ def _jobs(m: dict[str, Any]) -> str:
     return table(["", "count", "detail"], [
         ["jobs blocked by the prolog", pb["jobs"], f"{pb['events']} events on {pb['nodes']} nodes"],
         ["jobs asked to checkpoint", ck["jobs"], f"{ck['requests']} requests"],
-        ["jobs requeued", rq["jobs"], f"{rq['events']} requeue events"],
+        ["jobs requeued", rq["jobs"],
+         f"{rq['prolog_jobs']} refused by the prolog (Slurm requeues them), "
+         f"{rq['checkpoint_jobs']} requeued after a checkpoint ({rq['events']} requeue events)"],
         ["checkpoint acks", ack["count"], f"median {num(ack['p50_s'])} s, max {num(ack['max_s'])} s"],
         ["requests never acked", ack["no_ack"], f"{ack['open']} still open"],
     ])
@@ -195,7 +201,7 @@ def _jobs(m: dict[str, Any]) -> str:
 def _mtbf(m: dict[str, Any]) -> str:
     return table(["GPU model", "nodes", "node-hours", "drains", "MTBF (drains)", "FAIL transitions",
                   "MTBF (FAIL)"],
-                 [[r["gpu_model"], r["nodes"], num(r["node_hours"]), r["drains"],
+                 [[r["gpu_model"], r["nodes"], hours(r["node_hours"]), r["drains"],
                    mtbf(r["mtbf_drain_h"]), r["fail_transitions"], mtbf(r["mtbf_fail_h"])]
                   for r in m["mtbf"]["models"]])
 

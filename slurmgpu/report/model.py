@@ -27,6 +27,7 @@ from urllib.parse import quote
 
 from slurmgpu.errors import SlurmGpuError
 from slurmgpu.report import SCHEMA
+from slurmgpu.slurm import reason_actor
 
 if TYPE_CHECKING:
     from slurmgpu.config.load import LoadedConfig
@@ -35,10 +36,14 @@ if TYPE_CHECKING:
 # The tables the report reads first appear in migration 4 (slurmgpu/collector/store.py).
 MIN_SCHEMA_VERSION = 4
 CATEGORIES = ("healthy", "degraded", "drained", "unreachable")
-# A drain is the automation's when a `decisions` row (result 'drained', same node) lies
-# within this many seconds of the drain's start.
+# Drains recorded before schema 6 (no node_states.drained_by) are guessed as before: the
+# automation's when a `decisions` row (result 'drained', same node) lies within this many
+# seconds of the drain's start.
 AUTOMATION_MATCH_S = 120.0
 HOOK_PREFIX = "slurmgpu:"
+HOOKS = ("prolog", "epilog", "healthcheck")
+# node_states.drained_by -> drains[].by (the hooks are one group, "hook")
+BY_GROUPS = ("automation", "hook", "operator", "outside", "slurmgpu")
 TOP_N = 10
 ECC_MAX_GPUS = 50
 SERIES_MAX_POINTS = 60
@@ -55,6 +60,8 @@ SERVICE_REASON_CHECKS = ("xid.recent", "gpu.lost")
 OTHER_SET = "other"
 HOUR = 3600.0
 DAY = 86400.0
+# Chart bucket by window length: (longest window, bucket).
+BUCKETS = ((3 * HOUR, 300.0), (2 * DAY, HOUR), (math.inf, DAY))
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": HOUR, "d": DAY, "w": 7 * DAY}
@@ -138,8 +145,8 @@ def _r(value: float | None, digits: int = 2) -> float | None:
     return None if value is None else round(float(value), digits)
 
 
-def _hours(seconds: float) -> float:
-    return round(seconds / HOUR, 3)
+def _hours(seconds: float, digits: int = 3) -> float:
+    return round(seconds / HOUR, digits)
 
 
 def _pct(part: float, whole: float) -> float | None:
@@ -162,6 +169,7 @@ class _Run:
     reason: str | None = None
     reason_now: str | None = None
     actor: str | None = None
+    drained_by: str | None = None  # node_states.drained_by of the first row (schema >= 6)
 
 
 @dataclass
@@ -181,15 +189,17 @@ class _Node:
         return sum(self.seconds.values())
 
 
-def _runs(rows: Iterable[tuple[float, str, str | None, str | None]], on: str) -> list[_Run]:
-    """Transition rows (ts, kind, reason, actor) of one pair of kinds -> periods. A
-    repeated ``on`` row while on (a drain whose reason changed) continues the period."""
+def _runs(rows: Iterable[tuple[float, str, str | None, str | None, str | None]],
+          on: str) -> list[_Run]:
+    """Transition rows (ts, kind, reason, actor, drained_by) of one pair of kinds ->
+    periods. A repeated ``on`` row while on (a drain whose reason changed) continues the
+    period."""
     runs: list[_Run] = []
     current: _Run | None = None
-    for ts, kind, reason, actor in rows:
+    for ts, kind, reason, actor, drained_by in rows:
         if kind == on:
             if current is None:
-                current = _Run(ts, None, reason, reason, actor)
+                current = _Run(ts, None, reason, reason, actor, drained_by)
                 runs.append(current)
             else:
                 current.reason_now = reason
@@ -203,7 +213,7 @@ class _Buckets:
     """Fleet node-seconds per category in fixed UTC-aligned buckets (the chart)."""
 
     def __init__(self, t0: float, t1: float) -> None:
-        self.size = HOUR if t1 - t0 <= 2 * DAY else DAY
+        self.size = next(size for longest, size in BUCKETS if t1 - t0 <= longest)
         self.base = (t0 // self.size) * self.size
         self.t0, self.t1 = t0, t1
         count = max(1, math.ceil((t1 - self.base) / self.size))
@@ -223,8 +233,9 @@ class _Buckets:
             end = min(self.t1, self.base + (i + 1) * self.size)
             if end <= start:
                 continue
+            # (4 decimals: a 5-minute bucket's shares stay right to 0.1 %)
             out.append({"start": _ts(start), "end": _ts(end),
-                        **{f"{c}_h": _hours(secs[c]) for c in CATEGORIES}})
+                        **{f"{c}_h": _hours(secs[c], 4) for c in CATEGORIES}})
         return out
 
 
@@ -251,6 +262,9 @@ class _Builder:
 
     def q(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return self.db.execute(sql, tuple(params)).fetchall()
+
+    def columns(self, table: str) -> set[str]:
+        return {str(r[1]) for r in self.q(f"PRAGMA table_info({table})")}
 
     @property
     def w(self) -> tuple[float, float]:
@@ -299,12 +313,15 @@ class _Builder:
         for name, first_seen in self.q("SELECT node, first_seen FROM nodes WHERE first_seen <= ? "
                                        "ORDER BY node", (self.t1,)):
             self.nodes[name] = _Node(name, float(first_seen), self.host_sets(name))
-        per_node: dict[str, list[tuple[float, str, str | None, str | None]]] = defaultdict(list)
-        for node, ts, kind, reason, actor in self.q(
-                "SELECT node, ts, kind, reason, actor FROM node_states WHERE ts <= ? "
+        per_node: dict[str, list[tuple[float, str, str | None, str | None, str | None]]] = \
+            defaultdict(list)
+        # (drained_by: schema 6; NULL for older databases and rows)
+        by = "drained_by" if "drained_by" in self.columns("node_states") else "NULL"
+        for node, ts, kind, reason, actor, drained_by in self.q(
+                f"SELECT node, ts, kind, reason, actor, {by} FROM node_states WHERE ts <= ? "
                 "ORDER BY node, ts, id", (self.t1,)):
             if node in self.nodes:
-                per_node[node].append((float(ts), kind, reason, actor))
+                per_node[node].append((float(ts), kind, reason, actor, drained_by))
         for node, rows in per_node.items():
             n = self.nodes[node]
             n.drains = _runs((r for r in rows if r[1] in ("drained", "resumed")), "drained")
@@ -376,10 +393,13 @@ class _Builder:
                 set_nodes[s] += 1
 
         def row(secs: dict[str, float], nodes: int) -> dict[str, Any]:
-            total = sum(secs.values())
-            return {"nodes": nodes, "node_hours": _hours(total),
-                    **{f"{c}_h": _hours(secs[c]) for c in CATEGORIES},
-                    "availability_pct": _pct(secs["healthy"], total)}
+            # Every number of the row from the same rounded hours: the total is their sum
+            # and the availability their ratio, so no two of them disagree on the page.
+            hours = {c: _hours(secs[c]) for c in CATEGORIES}
+            total = round(sum(hours.values()), 3)
+            return {"nodes": nodes, "node_hours": total,
+                    **{f"{c}_h": hours[c] for c in CATEGORIES},
+                    "availability_pct": _pct(hours["healthy"], total)}
 
         worst = sorted((n for n in self.nodes.values() if n.observed_s - n.seconds["healthy"] > 0),
                        key=lambda n: (-(n.observed_s - n.seconds["healthy"]), n.name))[:TOP_N]
@@ -406,22 +426,23 @@ class _Builder:
             for run in n.drains:
                 if run.end is not None and run.end <= self.t0:
                     continue
-                by, who = _attribute(run, decided.get(n.name, []))
                 end = run.end
                 rows.append({
                     "node": n.name, "start": _ts(run.start), "end": _ts(end),
                     "still_drained": end is None,
                     "duration_s": _r((end if end is not None else self.t1) - run.start, 1),
                     "reason": run.reason, "reason_now": run.reason_now, "actor": run.actor,
-                    "by": by, "drained_by": who, "resumed": end is not None,
+                    **_attribute(run, decided.get(n.name, [])),
+                    "resumed": end is not None,
                     "started_in_window": run.start > self.t0,
                 })
         rows.sort(key=lambda r: (r["start"], r["node"]))
         started = [r for r in rows if r["started_in_window"]]
+        by = Counter(r["by"] for r in started)
         return {
             "count": len(started),
             "ongoing_at_end": sum(1 for r in rows if r["still_drained"]),
-            "by": dict(Counter(r["by"] for r in started)),
+            "by": {group: by[group] for group in BY_GROUPS if by[group]},
             "nodes": len({r["node"] for r in started}),
             "drains": rows[-LIST_MAX:],
             "truncated": max(0, len(rows) - LIST_MAX),
@@ -667,20 +688,25 @@ class _Builder:
         blocked = []
         for node, ts, body in self.q("SELECT node, ts, body FROM events WHERE kind = "
                                      "'prolog_blocked' AND ts > ? AND ts <= ? ORDER BY ts", self.w):
-            job = None
+            job = action = None
             try:
                 data = msgpack.unpackb(body, raw=False) if body else {}
                 if isinstance(data, dict) and data.get("job_id") is not None:
                     job = str(data["job_id"])
+                if isinstance(data, dict) and isinstance(data.get("action"), str):
+                    action = data["action"]
             except Exception:  # a damaged body still counts as a blocked prolog
                 job = None
-            blocked.append({"node": node, "ts": _ts(ts), "job_id": job})
+            blocked.append({"node": node, "ts": _ts(ts), "job_id": job, "action": action})
         requests = self.q("SELECT job_id, action, state, requested, acked_at FROM checkpoints "
                           "WHERE requested > ? AND requested <= ?", self.w)
         acks = sorted(float(a) - float(r) for _, _, _, r, a in requests if a is not None)
-        requeued, requeued_jobs = self.q(
-            "SELECT count(*), count(DISTINCT job_id) FROM job_events WHERE kind = 'requeued' AND "
-            "ts > ? AND ts <= ?", self.w)[0]
+        requeues = self.q("SELECT job_id FROM job_events WHERE kind = 'requeued' AND ts > ? AND "
+                          "ts <= ?", self.w)
+        by_collector = {str(r[0]) for r in requeues}
+        # Slurm requeues a job whose prolog exits non-zero: every prolog_blocked event is
+        # one (the agent sends it only then; see slurmgpu.agent.gatelog for the full path).
+        by_prolog = {b["job_id"] for b in blocked if b["job_id"]}
         return {
             "prolog_blocked": {"events": len(blocked),
                                "jobs": len({b["job_id"] for b in blocked if b["job_id"]}),
@@ -689,7 +715,8 @@ class _Builder:
             "checkpoints": {"requests": len(requests), "jobs": len({r[0] for r in requests}),
                             "by_action": dict(sorted(Counter(r[1] for r in requests).items())),
                             "by_state": dict(sorted(Counter(r[2] for r in requests).items()))},
-            "requeued": {"events": requeued, "jobs": requeued_jobs},
+            "requeued": {"events": len(requeues), "jobs": len(by_collector | by_prolog),
+                         "checkpoint_jobs": len(by_collector), "prolog_jobs": len(by_prolog)},
             "ack": {"count": len(acks),
                     "p50_s": _r(statistics.median(acks), 2) if acks else None,
                     "max_s": _r(acks[-1], 2) if acks else None,
@@ -698,14 +725,44 @@ class _Builder:
         }
 
 
-def _attribute(run: _Run, decided: list[float]) -> tuple[str, str]:
-    """("automation" | "hook" | "operator", display text) for a drain."""
-    i = bisect_left(decided, run.start - AUTOMATION_MATCH_S)
-    if i < len(decided) and decided[i] <= run.start + AUTOMATION_MATCH_S:
-        return "automation", "slurmgpu automation"
-    if (run.reason or "").startswith(HOOK_PREFIX):
-        return "hook", "slurmgpu (node hook)"
-    return "operator", f"operator {run.actor or '(unknown)'}"
+def _attribute(run: _Run, decided: list[float]) -> dict[str, Any]:
+    """Who drained: ``by`` (a ``BY_GROUPS`` group), ``hook`` (which one, or None),
+    ``drained_by`` (the text shown) and ``attribution``: ``recorded`` (the collector
+    recorded the actor when it saw the drain: node_states.drained_by), ``reason`` (read
+    from the reason: a row from before schema 6, outside slurmgpu or with an actor tag)
+    or ``guessed`` (such a row with an untagged slurmgpu reason: the automation's when
+    one of its drain decisions lies within AUTOMATION_MATCH_S, else a hook's)."""
+    source, attribution = run.drained_by, "recorded"
+    tagged = reason_actor(run.reason)
+    if source is None:
+        attribution = "reason"
+        if not (run.reason or "").startswith(HOOK_PREFIX):
+            source = "outside"
+        elif tagged is not None:
+            source = tagged[0]
+        else:
+            attribution = "guessed"
+            i = bisect_left(decided, run.start - AUTOMATION_MATCH_S)
+            near = i < len(decided) and decided[i] <= run.start + AUTOMATION_MATCH_S
+            source = "automation" if near else "hook"
+    hook = source if source in HOOKS else None
+    by = "hook" if hook is not None or source == "hook" else source
+    if by not in BY_GROUPS:  # a value this report does not know: say so, count it apart
+        by = "slurmgpu" if (run.reason or "").startswith(HOOK_PREFIX) else "outside"
+    if by == "automation":
+        text = "slurmgpu automation"
+    elif by == "hook":
+        text = f"slurmgpu {hook}" if hook else "slurmgpu (node hook)"
+    elif by == "operator":
+        login = tagged[1] if tagged is not None and tagged[1] else run.actor
+        text = f"operator {login or '(unknown)'} (slurmgpu drain)"
+    elif by == "outside":
+        text = f"{run.actor or '(unknown)'} (outside slurmgpu)"
+    else:
+        text = "slurmgpu (who not recorded)"
+    if attribution == "guessed":
+        text += " (guessed)"
+    return {"by": by, "hook": hook, "drained_by": text, "attribution": attribution}
 
 
 def _lemons(state_dir: str | None) -> dict[str, Any]:
@@ -777,8 +834,8 @@ def build_report(db: sqlite3.Connection, t0: float, t1: float, *,
     mtbf = {"models": [{
         "gpu_model": model, "nodes": int(m["nodes"]), "node_hours": _hours(m["s"]),
         "drains": int(m["drains"]), "fail_transitions": int(m["fails"]),
-        "mtbf_drain_h": _r(m["s"] / HOUR / m["drains"], 1) if m["drains"] else None,
-        "mtbf_fail_h": _r(m["s"] / HOUR / m["fails"], 1) if m["fails"] else None,
+        "mtbf_drain_h": _r(m["s"] / HOUR / m["drains"], 3) if m["drains"] else None,
+        "mtbf_fail_h": _r(m["s"] / HOUR / m["fails"], 3) if m["fails"] else None,
     } for model, m in sorted(per_model.items())]}
 
     jobs_touched = jobs["checkpoints"]["jobs"]

@@ -4,8 +4,9 @@
 schema, docs/fleet-db.md) with what a collector would have recorded for a fleet of
 8-GPU A100 (40 %) and H100 (60 %) nodes: hourly samples for every node, fault episodes
 (XIDs, ECC, row remaps, thermal throttling, IB link flaps) with their report history,
-findings, events, the automation's decisions and Slurm drains / resumes, checkpointed
-and requeued jobs, operators' maintenance drains, unreachable spells, GPU / IB counters
+findings, events, the automation's decisions and Slurm drains / resumes with who drained
+(the automation; the epilog for uncorrected ECC errors), checkpointed and requeued jobs,
+jobs the prolog refused, operators' maintenance drains, unreachable spells, GPU / IB counters
 and software versions (a few nodes off the pins of ``etc/report-demo.toml``, one
 upgraded mid-month), two lemon nodes. Same arguments, same rows.
 
@@ -171,8 +172,10 @@ class _Seeder:
                  result: str) -> None:
         self.decisions.append((ts, node.name, action, reason, 0, 0, trigger, result))
 
-    def node_state(self, ts: float, node: _Node, kind: str, reason: str | None, actor: str | None) -> None:
-        self.states.append((node.name, ts, kind, reason, actor))
+    def node_state(self, ts: float, node: _Node, kind: str, reason: str | None, actor: str | None,
+                   by: str | None = None) -> None:
+        """A node_states row; ``by``: who drained it (drained_by, for ``drained`` rows)."""
+        self.states.append((node.name, ts, kind, reason, actor, by))
 
     def set_gpu(self, node: _Node, gpu: int, ts: float, **changes: int) -> None:
         cur = self.gpu_now[(node.name, gpu)]
@@ -192,9 +195,16 @@ class _Seeder:
 
     # ---------------------------------------------------------------- episodes
 
-    def drain(self, node: _Node, ts: float, action: str, reason: str, trigger: str) -> None:
-        self.decision(ts, node, action, reason, trigger, "drained")
-        self.node_state(ts + 2.0, node, "drained", reason, "root")
+    def drain(self, node: _Node, ts: float, action: str, reason: str, trigger: str, *,
+              by_epilog: bool = False) -> None:
+        """The automation drains the node; ``by_epilog``: the epilog of the job that was
+        running there got to it first (its reason tagged, the automation finds it drained)."""
+        if by_epilog:
+            self.node_state(ts - 1.0, node, "drained", f"{reason} [by epilog]", "root", "epilog")
+            self.decision(ts, node, action, reason, trigger, "already-drained")
+        else:
+            self.decision(ts, node, action, reason, trigger, "drained")
+            self.node_state(ts + 2.0, node, "drained", reason, "root", "automation")
         self.drained[node.name] = {"time": ts, "trigger": trigger, "reason": reason}
 
     def resume(self, node: _Node, ts: float) -> None:
@@ -336,19 +346,20 @@ class _Seeder:
                               "drained" if action == "drain-now" else "checkpointing")
                 ready = self.jobs(node, t0 + 1.0, action, reason, ckpt_deadline)
                 if action == "drain-now":
-                    self.node_state(t0 + 3.0, node, "drained", reason, "root")
+                    self.node_state(t0 + 3.0, node, "drained", reason, "root", "automation")
                     self.drained[node.name] = {"time": t0 + 1.0, "trigger": trigger, "reason": reason}
                 else:
                     self.drain(node, max(ready, t0 + 2.0), "drain", reason, trigger)
             else:
-                self.drain(node, t0 + 1.0, action, reason, trigger)
+                # (uncorrected ECC errors: the job's epilog drains the node as it ends)
+                self.drain(node, t0 + 1.0, action, reason, trigger, by_epilog=kind == "ecc")
             self.prolog_blocked(node, t0, reason)
             if kind == "remap-failure":
                 self.ticket += rng.randint(1, 30)
                 when = t0 + rng.uniform(2, 20) * HOUR
                 if when < self.end:
                     self.node_state(when, node, "drained", f"RMA GPU {gpu}: row remap failure "
-                                    f"(case {self.ticket})", rng.choice(OPERATORS))
+                                    f"(case {self.ticket})", rng.choice(OPERATORS), "outside")
         if fix <= self.end:
             if kind in ("ecc", "remap"):
                 self.set_gpu(node, gpu, fix - 120.0, remap_pending=0)
@@ -364,7 +375,7 @@ class _Seeder:
         self.ticket += rng.randint(1, 30)
         reason = rng.choice(MAINTENANCE).format(n=self.ticket)
         t1 = t0 + rng.uniform(1, 10) * HOUR
-        self.node_state(t0, node, "drained", reason, who)
+        self.node_state(t0, node, "drained", reason, who, "outside")
         if "reimage" in reason or "PSU" in reason or "power" in reason:
             down = t0 + rng.uniform(0.3, 0.6) * (t1 - t0)
             self.unreachable(node, down, down + rng.uniform(600, 1800))
@@ -633,8 +644,8 @@ def seed(db_path: str | Path, nodes: int = 1000, days: float = 30, *, end: float
                            "VALUES (?,?,?,?,?,?,?,?)", sd.events)
             db.executemany("INSERT INTO decisions (time, node, action, reason, held, dry_run, trigger, "
                            "result) VALUES (?,?,?,?,?,?,?,?)", sorted(sd.decisions))
-            db.executemany("INSERT INTO node_states (node, ts, kind, reason, actor) VALUES (?,?,?,?,?)",
-                           sd.states)
+            db.executemany("INSERT INTO node_states (node, ts, kind, reason, actor, drained_by) "
+                           "VALUES (?,?,?,?,?,?)", sd.states)
             db.executemany("INSERT INTO gpu_counters (node, gpu, ts, serial, model, ecc_corrected, "
                            "ecc_uncorrected, remap_corrected, remap_uncorrected, remap_pending, "
                            "remap_failure) VALUES (?,?,?,?,?,?,?,?,?,?,?)", sd.gpu)

@@ -2,17 +2,46 @@
 (``cli.py``: scontrol/scancel/squeue/sinfo; ``pyslurm_client.py``: pyslurm).
 
 Every reason slurmgpu writes starts with ``REASON_PREFIX``; slurmgpu only ever
-resumes nodes whose reason starts with it.
+resumes nodes whose reason starts with it. A drain by a node hook or by ``slurmgpu
+drain`` ends with an actor tag (``slurmgpu: xid.recent GPU 3 XID 79 [by epilog]``,
+``slurmgpu: replace PSU [by operator alice]``), so whoever reads the reason later (the
+collector's Slurm poll) knows who drained the node; the automation's reasons carry none
+(the collector records its own decisions).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from slurmgpu.errors import SlurmGpuError
 
 REASON_PREFIX = "slurmgpu:"
+# Who may tag a reason: the three hooks and an operator's `slurmgpu drain`.
+TAGGED_ACTORS = ("prolog", "epilog", "healthcheck", "operator")
+# " [by epilog]", " [by operator alice]" (a login: Slurm user-name characters, <= 32)
+_ACTOR_TAG = re.compile(r" \[by (prolog|epilog|healthcheck|operator)(?: ([A-Za-z0-9._-]{1,32}))?\]")
+_LOGIN = re.compile(r"[A-Za-z0-9._-]{1,32}")
+
+
+def actor_tag(actor: str, user: str | None = None) -> str:
+    """`` [by epilog]`` / `` [by operator alice]`` (a user that is no plain login is left
+    out). ValueError for an actor that is not in ``TAGGED_ACTORS``."""
+    if actor not in TAGGED_ACTORS:
+        raise ValueError(f"unknown drain actor {actor!r}")
+    who = f" {user}" if actor == "operator" and user and _LOGIN.fullmatch(user) else ""
+    return f" [by {actor}{who}]"
+
+
+def reason_actor(reason: str | None) -> tuple[str, str | None] | None:
+    """(actor, operator login or None) from a slurmgpu reason's actor tag (the last one:
+    Slurm may append text after it, e.g. `` : reboot issued``); None when the reason is
+    not slurmgpu's or carries no tag."""
+    if not reason or not reason.startswith(REASON_PREFIX):
+        return None
+    tags = list(_ACTOR_TAG.finditer(reason))
+    return (tags[-1].group(1), tags[-1].group(2)) if tags else None
 
 
 class SlurmError(SlurmGpuError):

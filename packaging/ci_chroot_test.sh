@@ -1,0 +1,272 @@
+#!/usr/bin/env bash
+# Install the .deb into a clean Debian root and run it: the package's own CI check.
+#
+#   packaging/ci_chroot_test.sh [--install-deps] [--deb FILE] [--suite bookworm]
+#                               [--cache DIR] [--mirror URL] [--keep]
+#
+#  1. the .deb: --deb FILE, else built by packaging/deb/build.sh into dist/;
+#  2. a base root, cached in DIR/SUITE (default /var/cache/slurmgpu-ci/bookworm):
+#     `debootstrap --variant=minbase`, then the test's own tools (gcc, libc6-dev,
+#     libcjson-dev for the GPU simulator; systemd for systemd-analyze). Made once; a
+#     later run reuses it (delete the directory to refresh it);
+#  3. a throw-away root on it, DIR/SUITE-work (an overlay, else a copy), where `dpkg -i` + `apt-get -f install -y`
+#     install the package and the Debian dependencies it names (downloaded .debs are kept
+#     in DIR/apt-archives/SUITE for the next run);
+#  4. checks there: `slurmgpu --version`, `slurmgpu check` on the simulated 8x H100 node
+#     (healthy: exit 0; GPU lost: exit 2), the installed prolog and TaskProlog wrappers,
+#     `systemd-analyze verify` of the installed units, then a purge.
+#
+# /proc, /sys, /dev, /dev/pts and the apt archive are bind-mounted into the work root
+# and always unmounted on exit. Exits non-zero on the first failure; prints each step's
+# time. --install-deps: apt-get install the host's needs (debootstrap, build deps). The
+# mirror: --mirror, $MIRROR, else the host's apt sources' Debian mirror.
+# Needs root (debootstrap, chroot, mount).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(dirname "$here")
+deb=
+suite=bookworm
+cache=/var/cache/slurmgpu-ci
+mirror=${MIRROR:-}
+install_deps=
+keep=
+while [ $# -gt 0 ]; do
+    case $1 in
+        --install-deps) install_deps=1; shift ;;
+        --deb) deb=${2:?}; shift 2 ;;
+        --suite) suite=${2:?}; shift 2 ;;
+        --cache) cache=${2:?}; shift 2 ;;
+        --mirror) mirror=${2:?}; shift 2 ;;
+        --keep) keep=1; shift ;;
+        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+        *) echo "usage: $0 [--install-deps] [--deb FILE] [--suite S] [--cache DIR] [--mirror URL] [--keep]" >&2; exit 2 ;;
+    esac
+done
+[ "$(id -u)" = 0 ] || { echo "$0: needs root (debootstrap, chroot, mount)" >&2; exit 1; }
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive LC_ALL=C.UTF-8
+
+t_start=$(date +%s)
+step_t0=
+step() {
+    local now; now=$(date +%s)
+    [ -z "$step_t0" ] || echo "   ... $(( now - step_t0 )) s"
+    step_t0=$now
+    echo "== $*"
+}
+
+base=$cache/$suite
+work=$cache/$suite-work
+archives=$cache/apt-archives/$suite
+mounts=()
+cleanup() {
+    local rc=$? i
+    for (( i=${#mounts[@]}-1; i>=0; i-- )); do
+        umount "${mounts[$i]}" 2>/dev/null || umount -l "${mounts[$i]}" 2>/dev/null || true
+    done
+    if [ -z "$keep" ] && [ -d "$work" ]; then
+        # Only once nothing is mounted there any more.
+        if ! awk -v w="$work" '$2 == w || index($2, w "/") == 1 { f = 1 } END { exit !f }' /proc/mounts; then
+            rm -rf --one-file-system "$work" "$work.d"
+        fi
+    fi
+    [ $rc -eq 0 ] && echo "== all checks passed in $(( $(date +%s) - t_start )) s" ||
+        echo "== FAILED (exit $rc) after $(( $(date +%s) - t_start )) s" >&2
+    exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Mounts left under the work root by a run that was killed (SIGKILL skips the trap):
+# unmount them, deepest first, before anything there is deleted.
+release_stale() {
+    local m
+    awk -v w="$work" '$2 == w || index($2, w "/") == 1 { print $2 }' /proc/mounts | sort -r |
+        while read -r m; do umount "$m" 2>/dev/null || umount -l "$m"; done
+    if awk -v w="$work" '$2 == w || index($2, w "/") == 1 { f = 1 } END { exit !f }' /proc/mounts; then
+        echo "$0: $work still has mounts; not touching it" >&2
+        exit 1
+    fi
+}
+wipe_work() { release_stale; rm -rf --one-file-system "$work" "$work.d"; }
+
+bind() {  # bind SRC DEST-inside-work
+    mkdir -p "$work$2"
+    mount --bind "$1" "$work$2"
+    mounts+=("$work$2")
+}
+in_root() { chroot "$work" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
+    LC_ALL=C.UTF-8 DEBIAN_FRONTEND=noninteractive "$@"; }
+must() { "$@" || { echo "check failed: $*" >&2; return 1; }; }
+expect_exit() {  # expect_exit CODE COMMAND...: run in the root, require that exit code
+    local want=$1 rc=0; shift
+    in_root "$@" || rc=$?
+    [ "$rc" = "$want" ] || { echo "exit $rc, expected $want: $*" >&2; return 1; }
+}
+
+if [ -z "$mirror" ]; then
+    mirror=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null |
+        awk '$1 == "deb" && $2 ~ /\/debian\/?$/ { print $2; exit }' || true)
+    [ -n "$mirror" ] || mirror=$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null |
+        awk '$1 == "URIs:" && $2 ~ /\/debian\/?$/ { print $2; exit }' || true)
+    mirror=${mirror:-http://deb.debian.org/debian}
+fi
+
+if [ -n "$install_deps" ]; then
+    step "host: apt-get install debootstrap and the .deb's build dependencies"
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends debootstrap dpkg-dev debhelper dh-python \
+        pybuild-plugin-pyproject python3-all python3-setuptools python3-venv python3-pip
+fi
+command -v debootstrap >/dev/null || { echo "$0: no debootstrap (apt-get install debootstrap, or --install-deps)" >&2; exit 1; }
+
+if [ -z "$deb" ]; then
+    step "build the .deb (packaging/deb/build.sh)"
+    "$here/deb/build.sh" "$repo/dist" >"$repo/dist/.ci-deb-build.log" 2>&1 ||
+        { tail -40 "$repo/dist/.ci-deb-build.log"; exit 1; }
+    version=$(sed -n 's/^version *= *"\(.*\)"/\1/p' "$repo/pyproject.toml" | head -n1)
+    deb=$(ls "$repo"/dist/slurmgpu_"$version"-*_all.deb | tail -n1)
+fi
+[ -f "$deb" ] || { echo "$0: no such .deb: $deb" >&2; exit 1; }
+echo "   package: $deb"
+
+# nvml.h for the GPU simulator's fake libnvidia-ml (NVIDIA's header, from pip's
+# nvidia-nvml-dev): the checkout's .venv has it after `pip install -e '.[dev]'`.
+nvml_h=${SLURMGPU_NVML_INCLUDE:+$SLURMGPU_NVML_INCLUDE/nvml.h}
+if [ -z "$nvml_h" ] && [ -x "$repo/.venv/bin/python" ]; then
+    nvml_h=$("$repo/.venv/bin/python" -c 'import slurmgpu.sim.build as b; print(b.find_nvml_header())' 2>/dev/null || true)
+fi
+if [ -z "$nvml_h" ] || [ ! -f "$nvml_h" ]; then
+    step "fetch nvml.h (pip download nvidia-nvml-dev)"
+    mkdir -p "$cache/nvml"
+    if ! ls "$cache"/nvml/nvidia_nvml_dev-*.whl >/dev/null 2>&1; then
+        pip=(/usr/bin/python3 -m pip)
+        [ -x "$repo/.venv/bin/python" ] && pip=("$repo/.venv/bin/python" -m pip)
+        "${pip[@]}" download -q --no-deps --only-binary=:all: -d "$cache/nvml" nvidia-nvml-dev
+    fi
+    whl=$(ls "$cache"/nvml/nvidia_nvml_dev-*.whl | tail -n1)
+    /usr/bin/python3 - "$whl" "$cache/nvml/nvml.h" <<'EOF'
+import sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+name = next(n for n in z.namelist() if n.endswith("/nvml.h"))
+open(sys.argv[2], "wb").write(z.read(name))
+EOF
+    nvml_h=$cache/nvml/nvml.h
+fi
+
+if [ ! -e "$base/.slurmgpu-ci-debootstrap" ]; then
+    step "debootstrap --variant=minbase $suite $base $mirror"
+    rm -rf "$base.tmp"
+    mkdir -p "$cache"
+    debootstrap --variant=minbase "$suite" "$base.tmp" "$mirror" >"$cache/debootstrap-$suite.log" 2>&1 ||
+        { tail -30 "$cache/debootstrap-$suite.log"; exit 1; }
+    rm -rf "$base"
+    mv "$base.tmp" "$base"
+    touch "$base/.slurmgpu-ci-debootstrap"
+else
+    step "reuse the cached $suite root ($base)"
+fi
+mkdir -p "$archives/partial"
+
+if [ ! -e "$base/.slurmgpu-ci-tools" ]; then
+    step "base root: the test's tools (gcc libc6-dev libcjson-dev systemd)"
+    wipe_work
+    cp -a "$base" "$work"
+    cp /etc/resolv.conf "$work/etc/resolv.conf"
+    bind /proc /proc
+    bind /dev /dev
+    bind /dev/pts /dev/pts
+    bind "$archives" /var/cache/apt/archives
+    printf '#!/bin/sh\nexit 101\n' >"$work/usr/sbin/policy-rc.d"; chmod 755 "$work/usr/sbin/policy-rc.d"
+    in_root apt-get update -qq
+    in_root apt-get install -y -qq --no-install-recommends gcc libc6-dev libcjson-dev systemd >/dev/null
+    in_root apt-get clean
+    for (( i=${#mounts[@]}-1; i>=0; i-- )); do umount "${mounts[$i]}"; done
+    mounts=()
+    touch "$work/.slurmgpu-ci-tools"
+    rm -rf "$base"
+    mv "$work" "$base"
+fi
+
+step "fresh work root: an overlay on the base (a copy where overlayfs is unavailable)"
+wipe_work
+mkdir -p "$work" "$work.d/upper" "$work.d/work"
+if mount -t overlay overlay -o "lowerdir=$base,upperdir=$work.d/upper,workdir=$work.d/work" "$work" 2>/dev/null; then
+    mounts+=("$work")
+else
+    rmdir "$work"
+    cp -a "$base" "$work"
+fi
+cp /etc/resolv.conf "$work/etc/resolv.conf"
+bind /proc /proc
+bind /sys /sys
+bind /dev /dev
+bind /dev/pts /dev/pts
+bind "$archives" /var/cache/apt/archives
+# Debian's policy: no daemon starts inside a chroot.
+printf '#!/bin/sh\nexit 101\n' >"$work/usr/sbin/policy-rc.d"; chmod 755 "$work/usr/sbin/policy-rc.d"
+mkdir -p "$work/opt/nvml/include"
+cp "$nvml_h" "$work/opt/nvml/include/nvml.h"
+cp "$deb" "$work/tmp/slurmgpu.deb"
+
+step "apt-get update"
+in_root apt-get update -qq
+
+step "dpkg -i (missing dependencies expected) + apt-get -f install -y"
+in_root dpkg -i /tmp/slurmgpu.deb >/dev/null 2>&1 || true
+in_root apt-get -f install -y -qq --no-install-recommends >/dev/null
+must grep -q '^install ok installed ' <<<"$(in_root dpkg-query -W -f='${Status} ${Version}\n' slurmgpu)"
+in_root dpkg-query -W -f='   installed slurmgpu ${Version}\n' slurmgpu
+in_root sh -c 'dpkg-query -W -f="\${Package} \${Version}\n" python3 python3-zmq python3-structlog python3-prometheus-client python3-click python3-msgpack python3-clustershell | sed "s/^/   /"'
+
+step "slurmgpu --version"
+v=$(in_root slurmgpu --version)
+echo "   $v"
+must [ "$v" = "slurmgpu, version $(in_root dpkg-query -W -f='${Version}' slurmgpu | sed 's/-[^-]*$//')" ]
+
+step "installed files: modes, conffiles, hooks"
+for d in /var/lib/slurmgpu /var/spool/slurmgpu /etc/slurmgpu/keys; do
+    must [ "$(stat -c %a:%U:%G "$work$d")" = 700:root:root ]
+done
+must grep -qx 'SLURMGPU_PYTHON=/usr/bin/python3' "$work/etc/default/slurmgpu"
+in_root python3 -c 'import pynvml, slurmgpu.cli; print("   pynvml from", pynvml.__file__)'
+for h in slurmgpu-prolog slurmgpu-epilog slurmgpu-healthcheck slurmgpu-taskprolog slurmgpu-taskprolog.py \
+         slurmgpu-quickgate slurmgpu-nightly-report; do
+    must in_root test -r "/usr/libexec/slurmgpu/$h"
+done
+in_root slurmgpu config check /etc/slurmgpu/slurmgpu.toml
+
+step "slurmgpu check on the simulated 8x H100 node (builds the fake NVML with gcc)"
+sim_env=(env SLURMGPU_NVML_INCLUDE=/opt/nvml/include SLURMGPU_SIM_DIR=/var/tmp/slurmgpu-sim)
+conf=/usr/share/doc/slurmgpu/etc/sim-h100.toml
+expect_exit 0 "${sim_env[@]}" slurmgpu sim run --scenario h100-sxm-8 -- \
+    slurmgpu check --config "$conf" --node gpu-h100-001
+echo "   (healthy: exit 0)"
+out=$(in_root "${sim_env[@]}" slurmgpu sim run --scenario fault-gpu-lost -- \
+    slurmgpu check --config "$conf" --node gpu-h100-001) && rc=0 || rc=$?
+echo "$out" | sed 's/^/   /'
+must [ "$rc" = 2 ]
+must grep -q 'gpu\.lost' <<<"$out"
+
+step "the installed Slurm hooks: prolog (agent down: full path) and TaskProlog"
+expect_exit 0 "${sim_env[@]}" slurmgpu sim run --scenario h100-sxm-8 -- \
+    env SLURM_JOB_ID=42 SLURMD_NODENAME=gpu-h100-001 SLURM_JOB_GPUS=0,1 SLURMGPU_CONFIG="$conf" \
+    /usr/libexec/slurmgpu/slurmgpu-prolog
+line=$(in_root env SLURM_JOB_ID=42 /usr/libexec/slurmgpu/slurmgpu-taskprolog)
+echo "   taskprolog: $line"
+must [ "$line" = "export SLURMGPU_CHECKPOINT_FILE=/run/slurmgpu/jobs/42/checkpoint" ]
+
+step "systemd-analyze verify the installed units"
+units=$(in_root sh -c 'for f in /lib/systemd/system/slurmgpu-* /usr/lib/systemd/system/slurmgpu-*; do
+    [ -e "$f" ] && readlink -f "$f"; done | sort -u')
+echo "$units" | sed 's/^/   /'
+must [ "$(echo "$units" | wc -l)" -ge 4 ]
+# shellcheck disable=SC2086  # one unit path per word
+in_root env SYSTEMD_LOG_LEVEL=warning systemd-analyze verify $units
+
+step "dpkg --purge slurmgpu (maintainer scripts; state removed)"
+in_root dpkg --purge slurmgpu >/dev/null
+for p in /var/lib/slurmgpu /var/spool/slurmgpu /usr/bin/slurmgpu /usr/libexec/slurmgpu; do
+    must [ ! -e "$work$p" ]
+done
+step "done"
