@@ -191,9 +191,11 @@ def test_operator_drain_is_never_resumed(fleet: SimCluster) -> None:
     node = "gpu-n1"
     fleet.scontrol("update", f"nodename={node}", "state=drain", "reason=disk swap, ticket 42")
     fleet.inject(node, "fault-ecc-dbe")
-    time.sleep(5)
+    # (wait for the FAIL to be handled, not a fixed time: the automation keeps the drain)
+    wait_until(lambda: ("operator-drain-kept",) in query(fleet, "SELECT result FROM decisions WHERE node = ?",
+                                                          node), 30, "the FAIL report handled")
     fleet.inject(node, "h100-sxm-8")
-    time.sleep(6)
+    time.sleep(6)  # healthy reports that must not resume it (resume_healthy_reports = 1)
     assert drained(fleet, node) and reason(fleet, node) == "disk swap, ticket 42"
     results = [r for (r,) in query(fleet, "SELECT result FROM decisions WHERE node = ?", node)]
     assert "operator-drain-kept" in results and "resumed" not in results

@@ -98,7 +98,8 @@ def test_automation_failure_keeps_serving(tmp_path: Path, keys_dir: Path, ctx: z
             agent.send(REPORT, seq, {"verdict": "FAIL", "findings": [ECC], "facts": {}})
             assert agent.acked() == [seq]
         assert wait_for(lambda: broken.calls == 3)
-        assert collector.counters.automation_errors >= 4  # fleet_size at start + 3 reports
+        # (counted after the call raised: wait for it, not for the call)
+        assert wait_for(lambda: collector.counters.automation_errors >= 4)  # fleet_size at start + 3 reports
         assert collector.counters.acks_sent == 3 and collector.counters.stored == 3
     assert db_rows(cfg, "SELECT count(*) FROM decisions") == [(0,)]
 

@@ -142,8 +142,15 @@ def test_every_node_idle_with_eight_gpus(cluster: SimCluster) -> None:
 
 @slurm
 def test_jobs_get_disjoint_gpus(plain: SimCluster) -> None:
-    script = "echo $CUDA_VISIBLE_DEVICES; sleep 1"
+    # Both jobs hold their GPUs until both run (a fixed `sleep 1` let the second start after
+    # the first ended, on the same GPUs, on a loaded machine).
+    release = plain.dir / f"release-{os.getpid()}-{time.monotonic_ns()}"
+    script = f"echo $CUDA_VISIBLE_DEVICES; while [ ! -e {release} ]; do sleep 0.2; done"
     jobs = [plain.sbatch(script, "--gres=gpu:2", "-w", "gpu-n2") for _ in range(2)]
+    try:
+        assert [plain.wait_job(job, states=("RUNNING",)) for job in jobs] == ["RUNNING", "RUNNING"]
+    finally:
+        release.touch()
     seen = []
     for job in jobs:
         assert plain.wait_job(job) == "COMPLETED"

@@ -105,11 +105,19 @@ def test_wrong_driver_pin_drains(cluster: SimCluster) -> None:
 
 
 def test_xid_during_job_is_caught_by_the_epilog(cluster: SimCluster) -> None:
-    job = cluster.sbatch("", "--gres=gpu:2", "-w", "gpu-n4", "--wrap", "sleep 4")
-    assert cluster.wait_job(job, states=("RUNNING",)) == "RUNNING"
-    time.sleep(1)
-    cluster.inject_xid("gpu-n4", 1, 79)
-    assert read_xids(str(cluster.kmsg_path("gpu-n4")), {})  # the simulated kernel log has it
+    # The job runs until the XID is in (a fixed `sleep 4` could end first on a loaded machine),
+    # and the XID comes after the prolog recorded the job's start (its job state file).
+    release = cluster.dir / f"release-{os.getpid()}-{time.monotonic_ns()}"
+    job = cluster.sbatch("", "--gres=gpu:2", "-w", "gpu-n4", "--wrap",
+                         f"while [ ! -e {release} ]; do sleep 0.2; done")
+    try:
+        assert cluster.wait_job(job, states=("RUNNING",)) == "RUNNING"
+        wait_for(lambda: (cluster.state_dir("gpu-n4") / "jobs" / f"{job}.json").exists(), what="the prolog's record")
+        time.sleep(0.05)  # (kernel-log timestamps: strictly after the recorded start)
+        cluster.inject_xid("gpu-n4", 1, 79)
+        assert read_xids(str(cluster.kmsg_path("gpu-n4")), {})  # the simulated kernel log has it
+    finally:
+        release.touch()
     assert cluster.wait_job(job) == "COMPLETED"
     wait_for(lambda: "DRAIN" in state(cluster, "gpu-n4"), what="epilog drain")
     assert reason(cluster, "gpu-n4").startswith("slurmgpu: xid.recent GPU 1 XID 79")
