@@ -43,6 +43,9 @@ COMMANDS: dict[str, LazyCommand] = {
                     "Run the fleet collector until SIGTERM/SIGINT (SIGHUP reloads the allow-list)."),
     "config": _C("slurmgpu.cli.config_cmd", "config",
                  "Validate the config file and show the effective settings for a node."),
+    "demo": _C("slurmgpu.cli.demo_cmd", "demo",
+               "Show the whole product in one command: a Slurm mini-cluster, GPU jobs, live "
+               "faults, the automation and the fleet report."),
     "doctor": _C("slurmgpu.cli.doctor_cmd", "doctor",
                  "Check this host's slurmgpu installation and say what to fix, one line per problem."),
     "drain": _C("slurmgpu.cli.slurm_cmds", "drain",
