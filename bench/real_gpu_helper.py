@@ -210,7 +210,9 @@ def probe_gpu(nvml: Any, index: int, repeat: int) -> dict[str, Any]:
     for name, sensor in (("shutdown", 0), ("slowdown", 1), ("mem_max", 2), ("gpu_max", 3)):
         p(f"nvmlDeviceGetTemperatureThreshold({name})",
           lambda sensor=sensor: nvml.nvmlDeviceGetTemperatureThreshold(h, sensor))
-    p("nvmlDeviceGetMarginTemperature", lambda: nvml.nvmlDeviceGetMarginTemperature(h).margin)
+    # nvidia-ml-py returns the struct on some releases and the int margin on others (13.610).
+    p("nvmlDeviceGetMarginTemperature",
+      lambda: (lambda m: getattr(m, "margin", m))(nvml.nvmlDeviceGetMarginTemperature(h)))
     # Fabric: v3 struct (R560+?), v2 struct (R550), the deprecated v1 call (R535).
     p("nvmlDeviceGetGpuFabricInfoV(v3)",
       lambda: struct_call("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfo_v3_t"))

@@ -1,0 +1,74 @@
+"""What a real H100 (driver 580.159.04) recorded with bench/real_gpu.sh, held against the code
+that must understand it. The run's files are in tests/data/real-gpu/h100-r580-20261126/;
+`tests/test_recorded.py` replays its `sim record` (tests/data/recorded/h100-r580.*)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from slurmgpu.sources import kmsg
+from tests.simfixtures import sim_env
+
+RUN = Path(__file__).parent / "data" / "real-gpu" / "h100-r580-20261126"
+RECORDING = Path(__file__).parent / "data" / "recorded" / "h100-r580.scenario.json"
+
+
+def xml_text(root: ET.Element, path: str) -> str:
+    node = root.find(path)
+    assert node is not None and node.text is not None, path
+    return node.text.strip()
+
+
+def number(text: str) -> float:
+    match = re.match(r"[-\d.]+", text)
+    assert match, text
+    return float(match.group())
+
+
+def test_the_kernels_xid_line_parses_to_the_gpu_that_faulted() -> None:
+    """dmesg printed the application fault bench/real_gpu.sh provoked; the same message as
+    a /dev/kmsg record must name XID 31 on GPU 0 (PCI 0000:00:06, as NVML numbers it)."""
+    line = next(x for x in (RUN / "xid-kmsg.txt").read_text().splitlines() if "NVRM: Xid" in x)
+    stamp, _, message = line.partition("] ")
+    usec = int(float(stamp.strip("[ ")) * 1e6)
+    bus_id = json.loads(RECORDING.read_text())["gpus"][0]["pci"]["bus_id"]
+    gpu_by_pci = {kmsg.pci_key(bus_id): 0}
+    [event] = kmsg.parse_records([kmsg.kmsg_record(message, seq=7, usec=usec)], gpu_by_pci)
+    assert (event.xid, event.gpu, event.source) == (31, 0, "kmsg")
+    assert event.message and "MMU Fault" in event.message and "pid=" in event.message
+
+
+def test_replayed_h100_facts_match_nvidia_smi(fake_nvml_lib: Path, tmp_path: Path) -> None:
+    """The recording, replayed through the fake libnvidia-ml.so.1 and gathered by slurmgpu,
+    reads what nvidia-smi -q -x read on the real node at the same time."""
+    config = tmp_path / "replay.toml"
+    config.write_text('[checks]\ndisabled = ["ib.*", "pin.*"]\n')
+    proc = subprocess.run([sys.executable, "-m", "slurmgpu", "check", "--json", "--config", str(config),
+                           "--node", "recorded"], env=sim_env(fake_nvml_lib, RECORDING),
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    gpu = json.loads(proc.stdout)["facts"]["nvml"]["gpus"][0]
+    smi = ET.parse(RUN / "nvidia-smi-q.xml").getroot().find("gpu")
+    assert smi is not None
+    assert gpu["name"] == xml_text(smi, "product_name")
+    assert gpu["uuid"] == xml_text(smi, "uuid")
+    assert gpu["serial"] == xml_text(smi, "serial")
+    assert gpu["vbios"] == xml_text(smi, "vbios_version")
+    assert gpu["persistence_mode"] is (xml_text(smi, "persistence_mode") == "Enabled")
+    assert gpu["ecc_enabled"] is (xml_text(smi, "ecc_mode/current_ecc") == "Enabled")
+    assert gpu["remapped_rows"]["pending"] is (xml_text(smi, "remapped_rows/remapped_row_pending") == "Yes")
+    assert gpu["temperature_c"] == number(xml_text(smi, "temperature/gpu_temp"))
+    assert gpu["power_limit_w"] == number(xml_text(smi, "gpu_power_readings/current_power_limit"))
+    assert gpu["sm_clock_max_mhz"] == number(xml_text(smi, "max_clocks/sm_clock"))
+    assert gpu["pcie"]["gen_max"] == number(xml_text(smi, "pci/pci_gpu_link_info/pcie_gen/max_link_gen"))
+    assert gpu["pcie"]["width_current"] == number(
+        xml_text(smi, "pci/pci_gpu_link_info/link_widths/current_link_width"))
+    assert gpu["pcie_replay"] == number(xml_text(smi, "pci/replay_counter"))
+    assert xml_text(smi, "gpu_recovery_action") == "None" and gpu["recovery_action"] == 0
+    # No NVSwitch fabric on this node: NVML's fabric state NOT_SUPPORTED must not read as a fault.
+    assert json.loads(proc.stdout)["verdict"] == "OK"
