@@ -14,7 +14,9 @@
 #     in DIR/apt-archives/SUITE for the next run);
 #  4. checks there: `slurmgpu --version`, `slurmgpu check` on the simulated 8x H100 node
 #     (healthy: exit 0; GPU lost: exit 2), the installed prolog and TaskProlog wrappers,
-#     `systemd-analyze verify` of the installed units, then a purge.
+#     Slurm jobs on a 2-node mini-cluster (slurmctld, slurmd, munged in the root) whose
+#     slurm.conf runs the installed hooks, `systemd-analyze verify` of the installed
+#     units, then a purge.
 #
 # /proc, /sys, /dev, /dev/pts and the apt archive are bind-mounted into the work root
 # and always unmounted on exit. Exits non-zero on the first failure; prints each step's
@@ -39,7 +41,7 @@ while [ $# -gt 0 ]; do
         --cache) cache=${2:?}; shift 2 ;;
         --mirror) mirror=${2:?}; shift 2 ;;
         --keep) keep=1; shift ;;
-        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "usage: $0 [--install-deps] [--deb FILE] [--suite S] [--cache DIR] [--mirror URL] [--keep]" >&2; exit 2 ;;
     esac
 done
@@ -59,8 +61,21 @@ base=$cache/$suite
 work=$cache/$suite-work
 archives=$cache/apt-archives/$suite
 mounts=()
+# Daemons the mini-cluster step started inside the root (slurmctld, slurmd, munged) if
+# it failed half-way: nothing may run there once the root is unmounted.
+kill_root_procs() {
+    local p pids=()
+    for p in /proc/[0-9]*; do
+        [ "$(readlink "$p/root" 2>/dev/null)" = "$work" ] && pids+=("${p#/proc/}")
+    done
+    [ ${#pids[@]} -gt 0 ] || return 0
+    kill -TERM "${pids[@]}" 2>/dev/null || true
+    sleep 2
+    kill -KILL "${pids[@]}" 2>/dev/null || true
+}
 cleanup() {
     local rc=$? i
+    [ -z "${work:-}" ] || kill_root_procs
     for (( i=${#mounts[@]}-1; i>=0; i-- )); do
         umount "${mounts[$i]}" 2>/dev/null || umount -l "${mounts[$i]}" 2>/dev/null || true
     done
@@ -168,8 +183,12 @@ else
 fi
 mkdir -p "$archives/partial"
 
-if [ ! -e "$base/.slurmgpu-ci-tools" ]; then
-    step "base root: the test's tools (gcc libc6-dev libcjson-dev systemd)"
+# The test's own tools; the marker names the list, so a cache made with an older list is
+# topped up.
+tools="gcc libc6-dev libcjson-dev systemd slurmctld slurmd slurm-client munge"
+tools_marker=$base/.slurmgpu-ci-tools-$(printf '%s' "$tools" | md5sum | cut -c1-12)
+if [ ! -e "$tools_marker" ]; then
+    step "base root: the test's tools ($tools)"
     wipe_work
     cp -a "$base" "$work"
     cp /etc/resolv.conf "$work/etc/resolv.conf"
@@ -179,11 +198,13 @@ if [ ! -e "$base/.slurmgpu-ci-tools" ]; then
     bind "$archives" /var/cache/apt/archives
     printf '#!/bin/sh\nexit 101\n' >"$work/usr/sbin/policy-rc.d"; chmod 755 "$work/usr/sbin/policy-rc.d"
     in_root apt-get update -qq
-    in_root apt-get install -y -qq --no-install-recommends gcc libc6-dev libcjson-dev systemd >/dev/null
+    # shellcheck disable=SC2086  # one package per word
+    in_root apt-get install -y -qq --no-install-recommends $tools >/dev/null
     in_root apt-get clean
     for (( i=${#mounts[@]}-1; i>=0; i-- )); do umount "${mounts[$i]}"; done
     mounts=()
-    touch "$work/.slurmgpu-ci-tools"
+    rm -f "$work"/.slurmgpu-ci-tools*
+    touch "$work${tools_marker#"$base"}"
     rm -rf "$base"
     mv "$work" "$base"
 fi
@@ -255,6 +276,34 @@ expect_exit 0 "${sim_env[@]}" slurmgpu sim run --scenario h100-sxm-8 -- \
 line=$(in_root env SLURM_JOB_ID=42 /usr/libexec/slurmgpu/slurmgpu-taskprolog)
 echo "   taskprolog: $line"
 must [ "$line" = "export SLURMGPU_CHECKPOINT_FILE=/run/slurmgpu/jobs/42/checkpoint" ]
+
+step "Slurm jobs through the installed hooks (2-node mini-cluster in the root, no agents)"
+# slurm.conf's Prolog/Epilog/TaskProlog run /usr/libexec/slurmgpu/slurmgpu-* as installed:
+# the sim's shim exports only what simulates each node (its fake GPUs, kernel log, state
+# dir), nothing that says where slurmgpu is. The admin's one line: which config to use.
+simdir=/var/tmp/slurmgpu-simc
+echo "SLURMGPU_CONFIG=$simdir/etc/slurmgpu.toml" >>"$work/etc/default/slurmgpu"
+in_root "${sim_env[@]}" slurmgpu sim cluster up --nodes 2 --no-agents \
+    --installed-hooks /usr/libexec/slurmgpu --dir "$simdir" --timeout 120 | sed 's/^/   /'
+must grep -qx "Prolog=$simdir/hooks/prolog" "$work$simdir/etc/slurm.conf"
+must grep -qx "exec /usr/libexec/slurmgpu/slurmgpu-prolog \"\$@\"" "$work$simdir/hooks/prolog"
+in_slurm() { in_root sh -c "eval \"\$(slurmgpu sim cluster env --dir $simdir)\"; $1"; }
+in_root slurmgpu sim cluster inject gpu-n2 fault-gpu-lost --dir "$simdir"
+# A healthy node runs the job (the TaskProlog exports the checkpoint file); a node with a
+# lost GPU is drained by slurmgpu's prolog, with its reason.
+out=$(in_slurm "sbatch --wait -w gpu-n1 --gres=gpu:1 -o $simdir/ok.out --wrap 'echo ckpt=\$SLURMGPU_CHECKPOINT_FILE' && cat $simdir/ok.out")
+echo "   healthy node: $out"
+must grep -q '^ckpt=.*/checkpoint$' <<<"$out"
+in_slurm "sbatch -w gpu-n2 --gres=gpu:8 -o /dev/null --wrap true" | sed 's/^/   /'
+reason=
+for _ in $(seq 120); do
+    reason=$(in_slurm "sinfo -h -n gpu-n2 -o '%T|%E'")
+    case $reason in drain*slurmgpu*) break ;; esac
+    sleep 0.5
+done
+echo "   node with a lost GPU: $reason"
+must grep -q '^drain.*|slurmgpu: gpu.lost GPU 5' <<<"$reason"
+in_root slurmgpu sim cluster down --purge --dir "$simdir"
 
 step "systemd-analyze verify the installed units"
 units=$(in_root sh -c 'for f in /lib/systemd/system/slurmgpu-* /usr/lib/systemd/system/slurmgpu-*; do

@@ -400,6 +400,15 @@ def hook_environment(d: Path, node: str, lib: Path) -> dict[str, str]:
 INSTALL_DISCOVERY = ("SLURMGPU_BIN", "SLURMGPU_QUICKGATE", "PYTHONPATH", "SLURMGPU_CONFIG")
 
 
+def check_installed_hooks(libexec: Path) -> None:
+    """A package's wrappers are all there and executable, or a one-line ClusterError."""
+    missing = [f"slurmgpu-{name}" for name in HOOKS
+               if not os.access(libexec / f"slurmgpu-{name}", os.X_OK)]
+    if missing:
+        raise ClusterError(f"--installed-hooks {libexec}: no executable {', '.join(missing)} there "
+                           "(is the slurmgpu package installed?)")
+
+
 def render_hook(name: str, d: Path, lib: Path, *, enabled: bool, installed: Path | None = None) -> str:
     """The hook slurm.conf names for ``name``. ``installed``: exec the wrapper a package
     installs there (slurmgpu-<name>), exporting only what simulates each node (its fake
@@ -756,14 +765,17 @@ class SimCluster:
     def up(self, nodes: int = 4, gpus: int = 8,
            scenario: str | os.PathLike[str] = DEFAULT_SCENARIO, *,
            hooks_enabled: bool = True, timeout: float = 60, cpus: int | None = None,
-           agents: bool | None = None) -> None:
+           agents: bool | None = None, installed_hooks: Path | None = None) -> None:
         """Bring the cluster up (idempotent: a healthy cluster with these settings is kept).
 
         With ``agents`` (True, or None on a fresh cluster: the default) it also makes CURVE
         keys, starts one collector and one ``slurmgpu agent`` per node, and waits until
         every agent answers on its socket and has said hello to the collector. On a cluster
         that is already up, True/False starts/stops just the agents and the collector, and
-        None keeps the choice made at its ``up``."""
+        None keeps the choice made at its ``up``. ``installed_hooks``: slurm.conf's hooks run
+        the wrappers a package installed there (see use_installed_hooks)."""
+        if installed_hooks is not None:
+            check_installed_hooks(installed_hooks)
         if not 1 <= nodes <= 64:
             raise ClusterError(f"--nodes must be 1..64, not {nodes}")
         if not 1 <= gpus <= 64:
@@ -772,6 +784,8 @@ class SimCluster:
         if self.is_up():
             have = {k: self._state.get(k) for k in wanted}
             if have == wanted:
+                if installed_hooks is not None and self.installed_hooks != installed_hooks:
+                    self.use_installed_hooks(installed_hooks)
                 if self._state.get("hooks_at_up") != hooks_enabled or \
                         self._state.get("hooks_enabled") != hooks_enabled:
                     self._state["hooks_at_up"] = hooks_enabled
@@ -802,6 +816,7 @@ class SimCluster:
             else self._load_named(scenario)
         agents = True if agents is None else agents
         self._state = self._new_state(wanted, hooks_enabled, cpus, agents)
+        self._state["installed_hooks"] = str(installed_hooks) if installed_hooks is not None else None
         self._prepare(base)
         try:
             deadline = time.monotonic() + timeout
@@ -1054,6 +1069,7 @@ class SimCluster:
             "gpus": self.gpus,
             "scenario": self._state.get("scenario"),
             "hooks_enabled": self._state.get("hooks_enabled"),
+            "installed_hooks": self._state.get("installed_hooks"),
             "slurm_conf": str(self.conf),
             "munged": {"pid": daemons["munged"], "running": daemons["munged"] is not None},
             "slurmctld": {"pid": daemons["slurmctld"], "running": daemons["slurmctld"] is not None,
@@ -1138,20 +1154,31 @@ class SimCluster:
 
         slurmd runs the files afresh for every job, so this takes effect at once.
         """
+        installed = self.installed_hooks
         for name in HOOKS:
             _write_atomic(self.hook(name), render_hook(
-                name, self.dir, self.library, enabled=enabled or name in ALWAYS_ON_HOOKS), 0o755)
+                name, self.dir, self.library, enabled=enabled or name in ALWAYS_ON_HOOKS,
+                installed=installed), 0o755)
         if self._state:
             self._state["hooks_enabled"] = enabled
             self._save_state()
 
-    def use_installed_hooks(self, libexec: Path) -> None:
-        """Run the wrappers installed in ``libexec`` as a package installs them (until the
-        next reset): slurmgpu is then found as on a real node, through
-        /etc/default/slurmgpu or the packaged paths, never through this process."""
-        for name in HOOKS:
-            _write_atomic(self.hook(name), render_hook(name, self.dir, self.library, enabled=True,
-                                                       installed=libexec), 0o755)
+    @property
+    def installed_hooks(self) -> Path | None:
+        """The directory of a package's wrappers the hooks run (None: this checkout's)."""
+        value = self._state.get("installed_hooks")
+        return Path(value) if value else None
+
+    def use_installed_hooks(self, libexec: Path | None) -> None:
+        """Run the wrappers installed in ``libexec`` as a package installs them (kept across
+        reset; None: back to this checkout's): slurmgpu is then found as on a real node,
+        through /etc/default/slurmgpu or the packaged paths, never through this process."""
+        if libexec is not None:
+            check_installed_hooks(libexec)
+        if not self._state:
+            raise ClusterError(f"no simulated cluster in {self.dir}")
+        self._state["installed_hooks"] = str(libexec) if libexec is not None else None
+        self.set_hooks_enabled(True)
 
     def run_hook(self, name: str, node: str, env: Mapping[str, str] | None = None,
                  *, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -112,6 +112,20 @@ def test_errors_are_one_line_exit_3(tmp_path: Path) -> None:
     assert (tmp_path / "precious").exists()
 
 
+def test_installed_hooks_that_are_not_there_start_nothing(tmp_path: Path) -> None:
+    libexec = tmp_path / "libexec"
+    libexec.mkdir()
+    (libexec / "slurmgpu-prolog").write_text("#!/bin/sh\nexit 0\n")
+    (libexec / "slurmgpu-prolog").chmod(0o755)
+    proc = slurmgpu_cli("sim", "cluster", "up", "--installed-hooks", str(libexec),
+                        "--dir", str(tmp_path / "c"))
+    assert proc.returncode == 3
+    assert proc.stderr == (f"slurmgpu: error: --installed-hooks {libexec}: no executable "
+                           "slurmgpu-epilog, slurmgpu-healthcheck, slurmgpu-taskprolog there "
+                           "(is the slurmgpu package installed?)\n")
+    assert not (tmp_path / "c").exists()
+
+
 # ---------------------------------------------------------------- the cluster
 
 

@@ -251,7 +251,7 @@ def installed(cluster: SimCluster) -> Any:
     finally:
         DEFAULTS.unlink(missing_ok=True)
         shutil.rmtree(LIBEXEC, ignore_errors=True)
-        cluster.set_hooks_enabled(True)
+        cluster.use_installed_hooks(None)
 
 
 def _cannot_import_slurmgpu(python: str) -> bool:

@@ -9,6 +9,7 @@
 # cached in build/wheels/) as debian/vendor/, runs `dpkg-buildpackage -us -uc -b` there
 # and copies the .deb to OUTDIR. Nothing is written into the checkout but OUTDIR and
 # build/wheels/. --install-deps apt-get installs the Build-Depends first (root).
+# DEBEMAIL (and DEBFULLNAME): the Maintainer and changelog signature of the package built.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -18,7 +19,7 @@ out=
 for arg; do
     case $arg in
         --install-deps) install_deps=1 ;;
-        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
         -*) echo "usage: $0 [--install-deps] [OUTDIR]" >&2; exit 2 ;;
         *) out=$arg ;;
     esac
@@ -53,6 +54,15 @@ t0=$(date +%s)
 "$repo/packaging/source_files.sh" | (cd "$repo" && tar --null --no-recursion -T - -cf -) | tar -xf - -C "$src"
 rm -rf "$src/debian"
 cp -a "$here/debian" "$src/debian"
+# The maintainer: a site that builds its own package names itself, with the variables
+# Debian's tools (dch, debmake) read. The repository's address is a placeholder.
+if [ -n "${DEBEMAIL:-}" ]; then
+    maintainer="${DEBFULLNAME:-slurmgpu packager} <$DEBEMAIL>"
+    case $maintainer in *$'\n'*|*'|'*) echo "$0: DEBFULLNAME/DEBEMAIL: one line without '|'" >&2; exit 2 ;; esac
+    sed -i "s|^Maintainer: .*|Maintainer: $maintainer|" "$src/debian/control"
+    sed -i "s|^ -- [^>]*>  | -- $maintainer  |" "$src/debian/changelog"
+    echo "== maintainer: $maintainer"
+fi
 mkdir -p "$src/debian/vendor"
 "$repo/packaging/fetch_wheels.sh" "$repo/build/wheels/any" nvidia-ml-py
 cp "$repo"/build/wheels/any/nvidia_ml_py-*-py3-none-any.whl "$src/debian/vendor/"

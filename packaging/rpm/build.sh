@@ -70,6 +70,9 @@ tar -C "$top/wheels-src" --owner=0 --group=0 -czf "$top/SOURCES/slurmgpu-$versio
 cp "$here/slurmgpu.spec" "$top/SPECS/"
 
 opts=(--define "_topdir $top" --define "slurmgpu_python $python" --target "$arch")
+# PACKAGER="Name <email>": the Packager tag (rpm's own macro), as a site that builds
+# its own RPM signs it.
+[ -z "${PACKAGER:-}" ] || opts+=(--define "packager $PACKAGER")
 if ! rpm -q rpm >/dev/null 2>&1; then
     opts+=(--nodeps)   # not an rpm-based system: its rpm database has no BuildRequires
 fi

@@ -253,14 +253,19 @@ def cluster() -> None:
                    "cluster) [default: a running cluster keeps its choice; off on a fresh one].")
 @click.option("--dry-run", is_flag=True,
               help="With --automation: record every decision, make no Slurm call.")
+@click.option("--installed-hooks", type=click.Path(file_okay=False, path_type=Path), default=None,
+              metavar="DIR",
+              help="slurm.conf's hooks run the wrappers a package installed in DIR "
+                   "(/usr/libexec/slurmgpu), which find slurmgpu as on a real node "
+                   "[default: this installation's].")
 @click.option("--timeout", type=float, default=60, show_default=True,
               help="Seconds to wait for every node to be idle (and every agent ready).")
 @_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 @_one_line_errors
 def cluster_up(nodes: int, gpus: int, scenario: str, hooks: bool, agents: bool | None,
-               automation: bool | None, dry_run: bool, timeout: float, directory: Path | None,
-               as_json: bool) -> None:
+               automation: bool | None, dry_run: bool, installed_hooks: Path | None,
+               timeout: float, directory: Path | None, as_json: bool) -> None:
     """Install Slurm if needed, write the configs and start the daemons (idempotent)."""
     import time
 
@@ -271,7 +276,7 @@ def cluster_up(nodes: int, gpus: int, scenario: str, hooks: bool, agents: bool |
     started = time.monotonic()
     c = _cluster(directory)
     c.up(nodes=nodes, gpus=gpus, scenario=scenario, hooks_enabled=hooks, timeout=timeout,
-         agents=True if automation else agents)
+         agents=True if automation else agents, installed_hooks=installed_hooks)
     if automation is not None:
         wanted = ("dry_run = true" if dry_run else "") if automation else None
         if c.automation_settings() != wanted:
@@ -286,6 +291,8 @@ def cluster_up(nodes: int, gpus: int, scenario: str, hooks: bool, agents: bool |
     wanted_now = c.automation_settings()
     if wanted_now is not None:
         agents_text += ", automation on" + (" (dry run)" if "dry_run = true" in wanted_now else "")
+    if c.installed_hooks is not None:
+        agents_text += f", hooks from {c.installed_hooks}"
     click.echo(f"cluster up in {c.dir}: {len(c.nodes)} nodes x {c.gpus} GPUs, "
                f"Slurm {status['slurm_version']}{agents_text} ({status['elapsed_s']} s)")
     env_hint = f" --dir {shlex.quote(str(c.dir))}" if directory is not None else ""
