@@ -4,7 +4,7 @@
   directory) with a real ``Automation`` whose Slurm client the bench chooses, served by a
   thread that calls ``serve_once(10)`` in a loop. The collector logs at ``info`` as JSON
   to ``<dir>/collector.log`` (what ``slurmgpu collector`` writes to journald by default).
-* ``Agents``: simulated agents, one CURVE DEALER socket each (``simfleet.SimFleet``),
+* ``Agents``: simulated agents, one CURVE DEALER socket each (``slurmgpu.sim.fleet.SimFleet``),
   which say hello, send events, and record the commands they receive.
 * ``sim_cluster``: a throw-away simulated Slurm cluster (``SimCluster``, no agents, hooks
   off) in its own temporary directory, always brought down with ``purge``.
@@ -32,10 +32,11 @@ from typing import Any
 
 import zmq
 
-from slurmgpu import keys, log, simfleet
+from slurmgpu import keys, log
 from slurmgpu.collector.policy import Automation
 from slurmgpu.collector.server import Collector
 from slurmgpu.config.schema import AutomationSettings, CollectorSettings
+from slurmgpu.sim import fleet as simfleet
 from slurmgpu.slurm import SlurmClient
 from slurmgpu.wire import ACK, COMMAND, COMMAND_RESULT, EVENT, Envelope, WireError, decode, encode
 
@@ -263,7 +264,7 @@ class Agents:
 def sim_cluster(nodes: int, *, timeout: float = 120) -> Iterator[Any]:
     """A fresh simulated Slurm cluster (no agents, hooks off) in a short temporary
     directory (the munge socket path must fit in 108 bytes); always purged."""
-    from slurmgpu.simcluster import SimCluster
+    from slurmgpu.sim.cluster import SimCluster
 
     d = Path(tempfile.mkdtemp(prefix="sgbc-", dir="/tmp"))
     cluster = SimCluster(d)

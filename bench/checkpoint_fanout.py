@@ -59,7 +59,8 @@ from automation_rig import (
     xid_event,
 )
 
-from slurmgpu import keys, simfleet
+from slurmgpu import keys
+from slurmgpu.sim import fleet as simfleet
 from slurmgpu.slurm import JobInfo
 from slurmgpu.testing import FakeSlurmClient
 

@@ -34,7 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slurmgpu import keys, simfleet
+from slurmgpu import keys
+from slurmgpu.sim import fleet as simfleet
 
 
 def free_port() -> int:

@@ -2,7 +2,7 @@
 """Ingest ack latency with and without scrapers hammering /metrics (issue 12, item 11).
 
 A real collector process (CURVE, SQLite, ``metrics_bind`` on localhost) and 100 simulated
-agents (``slurmgpu.simfleet``) sending real-sized reports at a steady rate; the run is
+agents (``slurmgpu.sim.fleet``) sending real-sized reports at a steady rate; the run is
 repeated with ``--scrapers`` threads GETting /metrics in a loop. Reported per case: the
 ack latency p50/p99 the agents saw, reports acked, and the scrapes served (the collector
 computes at most one scrape a second; the rest get the cached bytes).
@@ -26,7 +26,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from slurmgpu import keys, simfleet
+from slurmgpu import keys
+from slurmgpu.sim import fleet as simfleet
 
 
 def free_port() -> int:

@@ -46,7 +46,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
-    from slurmgpu.simcluster import SimCluster
+    from slurmgpu.sim.cluster import SimCluster
 
     cluster = SimCluster(args.dir or "/tmp/slurmgpu-bench-cluster")
     cluster.up(nodes=2, gpus=8, agents=False)  # the cold (direct) path; bench/warm_prolog.py times the agent path

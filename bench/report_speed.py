@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Whole-process time of `slurmgpu report --since 30d` on a seeded month of a large fleet.
 
-Seeds 1,000 nodes x 30 days (``slurmgpu.report.seed``: ~0.7 M hourly samples, drains,
+Seeds 1,000 nodes x 30 days (``slurmgpu.sim.seed``: ~0.7 M hourly samples, drains,
 XIDs, counters, versions, jobs) into a temporary database (timed on its own), then runs
 `slurmgpu report --since 30d --format F --out FILE` as a fresh process, for each format,
 ``--runs`` times each: interpreter start, imports, config, every SQL query, rendering.
@@ -41,7 +41,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print results as JSON")
     args = parser.parse_args()
 
-    from slurmgpu.report.seed import seed
+    from slurmgpu.sim.seed import seed
 
     now = "2026-11-26T06:00:00Z"  # a fixed window: reproducible numbers
     end = datetime.fromisoformat(now.replace("Z", "+00:00")).timestamp()

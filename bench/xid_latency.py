@@ -35,14 +35,14 @@ from typing import Any
 
 from slurmgpu import keys
 from slurmgpu.sim.build import build_library
-from slurmgpu.sim.scenario import load_scenario, write_scenario
-from slurmgpu.simcluster import (
-    _proc_alive,
+from slurmgpu.sim.cluster import (
     hello_times,
     local_query,
+    proc_alive,
     render_agent_config,
     spawn_detached,
 )
+from slurmgpu.sim.scenario import load_scenario, write_scenario
 
 NODE = "bench-n1"
 BASE_CONFIG = """\
@@ -125,7 +125,7 @@ class LocalFleet:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(_proc_alive(p) for p in self.pids.values()):
+        while time.monotonic() < deadline and any(proc_alive(p) for p in self.pids.values()):
             time.sleep(0.05)
         if not keep:
             shutil.rmtree(self.dir, ignore_errors=True)

@@ -83,6 +83,7 @@ if [ -n "$do_deb" ]; then
         done
         for p in /usr/bin/slurmgpu /usr/lib/python3/dist-packages/slurmgpu/__init__.py \
                  /usr/lib/python3/dist-packages/slurmgpu/sim/fake_nvml.c \
+                 /usr/lib/python3/dist-packages/slurmgpu/sim/cluster/__init__.py \
                  /usr/lib/python3/dist-packages/slurmgpu/data/xid_catalog.toml \
                  /usr/lib/python3/dist-packages/pynvml.py /etc/slurmgpu/slurmgpu.toml /etc/default/slurmgpu \
                  /usr/share/doc/slurmgpu/README.md /usr/share/doc/slurmgpu/docs/keys.md \
@@ -160,7 +161,8 @@ if [ -n "$do_rpm" ]; then
                  /usr/share/doc/slurmgpu/etc/slurm.conf.example; do
             has "rpm: $p" "$tmp/rpm-list" "^\S+ root $p( -> .*)?\$"
         done
-        for m in slurmgpu/__init__.py slurmgpu/sim/fake_nvml.c pynvml.py zmq/__init__.py structlog/__init__.py \
+        for m in slurmgpu/__init__.py slurmgpu/sim/fake_nvml.c slurmgpu/sim/cluster/__init__.py \
+                 pynvml.py zmq/__init__.py structlog/__init__.py \
                  click/__init__.py ClusterShell/__init__.py msgpack/__init__.py prometheus_client/__init__.py \
                  yaml/__init__.py; do
             has "rpm: venv holds $m" "$tmp/rpm-list" "^-\S+ root /usr/lib/slurmgpu/venv/lib/python3\.[0-9]+/site-packages/$m\$"

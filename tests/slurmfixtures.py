@@ -1,4 +1,4 @@
-"""Fixtures for tests that need the real Slurm mini-cluster (``slurmgpu.simcluster``).
+"""Fixtures for tests that need the real Slurm mini-cluster (``slurmgpu.sim.cluster``).
 
 tests/conftest.py star-imports this module (only the names in ``__all__``). Mark such tests
 ``@pytest.mark.slurm``.
@@ -30,7 +30,7 @@ from typing import NoReturn
 import pytest
 
 from slurmgpu.sim.build import SimToolchainError
-from slurmgpu.simcluster import SimCluster, SlurmNotAvailable
+from slurmgpu.sim.cluster import SimCluster, SlurmNotAvailable
 
 __all__ = ["FLEET_CLUSTER_GPUS", "FLEET_CLUSTER_NODES", "TEST_CLUSTER_GPUS", "TEST_CLUSTER_NODES",
            "cluster", "fleet", "fleet_cluster", "slurm_cluster"]

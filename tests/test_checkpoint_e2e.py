@@ -15,7 +15,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from slurmgpu.simcluster import SimCluster
+from slurmgpu.sim.cluster import SimCluster
 from tests.agenthelpers import query_db
 from tests.agenthelpers import wait_until as _wait_until
 

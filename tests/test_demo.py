@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmgpu.simcluster import SimCluster
+from slurmgpu.sim.cluster import SimCluster
 
 
 def slurmgpu(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

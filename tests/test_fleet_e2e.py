@@ -17,8 +17,8 @@ import zmq
 import zmq.auth
 
 from slurmgpu import wire
+from slurmgpu.sim.cluster import SimCluster
 from slurmgpu.sim.scenario import load_scenario
-from slurmgpu.simcluster import SimCluster
 from tests.agenthelpers import query_db, spool_rows, wait_until
 
 pytestmark = pytest.mark.slurm

@@ -15,7 +15,7 @@ import pytest
 
 from slurmgpu.cli.fleetdb import DEFAULT_DB, resolve_db
 from slurmgpu.collector.store import Store
-from slurmgpu.simcluster import SimCluster
+from slurmgpu.sim.cluster import SimCluster
 
 READERS = [["fleet"], ["jobs", "events", "12"], ["report", "--since", "1h", "--format", "json"],
            ["report-nightly", "--no-mail", "--dir", "{tmp}/reports"]]

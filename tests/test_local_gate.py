@@ -414,7 +414,7 @@ def test_quickgate_runs_as_an_isolated_file(served: Served) -> None:
 
 
 def test_sim_hooks_export_the_warm_path() -> None:
-    from slurmgpu.simcluster import hook_environment
+    from slurmgpu.sim.cluster import hook_environment
 
     env = hook_environment(Path("/tmp/c"), "gpu-n1", Path("/lib/x.so"))
     assert env["SLURMGPU_AGENT_SOCKET"] == "/tmp/c/nodes/gpu-n1/agent.sock"

@@ -23,7 +23,7 @@ from typing import NoReturn
 import pytest
 
 from slurmgpu.report import SECTIONS
-from slurmgpu.report.seed import seed
+from slurmgpu.sim.seed import seed
 
 NOW = "2026-11-26T06:00:00Z"
 END = datetime(2026, 11, 26, 6, tzinfo=UTC).timestamp()

@@ -24,7 +24,7 @@ from slurmgpu.cli.nightly_cmd import day_window, prune, run_nightly
 from slurmgpu.config.schema import ReportSettings
 from slurmgpu.report import SCHEMA, SECTIONS
 from slurmgpu.report.mail import MailError, report_settings, subject_for
-from slurmgpu.report.seed import seed
+from slurmgpu.sim.seed import seed
 
 ROOT = Path(__file__).resolve().parent.parent
 DAY = date(2026, 11, 25)

@@ -1,4 +1,4 @@
-"""The fleet report's data generator (`slurmgpu.report.seed`, `slurmgpu sim report-seed`)."""
+"""The fleet report's data generator (`slurmgpu.sim.seed`, `slurmgpu sim report-seed`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from slurmgpu.cli import cli
 from slurmgpu.collector.store import SCHEMA_VERSION, Store
-from slurmgpu.report.seed import SeedError, seed
+from slurmgpu.sim.seed import SeedError, seed
 from slurmgpu.xid import catalog
 
 END = datetime(2026, 11, 26, 6, tzinfo=UTC).timestamp()

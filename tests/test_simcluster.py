@@ -1,4 +1,4 @@
-"""The simulated Slurm cluster itself (slurmgpu.simcluster, `slurmgpu sim cluster`).
+"""The simulated Slurm cluster itself (slurmgpu.sim.cluster, `slurmgpu sim cluster`).
 
 Tests marked ``slurm`` share one session cluster (tests/slurmfixtures.py); each gets it
 reset. They turn the hooks off (``plain``) so they test Slurm and the simulator wiring, not
@@ -20,8 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from slurmgpu.cli import cli
-from slurmgpu.sim.scenario import load_scenario
-from slurmgpu.simcluster import (
+from slurmgpu.sim.cluster import (
     ClusterError,
     SimCluster,
     fit_scenario,
@@ -30,6 +29,7 @@ from slurmgpu.simcluster import (
     render_hook,
     render_slurm_conf,
 )
+from slurmgpu.sim.scenario import load_scenario
 from slurmgpu.sources.kmsg import pci_key, read_xids
 
 slurm = pytest.mark.slurm
@@ -339,7 +339,7 @@ def _alive(pid: int) -> bool:
 
 def test_install_writes_policy_rc_d_and_retries_after_update(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import slurmgpu.simcluster as simcluster
+    from slurmgpu.sim.cluster import install
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -355,11 +355,11 @@ def test_install_writes_policy_rc_d_and_retries_after_update(
     )
     (bin_dir / "apt-get").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
-    monkeypatch.setattr(simcluster, "POLICY_RC_D", policy)
-    monkeypatch.setattr(simcluster.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(install, "POLICY_RC_D", policy)
+    monkeypatch.setattr(install.os, "geteuid", lambda: 0)
     missing = iter([["slurmd"], []])
-    monkeypatch.setattr(simcluster, "missing_programs", lambda: next(missing))
-    simcluster.ensure_slurm_installed()
+    monkeypatch.setattr(install, "missing_programs", lambda: next(missing))
+    install.ensure_slurm_installed()
     calls = log.read_text().splitlines()
     install = "install -y -q --no-install-recommends slurmctld slurmd slurm-client munge"
     assert calls == [f"{install} policy=exit 101", "update -q policy=exit 101",

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from slurmgpu.simcluster import SimCluster
+from slurmgpu.sim.cluster import SimCluster
 from slurmgpu.sources.kmsg import read_xids
 
 pytestmark = pytest.mark.slurm

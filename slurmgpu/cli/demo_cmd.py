@@ -1,4 +1,4 @@
-"""`slurmgpu demo`: the whole product on this machine (orchestration in slurmgpu.demo,
+"""`slurmgpu demo`: the whole product on this machine (orchestration in slurmgpu.sim.demo,
 imported inside the command so that `slurmgpu --help` stays light)."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def demo(ctx: click.Context, directory: Path, timeout: float, as_json: bool) -> 
       3  a bad argument or --dir, or not root
     """
     from slurmgpu.cli import fail
-    from slurmgpu.demo import DemoError, check_directory, render_end, render_tables, run_demo
+    from slurmgpu.sim.demo import DemoError, check_directory, render_end, render_tables, run_demo
 
     try:
         directory = check_directory(directory)

@@ -1,4 +1,4 @@
-"""`slurmgpu collector`, `slurmgpu fleet` and `slurmgpu sim fleet` (``fleet_sim``).
+"""`slurmgpu collector`, `slurmgpu fleet`, `slurmgpu breaker` and `slurmgpu lemon`.
 
 zmq and the collector are imported inside the commands, so `slurmgpu --help` stays light.
 """
@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -442,53 +441,3 @@ def lemon_clear(node: str, config_file: str | None, as_json: bool) -> None:
                                "why": info.get("why")}, indent=2, sort_keys=True))
     else:
         click.echo(f"{node}: lemon cleared")
-
-
-# --------------------------------------------------------------------------- sim fleet
-
-
-@click.command("fleet")
-@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None)
-@click.option("--nodes", "count", type=click.IntRange(1, 100_000), default=100, show_default=True)
-@click.option("--rate", type=click.FloatRange(min=0), default=1 / 15, show_default="1/15",
-              help="Reports per second per node; 0: as fast as --window allows.")
-@click.option("--window", type=click.IntRange(1, 10_000), default=16, show_default=True,
-              help="With --rate 0: unacknowledged reports allowed per node.")
-@click.option("--duration", type=click.FloatRange(min=0.1), default=30.0, show_default=True)
-@click.option("--address", default=None, help="Collector endpoint (collector.address).")
-@click.option("--keys-dir", default=None,
-              help="The collector's keys dir: node keys are allow-listed in its nodes/.")
-@click.option("--prefix", default="sim", show_default=True, help="Node name prefix.")
-@click.option("--connect-timeout", type=float, default=60.0, show_default=True,
-              help="Seconds to wait for every node's hello to be acked.")
-@click.option("--json", "as_json", is_flag=True)
-def fleet_sim(config_file: str | None, count: int, rate: float, window: int, duration: float,
-              address: str | None, keys_dir: str | None, prefix: str, connect_timeout: float,
-              as_json: bool) -> None:
-    """Simulate N agents sending reports to a collector and print the send/ack rates.
-
-    The node keys are written to the collector's allow-list; a collector that is
-    already running picks them up within 30 s (or at once on SIGHUP).
-    """
-    from slurmgpu import simfleet
-
-    settings = _collector_settings(_settings(config_file), address=address, keys_dir=keys_dir)
-    nodes = simfleet.make_nodes(settings.keys_dir, count, prefix=prefix)
-    click.echo(f"allow-listed {count} simulated nodes in {settings.keys_dir}/nodes "
-               "(a running collector needs SIGHUP or up to 30 s)", err=True)
-    server_key = simfleet.collector_public_key(settings.keys_dir)
-    with simfleet.SimFleet(settings.address, server_key, nodes) as sim:
-        connected = sim.hello(connect_timeout)
-        if connected < count:
-            click.echo(f"only {connected}/{count} nodes connected within {connect_timeout}s", err=True)
-        stats = sim.run(duration, rate or None, window=window)
-        stats.connected = connected
-    summary = stats.summary()
-    if as_json:
-        click.echo(json.dumps(summary))
-    else:
-        click.echo(f"nodes {summary['nodes']} (connected {connected}), sent {stats.sent} "
-                   f"({summary['send_rate']}/s), acked {stats.acked} ({summary['ack_rate']}/s), "
-                   f"ack latency p50 {summary['ack_p50_ms']} ms p99 {summary['ack_p99_ms']} ms")
-    if stats.acked < stats.sent:
-        sys.exit(1)

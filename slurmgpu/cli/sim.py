@@ -17,7 +17,6 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from slurmgpu.cli.lazy import LazyCommand, LazyGroup
 from slurmgpu.errors import SlurmGpuError
 
 EXIT_ERROR = 3
@@ -47,16 +46,7 @@ def _one_line_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-# `sim fleet` lives with the collector commands (fleet_cmd, which needs zmq): loaded on use.
-SIM_COMMANDS = {
-    "fleet": LazyCommand("slurmgpu.cli.fleet_cmd", "fleet_sim",
-                         "Simulate N agents sending reports to a collector and print the send/ack "
-                         "rates."),
-}
-
-
-@click.group("sim", cls=LazyGroup, lazy=SIM_COMMANDS,
-             context_settings={"help_option_names": ["-h", "--help"]})
+@click.group("sim", context_settings={"help_option_names": ["-h", "--help"]})
 def sim() -> None:
     """GPU simulator: a fake libnvidia-ml.so.1 driven by JSON scenarios.
 
@@ -182,7 +172,7 @@ def report_seed_cmd(db_path: Path, nodes: int, days: float, seed_: int, end: str
     """Fill a fleet database with a simulated month (demo and benchmark of `slurmgpu report`)."""
     from datetime import datetime
 
-    from slurmgpu.report.seed import seed
+    from slurmgpu.sim.seed import seed
 
     end_ts: float | None = None
     if end is not None:
@@ -206,6 +196,58 @@ def report_seed_cmd(db_path: Path, nodes: int, days: float, seed_: int, end: str
                f"drained at the end: {len(summary['drained_at_end'])}")
 
 
+@sim.command("fleet")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None)
+@click.option("--nodes", "count", type=click.IntRange(1, 100_000), default=100, show_default=True)
+@click.option("--rate", type=click.FloatRange(min=0), default=1 / 15, show_default="1/15",
+              help="Reports per second per node; 0: as fast as --window allows.")
+@click.option("--window", type=click.IntRange(1, 10_000), default=16, show_default=True,
+              help="With --rate 0: unacknowledged reports allowed per node.")
+@click.option("--duration", type=click.FloatRange(min=0.1), default=30.0, show_default=True)
+@click.option("--address", default=None, help="Collector endpoint (collector.address).")
+@click.option("--keys-dir", default=None,
+              help="The collector's keys dir: node keys are allow-listed in its nodes/.")
+@click.option("--prefix", default="sim", show_default=True, help="Node name prefix.")
+@click.option("--connect-timeout", type=float, default=60.0, show_default=True,
+              help="Seconds to wait for every node's hello to be acked.")
+@click.option("--json", "as_json", is_flag=True)
+def fleet_sim(config_file: str | None, count: int, rate: float, window: int, duration: float,
+              address: str | None, keys_dir: str | None, prefix: str, connect_timeout: float,
+              as_json: bool) -> None:
+    """Simulate N agents sending reports to a collector and print the send/ack rates.
+
+    The node keys are written to the collector's allow-list; a collector that is
+    already running picks them up within 30 s (or at once on SIGHUP).
+    """
+    import dataclasses
+
+    from slurmgpu.config.load import load_config
+    from slurmgpu.sim import fleet as simfleet
+
+    given: dict[str, Any] = {"address": address, "keys_dir": keys_dir}
+    settings = dataclasses.replace(load_config(config_file).settings_for(None).collector,
+                                   **{k: v for k, v in given.items() if v is not None})
+    nodes = simfleet.make_nodes(settings.keys_dir, count, prefix=prefix)
+    click.echo(f"allow-listed {count} simulated nodes in {settings.keys_dir}/nodes "
+               "(a running collector needs SIGHUP or up to 30 s)", err=True)
+    server_key = simfleet.collector_public_key(settings.keys_dir)
+    with simfleet.SimFleet(settings.address, server_key, nodes) as agents:
+        connected = agents.hello(connect_timeout)
+        if connected < count:
+            click.echo(f"only {connected}/{count} nodes connected within {connect_timeout}s", err=True)
+        stats = agents.run(duration, rate or None, window=window)
+        stats.connected = connected
+    summary = stats.summary()
+    if as_json:
+        click.echo(json.dumps(summary))
+    else:
+        click.echo(f"nodes {summary['nodes']} (connected {connected}), sent {stats.sent} "
+                   f"({summary['send_rate']}/s), acked {stats.acked} ({summary['ack_rate']}/s), "
+                   f"ack latency p50 {summary['ack_p50_ms']} ms p99 {summary['ack_p99_ms']} ms")
+    if stats.acked < stats.sent:
+        sys.exit(1)
+
+
 # ------------------------------------------------------------------ sim cluster
 
 _dir_option = click.option(
@@ -215,7 +257,7 @@ _dir_option = click.option(
 
 
 def _cluster(directory: Path | None) -> Any:
-    from slurmgpu.simcluster import SimCluster
+    from slurmgpu.sim.cluster import SimCluster
 
     return SimCluster(directory)
 
@@ -354,7 +396,7 @@ def cluster_env(directory: Path | None) -> None:
     """Print export lines for Slurm clients and slurmgpu's fleet commands:
     eval "$(slurmgpu sim cluster env)" (SLURM_CONF, and SLURMGPU_CONFIG: the head node's
     config, so `fleet`, `report`, `breaker` and `jobs events` read this cluster)."""
-    from slurmgpu.simcluster import path_additions
+    from slurmgpu.sim.cluster import path_additions
 
     for key, value in _cluster(directory).shell_env().items():
         if key == "PATH":  # keep the shell's own PATH, only append what is missing

@@ -99,6 +99,20 @@ class _Node:
     last_seen: float = 0.0
 
 
+@dataclass
+class _Episode:
+    """A fault episode being written: what its onset found, what the automation then does."""
+    kind: str
+    gpu: int
+    t0: float  # its first report
+    t_fix: float  # when it is repaired (> end: still open)
+    action: str = "drain"
+    trigger: str = ""
+    severity: str = "FAIL"
+    bad: list[tuple[Any, ...]] = field(default_factory=list)
+    ckpt_deadline: float = 0.0
+
+
 def _catalog_names() -> dict[int, tuple[str, str]]:
     from slurmgpu.xid import catalog
 
@@ -264,110 +278,137 @@ class _Seeder:
     def fault(self, node: _Node, kind: str, t0: float, *, forever: bool = False,
               xid: int | None = None, repair_h: float = 10.0) -> float:
         """One fault episode from ``t0``; returns when it ended (> end: still open)."""
-        rng = self.rng
-        gpu = rng.randrange(GPUS)
+        gpu = self.rng.randrange(GPUS)
         t_fix = self.end + DAY if forever else t0 + self.repair_time(repair_h)
-        action, trigger, severity = "drain", "", "FAIL"
-        bad: list[tuple[Any, ...]] = []
-        ckpt_deadline = 0.0
+        ep = _Episode(kind, gpu, t0, t_fix)
         if kind == "xid":
-            xid = xid or _weighted(rng, HW_XIDS[node.model])
-            name, xid_action = self.xids.get(xid, (f"XID {xid}", "drain"))
-            action = "drain-now" if xid == 79 else XID_ACTION[xid_action]
-            severity = "FAIL" if action in ("drain", "drain-now") else "WARN"
-            message = f"XID {xid}: {name}"
-            bad = [("xid.recent", severity, gpu, None, message)]
-            if xid == 79:
-                bad.append(("gpu.lost", "FAIL", gpu, None, "GPU has fallen off the bus"))
-            self.event(node, t0 - 1.0, "xid", gpu, xid, severity, bad[:1])
-            trigger = "xid.recent"
-            if action == "checkpoint":
-                ckpt_deadline = 300.0
-            elif action == "drain-now":
-                ckpt_deadline = 120.0
-            if xid == 63:  # a row remap event: the remap itself is below
-                t_fix = t0 + rng.uniform(0.2, 2.0) * HOUR
+            self._onset_xid(node, ep, xid)
         elif kind == "ecc":
-            n = rng.choice((1, 1, 2, 4))
-            cur = self.gpu_now[(node.name, gpu)]
-            self.event(node, t0 - 2.0, "ecc_dbe", gpu, n, "FAIL", [])
-            self.event(node, t0 - 1.0, "xid", gpu, 48, "FAIL",
-                       [("xid.recent", "FAIL", gpu, None, f"XID 48: {self.xids[48][0]}")])
-            self.set_gpu(node, gpu, t0, ecc_uncorrected=cur[3] + n, remap_pending=1)
-            bad = [("ecc.uncorrected", "FAIL", gpu, None, f"{n} uncorrected ECC error(s) (volatile)")]
-            trigger = "ecc.uncorrected"
+            self._onset_ecc(node, ep)
         elif kind == "remap":
-            cur = self.gpu_now[(node.name, gpu)]
-            self.event(node, t0 - 1.0, "xid", gpu, 63, "WARN",
-                       [("xid.recent", "WARN", gpu, None, f"XID 63: {self.xids[63][0]}")])
-            self.set_gpu(node, gpu, t0, remap_uncorrected=cur[5] + 1, remap_pending=1)
-            bad = [("mem.row_remap", "FAIL", gpu, None, "row remap pending: GPU reset required")]
-            action, trigger, ckpt_deadline = "checkpoint", "mem.row_remap", 300.0
-            t_fix = t0 + rng.uniform(0.5, 4.0) * HOUR
+            self._onset_remap(node, ep)
         elif kind == "remap-failure":
-            self.event(node, t0 - 1.0, "xid", gpu, 64, "FAIL",
-                       [("xid.recent", "FAIL", gpu, None, f"XID 64: {self.xids[64][0]}")])
-            self.set_gpu(node, gpu, t0, remap_failure=1)
-            bad = [("mem.row_remap", "FAIL", gpu, None, "row remapping failure: no spare rows (RMA)")]
-            trigger = "mem.row_remap"
-            t_fix = self.end + DAY
+            self._onset_remap_failure(node, ep)
         elif kind == "thermal":
-            severity = "WARN"
-            bad = [("thermal.throttle", "WARN", gpu, None, "HW slowdown active (clocks event reasons 0x8)")]
-            trigger = "thermal.throttle"
-            node.throttle.append((t0 - 2 * HOUR, t0 + 60.0, 0.7))
-            self.decision(t0 + 1.0, node, "warn", f"slurmgpu: thermal.throttle GPU {gpu} HW slowdown active",
-                          trigger, "recorded")
-            t0 += 30.0  # three strikes later
+            self._onset_thermal(node, ep)
         elif kind == "ib":
-            port = rng.choice(PORTS)
-            cur = self.ib_now[(node.name, port)]
-            self.set_ib(node, port, t0 - 240.0, symbol_error=cur[2] + rng.randint(200, 5000),
-                        link_downed=cur[3] + 1, link_error_recovery=cur[4] + rng.randint(1, 5))
-            cur = self.ib_now[(node.name, port)]
-            self.set_ib(node, port, t0 - 30.0, symbol_error=cur[2] + rng.randint(100, 3000),
-                        link_downed=cur[3] + rng.randint(1, 3), port_rcv_errors=cur[5] + rng.randint(10, 400))
-            bad = [("ib.flap", "FAIL", None, port, "link flapping: link_downed rose in 2 samples within "
-                                                     "300 s (2 strikes)")]
-            trigger = "ib.flap"
-            t_fix = t0 + self.repair_time(6.0)
-        fix = min(t_fix, self.end + DAY)
-        self.report(node, t0, bad)
-        if severity == "FAIL":
-            node.fails.append((t0, min(fix, self.end)))
-        first = bad[0]
-        where = f" GPU {first[2]}" if first[2] is not None else (f" {first[3]}" if first[3] else "")
-        reason = f"slurmgpu: {first[0]}{where} {first[4]}" + (" (3 reports)" if kind == "thermal" else "")
-        if action == "warn":
-            self.decision(t0 + 1.0, node, "warn", reason, trigger, "recorded")
-        else:
-            if ckpt_deadline:
-                self.decision(t0 + 1.0, node, action, reason, trigger,
-                              "drained" if action == "drain-now" else "checkpointing")
-                ready = self.jobs(node, t0 + 1.0, action, reason, ckpt_deadline)
-                if action == "drain-now":
-                    self.node_state(t0 + 3.0, node, "drained", reason, "root", "automation")
-                    self.drained[node.name] = {"time": t0 + 1.0, "trigger": trigger, "reason": reason}
-                else:
-                    self.drain(node, max(ready, t0 + 2.0), "drain", reason, trigger)
-            else:
-                # (uncorrected ECC errors: the job's epilog drains the node as it ends)
-                self.drain(node, t0 + 1.0, action, reason, trigger, by_epilog=kind == "ecc")
-            self.prolog_blocked(node, t0, reason)
-            if kind == "remap-failure":
-                self.ticket += rng.randint(1, 30)
-                when = t0 + rng.uniform(2, 20) * HOUR
-                if when < self.end:
-                    self.node_state(when, node, "drained", f"RMA GPU {gpu}: row remap failure "
-                                    f"(case {self.ticket})", rng.choice(OPERATORS), "outside")
+            self._onset_ib(node, ep)
+        fix = min(ep.t_fix, self.end + DAY)
+        self.report(node, ep.t0, ep.bad)
+        if ep.severity == "FAIL":
+            node.fails.append((ep.t0, min(fix, self.end)))
+        self._respond(node, ep)
         if fix <= self.end:
             if kind in ("ecc", "remap"):
                 self.set_gpu(node, gpu, fix - 120.0, remap_pending=0)
-            if action == "warn":
+            if ep.action == "warn":
                 self.report(node, fix, [])
             elif not forever:
                 self.resume(node, fix)
         return fix
+
+    def _onset_xid(self, node: _Node, ep: _Episode, xid: int | None) -> None:
+        gpu, t0 = ep.gpu, ep.t0
+        xid = xid or _weighted(self.rng, HW_XIDS[node.model])
+        name, xid_action = self.xids.get(xid, (f"XID {xid}", "drain"))
+        ep.action = "drain-now" if xid == 79 else XID_ACTION[xid_action]
+        ep.severity = "FAIL" if ep.action in ("drain", "drain-now") else "WARN"
+        message = f"XID {xid}: {name}"
+        ep.bad = [("xid.recent", ep.severity, gpu, None, message)]
+        if xid == 79:
+            ep.bad.append(("gpu.lost", "FAIL", gpu, None, "GPU has fallen off the bus"))
+        self.event(node, t0 - 1.0, "xid", gpu, xid, ep.severity, ep.bad[:1])
+        ep.trigger = "xid.recent"
+        if ep.action == "checkpoint":
+            ep.ckpt_deadline = 300.0
+        elif ep.action == "drain-now":
+            ep.ckpt_deadline = 120.0
+        if xid == 63:  # a row remap event: the remap itself is below
+            ep.t_fix = t0 + self.rng.uniform(0.2, 2.0) * HOUR
+
+    def _onset_ecc(self, node: _Node, ep: _Episode) -> None:
+        gpu, t0 = ep.gpu, ep.t0
+        n = self.rng.choice((1, 1, 2, 4))
+        cur = self.gpu_now[(node.name, gpu)]
+        self.event(node, t0 - 2.0, "ecc_dbe", gpu, n, "FAIL", [])
+        self.event(node, t0 - 1.0, "xid", gpu, 48, "FAIL",
+                   [("xid.recent", "FAIL", gpu, None, f"XID 48: {self.xids[48][0]}")])
+        self.set_gpu(node, gpu, t0, ecc_uncorrected=cur[3] + n, remap_pending=1)
+        ep.bad = [("ecc.uncorrected", "FAIL", gpu, None, f"{n} uncorrected ECC error(s) (volatile)")]
+        ep.trigger = "ecc.uncorrected"
+
+    def _onset_remap(self, node: _Node, ep: _Episode) -> None:
+        gpu, t0 = ep.gpu, ep.t0
+        cur = self.gpu_now[(node.name, gpu)]
+        self.event(node, t0 - 1.0, "xid", gpu, 63, "WARN",
+                   [("xid.recent", "WARN", gpu, None, f"XID 63: {self.xids[63][0]}")])
+        self.set_gpu(node, gpu, t0, remap_uncorrected=cur[5] + 1, remap_pending=1)
+        ep.bad = [("mem.row_remap", "FAIL", gpu, None, "row remap pending: GPU reset required")]
+        ep.action, ep.trigger, ep.ckpt_deadline = "checkpoint", "mem.row_remap", 300.0
+        ep.t_fix = t0 + self.rng.uniform(0.5, 4.0) * HOUR
+
+    def _onset_remap_failure(self, node: _Node, ep: _Episode) -> None:
+        gpu, t0 = ep.gpu, ep.t0
+        self.event(node, t0 - 1.0, "xid", gpu, 64, "FAIL",
+                   [("xid.recent", "FAIL", gpu, None, f"XID 64: {self.xids[64][0]}")])
+        self.set_gpu(node, gpu, t0, remap_failure=1)
+        ep.bad = [("mem.row_remap", "FAIL", gpu, None, "row remapping failure: no spare rows (RMA)")]
+        ep.trigger = "mem.row_remap"
+        ep.t_fix = self.end + DAY
+
+    def _onset_thermal(self, node: _Node, ep: _Episode) -> None:
+        gpu, t0 = ep.gpu, ep.t0
+        ep.severity = "WARN"
+        ep.bad = [("thermal.throttle", "WARN", gpu, None, "HW slowdown active (clocks event reasons 0x8)")]
+        ep.trigger = "thermal.throttle"
+        node.throttle.append((t0 - 2 * HOUR, t0 + 60.0, 0.7))
+        self.decision(t0 + 1.0, node, "warn", f"slurmgpu: thermal.throttle GPU {gpu} HW slowdown active",
+                      ep.trigger, "recorded")
+        ep.t0 = t0 + 30.0  # three strikes later
+
+    def _onset_ib(self, node: _Node, ep: _Episode) -> None:
+        rng, t0 = self.rng, ep.t0
+        port = rng.choice(PORTS)
+        cur = self.ib_now[(node.name, port)]
+        self.set_ib(node, port, t0 - 240.0, symbol_error=cur[2] + rng.randint(200, 5000),
+                    link_downed=cur[3] + 1, link_error_recovery=cur[4] + rng.randint(1, 5))
+        cur = self.ib_now[(node.name, port)]
+        self.set_ib(node, port, t0 - 30.0, symbol_error=cur[2] + rng.randint(100, 3000),
+                    link_downed=cur[3] + rng.randint(1, 3), port_rcv_errors=cur[5] + rng.randint(10, 400))
+        ep.bad = [("ib.flap", "FAIL", None, port, "link flapping: link_downed rose in 2 samples within "
+                                                    "300 s (2 strikes)")]
+        ep.trigger = "ib.flap"
+        ep.t_fix = t0 + self.repair_time(6.0)
+
+    def _respond(self, node: _Node, ep: _Episode) -> None:
+        """The automation's answer to an episode's first report: a warning, or a drain (after
+        asking the node's jobs to checkpoint); the prolog refuses jobs meanwhile."""
+        rng, t0, action, trigger = self.rng, ep.t0, ep.action, ep.trigger
+        first = ep.bad[0]
+        where = f" GPU {first[2]}" if first[2] is not None else (f" {first[3]}" if first[3] else "")
+        reason = f"slurmgpu: {first[0]}{where} {first[4]}" + (" (3 reports)" if ep.kind == "thermal" else "")
+        if action == "warn":
+            self.decision(t0 + 1.0, node, "warn", reason, trigger, "recorded")
+            return
+        if ep.ckpt_deadline:
+            self.decision(t0 + 1.0, node, action, reason, trigger,
+                          "drained" if action == "drain-now" else "checkpointing")
+            ready = self.jobs(node, t0 + 1.0, action, reason, ep.ckpt_deadline)
+            if action == "drain-now":
+                self.node_state(t0 + 3.0, node, "drained", reason, "root", "automation")
+                self.drained[node.name] = {"time": t0 + 1.0, "trigger": trigger, "reason": reason}
+            else:
+                self.drain(node, max(ready, t0 + 2.0), "drain", reason, trigger)
+        else:
+            # (uncorrected ECC errors: the job's epilog drains the node as it ends)
+            self.drain(node, t0 + 1.0, action, reason, trigger, by_epilog=ep.kind == "ecc")
+        self.prolog_blocked(node, t0, reason)
+        if ep.kind == "remap-failure":
+            self.ticket += rng.randint(1, 30)
+            when = t0 + rng.uniform(2, 20) * HOUR
+            if when < self.end:
+                self.node_state(when, node, "drained", f"RMA GPU {ep.gpu}: row remap failure "
+                                f"(case {self.ticket})", rng.choice(OPERATORS), "outside")
 
     def maintenance(self, node: _Node, t0: float) -> float:
         rng = self.rng
@@ -450,13 +491,17 @@ def _schedule(rng: random.Random, start: float, end: float, n: int) -> list[floa
     return sorted(rng.uniform(start + 2 * HOUR, end - 4 * HOUR) for _ in range(n))
 
 
+SHOWCASE = ("lemon1", "lemon2", "remap-failure", "remap", "ecc", "ib", "xid79", "xid119", "thermal",
+            "maintenance", "unreachable", "drift1", "drift2", "upgrade")
+# Each node's planned episodes: (time, kind, argument), laid out in time by _lay_out.
+_Plan = dict[str, list[tuple[float, str, Any]]]
+
+
 def seed(db_path: str | Path, nodes: int = 1000, days: float = 30, *, end: float | None = None,
          seed: int = 0, state_dir: str | Path | None = None) -> dict[str, Any]:
     """Fill the (empty) fleet database at ``db_path`` with ``days`` of history for ``nodes``
     nodes ending at ``end`` (default: the current hour). Writes ``automation.json`` with the
     two lemons into ``state_dir`` when given. Returns a summary (row counts, notable nodes)."""
-    from slurmgpu.collector.store import Store
-
     if nodes < 1 or days <= 0:
         raise SeedError("nodes must be >= 1 and days > 0")
     began = time.perf_counter()
@@ -465,7 +510,37 @@ def seed(db_path: str | Path, nodes: int = 1000, days: float = 30, *, end: float
     hours = math.ceil((end - start) / HOUR)
     rng = random.Random(seed)
     sd = _Seeder(rng, start, end)
+    fleet = _fleet(nodes, end)
 
+    # Showcase nodes: every kind of trouble appears at least once, even in a small fleet.
+    order = rng.sample(range(nodes), nodes)
+    pick = itertools.cycle(order)
+    showcase = {role: fleet[next(pick)] for role in SHOWCASE}
+    plan: _Plan = {n.name: [] for n in fleet}
+    scale = days / 30.0
+    drifted, up = _versions(sd, fleet, showcase, plan, scale)
+    _counters(sd, fleet, order)
+    _plan_episodes(sd, fleet, showcase, plan, scale)
+    lemons = _lay_out(sd, fleet, plan)
+    _application_xids(sd, fleet, scale)
+    counts = _write(db_path, sd, fleet, hours)
+
+    state_file = None
+    if state_dir is not None:
+        state_file = Path(state_dir) / "automation.json"
+        state_file.parent.mkdir(parents=True, exist_ok=True)
+        state = {"lemons": sd.lemons, "drained": sd.drained, "fleet": nodes}
+        state_file.write_text(json.dumps(state, sort_keys=True, indent=1))
+    return {
+        "db": str(db_path), "nodes": nodes, "days": days, "seed": seed, "start": start, "end": end,
+        "rows": counts, "lemons": sorted(set(lemons)), "drifted": sorted(drifted), "upgraded": up.name,
+        "drained_at_end": sorted(sd.drained), "state_file": None if state_file is None else str(state_file),
+        "seconds": round(time.perf_counter() - began, 3),
+    }
+
+
+def _fleet(nodes: int, end: float) -> list[_Node]:
+    """The A100 nodes, then the H100 nodes, each on the pinned stack of its model."""
     n_a100 = max(1, round(nodes * A100_FRACTION)) if nodes > 1 else 1
     fleet: list[_Node] = []
     for i in range(nodes):
@@ -476,17 +551,14 @@ def seed(db_path: str | Path, nodes: int = 1000, days: float = 30, *, end: float
         versions = {k: spec[k] for k in ("gpu_model", "driver", "cuda", "nccl", "vbios", "ib_firmware",
                                          "ofed", "kernel")}
         fleet.append(_Node(_name(model, idx, count), model, i, versions, last_seen=end))
+    return fleet
 
-    # Showcase nodes: every kind of trouble appears at least once, even in a small fleet.
-    order = rng.sample(range(nodes), nodes)
-    pick = itertools.cycle(order)
-    showcase = {role: fleet[next(pick)] for role in
-                ("lemon1", "lemon2", "remap-failure", "remap", "ecc", "ib", "xid79", "xid119",
-                 "thermal", "maintenance", "unreachable", "drift1", "drift2", "upgrade")}
-    per_node_times: dict[str, list[tuple[float, str, Any]]] = {n.name: [] for n in fleet}
-    scale = days / 30.0
 
-    # Versions: baselines, drift, the mid-month upgrade.
+def _versions(sd: _Seeder, fleet: list[_Node], showcase: dict[str, _Node], plan: _Plan,
+              scale: float) -> tuple[list[str], _Node]:
+    """Versions: baselines, drift, the mid-month upgrade. Returns the drifted nodes' names
+    and the upgraded node."""
+    rng, start, end = sd.rng, sd.start, sd.end
     drifted: list[str] = []
     drift_nodes = [showcase["drift1"], showcase["drift2"]] + [
         n for n in fleet if rng.random() < 0.01 and n not in showcase.values()]
@@ -507,9 +579,13 @@ def seed(db_path: str | Path, nodes: int = 1000, days: float = 30, *, end: float
     if up.name not in drifted:
         upgraded = dict(up.versions, driver=MODELS[up.model]["driver"])
         sd.versions.append((up.name, t_up, *upgraded.values()))
-        per_node_times[up.name].append((t_up + 300.0, "report", None))
+        plan[up.name].append((t_up + 300.0, "report", None))
+    return drifted, up
 
-    # Counters: a baseline row for every GPU and port, then the slow risers.
+
+def _counters(sd: _Seeder, fleet: list[_Node], order: list[int]) -> None:
+    """Counters: a baseline row for every GPU and port, then the slow risers."""
+    rng, start, end, nodes = sd.rng, sd.start, sd.end, len(fleet)
     for node in fleet:
         spec = MODELS[node.model]
         for g in range(GPUS):
@@ -540,14 +616,18 @@ def seed(db_path: str | Path, nodes: int = 1000, days: float = 30, *, end: float
                 sd.set_ib(node, p, t, symbol_error=cur_ib[2] + rng.randint(20, 800))
                 t += DAY * rng.uniform(0.7, 1.3)
 
-    # Episodes: the showcase ones, then random ones at the fleet's rates.
+
+def _plan_episodes(sd: _Seeder, fleet: list[_Node], showcase: dict[str, _Node], plan: _Plan,
+                   scale: float) -> None:
+    """Episodes: the showcase ones, then random ones at the fleet's rates."""
+    rng, start, end = sd.rng, sd.start, sd.end
     window = end - start
     for role in ("lemon1", "lemon2"):
         node = showcase[role]
         t = start + window * rng.uniform(0.3, 0.5)
         step = min(rng.uniform(1.2, 2.0) * DAY, (end - t - 2 * HOUR) / 3)
         for k in range(3):
-            per_node_times[node.name].append((t, "lemon", k))
+            plan[node.name].append((t, "lemon", k))
             t += step
     for role, kind, arg in (("remap-failure", "fault", ("remap-failure", None)),
                             ("remap", "fault", ("remap", None)), ("ecc", "fault", ("ecc", None)),
@@ -556,7 +636,7 @@ def seed(db_path: str | Path, nodes: int = 1000, days: float = 30, *, end: float
                             ("thermal", "fault", ("thermal", None)),
                             ("maintenance", "maintenance", None), ("unreachable", "unreachable", None)):
         node = showcase[role]
-        per_node_times[node.name].append((rng.uniform(start + 2 * HOUR, end - 4 * HOUR), kind, arg))
+        plan[node.name].append((rng.uniform(start + 2 * HOUR, end - 4 * HOUR), kind, arg))
     throttlers = [showcase["thermal"]] + [n for n in fleet if rng.random() < 0.004]
     for node in throttlers:
         node.chronic = rng.uniform(0.15, 0.45)
@@ -568,18 +648,21 @@ def seed(db_path: str | Path, nodes: int = 1000, days: float = 30, *, end: float
             kind = _weighted(rng, FAULTS)
             if kind == "thermal" and not node.chronic:
                 node.chronic = rng.uniform(0.05, 0.2)
-            per_node_times[node.name].append((t, "fault", (kind, None)))
+            plan[node.name].append((t, "fault", (kind, None)))
         if rng.random() < 0.03 * scale:
-            per_node_times[node.name].append((rng.uniform(start, end - HOUR), "maintenance", None))
+            plan[node.name].append((rng.uniform(start, end - HOUR), "maintenance", None))
         if rng.random() < 0.02 * scale:
-            per_node_times[node.name].append((rng.uniform(start, end - HOUR), "unreachable", None))
+            plan[node.name].append((rng.uniform(start, end - HOUR), "unreachable", None))
 
-    # Lay every node's episodes out in time, one at a time.
+
+def _lay_out(sd: _Seeder, fleet: list[_Node], plan: _Plan) -> list[str]:
+    """Lay every node's episodes out in time, one at a time. Returns the lemons."""
+    rng, start, end = sd.rng, sd.start, sd.end
     lemons: list[str] = []
     for node in fleet:
         sd.report(node, start + rng.uniform(1, REPORT_S), [])
         busy_until = start
-        for t, kind, arg in sorted(per_node_times[node.name], key=lambda x: x[0]):
+        for t, kind, arg in sorted(plan[node.name], key=lambda x: x[0]):
             if kind == "report":
                 if t >= busy_until:
                     sd.report(node, t, [])
@@ -592,31 +675,45 @@ def seed(db_path: str | Path, nodes: int = 1000, days: float = 30, *, end: float
                 fault_kind, xid = arg
                 busy_until = sd.fault(node, fault_kind, t, forever=fault_kind == "remap-failure", xid=xid)
             elif kind == "lemon":
-                last = arg == 2
-                code = 119 if node.model == "h100" else 74
-                busy_until = sd.fault(node, "xid", max(t, busy_until + 0.1 * HOUR), forever=last, xid=code,
-                                      repair_h=min(3.0, window / HOUR / 24))
-                if last:
+                busy_until = _lemon_drain(sd, node, t, busy_until, last=arg == 2)
+                if arg == 2:
                     lemons.append(node.name)
-                    info = sd.drained.get(node.name, {})
-                    sd.lemons[node.name] = {"since": info.get("time", t), "why":
-                                            f"3 drains within 604800 s, last: {info.get('reason', '')}"}
             elif kind == "maintenance":
                 busy_until = sd.maintenance(node, t)
             elif kind == "unreachable":
                 busy_until = sd.unreachable(node, t, t + rng.uniform(0.3, 8) * HOUR)
+    return lemons
 
-    # Application XIDs: events only (the node is fine).
+
+def _lemon_drain(sd: _Seeder, node: _Node, t: float, busy_until: float, *, last: bool) -> float:
+    """One of a lemon's three XID drains; the last one stays open and makes it a lemon."""
+    code = 119 if node.model == "h100" else 74
+    ended = sd.fault(node, "xid", max(t, busy_until + 0.1 * HOUR), forever=last, xid=code,
+                     repair_h=min(3.0, (sd.end - sd.start) / HOUR / 24))
+    if last:
+        info = sd.drained.get(node.name, {})
+        sd.lemons[node.name] = {"since": info.get("time", t), "why":
+                                f"3 drains within 604800 s, last: {info.get('reason', '')}"}
+    return ended
+
+
+def _application_xids(sd: _Seeder, fleet: list[_Node], scale: float) -> None:
+    """Application XIDs: events only (the node is fine)."""
+    rng = sd.rng
     app = list(APP_XIDS)
     weights = [APP_XIDS[c] for c in app]
     for node in fleet:
         for _ in range(int(rng.expovariate(1 / (3.0 * scale)))):
             g, code = rng.randrange(GPUS), rng.choices(app, weights)[0]
-            t = rng.uniform(start, end)
+            t = rng.uniform(sd.start, sd.end)
             sd.event(node, t, "xid", g, code, "OK",
                      [("xid.recent", "OK", g, None, f"XID {code}: {sd.xids[code][0]}")])
 
-    # Write it all.
+
+def _write(db_path: str | Path, sd: _Seeder, fleet: list[_Node], hours: int) -> dict[str, int]:
+    """Write it all, in one transaction; returns each table's row count."""
+    from slurmgpu.collector.store import Store
+
     sd.states.sort(key=_by_time)
     sd.checkpoints.sort(key=_by_requested)
     sd.job_events.sort(key=_by_time)
@@ -634,65 +731,61 @@ def seed(db_path: str | Path, nodes: int = 1000, days: float = 30, *, end: float
             db.execute("DROP INDEX node_samples_ts")
             db.executemany("INSERT INTO node_samples (node, ts, span_s, reports, fail_reports, "
                            "hw_slowdown_reports, sw_thermal_reports) VALUES (?,?,?,?,?,?,?)",
-                           (row for node in fleet for row in _samples(node, start, hours, rng)))
+                           (row for node in fleet for row in _samples(node, sd.start, hours, sd.rng)))
             db.execute(index_sql)
-            db.executemany("INSERT INTO report_history (node, seq, ts, verdict) VALUES (?,?,?,?)",
-                           sd.history)
-            db.executemany("INSERT INTO findings (node, seq, ts, check_id, severity, gpu, subject, "
-                           "message) VALUES (?,?,?,?,?,?,?,?)", sd.findings)
-            db.executemany("INSERT INTO events (node, seq, ts, kind, gpu, data, verdict, body) "
-                           "VALUES (?,?,?,?,?,?,?,?)", sd.events)
-            db.executemany("INSERT INTO decisions (time, node, action, reason, held, dry_run, trigger, "
-                           "result) VALUES (?,?,?,?,?,?,?,?)", sorted(sd.decisions))
-            db.executemany("INSERT INTO node_states (node, ts, kind, reason, actor, drained_by) "
-                           "VALUES (?,?,?,?,?,?)", sd.states)
-            db.executemany("INSERT INTO gpu_counters (node, gpu, ts, serial, model, ecc_corrected, "
-                           "ecc_uncorrected, remap_corrected, remap_uncorrected, remap_pending, "
-                           "remap_failure) VALUES (?,?,?,?,?,?,?,?,?,?,?)", sd.gpu)
-            db.executemany("INSERT INTO ib_counters (node, port, ts, state, rate_gbps, symbol_error, "
-                           "link_downed, link_error_recovery, port_rcv_errors, local_link_integrity_errors, "
-                           "excessive_buffer_overrun_errors) VALUES (?,?,?,?,?,?,?,?,?,?,?)", sd.ib)
-            db.executemany("INSERT INTO node_versions (node, ts, gpu_model, driver, cuda, nccl, vbios, "
-                           "ib_firmware, ofed, kernel) VALUES (?,?,?,?,?,?,?,?,?,?)", sd.versions)
-            db.executemany("INSERT INTO checkpoints (job_id, action, reason, trigger_node, nodes, user, "
-                           "requested, deadline, state, acked_at, acked_by, closed) "
-                           "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", sd.checkpoints)
-            db.executemany("INSERT INTO job_events (job_id, ts, kind, node, detail) VALUES (?,?,?,?,?)",
-                           sd.job_events)
-            node_rows, reports = [], []
-            for node in fleet:
-                seen = node.last_seen
-                w = node.worst
-                node_rows.append((node.name, start, seen, _seq(start, seen), node.verdict, seen,
-                                  w[0] if w else None, w[1] if w else None, w[2] if w else None,
-                                  w[3] if w else None, 0 if node.unreachable_since else 1,
-                                  node.unreachable_since, __version__))
-                body = {"verdict": node.verdict, "findings": (
-                    [{"check": w[0], "severity": w[1], "message": w[2], "gpu": w[3]}] if w else []),
-                    "summary": {"versions": dict(node.versions)}}
-                reports.append((node.name, _seq(start, seen), seen, node.verdict,
-                                msgpack.packb(body, use_bin_type=True)))
-            db.executemany("INSERT INTO nodes (node, first_seen, last_seen, last_seq, verdict, verdict_ts, "
-                           "worst_check, worst_severity, worst_message, worst_gpu, reachable, "
-                           "unreachable_since, agent_version) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", node_rows)
-            db.executemany("INSERT INTO reports (node, seq, ts, verdict, body) VALUES (?,?,?,?,?)", reports)
+            _insert_history(db, sd)
+            _insert_nodes(db, fleet, sd.start)
         db.execute("PRAGMA synchronous = NORMAL")
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        counts = {t: store.count(t) for t in ("nodes", "node_samples", "report_history", "findings",
-                                              "events", "decisions", "node_states", "gpu_counters",
-                                              "ib_counters", "node_versions", "checkpoints", "job_events")}
+        return {t: store.count(t) for t in ("nodes", "node_samples", "report_history", "findings",
+                                            "events", "decisions", "node_states", "gpu_counters",
+                                            "ib_counters", "node_versions", "checkpoints", "job_events")}
     finally:
         store.close()
 
-    state_file = None
-    if state_dir is not None:
-        state_file = Path(state_dir) / "automation.json"
-        state_file.parent.mkdir(parents=True, exist_ok=True)
-        state = {"lemons": sd.lemons, "drained": sd.drained, "fleet": nodes}
-        state_file.write_text(json.dumps(state, sort_keys=True, indent=1))
-    return {
-        "db": str(db_path), "nodes": nodes, "days": days, "seed": seed, "start": start, "end": end,
-        "rows": counts, "lemons": sorted(set(lemons)), "drifted": sorted(drifted), "upgraded": up.name,
-        "drained_at_end": sorted(sd.drained), "state_file": None if state_file is None else str(state_file),
-        "seconds": round(time.perf_counter() - began, 3),
-    }
+
+def _insert_history(db: Any, sd: _Seeder) -> None:
+    db.executemany("INSERT INTO report_history (node, seq, ts, verdict) VALUES (?,?,?,?)",
+                   sd.history)
+    db.executemany("INSERT INTO findings (node, seq, ts, check_id, severity, gpu, subject, "
+                   "message) VALUES (?,?,?,?,?,?,?,?)", sd.findings)
+    db.executemany("INSERT INTO events (node, seq, ts, kind, gpu, data, verdict, body) "
+                   "VALUES (?,?,?,?,?,?,?,?)", sd.events)
+    db.executemany("INSERT INTO decisions (time, node, action, reason, held, dry_run, trigger, "
+                   "result) VALUES (?,?,?,?,?,?,?,?)", sorted(sd.decisions))
+    db.executemany("INSERT INTO node_states (node, ts, kind, reason, actor, drained_by) "
+                   "VALUES (?,?,?,?,?,?)", sd.states)
+    db.executemany("INSERT INTO gpu_counters (node, gpu, ts, serial, model, ecc_corrected, "
+                   "ecc_uncorrected, remap_corrected, remap_uncorrected, remap_pending, "
+                   "remap_failure) VALUES (?,?,?,?,?,?,?,?,?,?,?)", sd.gpu)
+    db.executemany("INSERT INTO ib_counters (node, port, ts, state, rate_gbps, symbol_error, "
+                   "link_downed, link_error_recovery, port_rcv_errors, local_link_integrity_errors, "
+                   "excessive_buffer_overrun_errors) VALUES (?,?,?,?,?,?,?,?,?,?,?)", sd.ib)
+    db.executemany("INSERT INTO node_versions (node, ts, gpu_model, driver, cuda, nccl, vbios, "
+                   "ib_firmware, ofed, kernel) VALUES (?,?,?,?,?,?,?,?,?,?)", sd.versions)
+    db.executemany("INSERT INTO checkpoints (job_id, action, reason, trigger_node, nodes, user, "
+                   "requested, deadline, state, acked_at, acked_by, closed) "
+                   "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", sd.checkpoints)
+    db.executemany("INSERT INTO job_events (job_id, ts, kind, node, detail) VALUES (?,?,?,?,?)",
+                   sd.job_events)
+
+
+def _insert_nodes(db: Any, fleet: list[_Node], start: float) -> None:
+    """Each node's row and its latest report, as the collector keeps them."""
+    node_rows, reports = [], []
+    for node in fleet:
+        seen = node.last_seen
+        w = node.worst
+        node_rows.append((node.name, start, seen, _seq(start, seen), node.verdict, seen,
+                          w[0] if w else None, w[1] if w else None, w[2] if w else None,
+                          w[3] if w else None, 0 if node.unreachable_since else 1,
+                          node.unreachable_since, __version__))
+        body = {"verdict": node.verdict, "findings": (
+            [{"check": w[0], "severity": w[1], "message": w[2], "gpu": w[3]}] if w else []),
+            "summary": {"versions": dict(node.versions)}}
+        reports.append((node.name, _seq(start, seen), seen, node.verdict,
+                        msgpack.packb(body, use_bin_type=True)))
+    db.executemany("INSERT INTO nodes (node, first_seen, last_seen, last_seq, verdict, verdict_ts, "
+                   "worst_check, worst_severity, worst_message, worst_gpu, reachable, "
+                   "unreachable_since, agent_version) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", node_rows)
+    db.executemany("INSERT INTO reports (node, seq, ts, verdict, body) VALUES (?,?,?,?,?)", reports)

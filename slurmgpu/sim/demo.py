@@ -1,6 +1,6 @@
 """`slurmgpu demo`: the whole product on one machine, in about a minute.
 
-A 4-node Slurm mini-cluster (``slurmgpu.simcluster``: 8 simulated H100s per node, one
+A 4-node Slurm mini-cluster (``slurmgpu.sim.cluster``: 8 simulated H100s per node, one
 agent per node, the collector with ``[automation]`` on) runs real jobs while faults are
 injected live, and every effect slurmgpu should have is waited for (bounded) and narrated
 with the seconds since its step began:
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from slurmgpu.errors import SlurmGpuError
-from slurmgpu.simcluster import (
+from slurmgpu.sim.cluster import (
     DEFAULT_SCENARIO,
     STATE_FILE,
     SimCluster,
@@ -622,7 +622,7 @@ def _requeued(info: dict[str, str]) -> str | None:
 
 def _final_state(demo: Demo, job: str, timeout: float | None = None) -> str:
     """The job's final state, or its state when the wait ran out."""
-    from slurmgpu.simcluster import TERMINAL_JOB_STATES
+    from slurmgpu.sim.cluster import TERMINAL_JOB_STATES
 
     def done() -> str | None:
         state = demo.cluster.job(job).get("JobState", "")
