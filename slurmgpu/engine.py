@@ -77,7 +77,11 @@ def evaluate(facts: NodeFacts, settings: Settings, *, scope: frozenset[int] | No
     started = time.perf_counter()
     policy = XidPolicy(settings.xid.overrides, settings.xid.unknown_action)
     ctx = CheckContext(facts, settings, policy, scope)
-    specs = enabled_checks(settings.checks.disabled) if checks is None else checks
+    specs = checks
+    if specs is None:
+        if settings.checks.plugins:
+            progress("load:plugins")  # a plugin import that hangs is named by the watchdog
+        specs = enabled_checks(settings.checks.disabled, plugins=settings.checks.plugins)
     findings: list[Finding] = []
     for spec in specs:
         progress(f"check:{spec.id}")
@@ -87,12 +91,21 @@ def evaluate(facts: NodeFacts, settings: Settings, *, scope: frozenset[int] | No
 
 
 def run_one(spec: CheckSpec, ctx: CheckContext) -> list[Finding]:
-    """One check's findings, stamped with its id. A crashing check becomes one
-    UNKNOWN finding; a silent one an OK finding."""
+    """One check's findings, stamped with its id. A crashing check (an exception, even
+    SystemExit, or something that is not a Finding) becomes one UNKNOWN finding; a
+    silent one an OK finding."""
     try:
-        found = list(spec.func(ctx))
-    except Exception as exc:  # a bug in one check must not hide the others
-        found = [unknown(f"check crashed: {type(exc).__name__}: {exc}")]
-    if not found:
-        found = [Finding(spec.id, Severity.OK, "ok")]
-    return [dataclasses.replace(f, check=spec.id) for f in found]
+        found = [_stamped(f, spec) for f in spec.func(ctx)]
+    except (Exception, SystemExit) as exc:  # a bug in one check must not hide the others
+        found = [_stamped(unknown(f"check crashed: {type(exc).__name__}: {exc}"), spec)]
+    return found or [Finding(spec.id, Severity.OK, "ok")]
+
+
+def _stamped(finding: object, spec: CheckSpec) -> Finding:
+    if not isinstance(finding, Finding) or not isinstance(finding.severity, Severity):
+        raise TypeError(f"a check yields Finding objects (ok(), problem(), ...), not {finding!r:.60}")
+    if spec.origin is not None:  # a plugin's: it must travel as JSON (check --json, the agent)
+        import json
+
+        json.dumps(finding.data)
+    return dataclasses.replace(finding, check=spec.id)

@@ -1,5 +1,23 @@
-"""Every check module, imported once so each registers itself (see registry.py)."""
+"""Every check module, imported once so each registers itself (see registry.py).
 
-from slurmgpu.checks import gpu, infiniband, links, memory, pins, thermal, xid
+Also the API a site plugin writes its checks with (docs/adding-a-check.md)::
 
-__all__ = ["gpu", "infiniband", "links", "memory", "pins", "thermal", "xid"]
+    from slurmgpu.checks import CheckContext, Finding, Severity, check, ok, problem
+"""
+
+from slurmgpu.checks.registry import (
+    CheckContext,
+    check,
+    not_applicable,
+    ok,
+    problem,
+    unknown,
+)
+from slurmgpu.result import Finding, Severity
+
+from slurmgpu.checks import gpu, infiniband, links, memory, pins, thermal, xid  # isort: skip
+
+__all__ = [
+    "CheckContext", "Finding", "Severity", "check", "gpu", "infiniband", "links", "memory",
+    "not_applicable", "ok", "pins", "problem", "thermal", "unknown", "xid",
+]

@@ -146,19 +146,26 @@ def checks() -> None:
 
 @checks.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
-def checks_list(as_json: bool) -> None:
-    """List every check: id, worst default severity, the facts it reads."""
+@click.option("--no-plugins", "no_plugins", is_flag=True,
+              help="Built-in checks only: load no site plugin (as [checks] plugins = false).")
+def checks_list(as_json: bool, no_plugins: bool) -> None:
+    """List every check: id, worst default severity, source (built-in, or the site
+    plugin's entry point and distribution), the facts it reads."""
     from slurmgpu.checks.registry import all_checks
 
-    specs = all_checks()
+    specs = all_checks(plugins=not no_plugins)
     if as_json:
         click.echo(json.dumps([{"id": s.id, "severity": s.severity.name, "reads": list(s.reads),
-                                "summary": s.summary} for s in specs], indent=2))
+                                "summary": s.summary, "source": "built-in" if s.origin is None else "plugin",
+                                "entry_point": s.origin.to_json() if s.origin else None}
+                               for s in specs], indent=2))
         return
     width = max(len(s.id) for s in specs)
-    click.echo(f"{'CHECK':<{width}}  {'SEVERITY':<8}  WHAT IT CHECKS (READS)")
+    source_width = max(len(s.source) for s in specs)
+    click.echo(f"{'CHECK':<{width}}  {'SEVERITY':<8}  {'SOURCE':<{source_width}}  WHAT IT CHECKS (READS)")
     for s in specs:
-        click.echo(f"{s.id:<{width}}  {s.severity.name:<8}  {s.summary} ({', '.join(s.reads)})")
+        click.echo(f"{s.id:<{width}}  {s.severity.name:<8}  {s.source:<{source_width}}  "
+                   f"{s.summary} ({', '.join(s.reads)})")
 
 
 @checks.command("xids")

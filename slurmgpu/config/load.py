@@ -710,12 +710,33 @@ class _Validator:
             where = key if single else (*key, i)
             if pattern in known:
                 continue
-            if any(c in pattern for c in "*?["):
-                if not any(fnmatch.fnmatchcase(c, pattern) for c in known):
-                    raise self.error(where, f"pattern '{pattern}' matches no check")
+            is_glob = any(c in pattern for c in "*?[")
+            if is_glob and any(fnmatch.fnmatchcase(c, pattern) for c in known):
                 continue
+            if _plugin_pattern(pattern):
+                continue
+            if is_glob:
+                raise self.error(where, f"pattern '{pattern}' matches no check")
             raise self.unknown(where, pattern, known, "check",
                                otherwise="see `slurmgpu checks list`")
+
+
+def _plugin_pattern(pattern: str) -> bool:
+    """True for a ``checks.disabled`` entry in a namespace site plugins use: ``site.*``,
+    ``plugin.*`` (a plugin's loader check) or an installed plugin distribution's. Such an
+    entry is valid whether or not a plugin registers that id (a plugin that fails to load,
+    or ``plugins = false``, must not make the config invalid). Entries in other namespaces
+    must name a built-in check (``known_checks``)."""
+    namespace, dot, _ = pattern.partition(".")
+    if not dot or any(c in namespace for c in "*?["):
+        return False
+    if namespace in ("site", "plugin"):
+        return True
+    try:  # entry-point metadata only: no plugin is imported to validate a config
+        from slurmgpu.checks.plugins import installed_namespaces
+    except ImportError:  # pragma: no cover - the config loaded without the registry
+        return False
+    return namespace in installed_namespaces()
 
 
 def _shown_number(value: float) -> str:

@@ -229,6 +229,9 @@ class XidSettings:
 class ChecksSettings:
     # Check ids (or globs like "ib.*") that do not run on these nodes.
     disabled: list[str] = field(default_factory=list)
+    # Load site checks from the "slurmgpu.checks" entry points (docs/adding-a-check.md);
+    # false: scan for none and import none.
+    plugins: bool = True
 
 
 @dataclass
