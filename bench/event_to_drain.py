@@ -61,7 +61,7 @@ from automation_rig import (
 )
 
 from slurmgpu import keys
-from slurmgpu.slurm import REASON_PREFIX
+from slurmgpu.decision import REASON_PREFIX
 from slurmgpu.slurm.cli import CliSlurmClient
 
 TARGET_S = 1.0

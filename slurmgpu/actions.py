@@ -15,24 +15,20 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurmgpu.result import Finding, Severity
-from slurmgpu.slurm import (
-    REASON_PREFIX,
-    SlurmClient,
-    SlurmError,
-    SlurmUnreachable,
-    actor_tag,
-    reason_actor,
-)
+# The reason vocabulary (slurmgpu.decision); drain_reason, with_actor and MAX_REASON stay
+# importable from here.
+from slurmgpu.decision import MAX_REASON as MAX_REASON
+from slurmgpu.decision import REASON_PREFIX, Action
+from slurmgpu.decision import drain_reason as drain_reason
+from slurmgpu.decision import with_actor as with_actor
+from slurmgpu.slurm import SlurmClient, SlurmError, SlurmUnreachable
 
 # Checks whose failures are events, not states: the hardware can look healthy
 # right after them, so a node drained for one is not auto-resumed.
 STICKY_CHECKS = ("xid.recent",)
-MAX_REASON = 256
 
 
 @dataclass(frozen=True)
@@ -46,37 +42,6 @@ class ActionResult:
         return self.action in ("drained", "resumed", "reboot-requested")
 
 
-def drain_reason(findings: Sequence[Finding]) -> str:
-    """``slurmgpu: mem.row_remap GPU 3 row remapping failed ...`` from the worst findings."""
-    bad = sorted((f for f in findings if f.severity is not Severity.OK),
-                 key=lambda f: (-f.severity.rank, f.check, f.gpu if f.gpu is not None else -1))
-    if not bad:
-        return f"{REASON_PREFIX} unhealthy"
-    first = bad[0]
-    where = f" GPU {first.gpu}" if first.gpu is not None else (f" {first.subject}" if first.subject else "")
-    more = f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""
-    return f"{REASON_PREFIX} {first.check}{where} {first.message}{more}"
-
-
-def with_prefix(reason: str) -> str:
-    reason = " ".join(reason.split())
-    return reason if reason.startswith(REASON_PREFIX) else f"{REASON_PREFIX} {reason}"
-
-
-def with_actor(reason: str, actor: str | None, user: str | None = None) -> str:
-    """``reason`` (already prefixed) with the actor tag at its end, the text before it cut
-    ("…") so that the whole stays within ``MAX_REASON`` and Slurm never cuts the tag off.
-    No actor, or a reason that already names one (a journaled drain replayed by a later
-    hook keeps its first actor): unchanged."""
-    if actor is None or reason_actor(reason) is not None:
-        return reason
-    tag = actor_tag(actor, user)
-    room = MAX_REASON - len(tag)
-    if len(reason) > room:
-        reason = reason[: room - 1].rstrip() + "…"
-    return reason + tag
-
-
 class Actions:
     def __init__(self, client: SlurmClient, state_dir: str | Path) -> None:
         self.client = client
@@ -87,30 +52,30 @@ class Actions:
         """``actor`` (``prolog``, ``epilog``, ``healthcheck``, ``operator`` with the
         operator's login as ``user``) is written into the reason as a tag (see
         ``with_actor``); the automation passes none (its decisions are recorded)."""
-        return self._take_away("drain", node, reason, actor, user)
+        return self._take_away(Action.DRAIN, node, reason, actor, user)
 
     def reboot(self, node: str, reason: str) -> ActionResult:
         """``scontrol reboot ASAP nextstate=RESUME``: drain now, reboot when idle,
         resume after. An operator's drain is kept and a rebooting node left alone;
         a node slurmgpu drained is rebooted. Unreachable slurmctld: journaled."""
-        return self._take_away("reboot", node, reason)
+        return self._take_away(Action.REBOOT, node, reason)
 
-    def _take_away(self, action: str, node: str, reason: str, actor: str | None = None,
+    def _take_away(self, action: Action, node: str, reason: str, actor: str | None = None,
                    user: str | None = None) -> ActionResult:
-        reason = with_actor(with_prefix(reason), actor, user)
+        reason = drain_reason(text=reason, one_line=True, actor=actor, user=user)
         try:
             current = self.client.node(node)
             if current.drained and not current.owned_by_slurmgpu:
                 return ActionResult(node, "operator-drain-kept", current.reason)
-            if action == "drain" and current.drained:
+            if action is Action.DRAIN and current.drained:
                 return ActionResult(node, "already-drained", current.reason)
-            if action == "reboot" and current.rebooting:
+            if action is Action.REBOOT and current.rebooting:
                 return ActionResult(node, "already-rebooting", current.reason)
-            (self.client.reboot if action == "reboot" else self.client.drain)(node, reason)
+            (self.client.reboot if action is Action.REBOOT else self.client.drain)(node, reason)
         except SlurmUnreachable:
-            self._remember({"action": action, "node": node, "reason": reason, "time": time.time()})
+            self._remember({"action": action.value, "node": node, "reason": reason, "time": time.time()})
             raise
-        return ActionResult(node, "reboot-requested" if action == "reboot" else "drained", reason)
+        return ActionResult(node, "reboot-requested" if action is Action.REBOOT else "drained", reason)
 
     def resume(self, node: str, *, force: bool = False) -> ActionResult:
         """Resume a node slurmgpu drained (any drained node with force)."""
@@ -143,7 +108,7 @@ class Actions:
         for line in lines:
             try:
                 entry = json.loads(line)
-                redo = self.reboot if entry.get("action") == "reboot" else self.drain
+                redo = self.reboot if entry.get("action") == Action.REBOOT else self.drain
                 results.append(redo(entry["node"], entry["reason"]))
             except SlurmUnreachable:
                 keep.append(line)

@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from slurmgpu import jobfiles
-from slurmgpu.actions import Actions, drain_reason
+from slurmgpu.actions import Actions
 from slurmgpu.config.schema import Settings
+from slurmgpu.decision import Action, drain_reason
 from slurmgpu.engine import Sources, evaluate, gather, node_name, system_sources
 from slurmgpu.facts import NodeFacts, XidEvent
 from slurmgpu.result import Severity, Verdict
@@ -226,14 +227,14 @@ class Gate:
                 result = actions.resume_recovered(job.node)
             else:
                 result = None
-            self._record("healthcheck", job, verdict, action=result.action if result else "none",
+            self._record("healthcheck", job, verdict, action=result.action if result else Action.NONE,
                          reason=result.reason if result else None)
             return verdict.severity.exit_code
         except SlurmUnreachable as exc:
             self._record("healthcheck", job, None, action="drain-deferred", error=str(exc))
             return Severity.UNKNOWN.exit_code
         except Exception as exc:
-            self._record("healthcheck", job, None, action="none", error=_describe(exc), level="error")
+            self._record("healthcheck", job, None, action=Action.NONE, error=_describe(exc), level="error")
             return Severity.UNKNOWN.exit_code
 
     # -- shared ------------------------------------------------------------------
@@ -241,7 +242,7 @@ class Gate:
     def _decide(self, phase: str, job: JobContext, verdict: Verdict, *, drain: bool,
                 exit_on_fail: int = EXIT_REFUSE) -> int:
         if verdict.severity is not Severity.FAIL:
-            self._record(phase, job, verdict, action="none", exit_code=EXIT_OK)
+            self._record(phase, job, verdict, action=Action.NONE, exit_code=EXIT_OK)
             return EXIT_OK
         reason = drain_reason(verdict.findings)
         if not drain:
@@ -265,7 +266,7 @@ class Gate:
             self._record(phase, job, None, action="fail-open", error=error, level="error",
                          exit_code=EXIT_OK)
             return EXIT_OK
-        reason = f"slurmgpu: internal error in {phase}: {error}"
+        reason = drain_reason(text=f"internal error in {phase}: {error}")
         try:
             result = self._actions().drain(job.node, reason, actor=phase)
             action = result.action

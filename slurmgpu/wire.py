@@ -41,6 +41,11 @@ Message types (body fields):
     command         {"command": str, "args": {...}}   (collector -> agent)
     command-result  {"command_id": str, "ok": bool, "result": {...}}
 
+A finding is ``Finding.to_json()``'s map (``encode_finding``): {"check": str, "severity":
+"OK"|"WARN"|"FAIL"|"UNKNOWN", "gpu": int|None, "subject": str|None, "message": str,
+"not_applicable": bool, "data": {...}}; ``decode`` gives a report's or event's findings
+typed, as ``Envelope.findings`` (``decode_finding``).
+
 ``facts``, ``gpu``, ``data``, ``args`` and ``result`` may be absent (or None); every other
 field listed is required. ``node`` is a Slurm node name ([A-Za-z0-9._-], at most 128).
 ``encode`` validates too, so a sender never emits a frame the receiver would reject;
@@ -54,7 +59,7 @@ import math
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
@@ -62,6 +67,7 @@ import msgpack
 
 from slurmgpu.errors import SlurmGpuError
 from slurmgpu.facts import XID_MESSAGE_MAX
+from slurmgpu.result import Finding, Severity
 
 PROTOCOL_VERSION = 1
 MAX_FRAME = 1 << 20  # 1 MiB: a full 8-GPU report is ~20 KiB
@@ -130,6 +136,9 @@ class Envelope:
     ts: float = field(default_factory=time.time)
     v: int = PROTOCOL_VERSION
     epoch: str = ""
+    # A received report's or event's findings, decoded from ``body`` (not sent: senders
+    # put them in the body, ``encode_findings``).
+    findings: tuple[Finding, ...] = field(default=(), compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         data = {"v": self.v, "id": self.id, "node": self.node, "seq": self.seq, "ts": self.ts,
@@ -210,13 +219,13 @@ def decode(frame: bytes) -> Envelope:
         raise WireError("bad epoch")
     if not isinstance(body, dict):
         raise WireError("body is not a map")
-    env = Envelope(type=mtype, node=node, seq=seq, body=body, id=mid, ts=float(ts), v=version,
-                   epoch=epoch)
     try:
-        _validate_body(mtype, body)
+        findings = _validate_body(mtype, body)
     except WireError as exc:
-        raise BodyError(str(exc), env) from None
-    return env
+        raise BodyError(str(exc), Envelope(type=mtype, node=node, seq=seq, body=body, id=mid,
+                                           ts=float(ts), v=version, epoch=epoch)) from None
+    return Envelope(type=mtype, node=node, seq=seq, body=body, id=mid, ts=float(ts), v=version,
+                    epoch=epoch, findings=findings)
 
 
 def _short(value: Any) -> str:
@@ -265,8 +274,9 @@ def _require_int(body: dict[str, Any], key: str, low: int, high: int, mtype: str
         raise WireError(f"{mtype}: field {key!r} out of range [{low}, {high}]")
 
 
-def _validate_body(mtype: str, body: dict[str, Any]) -> None:
-    _VALIDATORS[mtype](body)
+def _validate_body(mtype: str, body: dict[str, Any]) -> tuple[Finding, ...]:
+    """Check ``body``; a report's or event's findings, decoded."""
+    return _VALIDATORS[mtype](body) or ()
 
 
 def _hello(body: dict[str, Any]) -> None:
@@ -277,25 +287,71 @@ def _hello(body: dict[str, Any]) -> None:
         raise WireError(f"hello: field 'interval_s' out of range [0, {MAX_INTERVAL_S:g}]")
 
 
-def _verdict_findings(mtype: str, body: dict[str, Any]) -> None:
+def _verdict_findings(mtype: str, body: dict[str, Any]) -> tuple[Finding, ...]:
     _require_str(body, "verdict", MAX_SEVERITY, mtype)
     _require(body, "findings", list, mtype)
     findings = body["findings"]
     if len(findings) > MAX_FINDINGS:
         raise WireError(f"{mtype}: more than {MAX_FINDINGS} findings")
-    for f in findings:
-        if type(f) is not dict:
-            raise WireError(f"{mtype}: malformed finding")
-        check, severity, gpu = f.get("check"), f.get("severity"), f.get("gpu")
-        subject, message = f.get("subject"), f.get("message")
-        if type(check) is not str or len(check) > MAX_CHECK_NAME or type(severity) is not str \
-                or len(severity) > MAX_SEVERITY \
-                or (subject is not None and not _is_str(subject, MAX_SHORT)) \
-                or (message is not None and not _is_str(message, MAX_TEXT)):
-            raise WireError(f"{mtype}: malformed finding")
-        # (the index range also bounds the distinct GPUs per message to MAX_GPUS)
-        if gpu is not None and (type(gpu) is not int or not 0 <= gpu < MAX_GPUS):
-            raise WireError(f"{mtype}: finding GPU index out of range [0, {MAX_GPUS - 1}]")
+    return tuple(decode_finding(f, mtype) for f in findings)
+
+
+# ---------------------------------------------------------------- findings
+
+
+def plain(value: Any) -> Any:
+    """Make finding data msgpack-safe (sets, tuples, odd objects)."""
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str, bytes)):
+        return value
+    return str(value)
+
+
+def encode_finding(finding: Finding) -> dict[str, Any]:
+    """A finding as it goes on the wire: ``Finding.to_json()``, its data msgpack-safe."""
+    data = finding.to_json()
+    data["data"] = plain(data["data"])
+    return data
+
+
+def encode_findings(findings: Iterable[Finding]) -> list[dict[str, Any]]:
+    return [encode_finding(f) for f in findings]
+
+
+_SEVERITIES = {s.name: s for s in Severity}
+
+
+def decode_severity(text: str) -> Severity:
+    """A severity (or verdict) name from the wire, any case; a name that is none of
+    Severity's: UNKNOWN (the collector never knew what to make of it either)."""
+    severity = _SEVERITIES.get(text)  # (agents send the names as they are)
+    return severity if severity is not None else _SEVERITIES.get(text.upper(), Severity.UNKNOWN)
+
+
+def decode_finding(raw: Any, mtype: str = "finding") -> Finding:
+    """One finding map from the wire -> ``Finding``; WireError (naming ``mtype``) for one
+    a receiver must refuse. Lenient where validation always was: an absent or null
+    message is "", data that is no map is {}, ``not_applicable`` is its truth value, and
+    the severity is ``decode_severity``'s."""
+    if type(raw) is not dict:
+        raise WireError(f"{mtype}: malformed finding")
+    check, severity, gpu = raw.get("check"), raw.get("severity"), raw.get("gpu")
+    subject, message = raw.get("subject"), raw.get("message")
+    if type(check) is not str or len(check) > MAX_CHECK_NAME or type(severity) is not str \
+            or len(severity) > MAX_SEVERITY \
+            or (subject is not None and not _is_str(subject, MAX_SHORT)) \
+            or (message is not None and not _is_str(message, MAX_TEXT)):
+        raise WireError(f"{mtype}: malformed finding")
+    # (the index range also bounds the distinct GPUs per message to MAX_GPUS)
+    if gpu is not None and (type(gpu) is not int or not 0 <= gpu < MAX_GPUS):
+        raise WireError(f"{mtype}: finding GPU index out of range [0, {MAX_GPUS - 1}]")
+    data = raw.get("data")
+    return Finding(check, decode_severity(severity), message or "", gpu=gpu, subject=subject,
+                   not_applicable=bool(raw.get("not_applicable")),
+                   data=data if isinstance(data, dict) else {})
 
 
 def _is_str(value: Any, limit: int, *, optional: bool = False) -> bool:
@@ -304,8 +360,8 @@ def _is_str(value: Any, limit: int, *, optional: bool = False) -> bool:
     return isinstance(value, str) and len(value) <= limit
 
 
-def _report(body: dict[str, Any]) -> None:
-    _verdict_findings(REPORT, body)
+def _report(body: dict[str, Any]) -> tuple[Finding, ...]:
+    findings = _verdict_findings(REPORT, body)
     # facts: a map, or (as the agent sends them) that map pre-packed as msgpack bytes,
     # which the collector stores as they are instead of decoding ~13 KB per report.
     # They are only ever stored as a blob, never bound as SQL values: not walked here.
@@ -323,10 +379,11 @@ def _report(body: dict[str, Any]) -> None:
     summary = body.get("summary")
     if summary is not None:
         validate_summary(summary)
+    return findings
 
 
-def _event(body: dict[str, Any]) -> None:
-    _verdict_findings(EVENT, body)
+def _event(body: dict[str, Any]) -> tuple[Finding, ...]:
+    findings = _verdict_findings(EVENT, body)
     _require_str(body, "kind", MAX_KIND, EVENT)
     _require_int(body, "gpu", 0, MAX_GPUS - 1, EVENT, optional=True)
     _require_int(body, "data", INT64_MIN, INT64_MAX, EVENT, optional=True)
@@ -334,6 +391,7 @@ def _event(body: dict[str, Any]) -> None:
     _require(body, "message", str, EVENT, optional=True)
     if len(body.get("message") or "") > XID_MESSAGE_MAX:
         raise WireError(f"event: message longer than {XID_MESSAGE_MAX} characters")
+    return findings
 
 
 def _seq_list(body: dict[str, Any], key: str, *, optional: bool = False) -> None:
@@ -361,7 +419,7 @@ def _command_result(body: dict[str, Any]) -> None:
     _require(body, "result", dict, COMMAND_RESULT, optional=True)
 
 
-_VALIDATORS: dict[str, Callable[[dict[str, Any]], None]] = {
+_VALIDATORS: dict[str, Callable[[dict[str, Any]], tuple[Finding, ...] | None]] = {
     HELLO: _hello, REPORT: _report, EVENT: _event, HEARTBEAT: lambda body: None, ACK: _ack,
     COMMAND: _command, COMMAND_RESULT: _command_result}
 

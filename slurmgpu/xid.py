@@ -16,17 +16,12 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
+from slurmgpu.decision import XID_ACTION_SEVERITY, XID_ACTIONS, Action
 from slurmgpu.result import Severity
 
-ACTIONS = ("ignore", "warn", "checkpoint", "drain", "reset", "reboot")
-ACTION_SEVERITY = {
-    "ignore": Severity.OK,
-    "warn": Severity.WARN,
-    "checkpoint": Severity.WARN,
-    "drain": Severity.FAIL,
-    "reset": Severity.FAIL,
-    "reboot": Severity.FAIL,
-}
+# (the XID actions and their severities are slurmgpu.decision's; these names stay)
+ACTIONS = XID_ACTIONS
+ACTION_SEVERITY = XID_ACTION_SEVERITY
 
 
 @dataclass(frozen=True)
@@ -93,7 +88,8 @@ def _variant_rows(row: Mapping[str, object]) -> list[dict[str, object]]:
 
 
 class XidPolicy:
-    def __init__(self, overrides: Mapping[str, str] | None = None, unknown_action: str = "warn"):
+    def __init__(self, overrides: Mapping[str, str] | None = None,
+                 unknown_action: str = Action.WARN.value) -> None:
         self.overrides = {int(k): v for k, v in (overrides or {}).items()}
         self.unknown_action = unknown_action
 

@@ -10,15 +10,18 @@ import pytest
 
 from slurmgpu.collector.policy import Automation, Decision, PolicyTable
 from slurmgpu.config.schema import AutomationSettings
+from slurmgpu.result import Finding, Severity
 from slurmgpu.testing import FakeClock, FakeSlurmClient
+from slurmgpu.wire import decode_finding
 
 NODES = [f"gpu-{i:03d}" for i in range(1, 101)]
 
 
 def finding(check: str, severity: str = "FAIL", message: str = "broken", gpu: int | None = 0,
-            **data: Any) -> dict[str, Any]:
-    return {"check": check, "severity": severity, "gpu": gpu, "subject": None, "message": message,
-            "not_applicable": False, "data": data}
+            **data: Any) -> Finding:
+    """A finding as the collector has it: decoded from what an agent sends."""
+    return decode_finding({"check": check, "severity": severity, "gpu": gpu, "subject": None,
+                           "message": message, "not_applicable": False, "data": data})
 
 
 FAIL = [finding("ecc.uncorrected", message="3 volatile uncorrected ECC errors")]
@@ -38,41 +41,41 @@ def drains(client: FakeSlurmClient) -> list[str]:
 
 
 def ok(auto: Automation, node: str, clock: FakeClock) -> list[Decision]:
-    return auto.on_report(node, "OK", [], clock.time())
+    return auto.on_report(node, Severity.OK, [], clock.time())
 
 
 def test_fail_drains_once(tmp_path: Path) -> None:
     auto, client, clock = make(tmp_path)
-    [d] = auto.on_report("gpu-001", "FAIL", FAIL, clock.time())
+    [d] = auto.on_report("gpu-001", Severity.FAIL, FAIL, clock.time())
     assert (d.action, d.result, d.held, d.trigger) == ("drain", "drained", False, "ecc.uncorrected")
     assert client.states["gpu-001"].reason == "slurmgpu: ecc.uncorrected GPU 0 3 volatile uncorrected ECC errors"
     clock.advance(15)
-    assert auto.on_report("gpu-001", "FAIL", FAIL, clock.time()) == []
+    assert auto.on_report("gpu-001", Severity.FAIL, FAIL, clock.time()) == []
     assert drains(client) == ["gpu-001"]
 
 
 def test_thermal_warn_then_drain_after_strikes(tmp_path: Path) -> None:
     auto, client, clock = make(tmp_path, strikes=3)
     for _ in range(2):
-        [d] = auto.on_report("gpu-002", "WARN", THROTTLE, clock.time())
+        [d] = auto.on_report("gpu-002", Severity.WARN, THROTTLE, clock.time())
         assert (d.action, d.result) == ("warn", "recorded")
         clock.advance(15)
-    [d] = auto.on_report("gpu-002", "WARN", THROTTLE, clock.time())
+    [d] = auto.on_report("gpu-002", Severity.WARN, THROTTLE, clock.time())
     assert (d.action, d.result) == ("drain", "drained")
     assert "(3 reports)" in (client.states["gpu-002"].reason or "")
 
 
 def test_strikes_reset_by_a_clean_report(tmp_path: Path) -> None:
     auto, client, clock = make(tmp_path, strikes=2)
-    auto.on_report("gpu-002", "WARN", THROTTLE, clock.time())
+    auto.on_report("gpu-002", Severity.WARN, THROTTLE, clock.time())
     ok(auto, "gpu-002", clock)
-    [d] = auto.on_report("gpu-002", "WARN", THROTTLE, clock.time())
+    [d] = auto.on_report("gpu-002", Severity.WARN, THROTTLE, clock.time())
     assert d.action == "warn" and drains(client) == []
 
 
 def test_xid_actions(tmp_path: Path) -> None:
     auto, client, clock = make(tmp_path)
-    [d] = auto.on_report("gpu-003", "FAIL", [finding("xid.recent", message="XID 79", xid=79, action="drain")],
+    [d] = auto.on_report("gpu-003", Severity.FAIL, [finding("xid.recent", message="XID 79", xid=79, action="drain")],
                          clock.time())
     assert (d.action, d.result) == ("drain-now", "drained")
     assert client.states["gpu-003"].reason == "slurmgpu: xid.recent GPU 0 XID 79"
@@ -112,7 +115,7 @@ def test_storm_trips_breaker_and_caps_fraction(tmp_path: Path) -> None:
     pin = [finding("pins.driver", message="driver 550.54 not in pins", gpu=None)]
     decisions = []
     for node in NODES[:30]:
-        decisions += auto.on_report(node, "FAIL", pin, clock.time())
+        decisions += auto.on_report(node, Severity.FAIL, pin, clock.time())
         clock.advance(5)
     assert len(drains(client)) == 4  # 10 % of 40
     assert sum(d.held for d in decisions) == 26
@@ -125,7 +128,7 @@ def test_storm_alone_trips_breaker(tmp_path: Path) -> None:
     auto, client, clock = make(tmp_path, nodes=40, max_fraction=0.9, max_per_hour=100)
     pin = [finding("pins.driver", gpu=None)]
     for node in NODES[:12]:
-        auto.on_report(node, "FAIL", pin, clock.time())
+        auto.on_report(node, Severity.FAIL, pin, clock.time())
     assert len(drains(client)) == 9
     assert auto.status()["why"].startswith("storm: pins.driver failing on 10 of 40")
 
@@ -134,7 +137,7 @@ def test_storm_window_expires(tmp_path: Path) -> None:
     auto, client, clock = make(tmp_path, nodes=40, max_fraction=0.9, max_per_hour=100)
     pin = [finding("pins.driver", gpu=None)]
     for node in NODES[:12]:
-        auto.on_report(node, "FAIL", pin, clock.time())
+        auto.on_report(node, Severity.FAIL, pin, clock.time())
         clock.advance(60)  # never 10 within 300 s
     assert len(drains(client)) == 12 and not auto.status()["breaker_open"]
 
@@ -144,23 +147,23 @@ def test_per_hour_cap_and_release(tmp_path: Path) -> None:
     checks = ["ecc.uncorrected", "mem.retired_pages", "nvlink.state", "pcie.link", "fabric.state",
               "gpu.count", "ib.rate"]
     for node, check in zip(NODES, checks, strict=False):
-        auto.on_report(node, "FAIL", [finding(check)], clock.time())
+        auto.on_report(node, Severity.FAIL, [finding(check)], clock.time())
         clock.advance(60)
     assert len(drains(client)) == 5
     assert auto.status()["why"].startswith("rate: 5 drains")
     assert [h["node"] for h in auto.status()["held"]] == NODES[5:7]
     clock.advance(3600)  # the hour has passed, but the breaker stays open until released
-    [d] = auto.on_report(NODES[5], "FAIL", [finding(checks[5])], clock.time())
+    [d] = auto.on_report(NODES[5], Severity.FAIL, [finding(checks[5])], clock.time())
     assert d.held
     auto.release()
     assert not auto.status()["breaker_open"] and auto.status()["held"] == []
-    [d] = auto.on_report(NODES[5], "FAIL", [finding(checks[5])], clock.time())
+    [d] = auto.on_report(NODES[5], Severity.FAIL, [finding(checks[5])], clock.time())
     assert (d.held, d.result) == (False, "drained")
 
 
 def test_auto_resume_hysteresis(tmp_path: Path) -> None:
     auto, client, clock = make(tmp_path)
-    auto.on_report("gpu-001", "FAIL", FAIL, clock.time())
+    auto.on_report("gpu-001", Severity.FAIL, FAIL, clock.time())
     for _ in range(3):  # 3 OK reports but only 400 s
         clock.advance(200)
         assert ok(auto, "gpu-001", clock) == []
@@ -173,12 +176,12 @@ def test_auto_resume_hysteresis(tmp_path: Path) -> None:
 
 def test_unhealthy_report_resets_streak(tmp_path: Path) -> None:
     auto, client, clock = make(tmp_path)
-    auto.on_report("gpu-001", "FAIL", FAIL, clock.time())
+    auto.on_report("gpu-001", Severity.FAIL, FAIL, clock.time())
     for _ in range(2):
         clock.advance(400)
         ok(auto, "gpu-001", clock)
     clock.advance(400)
-    auto.on_report("gpu-001", "WARN", THROTTLE, clock.time())
+    auto.on_report("gpu-001", Severity.WARN, THROTTLE, clock.time())
     for _ in range(2):
         clock.advance(400)
         assert ok(auto, "gpu-001", clock) == []
@@ -187,7 +190,7 @@ def test_unhealthy_report_resets_streak(tmp_path: Path) -> None:
 
 def test_operator_drained_node_never_resumed(tmp_path: Path) -> None:
     auto, client, clock = make(tmp_path)
-    auto.on_report("gpu-001", "FAIL", FAIL, clock.time())
+    auto.on_report("gpu-001", Severity.FAIL, FAIL, clock.time())
     client.states["gpu-001"] = dataclasses.replace(client.states["gpu-001"], reason="bob: replacing DIMM")
     decisions = []
     for _ in range(4):
@@ -199,14 +202,14 @@ def test_operator_drained_node_never_resumed(tmp_path: Path) -> None:
     # an operator drain found at drain time is kept too
     client.states["gpu-002"] = dataclasses.replace(client.states["gpu-002"], flags=frozenset({"DRAIN"}),
                                                    reason="alice: maintenance")
-    [d] = auto.on_report("gpu-002", "FAIL", FAIL, clock.time())
+    [d] = auto.on_report("gpu-002", Severity.FAIL, FAIL, clock.time())
     assert d.result == "operator-drain-kept" and client.states["gpu-002"].reason == "alice: maintenance"
 
 
 def test_lemon_stays_drained(tmp_path: Path) -> None:
     auto, client, clock = make(tmp_path)
     for _ in range(3):
-        auto.on_report("gpu-001", "FAIL", FAIL, clock.time())
+        auto.on_report("gpu-001", Severity.FAIL, FAIL, clock.time())
         for _ in range(4):
             clock.advance(300)
             ok(auto, "gpu-001", clock)
@@ -220,9 +223,9 @@ def test_lemon_stays_drained(tmp_path: Path) -> None:
 
 def test_dry_run_records_without_calls(tmp_path: Path) -> None:
     auto, client, clock = make(tmp_path, dry_run=True)
-    [d] = auto.on_report("gpu-001", "FAIL", FAIL, clock.time())
+    [d] = auto.on_report("gpu-001", Severity.FAIL, FAIL, clock.time())
     assert (d.action, d.dry_run, d.result) == ("drain", True, "dry-run")
-    assert auto.on_report("gpu-001", "FAIL", FAIL, clock.time()) == []
+    assert auto.on_report("gpu-001", Severity.FAIL, FAIL, clock.time()) == []
     decisions = []
     for _ in range(4):
         clock.advance(300)
@@ -235,15 +238,15 @@ def test_dry_run_records_without_calls(tmp_path: Path) -> None:
 def test_state_survives_restart(tmp_path: Path) -> None:
     auto, client, clock = make(tmp_path, nodes=100)
     for i, node in enumerate(NODES[:6]):
-        auto.on_report(node, "FAIL", [finding(f"check.{i}")], clock.time())
-    auto.on_report("gpu-050", "WARN", THROTTLE, clock.time())
+        auto.on_report(node, Severity.FAIL, [finding(f"check.{i}")], clock.time())
+    auto.on_report("gpu-050", Severity.WARN, THROTTLE, clock.time())
     again = Automation(AutomationSettings(), client, tmp_path, clock)
     status = again.status()
     assert status["breaker_open"] and [h["node"] for h in status["held"]] == ["gpu-006"]
     assert status["drained"] == NODES[:5]
-    assert again.on_report("gpu-001", "FAIL", FAIL, clock.time()) == []  # still drained: idempotent
-    again.on_report("gpu-050", "WARN", THROTTLE, clock.time())
-    [d] = again.on_report("gpu-050", "WARN", THROTTLE, clock.time())
+    assert again.on_report("gpu-001", Severity.FAIL, FAIL, clock.time()) == []  # still drained: idempotent
+    again.on_report("gpu-050", Severity.WARN, THROTTLE, clock.time())
+    [d] = again.on_report("gpu-050", Severity.WARN, THROTTLE, clock.time())
     assert d.action == "drain" and d.held  # third strike counted across the restart
 
 
@@ -258,7 +261,7 @@ def test_settings_in_config(tmp_path: Path) -> None:
 
 def test_reboot_action_when_allowed(tmp_path: Path) -> None:
     auto, client, clock = make(tmp_path, reboot_allowed=True)
-    [d] = auto.on_report("gpu-001", "FAIL", [finding("xid.recent", xid=154, action="reboot")], clock.time())
+    [d] = auto.on_report("gpu-001", Severity.FAIL, [finding("xid.recent", xid=154, action="reboot")], clock.time())
     assert (d.action, d.result) == ("reboot", "reboot-requested")
     assert [c[0] for c in client.calls] == ["reboot"]
     assert client.states["gpu-001"].rebooting and client.states["gpu-001"].reason.startswith("slurmgpu: xid.recent")
@@ -273,7 +276,7 @@ def test_refused_reboot_drains_instead(tmp_path: Path) -> None:
         raise SlurmError("cannot reboot: Slurm has no RebootProgram configured")
 
     client.reboot = refuse  # type: ignore[method-assign]
-    [d] = auto.on_report("gpu-001", "FAIL", [finding("xid.recent", xid=154, action="reboot")], clock.time())
+    [d] = auto.on_report("gpu-001", Severity.FAIL, [finding("xid.recent", xid=154, action="reboot")], clock.time())
     assert (d.action, d.result) == ("reboot", "drained") and drains(client) == ["gpu-001"]
 
 
@@ -292,8 +295,8 @@ def test_release_lets_the_held_drains_proceed_once(tmp_path: Path) -> None:
     """The admin's 3-node cluster: a release used to close the breaker and drop the held
     drain, which the next report held again at once (max_fraction re-tripped)."""
     auto, client, clock = make(tmp_path, nodes=3, max_fraction=0.34, min_nodes=1)
-    auto.on_report("gpu-001", "FAIL", FAIL, clock.time())
-    [held] = auto.on_report("gpu-002", "FAIL", [finding("nvlink.state")], clock.time())
+    auto.on_report("gpu-001", Severity.FAIL, FAIL, clock.time())
+    [held] = auto.on_report("gpu-002", Severity.FAIL, [finding("nvlink.state")], clock.time())
     assert held.held and auto.status()["why"] == (
         "fraction: 1 of 3 nodes drained, gpu-002 would make 2; max_fraction = 0.34 trips at 2 nodes")
     before = auto.forecast(clock.time())
@@ -314,14 +317,14 @@ def test_release_lets_the_held_drains_proceed_once(tmp_path: Path) -> None:
 
     # The next report comes first (before the collector's loop turn): the drain proceeds.
     clock.advance(15)
-    [d] = auto.on_report("gpu-002", "FAIL", [finding("nvlink.state")], clock.time())
+    [d] = auto.on_report("gpu-002", Severity.FAIL, [finding("nvlink.state")], clock.time())
     assert (d.held, d.result, d.released_by) == (False, "drained", "alice")
     assert d.reason.endswith("(held by the breaker, released by alice)")
     assert client.states["gpu-002"].reason.startswith("slurmgpu: nvlink.state GPU 0 broken")  # as ever
     assert auto.run_released(clock.time()) == [] and auto.status()["released"] == []
-    assert auto.on_report("gpu-002", "FAIL", [finding("nvlink.state")], clock.time()) == []  # once
+    assert auto.on_report("gpu-002", Severity.FAIL, [finding("nvlink.state")], clock.time()) == []  # once
     # ... and, as forecast, the next new drain trips the breaker again.
-    [d] = auto.on_report("gpu-003", "FAIL", FAIL, clock.time())
+    [d] = auto.on_report("gpu-003", Severity.FAIL, FAIL, clock.time())
     assert d.held and drains(client) == ["gpu-001", "gpu-002"]
 
 
@@ -329,19 +332,19 @@ def test_release_then_the_next_report_drains(tmp_path: Path) -> None:
     """2 nodes, one drained at a time: the held drain used to be dropped by the release
     and held again at the node's next report."""
     auto, client, clock = make(tmp_path, nodes=2)
-    auto.on_report("gpu-001", "FAIL", FAIL, clock.time())
-    assert auto.on_report("gpu-002", "FAIL", FAIL, clock.time())[0].held
+    auto.on_report("gpu-001", Severity.FAIL, FAIL, clock.time())
+    assert auto.on_report("gpu-002", Severity.FAIL, FAIL, clock.time())[0].held
     auto.release()
     clock.advance(15)
-    [d] = auto.on_report("gpu-002", "FAIL", FAIL, clock.time())
+    [d] = auto.on_report("gpu-002", Severity.FAIL, FAIL, clock.time())
     assert (d.held, d.result) == (False, "drained") and drains(client) == ["gpu-001", "gpu-002"]
     assert "released by operator" in d.reason
 
 
 def test_release_carried_out_by_run_released(tmp_path: Path) -> None:
     auto, client, clock = make(tmp_path, nodes=3, max_fraction=0.34, min_nodes=1)
-    auto.on_report("gpu-001", "FAIL", FAIL, clock.time())
-    auto.on_report("gpu-002", "FAIL", FAIL, clock.time())
+    auto.on_report("gpu-001", Severity.FAIL, FAIL, clock.time())
+    auto.on_report("gpu-002", Severity.FAIL, FAIL, clock.time())
     # Another process (`slurmgpu breaker release`) releases it through the state file.
     other = Automation(AutomationSettings(max_fraction=0.34, min_nodes=1), client, tmp_path, clock)
     other.release(by="bob")
@@ -354,8 +357,8 @@ def test_release_carried_out_by_run_released(tmp_path: Path) -> None:
 
 def test_released_drain_dropped_when_the_node_is_healthy_again(tmp_path: Path) -> None:
     auto, client, clock = make(tmp_path, nodes=3, max_fraction=0.34, min_nodes=1)
-    auto.on_report("gpu-001", "FAIL", FAIL, clock.time())
-    auto.on_report("gpu-002", "FAIL", FAIL, clock.time())
+    auto.on_report("gpu-001", Severity.FAIL, FAIL, clock.time())
+    auto.on_report("gpu-002", Severity.FAIL, FAIL, clock.time())
     auto.release(by="carol")
     ok(auto, "gpu-002", clock)
     assert auto.run_released(clock.time()) == [] and drains(client) == ["gpu-001"]
@@ -380,7 +383,7 @@ def test_forecast_storm_trips_again_while_the_drained_nodes_still_fail(tmp_path:
     auto, _client, clock = make(tmp_path, nodes=40, max_fraction=0.9, max_per_hour=100)
     pin = [finding("pins.driver", gpu=None)]
     for node in NODES[:12]:
-        auto.on_report(node, "FAIL", pin, clock.time())
+        auto.on_report(node, Severity.FAIL, pin, clock.time())
     assert auto.status()["why"].startswith("storm: pins.driver failing on 10 of 40")
     assert len(auto.release(by="dan")) == 3
     forecast = auto.forecast(clock.time())
@@ -414,28 +417,28 @@ def test_small_fleet_defaults_allow_a_second_drain(tmp_path: Path, nodes: int) -
     second one tripped the breaker, which then held every later drain."""
     auto, client, clock = make(tmp_path, nodes=nodes)
     xid79 = [finding("xid.recent", message="XID 79", xid=79, action="reset")]
-    assert auto.on_report("gpu-001", "FAIL", xid79, clock.time())[0].result == "drained"
+    assert auto.on_report("gpu-001", Severity.FAIL, xid79, clock.time())[0].result == "drained"
     clock.advance(60)
-    assert auto.on_report("gpu-002", "FAIL", xid79, clock.time())[0].result == "drained"
+    assert auto.on_report("gpu-002", Severity.FAIL, xid79, clock.time())[0].result == "drained"
     assert not auto.status()["breaker_open"]
     # A third node failing the same check is a storm on this fleet: held.
     clock.advance(60)
-    [d] = auto.on_report("gpu-003", "FAIL", xid79, clock.time())
+    [d] = auto.on_report("gpu-003", Severity.FAIL, xid79, clock.time())
     assert d.held and auto.status()["breaker_open"]
     assert drains(client) == ["gpu-001", "gpu-002"]
 
 
 def test_small_fleet_floor_never_covers_the_whole_fleet(tmp_path: Path) -> None:
     auto, _client, clock = make(tmp_path, nodes=2)
-    auto.on_report("gpu-001", "FAIL", FAIL, clock.time())
-    [d] = auto.on_report("gpu-002", "FAIL", [finding("nvlink.state")], clock.time())
+    auto.on_report("gpu-001", Severity.FAIL, FAIL, clock.time())
+    [d] = auto.on_report("gpu-002", Severity.FAIL, [finding("nvlink.state")], clock.time())
     assert d.held and auto.status()["why"].startswith("fraction: 1 of 2 nodes drained")
 
 
 def test_min_nodes_one_is_the_old_breaker(tmp_path: Path) -> None:
     auto, _client, clock = make(tmp_path, nodes=4, min_nodes=1)
-    auto.on_report("gpu-001", "FAIL", FAIL, clock.time())
-    [d] = auto.on_report("gpu-002", "FAIL", [finding("nvlink.state")], clock.time())
+    auto.on_report("gpu-001", Severity.FAIL, FAIL, clock.time())
+    [d] = auto.on_report("gpu-002", Severity.FAIL, [finding("nvlink.state")], clock.time())
     assert d.held and auto.status()["why"].endswith("max_fraction = 0.1 trips at 2 nodes")
 
 
@@ -443,6 +446,6 @@ def test_storm_of_many_nodes_still_trips_on_a_mid_size_fleet(tmp_path: Path) -> 
     auto, client, clock = make(tmp_path, nodes=12, max_fraction=1.0, max_per_hour=100)
     pin = [finding("pins.driver", gpu=None)]
     for node in NODES[:5]:
-        auto.on_report(node, "FAIL", pin, clock.time())
+        auto.on_report(node, Severity.FAIL, pin, clock.time())
     assert len(drains(client)) == 2  # 3 of 12 failing one check is a storm (storm_fraction 0.25)
     assert auto.status()["why"].startswith("storm: pins.driver failing on 3 of 12 nodes")

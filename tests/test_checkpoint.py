@@ -13,7 +13,9 @@ from slurmgpu.collector.checkpoint import Checkpoints
 from slurmgpu.collector.policy import Automation
 from slurmgpu.collector.store import Store
 from slurmgpu.config.schema import AutomationSettings
+from slurmgpu.result import Severity
 from slurmgpu.testing import FakeClock, FakeSlurmClient
+from slurmgpu.wire import decode_finding, decode_severity
 
 NODES = [f"gpu-{i:03d}" for i in range(1, 21)]
 XID79 = [{"check": "xid.recent", "severity": "FAIL", "gpu": 3, "subject": None,
@@ -50,7 +52,9 @@ class Rig:
         return f"cmd-{len(self.sent)}"
 
     def report(self, node: str, findings: list[dict[str, Any]], verdict: str = "FAIL") -> list[Any]:
-        return self.auto.on_report(node, verdict, findings, self.clock.time())
+        """A report as the collector decodes it (``findings`` in their wire form)."""
+        return self.auto.on_report(node, decode_severity(verdict), [decode_finding(f) for f in findings],
+                                   self.clock.time())
 
     def ack(self, node: str, job_id: str) -> list[Any]:
         return self.cp.on_result(node, {"command_id": "x", "ok": True, "result": {
@@ -255,7 +259,7 @@ def test_held_node_healthy_again_closes_its_requests(tmp_path: Path) -> None:
     rig.client.add_job("8", ["gpu-007"])
     rig.report("gpu-007", XID79)
     assert rig.cp.open_count() == 1
-    rig.auto.on_report("gpu-007", "OK", [], rig.clock.time())
+    rig.auto.on_report("gpu-007", Severity.OK, [], rig.clock.time())
     assert rig.auto.status()["held"] == [] and rig.cp.open_count() == 0
     assert rig.kinds("8")[-1] == "request-closed"
     assert rig.store.checkpoints(job_id="8")[0]["closed"] is not None
@@ -311,7 +315,7 @@ def test_healthy_reports_do_not_resume_a_node_waiting_for_checkpoints(tmp_path: 
     rig.report("gpu-001", XID79)
     for _ in range(3):
         rig.clock.advance(30)
-        assert rig.auto.on_report("gpu-001", "OK", [], rig.clock.time()) == []
+        assert rig.auto.on_report("gpu-001", Severity.OK, [], rig.clock.time()) == []
     assert rig.auto.status()["checkpointing"] == ["gpu-001"]
 
 

@@ -4,9 +4,10 @@ action, clock brake, HBM temperature, PCIe replays, SRAM ECC, fabric health from
 from __future__ import annotations
 
 import copy
+import dataclasses
 
-from slurmgpu.collector.policy import PolicyTable
 from slurmgpu.config.schema import AutomationSettings, Settings
+from slurmgpu.decision import PolicyTable
 from slurmgpu.engine import evaluate
 from slurmgpu.facts import FabricInfo, NodeFacts
 from slurmgpu.result import Severity
@@ -65,10 +66,9 @@ def test_recovery_action_fails_and_maps_to_the_policy() -> None:
     verdict = evaluate(facts, Settings())
     (f,) = [f for f in verdict.findings if f.check == "gpu.recovery_action" and f.severity is Severity.FAIL]
     assert f.gpu == 4 and "NODE_REBOOT" in f.message and f.data["action"] == "reboot"
-    finding = {"check": f.check, "severity": "FAIL", "data": f.data, "message": f.message}
-    assert PolicyTable(AutomationSettings(reboot_allowed=True)).action(finding) == "reboot"
-    assert PolicyTable(AutomationSettings()).action(finding) == "drain"
-    reset = {**finding, "data": {"recovery_action": "GPU_RESET", "action": "reset"}}
+    assert PolicyTable(AutomationSettings(reboot_allowed=True)).action(f) == "reboot"
+    assert PolicyTable(AutomationSettings()).action(f) == "drain"
+    reset = dataclasses.replace(f, data={"recovery_action": "GPU_RESET", "action": "reset"})
     assert PolicyTable(AutomationSettings(reboot_allowed=True)).action(reset) == "drain"
 
 

@@ -14,8 +14,9 @@ from slurmgpu.cli import fleet_cmd
 from slurmgpu.collector.policy import STATE_FILE, Automation
 from slurmgpu.collector.store import Store
 from slurmgpu.config.schema import AutomationSettings
+from slurmgpu.result import Severity
 from slurmgpu.testing import FakeSlurmClient
-from slurmgpu.wire import EVENT, REPORT
+from slurmgpu.wire import EVENT, REPORT, decode_finding
 from tests.test_collector import Agent, ctx, db_rows, keys_dir, make_settings, running  # noqa: F401
 
 ECC = {"check": "ecc.uncorrected", "severity": "FAIL", "gpu": 0, "subject": None,
@@ -203,8 +204,8 @@ def three_node_state(tmp_path: Path, config: Path) -> Automation:
     client = FakeSlurmClient(["gpu-a", "gpu-b", "gpu-c"])
     auto = Automation(AutomationSettings(max_fraction=0.34, min_nodes=1), client, tmp_path / "state")
     auto.fleet_size(3)
-    auto.on_report("gpu-a", "FAIL", [ECC])
-    [held] = auto.on_report("gpu-b", "FAIL", [dict(ECC, check="nvlink.state")])
+    auto.on_report("gpu-a", Severity.FAIL, [decode_finding(ECC)])
+    [held] = auto.on_report("gpu-b", Severity.FAIL, [decode_finding(dict(ECC, check="nvlink.state"))])
     assert held.held
     return auto
 
@@ -262,8 +263,8 @@ def test_collector_carries_out_a_release(tmp_path: Path, keys_dir: Path, ctx: zm
     cfg = make_settings(tmp_path, keys_dir)
     auto, client = automation(tmp_path, max_fraction=0.5)  # 2 nodes: one drained at a time
     auto.fleet_size(2)
-    auto.on_report("gpu-a", "FAIL", [ECC])
-    assert auto.on_report("gpu-b", "FAIL", [ECC])[0].held
+    auto.on_report("gpu-a", Severity.FAIL, [decode_finding(ECC)])
+    assert auto.on_report("gpu-b", Severity.FAIL, [decode_finding(ECC)])[0].held
     with running(cfg, auto):
         result = CliRunner().invoke(fleet_cmd.breaker, ["release", "--config", str(config)])
         assert result.exit_code == 0, result.output

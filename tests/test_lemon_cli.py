@@ -11,11 +11,11 @@ from click.testing import CliRunner, Result
 from slurmgpu.cli import cli
 from slurmgpu.collector.policy import STATE_FILE, Automation
 from slurmgpu.config.schema import AutomationSettings
+from slurmgpu.result import Finding, Severity
 from slurmgpu.testing import FakeClock, FakeSlurmClient
 
 NODES = [f"gpu-{i:03d}" for i in range(1, 41)]
-FAIL = [{"check": "ecc.uncorrected", "severity": "FAIL", "gpu": 0, "subject": None,
-         "message": "3 volatile uncorrected ECC errors", "not_applicable": False, "data": {}}]
+FAIL = [Finding("ecc.uncorrected", Severity.FAIL, "3 volatile uncorrected ECC errors", gpu=0)]
 
 
 @pytest.fixture
@@ -36,10 +36,10 @@ def make_lemon(state_dir: Path, node: str, clock: FakeClock) -> Automation:
     auto = Automation(AutomationSettings(), FakeSlurmClient(NODES), state_dir, clock)
     auto.fleet_size(len(NODES))
     for _ in range(3):
-        auto.on_report(node, "FAIL", FAIL, clock.time())
+        auto.on_report(node, Severity.FAIL, FAIL, clock.time())
         for _ in range(4):
             clock.advance(300)
-            auto.on_report(node, "OK", [], clock.time())
+            auto.on_report(node, Severity.OK, [], clock.time())
     assert node in auto.status()["lemons"]
     return auto
 

@@ -28,6 +28,7 @@ from slurmgpu.engine import Sources
 from slurmgpu.facts import NodeFacts
 from slurmgpu.gate import Gate
 from slurmgpu.report.model import report_from_path
+from slurmgpu.result import Finding, Severity
 from slurmgpu.testing import (
     FakeClock,
     FakeIbSource,
@@ -232,9 +233,8 @@ def test_epilog_drain_near_an_automation_decision_is_the_epilogs(tmp_path: Path,
                           received_at=t)
     auto = Automation(AutomationSettings(), client, tmp_path / "auto", FakeClock(now=t))
     auto.fleet_size(len(NODES))
-    failing = [{"check": "ecc.uncorrected", "severity": "FAIL", "gpu": 0, "subject": None,
-                "message": "3 volatile uncorrected ECC errors"}]
-    decisions = auto.on_report(NODE, "FAIL", failing, t)
+    failing = [Finding("ecc.uncorrected", Severity.FAIL, "3 volatile uncorrected ECC errors", gpu=0)]
+    decisions = auto.on_report(NODE, Severity.FAIL, failing, t)
     assert [d.result for d in decisions] == ["drained"]
     store.add_decisions(decisions)
     _stamp(client, NODE, t + 1)

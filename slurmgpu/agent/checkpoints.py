@@ -21,13 +21,15 @@ import os
 import pwd
 import signal as signals
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from slurmgpu import jobfiles, wire
+from slurmgpu.decision import CHECKPOINTING, Action
 from slurmgpu.log import get_logger
+from slurmgpu.result import Finding
 from slurmgpu.sources import Clock
 
 #: An open request is forgotten this long after its deadline.
@@ -36,7 +38,6 @@ EXPIRE_AFTER_S = 3600.0
 FALLBACK_EVERY_S = 600.0
 #: With only acked requests left, look for their directories going this often.
 ACKED_POLL_S = 30.0
-ACTIONS = ("checkpoint", "drain-now")
 
 Submit = Callable[[str, dict[str, Any]], Any]
 
@@ -93,9 +94,9 @@ class CheckpointWatcher:
         if not jobfiles.valid_job_id(job_id):
             return False, {"job_id": str(job_id)[:64], "error": "bad job id"}
         assert isinstance(job_id, str)
-        action = args.get("action", "checkpoint")
+        action = args.get("action", Action.CHECKPOINT.value)
         deadline = _number(args.get("deadline"))
-        if action not in ACTIONS:
+        if not isinstance(action, str) or action not in CHECKPOINTING:
             return False, {"job_id": job_id, "error": f"bad action {str(action)[:40]!r}"}
         if deadline is None:
             return False, {"job_id": job_id, "error": "bad or missing deadline"}
@@ -250,7 +251,7 @@ class CheckpointWatcher:
         return sorted(n for n in names if jobfiles.valid_job_id(n)
                       and (self.jobs_dir / n).is_dir() and not (self.jobs_dir / n).is_symlink())
 
-    def local_fallback(self, findings: list[dict[str, Any]], *, signal_name: str,
+    def local_fallback(self, findings: Sequence[Finding], *, signal_name: str,
                        deadline_s: float) -> list[dict[str, Any]]:
         """Request a checkpoint from every local job and signal it (at most once per job in
         FALLBACK_EVERY_S); the jobs signalled, as the ``jobs`` of a local_checkpoint event."""
@@ -298,7 +299,7 @@ class CheckpointWatcher:
             try:
                 st = os.stat(path.parent)
                 jobfiles.write_atomic(path, {
-                    "job_id": job_id, "state": jobfiles.REQUESTED, "action": "drain-now",
+                    "job_id": job_id, "state": jobfiles.REQUESTED, "action": Action.DRAIN_NOW.value,
                     "reason": reason, "deadline": deadline, "requested_at": now,
                     "node": self.node, "trigger_node": self.node, "local": True,
                 }, owner=(st.st_uid, st.st_gid))
@@ -308,11 +309,11 @@ class CheckpointWatcher:
         return None
 
 
-def _reason(findings: Iterable[dict[str, Any]]) -> str:
+def _reason(findings: Iterable[Finding]) -> str:
+    """The request's reason: the first finding that called for it."""
     for f in findings:
-        gpu = f.get("gpu")
-        where = "" if gpu is None else f" GPU {gpu}"
-        return f"{f.get('check')}{where}: {f.get('message', '')}"[:300]
+        where = "" if f.gpu is None else f" GPU {f.gpu}"
+        return f"{f.check}{where}: {f.message}"[:300]
     return "drain-now event"
 
 

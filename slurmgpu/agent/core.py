@@ -25,6 +25,7 @@ from slurmgpu.agent.gatelog import GateLogForwarder, blocked_event
 from slurmgpu.agent.notify import Notifier
 from slurmgpu.agent.spool import Spool
 from slurmgpu.config.schema import Settings
+from slurmgpu.decision import Action, PolicyTable
 from slurmgpu.engine import Sources, evaluate, gather, system_sources
 from slurmgpu.facts import IbFacts, NodeFacts, NvmlFacts, SoftwareVersions, XidEvent
 from slurmgpu.log import get_logger
@@ -65,26 +66,6 @@ def load_client_keys(bundle_dir: str) -> tuple[bytes, bytes, bytes]:
         return public, secret, server
     keys: tuple[bytes, bytes, bytes] = client_keys(bundle_dir)
     return keys
-
-
-def plain(value: Any) -> Any:
-    """Make finding data msgpack-safe (sets, tuples, odd objects)."""
-    if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [plain(v) for v in value]
-    if value is None or isinstance(value, (bool, int, float, str, bytes)):
-        return value
-    return str(value)
-
-
-def findings_json(findings: Iterable[Finding]) -> list[dict[str, Any]]:
-    out = []
-    for f in findings:
-        data = f.to_json()
-        data["data"] = plain(data["data"])
-        out.append(data)
-    return out
 
 
 def _restrict(facts: NodeFacts, gpus: frozenset[int] | None) -> NodeFacts:
@@ -220,10 +201,10 @@ class Agent:
         problems = [f for f in verdict.findings if f.severity is not Severity.OK]
         bad = {f.check for f in problems}
         ok_checks = sorted({f.check for f in verdict.findings} - bad)
-        return {"verdict": verdict.severity.name, "findings": findings_json(problems),
+        return {"verdict": verdict.severity.name, "findings": wire.encode_findings(problems),
                 "ok_checks": ok_checks, **report_fields(facts),
                 # Pre-packed: the collector keeps them as bytes (no 13 KB decode per report).
-                "facts": msgpack.packb(plain(facts.to_json()), use_bin_type=True)}
+                "facts": msgpack.packb(wire.plain(facts.to_json()), use_bin_type=True)}
 
     def poll_and_report(self) -> None:
         try:
@@ -366,7 +347,7 @@ class Agent:
             self.log.debug("nvml_event_unchanged", gpu=gpu, events=len(events))
             return
         sent = health[:MAX_EVENTS_PER_EVAL] or [events[-1]]
-        findings = findings_json(verdict.findings)
+        findings = wire.encode_findings(verdict.findings)
         for i, (kind, data) in enumerate(sent):
             body: dict[str, Any] = {"kind": kind, "gpu": gpu, "data": data,
                                     "verdict": verdict.severity.name, "findings": findings}
@@ -390,14 +371,12 @@ class Agent:
         signal_name = self.settings.agent.fallback_signal
         if not signal_name or self.link_connected():
             return []
-        from slurmgpu.collector.policy import PolicyTable
-
         try:
             table = PolicyTable(self.settings.automation)
         except ValueError as exc:
             self.log.error("local_fallback_policy_invalid", error=str(exc))
             return []
-        trigger = [f for f in findings_json(findings) if table.action(f) == "drain-now"]
+        trigger = [f for f in findings if table.action(f) is Action.DRAIN_NOW]
         if not trigger:
             return []
         jobs = self.checkpoints.local_fallback(
@@ -405,7 +384,8 @@ class Agent:
             deadline_s=self.settings.automation.checkpoint_deadline_s)
         if jobs:
             self.submit(wire.EVENT, {"kind": "local_checkpoint", "gpu": gpu, "data": None,
-                                     "verdict": "FAIL", "findings": trigger, "jobs": jobs})
+                                     "verdict": Severity.FAIL.name,
+                                     "findings": wire.encode_findings(trigger), "jobs": jobs})
         return jobs
 
     # ------------------------------------------------------------ messages

@@ -29,6 +29,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from slurmgpu.decision import Action
+from slurmgpu.result import Severity
+
 GATE_LOG = "gate.jsonl"
 POSITION = "gate.jsonl.sent"
 MAX_BYTES = 1 << 20
@@ -46,7 +49,7 @@ def refused(record: dict[str, Any]) -> bool:
     code = record.get("exit")
     if isinstance(code, int) and not isinstance(code, bool):
         return code != 0
-    return str(record.get("action")) not in ("none", "fail-open")
+    return str(record.get("action")) not in (Action.NONE, "fail-open")
 
 
 def blocked_event(record: dict[str, Any], path: str) -> dict[str, Any]:
@@ -54,7 +57,7 @@ def blocked_event(record: dict[str, Any], path: str) -> dict[str, Any]:
     job = record.get("job")
     problems = record.get("problems") if isinstance(record.get("problems"), list) else []
     return {"kind": "prolog_blocked", "gpu": None, "data": None,
-            "verdict": str(record.get("verdict") or "FAIL")[:16], "findings": [],
+            "verdict": str(record.get("verdict") or Severity.FAIL.name)[:16], "findings": [],
             "job_id": None if job is None else str(job)[:MAX_TEXT],
             "problems": [str(p)[:MAX_TEXT] for p in (problems or [])[:MAX_PROBLEMS]],
             "action": str(record.get("action") or "")[:64], "path": path}

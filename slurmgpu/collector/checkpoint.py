@@ -35,11 +35,11 @@ from typing import Any
 
 from slurmgpu.collector.store import Store
 from slurmgpu.config.schema import AutomationSettings
+from slurmgpu.decision import Action
 from slurmgpu.log import get_logger
 from slurmgpu.slurm import JobInfo, SlurmClient, SlurmError
 
-CHECKPOINTING = frozenset({"checkpoint", "drain-now"})
-COMMAND = "checkpoint"
+COMMAND = "checkpoint"  # the agent command (slurmgpu.agent.core.Agent.handle_command)
 OPEN, ACKED, EXPIRED = "open", "acked", "expired"
 # Job states in which a requeue makes sense (anything else has already ended).
 REQUEUEABLE = frozenset({"RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING", "STOPPED"})
@@ -49,7 +49,7 @@ LATE_ACK_S = 3600.0
 # (node, command, args) -> command id; raises when the node's agent is not connected.
 SendCommand = Callable[[str, str, dict[str, Any]], str]
 # (node, action, reason, trigger, now) -> the decision recording the drain.
-DrainNode = Callable[[str, str, str, str, float], Any]
+DrainNode = Callable[[str, Action, str, str, float], Any]
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class Checkpoints:
 
     # ------------------------------------------------------------------ start
 
-    def begin(self, node: str, action: str, reason: str, trigger: str, now: float | None = None, *,
+    def begin(self, node: str, action: Action, reason: str, trigger: str, now: float | None = None, *,
               released_by: str | None = None) -> int:
         """Ask every job running on ``node`` to checkpoint; the node's drain waits for them.
         Returns how many jobs it waits for (0: nothing runs there, drain at once).
@@ -110,7 +110,7 @@ class Checkpoints:
                       deadline_s=self.settings.checkpoint_deadline_s)
         return len(ids)
 
-    def request(self, node: str, action: str, reason: str, trigger: str, now: float | None = None) -> int:
+    def request(self, node: str, action: Action, reason: str, trigger: str, now: float | None = None) -> int:
         """The breaker holds ``node``'s drain: ask its jobs to checkpoint now all the same
         (signal, request rows, agents told), with no pending drain: that waits for the
         release (``begin(..., released_by=...)``). Returns how many jobs were asked."""
@@ -164,21 +164,21 @@ class Checkpoints:
         """A node waiting for checkpoints ("checkpoint") got a drain-now-class fault: its
         jobs will also be requeued. True if it changed anything."""
         pending = self._pending.get(node)
-        if pending is None or pending["action"] == "drain-now":
+        if pending is None or pending["action"] == Action.DRAIN_NOW:
             return False
         now = self.clock() if now is None else now
-        pending.update(action="drain-now", reason=reason, trigger=trigger)
+        pending.update(action=Action.DRAIN_NOW, reason=reason, trigger=trigger)
         cps = [self._open[i] for i in pending["checkpoints"] if i in self._open]
         with self.store.transaction():
-            self.store.upgrade_pending_drain(node, "drain-now", reason, trigger)
+            self.store.upgrade_pending_drain(node, Action.DRAIN_NOW, reason, trigger)
             for cp in cps:
-                cp["action"] = "drain-now"
-                self.store.update_checkpoint(cp["id"], action="drain-now")
+                cp["action"] = Action.DRAIN_NOW
+                self.store.update_checkpoint(cp["id"], action=Action.DRAIN_NOW)
             self._add_events([JobEvent(cp["job_id"], now, "escalated", node, f"drain-now: {reason}")
                               for cp in cps])
         return True
 
-    def _request(self, job: JobInfo, node: str, action: str, reason: str, now: float,
+    def _request(self, job: JobInfo, node: str, action: Action, reason: str, now: float,
                  events: list[JobEvent], *, held: bool = False, released_by: str | None = None) -> int:
         """One job: reuse its open request (upgraded to drain-now if need be), or signal
         it, open a request and notify the agents on its nodes. ``held``: the node's drain
@@ -194,7 +194,7 @@ class Checkpoints:
             events.append(JobEvent(jid, now, "detected", node, f"{action}: {reason}{held_note}"))
         if existing is not None:
             cp = existing
-            if action == "drain-now" and cp["action"] != "drain-now":
+            if action is Action.DRAIN_NOW and cp["action"] != Action.DRAIN_NOW:
                 cp["action"] = action
                 self.store.update_checkpoint(cp["id"], action=action)
             return int(cp["id"])
@@ -320,12 +320,12 @@ class Checkpoints:
         decisions = []
         events: list[JobEvent] = []
         if self.drain_node is not None:
-            d = self.drain_node(node, pending["action"], pending["reason"], pending["trigger"], now)
+            d = self.drain_node(node, Action(pending["action"]), pending["reason"], pending["trigger"], now)
             if d is not None:
                 decisions.append(d)
                 for cp in cps:
                     events.append(JobEvent(cp["job_id"], self.clock(), "drained", node, str(d.result)))
-        if pending["action"] == "drain-now":
+        if pending["action"] == Action.DRAIN_NOW:
             for cp in cps:
                 if cp.get("requeued"):
                     continue

@@ -19,10 +19,12 @@ from typing import Any
 
 import msgpack
 
+from slurmgpu.result import Severity
 from slurmgpu.summary import GPU_FIELDS, IB_FIELDS, THROTTLE_HW, THROTTLE_SW, VERSION_FIELDS
 from slurmgpu.wire import MAX_GPUS, MAX_IB_PORTS
 
 _MAX_TEXT = 256
+_FAIL = Severity.FAIL.name
 
 
 def _scalar(value: Any) -> Any:
@@ -91,7 +93,7 @@ class History:
         if acc is None:
             acc = self._acc[node] = _Acc(ts)
         acc.reports += 1
-        acc.fail += verdict == "FAIL"
+        acc.fail += verdict == _FAIL
         if isinstance(throttle, int) and throttle:
             acc.hw += bool(throttle & THROTTLE_HW)
             acc.sw += bool(throttle & THROTTLE_SW)

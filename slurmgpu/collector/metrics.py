@@ -36,19 +36,21 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from slurmgpu.result import Severity
 from slurmgpu.wire import EVENT_KINDS
 
 if TYPE_CHECKING:
     from slurmgpu.collector.server import Collector
 
 CONFIG_KEY = "collector.metrics_bind"
-# Gauge value of a verdict / a finding's severity.
-VERDICT_CODE = {"OK": 0, "WARN": 1, "FAIL": 2, "UNKNOWN": 3}
+# Gauge value of a verdict / a finding's severity (its exit code: OK 0, WARN 1, FAIL 2, UNKNOWN 3).
+VERDICT_CODE = {s.name: s.exit_code for s in Severity}
 # Severity ranks as the store orders them (OK < WARN < UNKNOWN < FAIL); any other
 # severity string ranks as UNKNOWN (as ``slurmgpu.collector.store`` does).
-_RANK_SQL = ("CASE f.severity WHEN 'OK' THEN 0 WHEN 'WARN' THEN 1 WHEN 'FAIL' THEN 3 "
-             "ELSE 2 END")
-_RANK_CODE = {0: 0, 1: 1, 2: VERDICT_CODE["UNKNOWN"], 3: VERDICT_CODE["FAIL"]}
+_RANK_SQL = ("CASE f.severity " + " ".join(f"WHEN '{s.name}' THEN {s.rank}" for s in Severity
+                                           if s is not Severity.UNKNOWN)
+             + f" ELSE {Severity.UNKNOWN.rank} END")
+_RANK_CODE = {s.rank: s.exit_code for s in Severity}
 # The collector's reject reasons (server.py): exported at 0 before the first one.
 REJECT_REASONS = ("frames", "unknown_key", "oversized", "version", "malformed", "node_mismatch",
                   "routing_mismatch", "unexpected_type")
@@ -260,9 +262,9 @@ class FleetMetrics:
                 "LEFT JOIN reports r ON r.node = n.node"):
             name = str(node)
             nodes.append(name)
-            name_of = str(node_verdict).upper() if node_verdict else "UNKNOWN"
+            name_of = str(node_verdict).upper() if node_verdict else Severity.UNKNOWN.name
             if name_of not in VERDICT_CODE:
-                name_of = "UNKNOWN"
+                name_of = Severity.UNKNOWN.name
             code = VERDICT_CODE[name_of]
             by_verdict[name_of] += 1
             verdict.add_metric([name], code)

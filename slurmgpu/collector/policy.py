@@ -5,7 +5,8 @@ Slurm calls go through ``slurmgpu.actions.Actions``) and a state directory
 holding one small JSON file, so strikes, healthy streaks, drain history and the
 circuit breaker survive a restart.
 
-* Policy table: (check, severity, context) -> one of ``ACTIONS``.
+* Policy table (``slurmgpu.decision.PolicyTable``, shared with the agent's local fallback):
+  (finding, strikes) -> one of ``POLICY_ACTIONS``.
 * Circuit breaker: caps the fraction of the fleet drained and the drains per
   rolling hour; a "storm" (one check failing on a large part of the fleet) trips
   it at once. ``min_nodes`` is a floor for small fleets (``fraction_limit``,
@@ -26,30 +27,22 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from slurmgpu.actions import Actions, with_prefix
+from slurmgpu.actions import Actions
 from slurmgpu.config.schema import AutomationSettings
+from slurmgpu.decision import ACTION_RANK, CHECKPOINTING, DRAINING, Action, drain_reason
+from slurmgpu.decision import PolicyTable as PolicyTable
 from slurmgpu.log import get_logger
+from slurmgpu.result import Finding, Severity
 from slurmgpu.slurm import SlurmClient, SlurmError, SlurmUnreachable
 
 if TYPE_CHECKING:
     from slurmgpu.collector.checkpoint import Checkpoints
 
-ACTIONS = ("none", "warn", "checkpoint", "drain", "drain-now", "reboot")
-_RANK = {a: i for i, a in enumerate(ACTIONS)}
-# Actions that take the node away (drain at once, or after the jobs' checkpoints).
-DRAINING = frozenset({"checkpoint", "drain", "drain-now", "reboot"})
-# Actions whose jobs are asked to checkpoint before the node goes (checkpoint.CHECKPOINTING).
-CHECKPOINTING = frozenset({"checkpoint", "drain-now"})
-SEVERITIES = ("OK", "WARN", "FAIL", "UNKNOWN")
-# XID table action -> automation action (reboot depends on reboot_allowed).
-_XID_ACTIONS = {"ignore": "none", "warn": "warn", "checkpoint": "checkpoint", "drain": "drain",
-                "reset": "drain", "reboot": "reboot"}
-DRAIN_NOW_XIDS = frozenset({79})  # GPU has fallen off the bus
 STATE_FILE = "automation.json"
 LOG_KEEP = 100
 HOUR = 3600.0
@@ -67,7 +60,7 @@ class _SystemClock:
 @dataclass(frozen=True)
 class Decision:
     node: str
-    action: str  # one of ACTIONS, or "resume"
+    action: Action  # one of decision.POLICY_ACTIONS, or RESUME
     reason: str
     held: bool = False
     dry_run: bool = False
@@ -81,49 +74,6 @@ class Decision:
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-class PolicyTable:
-    """Finding -> action: site overrides, then the built-in rules."""
-
-    def __init__(self, settings: AutomationSettings) -> None:
-        self.settings = settings
-        self.overrides: dict[tuple[str, str | None], str] = {}
-        for key, action in settings.policy.items():
-            if action not in ACTIONS:
-                raise ValueError(f"[automation] policy {key!r}: unknown action {action!r}")
-            check, _, sev = key.partition(":")
-            if sev and sev.upper() not in SEVERITIES:
-                raise ValueError(f"[automation] policy {key!r}: unknown severity {sev!r}")
-            self.overrides[(check.strip(), sev.upper() or None)] = action
-
-    def action(self, finding: Mapping[str, Any], strikes: int = 1) -> str:
-        """``strikes``: consecutive reports (this one included) with this check not OK."""
-        check = str(finding.get("check", ""))
-        severity = str(finding.get("severity", "OK")).upper()
-        if severity == "OK" or finding.get("not_applicable"):
-            return "none"
-        for key in ((check, severity), (check, None)):
-            if key in self.overrides:
-                return self._allowed(self.overrides[key])
-        data = finding.get("data") or {}
-        if check == "gpu.lost" and severity == "FAIL":
-            return "drain-now"  # off the bus: the jobs on it are already failing
-        if check == "xid.recent":
-            if data.get("xid") in DRAIN_NOW_XIDS:
-                return "drain-now"
-            return self._allowed(_XID_ACTIONS.get(str(data.get("action")), "drain" if severity == "FAIL" else "warn"))
-        if check == "gpu.recovery_action" and severity == "FAIL":
-            # The driver's own verdict: GPU_RESET -> reset (a drain), NODE_REBOOT -> reboot.
-            return self._allowed(_XID_ACTIONS.get(str(data.get("action")), "drain"))
-        if check == "mem.row_remap" and "pending" in str(finding.get("message", "")):
-            return "checkpoint" if strikes < 2 else "drain"
-        if check == "thermal.throttle" and severity == "WARN":
-            return "drain" if strikes >= self.settings.strikes else "warn"
-        return "drain" if severity == "FAIL" else "warn"
-
-    def _allowed(self, action: str) -> str:
-        return "drain" if action == "reboot" and not self.settings.reboot_allowed else action
 
 
 @dataclass
@@ -256,11 +206,12 @@ class Automation:
         now = self.clock.time() if now is None else now
         decisions: list[Decision] = []
         for node, entry in sorted(st.released.items()):
-            action, reason = str(entry.get("action", "drain")), str(entry.get("reason", ""))
+            action, reason = Action.DRAIN, str(entry.get("reason", ""))
             trigger = str(entry.get("trigger", ""))
             try:
+                action = _stored_action(entry)
                 decisions += self._drain(node, action, reason, trigger, now,
-                                         then_reboot=entry.get("then") == "reboot")
+                                         then_reboot=entry.get("then") == Action.REBOOT)
             except Exception as exc:  # recorded, not retried every loop turn
                 st.released.pop(node, None)
                 get_logger(component="automation").error("released_drain_failed", node=node,
@@ -343,22 +294,23 @@ class Automation:
 
     # ---- reports
 
-    def on_report(self, node: str, verdict: str, findings: list[dict[str, Any]],
+    def on_report(self, node: str, verdict: Severity, findings: Sequence[Finding],
                   now: float | None = None) -> list[Decision]:
+        """One report (or event) of ``node``: its verdict and findings, as decoded from the
+        wire (``Envelope.findings``)."""
         now = self.clock.time() if now is None else now
         st = self.state
         if node not in st.seen:
             st.seen.append(node)
-        bad = [f for f in findings
-               if str(f.get("severity", "OK")).upper() != "OK" and not f.get("not_applicable")]
+        bad = [f for f in findings if f.severity is not Severity.OK and not f.not_applicable]
         old = st.strikes.get(node, {})
-        strikes = {c: old.get(c, 0) + 1 for c in {str(f.get("check", "")) for f in bad}}
+        strikes = {c: old.get(c, 0) + 1 for c in {f.check for f in bad}}
         if strikes:
             st.strikes[node] = strikes
         else:
             st.strikes.pop(node, None)
         decisions: list[Decision] = []
-        if str(verdict).upper() == "OK" and not bad:
+        if verdict is Severity.OK and not bad:
             dropped = [e for e in (st.held.pop(node, None), st.released.pop(node, None)) if e]
             if self.checkpoints is not None and any(e.get("checkpoints") for e in dropped):
                 self.checkpoints.cancel(node, now, "the node is healthy again: its held drain is dropped")
@@ -370,25 +322,24 @@ class Automation:
         self._save()
         return decisions
 
-    def _unhealthy(self, node: str, bad: list[dict[str, Any]], strikes: dict[str, int],
+    def _unhealthy(self, node: str, bad: list[Finding], strikes: dict[str, int],
                    now: float) -> list[Decision]:
-        worst, trigger = "none", None
-        for f in sorted(bad, key=lambda f: str(f.get("check", ""))):
-            check = str(f.get("check", ""))
-            action = self.policy.action(f, strikes.get(check, 1))
+        worst, trigger = Action.NONE, None
+        for f in sorted(bad, key=lambda f: f.check):
+            action = self.policy.action(f, strikes.get(f.check, 1))
             if action in DRAINING:
-                self._note_failing(check, node, now)
-            if _RANK[action] > _RANK[worst]:
+                self._note_failing(f.check, node, now)
+            if ACTION_RANK[action] > ACTION_RANK[worst]:
                 worst, trigger = action, f
         if trigger is None:
             return []
-        check = str(trigger.get("check", ""))
-        reason = _reason(trigger, strikes.get(check, 1))
+        check = trigger.check
+        reason = drain_reason([trigger], strikes=strikes.get(check, 1), one_line=True)
         if worst not in DRAINING:
             result = "dry-run" if self.settings.dry_run else "recorded"
             return [self._decision(node, worst, reason, check, result, now)]
-        wants_reboot = str((trigger.get("data") or {}).get("action")) == "reboot"
-        then_reboot = worst == "drain-now" and wants_reboot and self.settings.reboot_allowed
+        wants_reboot = str(trigger.data.get("action")) == Action.REBOOT
+        then_reboot = worst is Action.DRAIN_NOW and wants_reboot and self.settings.reboot_allowed
         return self._drain(node, worst, reason, check, now, then_reboot=then_reboot)
 
     def _note_failing(self, check: str, node: str, now: float) -> None:
@@ -402,20 +353,20 @@ class Automation:
                        f"within {self.settings.storm_window_s:g} s ({_setting(self.settings, key)} "
                        f"trips at {threshold} nodes)", now)
 
-    def _drain(self, node: str, action: str, reason: str, check: str, now: float, *,
+    def _drain(self, node: str, action: Action, reason: str, check: str, now: float, *,
                then_reboot: bool = False) -> list[Decision]:
         """``then_reboot``: a drain-now whose fault only a reboot clears (XID 79, with
         reboot_allowed): the jobs checkpoint and are requeued as for any drain-now, and the
         node is then rebooted (``scontrol reboot ASAP``) instead of only drained."""
         st, s = self.state, self.settings
         released = st.released.pop(node, None)  # an operator released its held drain
-        if released is not None and _RANK.get(str(released.get("action")), 0) > _RANK[action]:
-            action, reason, check = str(released["action"]), str(released["reason"]), str(released["trigger"])
-        if released is not None and released.get("then") == "reboot":
+        if released is not None and ACTION_RANK.get(str(released.get("action")), 0) > ACTION_RANK[action]:
+            action, reason, check = _stored_action(released), str(released["reason"]), str(released["trigger"])
+        if released is not None and released.get("then") == Action.REBOOT:
             then_reboot = True
         if node in st.drained:
             pending = st.drained[node].get("pending")
-            if pending == "checkpoint" and action == "drain-now" and self.checkpoints is not None \
+            if pending == Action.CHECKPOINT and action is Action.DRAIN_NOW and self.checkpoints is not None \
                     and self.checkpoints.escalate(node, reason, check, now):
                 st.drained[node]["pending"] = action
                 return [self._decision(node, action, reason, check, "escalated", now)]
@@ -447,7 +398,7 @@ class Automation:
             result = "checkpointing"
         else:
             try:
-                result = self._take_away(node, "reboot" if then_reboot else action, reason)
+                result = self._take_away(node, Action.REBOOT if then_reboot else action, reason)
             except SlurmUnreachable:
                 result = "unreachable"  # journaled by Actions; replayed later
             except SlurmError as e:
@@ -458,7 +409,7 @@ class Automation:
             if result == "checkpointing":
                 st.drained[node]["pending"] = action
                 if then_reboot:
-                    st.drained[node]["then"] = "reboot"
+                    st.drained[node]["then"] = Action.REBOOT
         if result in ("drained", "dry-run", "unreachable", "checkpointing", "reboot-requested"):
             st.drain_times.append(now)
             history = [t for t in st.history.get(node, []) if now - t < s.lemon_window_s] + [now]
@@ -472,7 +423,7 @@ class Automation:
             reason = f"{reason} (held by the breaker, released by {by})"
         return [self._decision(node, action, reason, check, result, now, released_by=by)]
 
-    def _hold(self, node: str, action: str, reason: str, check: str, now: float, *,
+    def _hold(self, node: str, action: Action, reason: str, check: str, now: float, *,
               then_reboot: bool = False) -> list[Decision]:
         """The breaker is open: the drain waits for an operator's release. The jobs on the
         node are asked to checkpoint all the same (once per hold): only the drain waits, so
@@ -481,24 +432,24 @@ class Automation:
         prev = st.held.get(node) or {}
         entry: dict[str, Any] = {"action": action, "reason": reason, "trigger": check, "time": now,
                                  "since": prev.get("since", prev.get("time", now))}
-        if _RANK.get(str(prev.get("action")), -1) > _RANK[action]:
+        if ACTION_RANK.get(str(prev.get("action")), -1) > ACTION_RANK[action]:
             entry.update(action=prev["action"], reason=prev["reason"], trigger=prev["trigger"])
-        if then_reboot or prev.get("then") == "reboot":
-            entry["then"] = "reboot"
+        if then_reboot or prev.get("then") == Action.REBOOT:
+            entry["then"] = Action.REBOOT
         if "checkpoints" in prev:
             entry["checkpoints"] = prev["checkpoints"]
         elif not self.settings.dry_run and entry["action"] in CHECKPOINTING and self.checkpoints is not None:
-            entry["checkpoints"] = self.checkpoints.request(node, entry["action"], entry["reason"],
+            entry["checkpoints"] = self.checkpoints.request(node, Action(entry["action"]), entry["reason"],
                                                             entry["trigger"], now)
             if entry["checkpoints"]:
                 reason = f"{reason} (drain held; {entry['checkpoints']} job(s) asked to checkpoint)"
         st.held[node] = entry
         return [self._decision(node, action, reason, check, "held", now, held=True)]
 
-    def _take_away(self, node: str, action: str, reason: str) -> str:
-        """Drain, or for "reboot" `scontrol reboot ASAP nextstate=RESUME` (a drain when
+    def _take_away(self, node: str, action: Action, reason: str) -> str:
+        """Drain, or for REBOOT `scontrol reboot ASAP nextstate=RESUME` (a drain when
         Slurm refuses the reboot, e.g. no RebootProgram)."""
-        if action == "reboot":
+        if action is Action.REBOOT:
             try:
                 return self.actions.reboot(node, reason).action
             except SlurmUnreachable:
@@ -508,14 +459,14 @@ class Automation:
                                                            error=str(e))
         return self.actions.drain(node, reason).action
 
-    def finish_pending(self, node: str, action: str, reason: str, trigger: str,
+    def finish_pending(self, node: str, action: Action, reason: str, trigger: str,
                        now: float) -> Decision:
         """The jobs on ``node`` have checkpointed (or run out of time): drain it now (or
         reboot it, when the drain-now was for a fault only a reboot clears)."""
         st = self.state
         then = (st.drained.get(node) or {}).get("then")
         try:
-            result = self._take_away(node, then, reason) if then == "reboot" \
+            result = self._take_away(node, Action.REBOOT, reason) if then == Action.REBOOT \
                 else self.actions.drain(node, reason).action
         except SlurmUnreachable:
             result = "unreachable"
@@ -557,15 +508,15 @@ class Automation:
             try:
                 result = self.actions.resume_recovered(node).action
             except SlurmError as e:
-                return [self._decision(node, "resume", reason, "healthy", f"error: {e}", now)]
+                return [self._decision(node, Action.RESUME, reason, "healthy", f"error: {e}", now)]
         if result != "rebooting-left-alone":
             # resumed, or no longer ours to resume (operator drain, sticky XID drain, not drained)
             st.drained.pop(node, None)
-        return [self._decision(node, "resume", reason, "healthy", result, now)]
+        return [self._decision(node, Action.RESUME, reason, "healthy", result, now)]
 
     # ---- helpers
 
-    def _decision(self, node: str, action: str, reason: str, trigger: str, result: str, now: float,
+    def _decision(self, node: str, action: Action, reason: str, trigger: str, result: str, now: float,
                   *, held: bool = False, released_by: str = "") -> Decision:
         return Decision(node, action, reason, held=held, dry_run=self.settings.dry_run,
                         trigger=trigger, result=result, time=now, released_by=released_by)
@@ -577,8 +528,7 @@ class Automation:
         os.replace(tmp, self.path)
 
 
-def _reason(finding: Mapping[str, Any], strikes: int) -> str:
-    gpu, subject = finding.get("gpu"), finding.get("subject")
-    where = f" GPU {gpu}" if gpu is not None else (f" {subject}" if subject else "")
-    times = f" ({strikes} reports)" if strikes > 1 else ""
-    return with_prefix(f"{finding.get('check', '')}{where} {finding.get('message', '')}{times}")
+def _stored_action(entry: dict[str, Any]) -> Action:
+    """The action of a held or released drain read back from the state file (a drain when
+    none is named); ValueError for one that is no action."""
+    return Action(str(entry.get("action", Action.DRAIN)))

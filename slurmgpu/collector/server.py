@@ -71,6 +71,7 @@ from slurmgpu.wire import (
     Envelope,
     WireError,
     decode,
+    decode_severity,
     encode,
 )
 
@@ -541,11 +542,9 @@ class Collector:
             if env.type not in (REPORT, EVENT) or (node, env.seq) not in fresh:
                 continue
             fresh.discard((node, env.seq))  # a seq repeated within the batch counts once
-            body = env.body if isinstance(env.body, dict) else {}
-            findings = [f for f in body.get("findings") or () if isinstance(f, dict)]
             try:
-                decisions.extend(automation.on_report(node, str(body.get("verdict", "UNKNOWN")),
-                                                      findings, now))
+                verdict = decode_severity(env.body["verdict"])  # (a str: decode validated it)
+                decisions.extend(automation.on_report(node, verdict, env.findings, now))
             except Exception as exc:  # a policy bug must not take the collector down
                 self.counters.automation_errors += 1
                 self.log.error("automation_failed", node=node, seq=env.seq,

@@ -38,13 +38,15 @@ from typing import Any
 import msgpack
 
 from slurmgpu.collector.history import History, Rows
+from slurmgpu.decision import REASON_PREFIX, reason_actor
 from slurmgpu.errors import SlurmGpuError
-from slurmgpu.slurm import REASON_PREFIX, reason_actor
+from slurmgpu.result import Severity
 from slurmgpu.slurm.cli import sanitize_reason
 from slurmgpu.wire import COMMAND_RESULT, EVENT, HEARTBEAT, HELLO, REPORT, Envelope, raw_body
 
-# Severity names in verdict order (OK < WARN < UNKNOWN < FAIL), as slurmgpu.result ranks them.
-_RANK = {"OK": 0, "WARN": 1, "UNKNOWN": 2, "FAIL": 3}
+# Severity names as the wire carries them, ranked as slurmgpu.result does (others: UNKNOWN).
+_RANK = {s.name: s.rank for s in Severity}
+_OK, _UNKNOWN = Severity.OK.name, Severity.UNKNOWN.name
 _STORED = frozenset({HELLO, REPORT, EVENT, COMMAND_RESULT})
 _MAX_TEXT = 1024
 
@@ -640,20 +642,20 @@ class Store:
             if seq > row[0]:
                 row[0] = seq
             if env.type in (REPORT, EVENT):
-                verdict = _text(body.get("verdict")) or "UNKNOWN"
+                verdict = _text(body.get("verdict")) or _UNKNOWN
                 worst: dict[str, Any] = {}
                 worst_rank = 0
                 bad: list[tuple[Any, ...]] = []
                 for f in body.get("findings", ()):
                     severity = f.get("severity")
-                    if severity == "OK":  # the common case, kept cheap
+                    if severity == _OK:  # the common case, kept cheap
                         continue
                     severity = str(severity).upper()
-                    if severity == "OK":
+                    if severity == _OK:
                         continue
                     bad.append((_text(f.get("check")), severity, _int(f.get("gpu")),
                                 _text(f.get("subject")), _text(f.get("message"))))
-                    rank = _RANK.get(severity, _RANK["UNKNOWN"])
+                    rank = _RANK.get(severity, _RANK[_UNKNOWN])
                     if rank > worst_rank:
                         worst, worst_rank = f, rank
                 # The node's latest word is the last to arrive (a node's messages arrive in
@@ -698,7 +700,7 @@ class Store:
                 "INSERT INTO reports (node, seq, ts, verdict, body) VALUES (?,?,?,?,?) "
                 "ON CONFLICT (node) DO UPDATE SET seq = excluded.seq, ts = excluded.ts, "
                 "verdict = excluded.verdict, body = excluded.body",
-                [(node, env.seq, env.ts, _text(env.body.get("verdict")) or "UNKNOWN", packed)
+                [(node, env.seq, env.ts, _text(env.body.get("verdict")) or _UNKNOWN, packed)
                  for node, (env, packed) in latest_report.items()])
         rows = []
         for node, (last_seq, verdict_ts, verdict, worst, version) in node_rows.items():

@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from slurmgpu.decision import REASON_PREFIX, reason_actor
 from slurmgpu.errors import SlurmGpuError
 from slurmgpu.report import SCHEMA
-from slurmgpu.slurm import reason_actor
+from slurmgpu.result import Severity
 
 if TYPE_CHECKING:
     from slurmgpu.config.load import LoadedConfig
@@ -40,7 +41,6 @@ CATEGORIES = ("healthy", "degraded", "drained", "unreachable")
 # automation's when a `decisions` row (result 'drained', same node) lies within this many
 # seconds of the drain's start.
 AUTOMATION_MATCH_S = 120.0
-HOOK_PREFIX = "slurmgpu:"
 HOOKS = ("prolog", "epilog", "healthcheck")
 # node_states.drained_by -> drains[].by (the hooks are one group, "hook")
 BY_GROUPS = ("automation", "hook", "operator", "outside", "slurmgpu")
@@ -352,13 +352,13 @@ class _Builder:
                     changes.append((run.end, flag, False))
         previous = n.verdict_at_start
         for ts, verdict in n.verdicts:
-            failing = verdict == "FAIL"
-            if failing and previous != "FAIL":
+            failing = verdict == Severity.FAIL.name
+            if failing and previous != Severity.FAIL.name:
                 n.fail_transitions += 1
             previous = verdict
             changes.append((ts, 2, failing))
         changes.sort(key=lambda c: c[0])
-        state = [False, False, n.verdict_at_start == "FAIL"]
+        state = [False, False, n.verdict_at_start == Severity.FAIL.name]
         start = max(self.t0, n.first_seen)
         i = 0
         while i < len(changes) and changes[i][0] <= start:  # the state when observing starts
@@ -471,8 +471,8 @@ class _Builder:
                     "ORDER BY count(*) DESC, check_id", (*self.w, *(t[0] for t in top))):
                 checks[node].append({"check_id": check, "count": count})
         return {
-            "total": total, "fail": sum(r["count"] for r in by_check if r["severity"] == "FAIL"),
-            "warn": sum(r["count"] for r in by_check if r["severity"] == "WARN"),
+            "total": total, "fail": sum(r["count"] for r in by_check if r["severity"] == Severity.FAIL.name),
+            "warn": sum(r["count"] for r in by_check if r["severity"] == Severity.WARN.name),
             "nodes": nodes, "by_check": by_check,
             "top_nodes": [{"node": node, "count": count, "fail": int(fails or 0),
                            "checks": checks[node]} for node, count, fails in top],
@@ -736,7 +736,7 @@ def _attribute(run: _Run, decided: list[float]) -> dict[str, Any]:
     tagged = reason_actor(run.reason)
     if source is None:
         attribution = "reason"
-        if not (run.reason or "").startswith(HOOK_PREFIX):
+        if not (run.reason or "").startswith(REASON_PREFIX):
             source = "outside"
         elif tagged is not None:
             source = tagged[0]
@@ -748,7 +748,7 @@ def _attribute(run: _Run, decided: list[float]) -> dict[str, Any]:
     hook = source if source in HOOKS else None
     by = "hook" if hook is not None or source == "hook" else source
     if by not in BY_GROUPS:  # a value this report does not know: say so, count it apart
-        by = "slurmgpu" if (run.reason or "").startswith(HOOK_PREFIX) else "outside"
+        by = "slurmgpu" if (run.reason or "").startswith(REASON_PREFIX) else "outside"
     if by == "automation":
         text = "slurmgpu automation"
     elif by == "hook":
@@ -813,7 +813,7 @@ def build_report(db: sqlite3.Connection, t0: float, t1: float, *,
             due[n.name].append(f"{started[n.name]} drains in window")
         current = n.drains[-1] if n.drains and n.drains[-1].end is None else None
         reason = (current.reason_now or "") if current else ""
-        if current and reason.startswith(HOOK_PREFIX) and any(c in reason for c in SERVICE_REASON_CHECKS):
+        if current and reason.startswith(REASON_PREFIX) and any(c in reason for c in SERVICE_REASON_CHECKS):
             due[n.name].append(f"drained: {reason}")
     lemon_names = [x["node"] for x in lemons["nodes"]]
     service = {"lemons": lemons["nodes"], "lemons_source": lemons["source"],

@@ -11,37 +11,16 @@ collector's Slurm poll) knows who drained the node; the automation's reasons car
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Protocol
 
+# The reason vocabulary lives in slurmgpu.decision (shared with the collector); the names
+# stay importable from here.
+from slurmgpu.decision import REASON_PREFIX as REASON_PREFIX
+from slurmgpu.decision import TAGGED_ACTORS as TAGGED_ACTORS
+from slurmgpu.decision import actor_tag as actor_tag
+from slurmgpu.decision import reason_actor as reason_actor
 from slurmgpu.errors import SlurmGpuError
-
-REASON_PREFIX = "slurmgpu:"
-# Who may tag a reason: the three hooks and an operator's `slurmgpu drain`.
-TAGGED_ACTORS = ("prolog", "epilog", "healthcheck", "operator")
-# " [by epilog]", " [by operator alice]" (a login: Slurm user-name characters, <= 32)
-_ACTOR_TAG = re.compile(r" \[by (prolog|epilog|healthcheck|operator)(?: ([A-Za-z0-9._-]{1,32}))?\]")
-_LOGIN = re.compile(r"[A-Za-z0-9._-]{1,32}")
-
-
-def actor_tag(actor: str, user: str | None = None) -> str:
-    """`` [by epilog]`` / `` [by operator alice]`` (a user that is no plain login is left
-    out). ValueError for an actor that is not in ``TAGGED_ACTORS``."""
-    if actor not in TAGGED_ACTORS:
-        raise ValueError(f"unknown drain actor {actor!r}")
-    who = f" {user}" if actor == "operator" and user and _LOGIN.fullmatch(user) else ""
-    return f" [by {actor}{who}]"
-
-
-def reason_actor(reason: str | None) -> tuple[str, str | None] | None:
-    """(actor, operator login or None) from a slurmgpu reason's actor tag (the last one:
-    Slurm may append text after it, e.g. `` : reboot issued``); None when the reason is
-    not slurmgpu's or carries no tag."""
-    if not reason or not reason.startswith(REASON_PREFIX):
-        return None
-    tags = list(_ACTOR_TAG.finditer(reason))
-    return (tags[-1].group(1), tags[-1].group(2)) if tags else None
 
 
 class SlurmError(SlurmGpuError):

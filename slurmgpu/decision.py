@@ -1,0 +1,213 @@
+"""The decision vocabulary node and head share: actions, the policy over findings, the XID
+actions, and the drain reasons slurmgpu writes into Slurm.
+
+Pure: the standard library and ``slurmgpu.result`` only, no I/O. The node side (the
+prolog/epilog gate, the agent) and the head side (the collector's automation) both import
+it; they never import each other (they meet on the wire, ``slurmgpu.wire``).
+
+* ``Action``: every action name either side uses. Its values are the historic strings,
+  so the wire, the state files, the job files and the database hold what they always did.
+* ``PolicyTable``: a finding (and how many reports in a row it failed) -> the action.
+* XID actions (the catalog's, ``slurmgpu.xid``): their severity and the automation action
+  each one maps to.
+* Drain reasons: every reason starts with ``REASON_PREFIX``; a drain by a hook or by
+  ``slurmgpu drain`` ends with who did it (`` [by epilog]``, `` [by operator alice]``),
+  kept within ``MAX_REASON`` characters (``drain_reason``).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterable, Mapping
+from typing import Protocol
+
+from slurmgpu.result import Finding, Severity
+
+
+class Action(enum.StrEnum):
+    NONE = "none"
+    IGNORE = "ignore"  # the XID catalog's "none"
+    WARN = "warn"
+    CHECKPOINT = "checkpoint"
+    DRAIN = "drain"
+    DRAIN_NOW = "drain-now"
+    RESET = "reset"  # XID catalog / driver recovery action: a GPU reset (drained for it)
+    REBOOT = "reboot"
+    RESUME = "resume"  # the automation's resume of a node it drained
+
+
+# The automation's actions (``[automation] policy`` values), mildest first: the worst of a
+# report's findings is the one taken.
+POLICY_ACTIONS = (Action.NONE, Action.WARN, Action.CHECKPOINT, Action.DRAIN, Action.DRAIN_NOW,
+                  Action.REBOOT)
+ACTION_RANK: Mapping[str, int] = {a: i for i, a in enumerate(POLICY_ACTIONS)}
+# Actions that take the node away (drain at once, or after the jobs' checkpoints).
+DRAINING = frozenset({Action.CHECKPOINT, Action.DRAIN, Action.DRAIN_NOW, Action.REBOOT})
+# Actions whose jobs are asked to checkpoint before the node goes.
+CHECKPOINTING = frozenset({Action.CHECKPOINT, Action.DRAIN_NOW})
+
+# The XID catalog's actions (``data/xid_catalog.toml``, ``[xid] overrides``) ...
+XID_ACTIONS = (Action.IGNORE, Action.WARN, Action.CHECKPOINT, Action.DRAIN, Action.RESET,
+               Action.REBOOT)
+# ... the severity of an XID finding with that action ...
+XID_ACTION_SEVERITY: Mapping[str, Severity] = {
+    Action.IGNORE: Severity.OK,
+    Action.WARN: Severity.WARN,
+    Action.CHECKPOINT: Severity.WARN,
+    Action.DRAIN: Severity.FAIL,
+    Action.RESET: Severity.FAIL,
+    Action.REBOOT: Severity.FAIL,
+}
+# ... and what the automation does about it (reboot only where reboot_allowed).
+XID_POLICY: Mapping[str, Action] = {
+    Action.IGNORE: Action.NONE,
+    Action.WARN: Action.WARN,
+    Action.CHECKPOINT: Action.CHECKPOINT,
+    Action.DRAIN: Action.DRAIN,
+    Action.RESET: Action.DRAIN,
+    Action.REBOOT: Action.REBOOT,
+}
+DRAIN_NOW_XIDS = frozenset({79})  # GPU has fallen off the bus
+
+
+class PolicySettings(Protocol):
+    """What the policy reads of ``[automation]`` (``AutomationSettings``)."""
+
+    @property
+    def policy(self) -> Mapping[str, str]: ...
+
+    @property
+    def reboot_allowed(self) -> bool: ...
+
+    @property
+    def strikes(self) -> int: ...
+
+
+class PolicyTable:
+    """Finding -> action: site overrides (``check`` or ``check:SEVERITY``), then the
+    built-in rules."""
+
+    def __init__(self, settings: PolicySettings) -> None:
+        self.settings = settings
+        self.overrides: dict[tuple[str, Severity | None], Action] = {}
+        for key, action in settings.policy.items():
+            if action not in POLICY_ACTIONS:
+                raise ValueError(f"[automation] policy {key!r}: unknown action {action!r}")
+            check, _, sev = key.partition(":")
+            if sev and sev.upper() not in Severity.__members__:
+                raise ValueError(f"[automation] policy {key!r}: unknown severity {sev!r}")
+            self.overrides[(check.strip(), Severity[sev.upper()] if sev else None)] = Action(action)
+
+    def action(self, finding: Finding, strikes: int = 1) -> Action:
+        """``strikes``: consecutive reports (this one included) with this check not OK."""
+        check, severity = finding.check, finding.severity
+        if severity is Severity.OK or finding.not_applicable:
+            return Action.NONE
+        for key in ((check, severity), (check, None)):
+            if key in self.overrides:
+                return self._allowed(self.overrides[key])
+        data = finding.data
+        failing = severity is Severity.FAIL
+        if check == "gpu.lost" and failing:
+            return Action.DRAIN_NOW  # off the bus: the jobs on it are already failing
+        if check == "xid.recent":
+            if data.get("xid") in DRAIN_NOW_XIDS:
+                return Action.DRAIN_NOW
+            default = Action.DRAIN if failing else Action.WARN
+            return self._allowed(XID_POLICY.get(str(data.get("action")), default))
+        if check == "gpu.recovery_action" and failing:
+            # The driver's own verdict: GPU_RESET -> reset (a drain), NODE_REBOOT -> reboot.
+            return self._allowed(XID_POLICY.get(str(data.get("action")), Action.DRAIN))
+        if check == "mem.row_remap" and "pending" in finding.message:
+            return Action.CHECKPOINT if strikes < 2 else Action.DRAIN
+        if check == "thermal.throttle" and severity is Severity.WARN:
+            return Action.DRAIN if strikes >= self.settings.strikes else Action.WARN
+        return Action.DRAIN if failing else Action.WARN
+
+    def _allowed(self, action: Action) -> Action:
+        if action is Action.REBOOT and not self.settings.reboot_allowed:
+            return Action.DRAIN
+        return action
+
+
+# ---------------------------------------------------------------- drain reasons
+
+REASON_PREFIX = "slurmgpu:"
+MAX_REASON = 256
+# Who may tag a reason: the three hooks and an operator's `slurmgpu drain`.
+TAGGED_ACTORS = ("prolog", "epilog", "healthcheck", "operator")
+# " [by epilog]", " [by operator alice]" (a login: Slurm user-name characters, <= 32)
+_ACTOR_TAG = re.compile(r" \[by (prolog|epilog|healthcheck|operator)(?: ([A-Za-z0-9._-]{1,32}))?\]")
+_LOGIN = re.compile(r"[A-Za-z0-9._-]{1,32}")
+
+
+def drain_reason(findings: Iterable[Finding] = (), *, text: str | None = None, strikes: int = 1,
+                 one_line: bool = False, actor: str | None = None,
+                 user: str | None = None) -> str:
+    """The drain reason slurmgpu gives Slurm, always starting with ``REASON_PREFIX``.
+
+    What it says: ``text`` (an internal error, an operator's words, a journaled reason),
+    else the worst of ``findings`` with where (`` GPU 3``, `` mlx5_0/1``) and its message,
+    the others counted (`` (+2 more)``), and with ``strikes`` > 1 (the collector: reports in
+    a row) `` (3 reports)``; no problem among them: ``unhealthy``.
+
+    How: as said, after ``REASON_PREFIX`` (a hook's decision record); with ``one_line``
+    or an ``actor``, as Slurm is given it: whitespace folded, prefixed unless it already
+    is, then the actor tag (``actor_tag``; ``user``: the operator's login), the text
+    before the tag cut ("…") to keep the whole within ``MAX_REASON``."""
+    body = text if text is not None else _findings_text(findings, strikes)
+    if one_line or actor is not None:
+        return with_actor(with_prefix(body), actor, user)
+    return f"{REASON_PREFIX} {body}"
+
+
+def _findings_text(findings: Iterable[Finding], strikes: int) -> str:
+    bad = sorted((f for f in findings if f.severity is not Severity.OK),
+                 key=lambda f: (-f.severity.rank, f.check, f.gpu if f.gpu is not None else -1))
+    if not bad:
+        return "unhealthy"
+    first = bad[0]
+    where = f" GPU {first.gpu}" if first.gpu is not None else (f" {first.subject}" if first.subject else "")
+    more = f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""
+    times = f" ({strikes} reports)" if strikes > 1 else ""
+    return f"{first.check}{where} {first.message}{more}{times}"
+
+
+def with_prefix(reason: str) -> str:
+    """One line, starting with ``REASON_PREFIX``."""
+    reason = " ".join(reason.split())
+    return reason if reason.startswith(REASON_PREFIX) else f"{REASON_PREFIX} {reason}"
+
+
+def with_actor(reason: str, actor: str | None, user: str | None = None) -> str:
+    """``reason`` (already prefixed) with the actor tag at its end, the text before it cut
+    ("…") so that the whole stays within ``MAX_REASON`` and Slurm never cuts the tag off.
+    No actor, or a reason that already names one (a journaled drain replayed by a later
+    hook keeps its first actor): unchanged."""
+    if actor is None or reason_actor(reason) is not None:
+        return reason
+    tag = actor_tag(actor, user)
+    room = MAX_REASON - len(tag)
+    if len(reason) > room:
+        reason = reason[: room - 1].rstrip() + "…"
+    return reason + tag
+
+
+def actor_tag(actor: str, user: str | None = None) -> str:
+    """`` [by epilog]`` / `` [by operator alice]`` (a user that is no plain login is left
+    out). ValueError for an actor that is not in ``TAGGED_ACTORS``."""
+    if actor not in TAGGED_ACTORS:
+        raise ValueError(f"unknown drain actor {actor!r}")
+    who = f" {user}" if actor == "operator" and user and _LOGIN.fullmatch(user) else ""
+    return f" [by {actor}{who}]"
+
+
+def reason_actor(reason: str | None) -> tuple[str, str | None] | None:
+    """(actor, operator login or None) from a slurmgpu reason's actor tag (the last one:
+    Slurm may append text after it, e.g. `` : reboot issued``); None when the reason is
+    not slurmgpu's or carries no tag."""
+    if not reason or not reason.startswith(REASON_PREFIX):
+        return None
+    tags = list(_ACTOR_TAG.finditer(reason))
+    return (tags[-1].group(1), tags[-1].group(2)) if tags else None
