@@ -35,6 +35,7 @@ import zmq
 from slurmgpu import keys, log
 from slurmgpu.collector.policy import Automation
 from slurmgpu.collector.server import Collector
+from slurmgpu.collector.store import Store
 from slurmgpu.config.schema import AutomationSettings, CollectorSettings
 from slurmgpu.sim import fleet as simfleet
 from slurmgpu.slurm import SlurmClient
@@ -125,11 +126,12 @@ class Rig:
         self.keys_dir = root / "keys"  # keys.init'ed, nodes allow-listed: the fleet size
         self._log_file = open(root / "collector.log", "w", encoding="utf-8")  # noqa: SIM115
         log.configure(log_level, json=True, stream=self._log_file)
-        self.automation = Automation(settings, client, root / "state")
+        self.store = Store(root / "fleet.db")  # the collector's and its automation's, as in production
+        self.automation = Automation(settings, client, root / "state", store=self.store)
         self.collector = Collector(
             CollectorSettings(address="tcp://127.0.0.1:0", bind="tcp://127.0.0.1:*",
                               db=str(root / "fleet.db"), keys_dir=str(self.keys_dir)),
-            automation=self.automation)
+            store=self.store, automation=self.automation)
         self.address = self.collector.endpoint
         self.server_key = simfleet.collector_public_key(self.keys_dir)
         self._stop = threading.Event()
@@ -162,6 +164,7 @@ class Rig:
             self._thread.join(30)
         else:
             self.collector.close()
+        self.store.close()
         with contextlib.suppress(OSError):
             self._log_file.close()
 

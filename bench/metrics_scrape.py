@@ -27,6 +27,7 @@ from typing import Any
 from slurmgpu import keys
 from slurmgpu.collector.policy import Automation, Decision
 from slurmgpu.collector.server import Collector
+from slurmgpu.collector.store import Store
 from slurmgpu.config.schema import AutomationSettings, CollectorSettings
 from slurmgpu.testing import FakeSlurmClient
 from slurmgpu.wire import EVENT, HELLO, REPORT, Envelope
@@ -89,9 +90,10 @@ def run(nodes: int, changes: int, scrapes: int) -> dict[str, Any]:
         cfg = CollectorSettings(address="tcp://127.0.0.1:0", bind="tcp://127.0.0.1:*",
                                 db=str(root / "fleet.db"), keys_dir=str(root / "keys"),
                                 metrics_bind="127.0.0.1:0")
-        auto = Automation(AutomationSettings(), FakeSlurmClient([]), root / "state")
+        store = Store(cfg.db)
+        auto = Automation(AutomationSettings(), FakeSlurmClient([]), root / "state", store=store)
         auto.state.drained = {f"gpu-{i:05d}": {"time": 0.0} for i in range(0, nodes, 10)}
-        collector = Collector(cfg, automation=auto)
+        collector = Collector(cfg, store=store, automation=auto)
         try:
             t0 = time.perf_counter()
             seed(collector, nodes, changes)
@@ -107,10 +109,10 @@ def run(nodes: int, changes: int, scrapes: int) -> dict[str, Any]:
                 times.append(time.perf_counter() - t)
             times = sorted(times[1:])  # the first one warms the page cache
             samples = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
-            counts = {t: collector.store.db.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
-                      for t in ("nodes", "report_history", "findings", "events")}
+            counts = {t: store.count(t) for t in ("nodes", "report_history", "findings", "events")}
         finally:
             collector.close()
+            store.close()
     return {"nodes": nodes, "changes": changes, "seed_s": round(seed_s, 2),
             "rows": counts, "bytes": len(body), "samples": samples,
             "p50_ms": round(statistics.median(times) * 1000, 1),

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from slurmgpu.collector.policy import Automation, Decision, PolicyTable
+from slurmgpu.collector.store import Store
 from slurmgpu.config.schema import AutomationSettings
 from slurmgpu.result import Finding, Severity
 from slurmgpu.testing import FakeClock, FakeSlurmClient
@@ -31,7 +32,7 @@ THROTTLE = [finding("thermal.throttle", "WARN", "HW slowdown active")]
 def make(tmp_path: Path, nodes: int = 40, **kw: Any) -> tuple[Automation, FakeSlurmClient, FakeClock]:
     client = FakeSlurmClient(NODES[:nodes])
     clock = FakeClock()
-    auto = Automation(AutomationSettings(**kw), client, tmp_path, clock)
+    auto = Automation(AutomationSettings(**kw), client, tmp_path, clock, store=Store(tmp_path / "fleet.db"))
     auto.fleet_size(nodes)
     return auto, client, clock
 
@@ -240,7 +241,7 @@ def test_state_survives_restart(tmp_path: Path) -> None:
     for i, node in enumerate(NODES[:6]):
         auto.on_report(node, Severity.FAIL, [finding(f"check.{i}")], clock.time())
     auto.on_report("gpu-050", Severity.WARN, THROTTLE, clock.time())
-    again = Automation(AutomationSettings(), client, tmp_path, clock)
+    again = Automation(AutomationSettings(), client, tmp_path, clock, store=Store(tmp_path / "fleet.db"))
     status = again.status()
     assert status["breaker_open"] and [h["node"] for h in status["held"]] == ["gpu-006"]
     assert status["drained"] == NODES[:5]
@@ -285,7 +286,8 @@ def test_automation_refuses_to_start_without_a_writable_state_dir(tmp_path: Path
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.raises(ValueError, match="not writable"):
-        Automation(AutomationSettings(), FakeSlurmClient(["n1"]), blocker / "state")
+        Automation(AutomationSettings(), FakeSlurmClient(["n1"]), blocker / "state",
+                   store=Store(tmp_path / "fleet.db"))
 
 
 # ---- breaker release: the held drains proceed once; would it trip again, and why
@@ -345,10 +347,11 @@ def test_release_carried_out_by_run_released(tmp_path: Path) -> None:
     auto, client, clock = make(tmp_path, nodes=3, max_fraction=0.34, min_nodes=1)
     auto.on_report("gpu-001", Severity.FAIL, FAIL, clock.time())
     auto.on_report("gpu-002", Severity.FAIL, FAIL, clock.time())
-    # Another process (`slurmgpu breaker release`) releases it through the state file.
-    other = Automation(AutomationSettings(max_fraction=0.34, min_nodes=1), client, tmp_path, clock)
+    # Another process (`slurmgpu breaker release`) releases it through the database.
+    other = Automation(AutomationSettings(max_fraction=0.34, min_nodes=1), client, tmp_path, clock,
+                       store=Store(tmp_path / "fleet.db"), read_only=True)
     other.release(by="bob")
-    auto.state = type(auto.state).load(auto.path)  # what the collector does when the file changes
+    assert auto.refresh()  # what the collector does at each loop turn: the version moved
     [d] = auto.run_released(clock.time())
     assert (d.node, d.action, d.result, d.held, d.released_by) == ("gpu-002", "drain", "drained", False, "bob")
     assert auto.state.log[-1]["released_by"] == "bob" and auto.run_released(clock.time()) == []

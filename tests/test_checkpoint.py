@@ -39,7 +39,7 @@ class Rig:
         """(Re)start the collector side: a new Store, Automation and Checkpoints on the
         same files, as after a collector restart."""
         self.store = Store(self.tmp / "fleet.db")
-        self.auto = Automation(self.settings, self.client, self.tmp, self.clock)
+        self.auto = Automation(self.settings, self.client, self.tmp, self.clock, store=self.store)
         self.auto.fleet_size(len(NODES))
         self.cp = Checkpoints(self.store, self.client, self.settings, send=self.send,
                               clock=self.clock.time)

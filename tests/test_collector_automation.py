@@ -11,7 +11,7 @@ import zmq
 from click.testing import CliRunner
 
 from slurmgpu.cli import fleet_cmd
-from slurmgpu.collector.policy import STATE_FILE, Automation
+from slurmgpu.collector.policy import Automation
 from slurmgpu.collector.store import Store
 from slurmgpu.config.schema import AutomationSettings
 from slurmgpu.result import Severity
@@ -26,8 +26,20 @@ ECC = {"check": "ecc.uncorrected", "severity": "FAIL", "gpu": 0, "subject": None
 
 
 def automation(tmp_path: Path, **kw: Any) -> tuple[Automation, FakeSlurmClient]:
+    """An Automation keeping its state in tmp_path/fleet.db: the collector's database
+    (``make_settings``) and the one the configs below name."""
     client = FakeSlurmClient(["gpu-a", "gpu-b"])
-    return Automation(AutomationSettings(**kw), client, tmp_path / "state"), client
+    return Automation(AutomationSettings(**kw), client, tmp_path / "state",
+                      store=Store(tmp_path / "fleet.db")), client
+
+
+def stored(tmp_path: Path) -> Any:
+    """The automation's state as the database holds it."""
+    store = Store(tmp_path / "fleet.db")
+    try:
+        return store.automation().state
+    finally:
+        store.close()
 
 
 def wait_for(predicate: Any, timeout_s: float = 3.0) -> bool:
@@ -122,7 +134,7 @@ def test_external_release_is_picked_up(tmp_path: Path, keys_dir: Path, ctx: zmq.
 @pytest.fixture
 def config(tmp_path: Path) -> Path:
     path = tmp_path / "slurmgpu.toml"
-    path.write_text(f'[paths]\nstate_dir = "{tmp_path / "state"}"\n')
+    path.write_text(f'[collector]\ndb = "{tmp_path / "fleet.db"}"\n[paths]\nstate_dir = "{tmp_path / "state"}"\n')
     return path
 
 
@@ -147,8 +159,7 @@ def test_breaker_status_and_release(tmp_path: Path, config: Path, monkeypatch: p
     assert result.exit_code == 0, result.output
     status = json.loads(result.output)
     assert not status["breaker_open"] and status["held"] == [] and "gpu-b" in status["lemons"]
-    on_disk = json.loads((tmp_path / "state" / STATE_FILE).read_text())
-    assert on_disk["breaker"]["open"] is False
+    assert stored(tmp_path).breaker["open"] is False
 
     result = CliRunner().invoke(fleet_cmd.breaker, ["status", "--config", str(config)])
     assert result.exit_code == 0 and "breaker closed" in result.output
@@ -158,9 +169,11 @@ def test_collector_automation_from_config(config: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr("slurmgpu.slurm.factory.make_client", lambda *a, **k: FakeSlurmClient())
     settings = fleet_cmd._settings(str(config))
     assert settings.automation.enabled is False
-    auto = fleet_cmd._automation(settings, dry_run=True)
-    assert auto.settings.dry_run and auto.path == Path(settings.paths.state_dir) / STATE_FILE
-    assert not fleet_cmd._automation(settings).settings.dry_run
+    store = Store(settings.collector.db)
+    auto = fleet_cmd._automation(settings, store=store, dry_run=True)
+    assert auto.settings.dry_run and auto.store is store
+    assert not fleet_cmd._automation(settings, store=store).settings.dry_run
+    store.close()
 
 
 def test_breaker_bad_config_exit_3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -174,15 +187,15 @@ def test_breaker_bad_config_exit_3(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 def test_fleet_prints_breaker_line(tmp_path: Path, config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("slurmgpu.slurm.factory.make_client", lambda *a, **k: FakeSlurmClient(["gpu-a"]))
-    store = Store(tmp_path / "f.db")
+    store = Store(tmp_path / "fleet.db")
     store.store_batch([("gpu-a", _report("gpu-a"))])
     store.close()
-    result = CliRunner().invoke(fleet_cmd.fleet, ["--config", str(config), "--db", str(tmp_path / "f.db")])
+    result = CliRunner().invoke(fleet_cmd.fleet, ["--config", str(config), "--db", str(tmp_path / "fleet.db")])
     assert result.exit_code == 0, result.output
-    assert "automation" not in result.output  # no state file yet
+    assert "automation" not in result.output  # no automation state in the database yet
     auto, _ = automation(tmp_path)
     auto.fleet_size(1)
-    result = CliRunner().invoke(fleet_cmd.fleet, ["--config", str(config), "--db", str(tmp_path / "f.db")])
+    result = CliRunner().invoke(fleet_cmd.fleet, ["--config", str(config), "--db", str(tmp_path / "fleet.db")])
     assert result.exit_code == 0, result.output
     assert result.output.splitlines()[-1] == "automation: breaker closed; lemons: none"
 
@@ -199,10 +212,11 @@ def _report(node: str) -> Any:
 def three_node_state(tmp_path: Path, config: Path) -> Automation:
     """The admin's cluster: 3 nodes, max_fraction = 0.34 (one drained at a time), gpu-a
     drained, gpu-b's drain held by the breaker."""
-    config.write_text(f'[paths]\nstate_dir = "{tmp_path / "state"}"\n'
+    config.write_text(f'[collector]\ndb = "{tmp_path / "fleet.db"}"\n[paths]\nstate_dir = "{tmp_path / "state"}"\n'
                       "[automation]\nmax_fraction = 0.34\nmin_nodes = 1\n")
     client = FakeSlurmClient(["gpu-a", "gpu-b", "gpu-c"])
-    auto = Automation(AutomationSettings(max_fraction=0.34, min_nodes=1), client, tmp_path / "state")
+    auto = Automation(AutomationSettings(max_fraction=0.34, min_nodes=1), client, tmp_path / "state",
+                      store=Store(tmp_path / "fleet.db"))
     auto.fleet_size(3)
     auto.on_report("gpu-a", Severity.FAIL, [decode_finding(ECC)])
     [held] = auto.on_report("gpu-b", Severity.FAIL, [decode_finding(dict(ECC, check="nvlink.state"))])
@@ -229,10 +243,10 @@ def test_breaker_release_says_it_would_trip_again_and_why(tmp_path: Path, config
     assert lines[2] == "would trip again: YES"
     assert lines[3] == ("  fraction (trips again; [automation] max_fraction): 2 of 3 nodes (67%) would be "
                         "drained; max_fraction = 0.34 trips at 2 nodes: the next drain trips the breaker again")
-    assert f"state: {tmp_path / 'state' / STATE_FILE} (config: {config})" in lines
-    on_disk = json.loads((tmp_path / "state" / STATE_FILE).read_text())
-    assert on_disk["breaker"]["open"] is False and on_disk["held"] == {}
-    assert on_disk["released"]["gpu-b"]["released_by"] == "alice"
+    assert f"state: {tmp_path / 'fleet.db'} (config: {config})" in lines
+    in_db = stored(tmp_path)
+    assert in_db.breaker["open"] is False and in_db.held == {}
+    assert in_db.released["gpu-b"]["released_by"] == "alice"
 
 
 def test_breaker_release_json(tmp_path: Path, config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -244,7 +258,7 @@ def test_breaker_release_json(tmp_path: Path, config: Path, monkeypatch: pytest.
     doc = json.loads(result.output)
     assert doc["released_by"] == "alice" and [r["node"] for r in doc["released_now"]] == ["gpu-b"]
     assert [r["node"] for r in doc["released"]] == ["gpu-b"] and doc["held"] == []
-    assert doc["state_file"] == str(tmp_path / "state" / STATE_FILE) and doc["config"] == str(config)
+    assert doc["db"] == str(tmp_path / "fleet.db") and doc["config"] == str(config)
     forecast = doc["forecast"]
     assert (forecast["fleet"], forecast["drained"], forecast["drained_pct"], forecast["would_trip"]) == (3, 2, 67, True)
     fraction = forecast["rules"][0]
@@ -274,7 +288,7 @@ def test_collector_carries_out_a_release(tmp_path: Path, keys_dir: Path, ctx: zm
     assert (d["action"], d["result"], d["held"]) == ("drain", "drained", False)
     assert d["reason"].endswith("(held by the breaker, released by alice)")
     store.close()
-    assert json.loads((tmp_path / "state" / STATE_FILE).read_text())["released"] == {}
+    assert stored(tmp_path).released == {}
 
 
 # --------------------------------------------------------------------------- where the state is
@@ -282,63 +296,74 @@ def test_collector_carries_out_a_release(tmp_path: Path, keys_dir: Path, ctx: zm
 
 @pytest.fixture
 def no_config_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """No --config, no $SLURMGPU_CONFIG: /etc/slurmgpu/slurmgpu.toml is this test's file."""
+    """No --config, no $SLURMGPU_CONFIG (nor $SLURMGPU_DB): /etc/slurmgpu/slurmgpu.toml is
+    this test's file."""
     monkeypatch.setattr("slurmgpu.slurm.factory.make_client", lambda *a, **k: FakeSlurmClient())
     monkeypatch.delenv("SLURMGPU_CONFIG", raising=False)
+    monkeypatch.delenv("SLURMGPU_DB", raising=False)
     default = tmp_path / "etc" / "slurmgpu.toml"
     monkeypatch.setattr("slurmgpu.config.load.DEFAULT_PATH", str(default))
     return default
 
 
 def test_breaker_status_without_state_is_not_closed(tmp_path: Path, no_config_env: Path) -> None:
-    """Without --config, a state file that is not there used to read as "breaker closed",
-    exit 0, while the collector's breaker (in another state_dir) was open."""
+    """Without --config, state that is not there used to read as "breaker closed", exit 0,
+    while the collector's breaker (in another database) was open."""
     no_config_env.parent.mkdir()
-    no_config_env.write_text(f'[paths]\nstate_dir = "{tmp_path / "empty"}"\n')
+    no_config_env.write_text(f'[collector]\ndb = "{tmp_path / "empty" / "fleet.db"}"\n'
+                             f'[paths]\nstate_dir = "{tmp_path / "empty"}"\n')
     for command in ("status", "release"):
         result = CliRunner().invoke(fleet_cmd.breaker, [command])
         assert result.exit_code == 4, result.output
         assert result.output == (
-            f"slurmgpu: error: no breaker state at {tmp_path / 'empty' / STATE_FILE} (is the collector "
-            f"running with [automation] enabled?); [paths] state_dir from {no_config_env}\n")
+            f"slurmgpu: error: no breaker state in {tmp_path / 'empty' / 'fleet.db'} (is the collector "
+            f"running with [automation] enabled?); the database from [collector] db in {no_config_env}\n")
         assert "closed" not in result.output
     assert fleet_cmd.EXIT_NO_STATE == 4
-    assert not (tmp_path / "empty").exists()  # neither made the directory nor a state file
+    assert not (tmp_path / "empty").exists()  # neither made the directory nor a database
+    # A database without the automation's state (a collector without [automation]) is the same.
+    (tmp_path / "empty").mkdir()
+    Store(tmp_path / "empty" / "fleet.db").close()
+    result = CliRunner().invoke(fleet_cmd.breaker, ["status"])
+    assert result.exit_code == 4 and "no breaker state in" in result.output and "closed" not in result.output
 
 
 def test_breaker_status_finds_the_state_as_the_collector_does(tmp_path: Path, no_config_env: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    auto, _ = automation(tmp_path)  # state in tmp_path/state
+    auto, _ = automation(tmp_path)  # state in tmp_path/fleet.db
     auto.state.breaker = {"open": True, "since": 1.0, "why": "storm: ecc.uncorrected failing"}
     auto._save()
     no_config_env.parent.mkdir()
-    no_config_env.write_text(f'[paths]\nstate_dir = "{tmp_path / "state"}"\n')
+    no_config_env.write_text(f'[collector]\ndb = "{tmp_path / "fleet.db"}"\n')
     result = CliRunner().invoke(fleet_cmd.breaker, ["status"])  # /etc/slurmgpu/slurmgpu.toml
     assert result.exit_code == 0 and "breaker OPEN" in result.output, result.output
-    assert result.output.splitlines()[-1] == f"state: {tmp_path / 'state' / STATE_FILE} (config: {no_config_env})"
-    # $SLURMGPU_CONFIG comes before it, --config before both.
+    assert result.output.splitlines()[-1] == f"state: {tmp_path / 'fleet.db'} (config: {no_config_env})"
+    # $SLURMGPU_CONFIG comes before it, --config before both; --db and $SLURMGPU_DB before any config.
     elsewhere = tmp_path / "elsewhere.toml"
-    elsewhere.write_text(f'[paths]\nstate_dir = "{tmp_path / "nothing"}"\n')
+    elsewhere.write_text(f'[collector]\ndb = "{tmp_path / "nothing.db"}"\n')
     monkeypatch.setenv("SLURMGPU_CONFIG", str(elsewhere))
     assert CliRunner().invoke(fleet_cmd.breaker, ["status"]).exit_code == 4
     result = CliRunner().invoke(fleet_cmd.breaker, ["status", "--json", "--config", str(no_config_env)])
     doc = json.loads(result.output)
-    assert doc["breaker_open"] and doc["state_file"] == str(tmp_path / "state" / STATE_FILE)
+    assert doc["breaker_open"] and doc["db"] == str(tmp_path / "fleet.db")
     assert doc["config"] == str(no_config_env) and "forecast" in doc
+    assert CliRunner().invoke(fleet_cmd.breaker, ["status", "--db", str(tmp_path / "fleet.db")]).exit_code == 0
+    monkeypatch.setenv("SLURMGPU_DB", str(tmp_path / "fleet.db"))
+    assert CliRunner().invoke(fleet_cmd.breaker, ["status"]).exit_code == 0
 
 
 def test_breaker_status_with_built_in_defaults_names_them(no_config_env: Path) -> None:
-    if Path("/var/lib/slurmgpu", STATE_FILE).exists():
-        pytest.skip("this machine has a real automation state file")
+    if Path("/var/lib/slurmgpu/fleet.db").exists():
+        pytest.skip("this machine has a real fleet database")
     result = CliRunner().invoke(fleet_cmd.breaker, ["status"])
     assert result.exit_code == 4
     assert result.output == (
-        f"slurmgpu: error: no breaker state at /var/lib/slurmgpu/{STATE_FILE} (is the collector running "
-        f"with [automation] enabled?); [paths] state_dir from the built-in default (no {no_config_env})\n")
+        "slurmgpu: error: no breaker state in /var/lib/slurmgpu/fleet.db (is the collector running "
+        f"with [automation] enabled?); the database from the built-in default (no {no_config_env})\n")
 
 
 def test_breaker_help_documents_the_exit_codes() -> None:
     for command in ("status", "release"):
         result = CliRunner().invoke(fleet_cmd.breaker, [command, "--help"])
         assert result.exit_code == 0
-        assert "Exit status:" in result.output and "  4  no state file" in result.output
+        assert "Exit status:" in result.output and "  4  no breaker state" in result.output

@@ -121,7 +121,8 @@ def uncached(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_scrape_reports_store_automation_and_checkpoints(tmp_path: Path, keys_dir: Path,  # noqa: F811
                                                          uncached: None) -> None:
     cfg = make_settings(tmp_path, keys_dir, metrics_bind=f"127.0.0.1:{free_port()}")
-    auto = Automation(AutomationSettings(), FakeSlurmClient(["gpu-a", "gpu-b"]), tmp_path / "state")
+    auto = Automation(AutomationSettings(), FakeSlurmClient(["gpu-a", "gpu-b"]), tmp_path / "state",
+                      store=Store(cfg.db))
     auto.state.breaker = {"open": True, "since": 1.0, "why": "storm"}
     auto.state.held = {"gpu-b": {"action": "drain"}, "gpu-c": {"action": "drain"}}
     auto.state.lemons = {"gpu-c": {"since": 1.0, "why": "lemon"}}

@@ -202,8 +202,11 @@ def fleet(tmp_path: Path) -> dict[str, Path]:
     db.close()
     state = tmp_path / "state"
     state.mkdir()
-    (state / "automation.json").write_text(json.dumps(
-        {"lemons": {"n4": {"since": T0, "why": "3 drains within 604800 s"}}}))
+    store = Store(path)  # the automation's state: one lemon
+    record = store.automation()
+    record.state.lemons = {"n4": {"since": T0, "why": "3 drains within 604800 s"}}
+    record.save()
+    store.close()
     config = tmp_path / "slurmgpu.toml"
     config.write_text(CONFIG.format(state=state))
     return {"db": path, "config": config, "dir": tmp_path}
@@ -370,6 +373,7 @@ def test_pin_drift_per_host_set(model: dict[str, Any]) -> None:
 def test_service(model: dict[str, Any]) -> None:
     s = model["service"]
     assert s["lemons"] == [{"node": "n4", "since": T0, "why": "3 drains within 604800 s"}]
+    assert (s["lemons_source"], s["lemons_error"]) == ("automation_lemons", None)
     due = {d["node"]: d for d in s["due"]}
     assert set(due) == {"n2", "n3", "n4"}
     assert due["n2"]["reasons"] == ["GPU 3 remap_pending"]
@@ -396,11 +400,12 @@ def test_mtbf(model: dict[str, Any]) -> None:
 
 
 def test_window_without_config(fleet: dict[str, Path]) -> None:
-    """No config: one host set ("other"), nothing pinned, no lemons."""
+    """No config: one host set ("other"), nothing pinned; the lemons are the database's
+    (the automation's state lives there, not in a file the config names)."""
     m = report_from_path(fleet["db"], T0, T1, config=None, generated_at=T1)
     assert [s["name"] for s in m["availability"]["host_sets"]] == ["other"]
     assert m["availability"]["host_sets"][0]["healthy_h"] == 69
-    assert m["pin-drift"]["nodes_off_pin"] == 0 and m["service"]["lemons"] == []
+    assert m["pin-drift"]["nodes_off_pin"] == 0 and [x["node"] for x in m["service"]["lemons"]] == ["n4"]
 
 
 def test_earlier_window(fleet: dict[str, Path]) -> None:

@@ -107,7 +107,7 @@ def report_html(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
     browser = _browser()
     tmp = tmp_path_factory.mktemp("browser")
     db = tmp / "fleet.db"
-    seed(db, nodes=50, days=7, end=END, seed=0, state_dir=tmp)
+    seed(db, nodes=50, days=7, end=END, seed=0)
     config = tmp / "slurmgpu.toml"
     config.write_text(f'[paths]\nstate_dir = "{tmp}"\n')
     out = tmp / "r.html"

@@ -231,7 +231,7 @@ def test_epilog_drain_near_an_automation_decision_is_the_epilogs(tmp_path: Path,
         store.store_batch([(node, wire.Envelope(type=wire.HELLO, node=node, seq=1, ts=t,
                                                 body={"version": "x", "gpus": 8, "interval_s": 15.0}))],
                           received_at=t)
-    auto = Automation(AutomationSettings(), client, tmp_path / "auto", FakeClock(now=t))
+    auto = Automation(AutomationSettings(), client, tmp_path / "auto", FakeClock(now=t), store=store)
     auto.fleet_size(len(NODES))
     failing = [Finding("ecc.uncorrected", Severity.FAIL, "3 volatile uncorrected ECC errors", gpu=0)]
     decisions = auto.on_report(NODE, Severity.FAIL, failing, t)

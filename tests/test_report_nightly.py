@@ -93,7 +93,7 @@ def smtp_sink() -> Iterator[Any]:
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A seeded fleet DB and a config pointing at it (with the seed's lemons)."""
     tmp = tmp_path_factory.mktemp("nightly")
-    seed(tmp / "fleet.db", nodes=30, days=3, end=END, seed=1, state_dir=tmp / "state")
+    seed(tmp / "fleet.db", nodes=30, days=3, end=END, seed=1)
     config = tmp / "slurmgpu.toml"
     config.write_text(f'[collector]\ndb = "{tmp / "fleet.db"}"\n[paths]\nstate_dir = "{tmp / "state"}"\n')
     return tmp / "fleet.db", config

@@ -33,8 +33,8 @@ def _dump(path: Path) -> dict[str, list[Any]]:
 @pytest.fixture(scope="module")
 def seeded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any], Path]:
     tmp = tmp_path_factory.mktemp("seed")
-    summary = seed(tmp / "fleet.db", nodes=60, days=7, end=END, seed=3, state_dir=tmp / "state")
-    return tmp / "fleet.db", summary, tmp / "state"
+    summary = seed(tmp / "fleet.db", nodes=60, days=7, end=END, seed=3)
+    return tmp / "fleet.db", summary, tmp
 
 
 def test_same_arguments_same_rows(tmp_path: Path) -> None:
@@ -120,12 +120,18 @@ def test_row_counts_are_plausible(seeded: tuple[Path, dict[str, Any], Path]) -> 
         db.close()
 
 
-def test_lemons_in_the_state_file(seeded: tuple[Path, dict[str, Any], Path]) -> None:
-    _, summary, state_dir = seeded
-    state = json.loads((state_dir / "automation.json").read_text())
-    assert sorted(state["lemons"]) == summary["lemons"] and len(summary["lemons"]) == 2
-    for info in state["lemons"].values():
+def test_lemons_in_the_automation_state(seeded: tuple[Path, dict[str, Any], Path]) -> None:
+    path, summary, tmp = seeded
+    store = Store(path)
+    try:
+        state = store.automation().state
+    finally:
+        store.close()
+    assert sorted(state.lemons) == summary["lemons"] and len(summary["lemons"]) == 2
+    for info in state.lemons.values():
         assert info["since"] <= END and "3 drains" in info["why"]
+    assert sorted(state.drained) == summary["drained_at_end"] and state.fleet == 60
+    assert not list(tmp.glob("**/automation.json"))  # no state file beside the database
 
 
 def test_refuses_a_database_with_a_fleet(seeded: tuple[Path, dict[str, Any], Path]) -> None:
@@ -142,12 +148,13 @@ def test_tiny_fleets(tmp_path: Path) -> None:
 def test_cli(tmp_path: Path) -> None:
     db = tmp_path / "f.db"
     result = CliRunner().invoke(cli, ["sim", "report-seed", "--db", str(db), "--nodes", "20", "--days", "2",
-                                      "--end", "2026-11-26T06:00:00Z", "--state-dir", str(tmp_path),
-                                      "--json"])
+                                      "--end", "2026-11-26T06:00:00Z", "--json"])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output)
     assert summary["end"] == END and summary["rows"]["nodes"] == 20
-    assert (tmp_path / "automation.json").exists()
+    store = Store(db)
+    assert sorted(store.automation().state.lemons) == summary["lemons"]
+    store.close()
     again = CliRunner().invoke(cli, ["sim", "report-seed", "--db", str(db), "--nodes", "20"])
     assert again.exit_code == 3 and "already holds a fleet" in again.output
     bad = CliRunner().invoke(cli, ["sim", "report-seed", "--db", str(tmp_path / "g.db"), "--end", "soon"])

@@ -33,7 +33,7 @@ COMMANDS: dict[str, LazyCommand] = {
     "agent": _C("slurmgpu.cli.agent_cmd", "agent",
                 "Watch this node's GPUs and InfiniBand; report to the collector."),
     "breaker": _C("slurmgpu.cli.fleet_cmd", "breaker",
-                  "The automation's circuit breaker (state in paths.state_dir)."),
+                  "The automation's circuit breaker (state in the collector's database)."),
     "check": _C("slurmgpu.cli.checks", "check",
                 "Check this node's GPUs, InfiniBand and software versions."),
     "checks": _C("slurmgpu.cli.checks", "checks", "Inspect the registered checks."),

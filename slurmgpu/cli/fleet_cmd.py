@@ -5,22 +5,26 @@ zmq and the collector are imported inside the commands, so `slurmgpu --help` sta
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import signal
+import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from slurmgpu.agent.notify import notify as sd_notify
-from slurmgpu.cli.fleetdb import db_option
+from slurmgpu.cli.fleetdb import FleetDb, db_option, resolve_db
 from slurmgpu.config.schema import CollectorSettings, Settings
 
 if TYPE_CHECKING:
     from slurmgpu.collector.policy import Automation
+    from slurmgpu.collector.store import Store
 
 
 def _settings(config_file: str | None) -> Settings:
@@ -29,8 +33,10 @@ def _settings(config_file: str | None) -> Settings:
     return load_config(config_file).settings_for(None)
 
 
-def _automation(settings: Settings, *, dry_run: bool = False) -> Automation:
-    """The collector's Automation (its state file in ``paths.state_dir``)."""
+def _automation(settings: Settings, *, store: Store, dry_run: bool = False,
+                read_only: bool = False) -> Automation:
+    """The collector's Automation: its state in ``store`` (the collector's database), its
+    journal of Slurm calls in ``paths.state_dir``."""
     from slurmgpu.collector.policy import Automation
     from slurmgpu.slurm.factory import make_client
 
@@ -38,8 +44,9 @@ def _automation(settings: Settings, *, dry_run: bool = False) -> Automation:
     if dry_run:
         auto = dataclasses.replace(auto, dry_run=True)
     try:
-        return Automation(auto, make_client(settings.slurm), settings.paths.state_dir)
-    except ValueError as exc:  # a bad [automation] policy entry
+        return Automation(auto, make_client(settings.slurm), settings.paths.state_dir, store=store,
+                          read_only=read_only)
+    except ValueError as exc:  # a bad [automation] policy entry, an automation.json not importable
         raise click.ClickException(str(exc)) from None
 
 
@@ -82,17 +89,28 @@ def collector(config_file: str | None, bind: str | None, db: str | None, keys_di
     reports (``slurmgpu breaker`` shows and releases its circuit breaker)."""
     from slurmgpu import log
     from slurmgpu.collector.server import Collector
+    from slurmgpu.collector.store import Store
 
     log.configure(log_level, json=True)
     full = _settings(config_file)
     settings = _collector_settings(full, bind=bind, db=db, keys_dir=keys_dir)
-    automation = _automation(full, dry_run=dry_run) if full.automation.enabled else None
-    if dry_run and automation is None:
-        click.echo("--dry-run has no effect: [automation] enabled is false", err=True)
-    try:
-        server = Collector(settings, automation=automation, slurm=_slurm_client(full))
+    try:  # one store, one connection: the collector's and its automation's
+        store = Store(settings.db, sample_interval_s=settings.sample_interval_s)
     except OSError as exc:
         raise click.ClickException(f"{exc.filename or settings.db}: {exc.strerror or exc}") from None
+    with contextlib.closing(store):
+        automation = _automation(full, store=store, dry_run=dry_run) if full.automation.enabled else None
+        if dry_run and automation is None:
+            click.echo("--dry-run has no effect: [automation] enabled is false", err=True)
+        try:
+            server = Collector(settings, store=store, automation=automation, slurm=_slurm_client(full))
+        except OSError as exc:
+            raise click.ClickException(f"{exc.filename or settings.db}: {exc.strerror or exc}") from None
+        _serve(server)
+
+
+def _serve(server: Any) -> None:
+    """Run the collector until SIGTERM/SIGINT, telling systemd."""
     stop = threading.Event()
 
     def _stop(*_: Any) -> None:
@@ -147,12 +165,12 @@ def fleet(config_file: str | None, db: str | None, as_json: bool) -> None:
     settings = config.settings_for(None)
     store = Store(existing_db(db, config.path, settings.collector.db).path)
     try:
-        rows = store.fleet()
+        rows: list[dict[str, Any]] = [dict(r) for r in store.fleet()]
         pending = _pending_checkpoints(store)
+        status = _automation_status(settings, store)
     finally:
         store.close()
     drained = _drained(settings)
-    status = _automation_status(settings)
     breaker = _breaker_text(status) if isinstance(status, dict) else status
     now = time.time()
     for r in rows:
@@ -202,15 +220,13 @@ def _pending_checkpoints(store: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _automation_status(settings: Settings) -> dict[str, Any] | str | None:
-    """The automation's status (breaker, held, lemons) if it has a state file; a message
-    when that file is unreadable; None when there is no automation."""
-    from slurmgpu.collector.policy import STATE_FILE
-
-    if not (Path(settings.paths.state_dir) / STATE_FILE).is_file():
-        return None
+def _automation_status(settings: Settings, store: Store) -> dict[str, Any] | str | None:
+    """The automation's status (breaker, held, lemons) if the database holds its state; a
+    message when that state is unreadable; None when there is no automation."""
     try:
-        return _automation(settings).status()
+        if store.automation_version() is None:
+            return None
+        return _automation(settings, store=store, read_only=True).status()
     except Exception as exc:  # unreadable state: say so, the fleet table still stands
         return f"automation: state unreadable ({type(exc).__name__}: {exc})"
 
@@ -232,19 +248,7 @@ def _breaker_text(status: dict[str, Any]) -> str:
 
 @click.group("breaker")
 def breaker() -> None:
-    """The automation's circuit breaker (state in paths.state_dir)."""
-
-
-def _breaker_automation(config_file: str | None) -> Automation:
-    from slurmgpu.cli import fail
-
-    try:
-        return _automation(_settings(config_file))
-    except click.ClickException as exc:
-        fail(exc.format_message())
-    except Exception as exc:  # bad config, unreadable state file
-        fail(str(exc) or type(exc).__name__)
-    raise AssertionError("unreachable")
+    """The automation's circuit breaker (state in the collector's database)."""
 
 
 _CONFIG = click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
@@ -252,46 +256,87 @@ _CONFIG = click.option("--config", "config_file", type=click.Path(dir_okay=False
 _JSON = click.option("--json", "as_json", is_flag=True, help="JSON output.")
 
 
-# `slurmgpu breaker` exit statuses (besides 3: bad config, unreadable state file).
+# `slurmgpu breaker` exit statuses (besides 3: bad config, unreadable database).
 EXIT_NO_STATE = 4
 _EXIT_HELP = """
     \b
     Exit status:
       0  the state was read (the breaker may be open or closed: see the output)
-      3  bad config, or a state file that cannot be read or written
-      4  no state file at the path found (wrong config, or no collector with
-         [automation] enabled has run with it yet)
+      3  bad config, or a database that cannot be read or written
+      4  no breaker state in the database found (wrong config, or no collector
+         with [automation] enabled has run with it yet)
     """
 
 
-def _breaker_state(config_file: str | None) -> tuple[Automation, dict[str, Any]]:
-    """The collector's automation state, found the way the collector finds it: the config
-    from --config > $SLURMGPU_CONFIG > /etc/slurmgpu/slurmgpu.toml > the built-in defaults,
-    then its ``[paths] state_dir``. No state file there is never "closed": one error line
-    naming the path, exit ``EXIT_NO_STATE``."""
+def _config(config_file: str | None) -> tuple[Any, Settings]:
+    """The config as the collector finds it (--config > $SLURMGPU_CONFIG >
+    /etc/slurmgpu/slurmgpu.toml > the built-in defaults): (loaded, settings); exit 3 if bad."""
     from slurmgpu.cli import fail
-    from slurmgpu.collector.policy import Automation, state_file
     from slurmgpu.config import load as config_load
-    from slurmgpu.slurm.factory import make_client
 
     try:
         loaded = config_load.load_config(config_file)
-        settings = loaded.settings_for(None)
+        return loaded, loaded.settings_for(None)
     except Exception as exc:  # bad config
         fail(str(exc) or type(exc).__name__)
         raise AssertionError("unreachable") from None
-    path = state_file(settings.paths.state_dir)
-    where = {"state_file": str(path), "config": loaded.path}
-    if not path.is_file():
-        source = loaded.path or f"the built-in default (no {config_load.DEFAULT_PATH})"
-        fail(f"no breaker state at {path} (is the collector running with [automation] enabled?); "
-             f"[paths] state_dir from {source}", code=EXIT_NO_STATE)
+
+
+def _open_store(found: FleetDb) -> Store:
+    """The database (exit 3 when it cannot be opened: unreadable, damaged, too new)."""
+    from slurmgpu.cli import fail
+    from slurmgpu.collector.store import Store
+    from slurmgpu.errors import SlurmGpuError
+
     try:
-        auto = Automation(settings.automation, make_client(settings.slurm), settings.paths.state_dir,
-                          read_only=True)
-    except Exception as exc:  # a bad [automation] policy entry, an unreadable state file
-        fail(f"{path}: {exc}" if isinstance(exc, (OSError, json.JSONDecodeError)) else str(exc))
-    return auto, where
+        return Store(found.path)
+    except SlurmGpuError as exc:  # StoreError: damaged, or newer than this slurmgpu
+        fail(str(exc))
+    except (OSError, sqlite3.Error) as exc:
+        fail(f"{found.path}: {exc}")
+    raise AssertionError("unreachable")
+
+
+def _no_state(found: FleetDb, settings: Settings) -> str:
+    """Exit 4's line: the database found, where its path came from, and an automation.json
+    of an older slurmgpu that the collector has not imported yet."""
+    from slurmgpu.collector.policy import legacy_state_file
+    from slurmgpu.config import load as config_load
+
+    source = found.source
+    if source == "the built-in default":
+        source += f" (no {config_load.DEFAULT_PATH})"
+    text = (f"no breaker state in {found.path} (is the collector running with [automation] "
+            f"enabled?); the database from {source}")
+    legacy = legacy_state_file(settings.paths.state_dir)
+    if legacy.is_file():
+        text += f"; {legacy} is not imported yet (the collector imports it at its next start)"
+    return text
+
+
+@contextlib.contextmanager
+def _breaker_state(config_file: str | None, db: str | None) -> Iterator[tuple[Automation, dict[str, Any]]]:
+    """The collector's automation state, found the way the collector finds it: its
+    database (--db > $SLURMGPU_DB > [collector] db of the config). No database there, or
+    one that holds no automation state, is never "closed": one error line naming the
+    database and where its path came from, exit ``EXIT_NO_STATE``."""
+    from slurmgpu.cli import fail
+
+    loaded, settings = _config(config_file)
+    found = resolve_db(db, loaded.path, settings.collector.db)
+    store = _open_store(found) if Path(found.path).is_file() else None
+    if store is None or store.automation_version() is None:
+        if store is not None:
+            store.close()
+        fail(_no_state(found, settings), code=EXIT_NO_STATE)
+        raise AssertionError("unreachable")
+    with contextlib.closing(store):
+        try:
+            auto = _automation(settings, store=store, read_only=True)
+        except click.ClickException as exc:  # a bad [automation] policy entry
+            fail(exc.format_message())
+            raise AssertionError("unreachable") from None
+        yield auto, {"db": found.path, "config": loaded.path}
 
 
 def _operator() -> str:
@@ -327,21 +372,23 @@ def _show(status: dict[str, Any], where: dict[str, Any], forecast: dict[str, Any
         click.echo("if released:" if status["breaker_open"] or status["held"] else "after the released drains:")
         for line in _forecast_lines(forecast):
             click.echo(f"  {line}")
-    click.echo(f"state: {where['state_file']} (config: {where['config'] or 'built-in defaults'})")
+    click.echo(f"state: {where['db']} (config: {where['config'] or 'built-in defaults'})")
 
 
 @breaker.command("status", epilog=_EXIT_HELP)
 @_CONFIG
+@db_option
 @_JSON
-def breaker_status(config_file: str | None, as_json: bool) -> None:
+def breaker_status(config_file: str | None, db: str | None, as_json: bool) -> None:
     """Show the breaker (open/closed, why), held drains, lemon nodes, and whether
     releasing it now would trip it again (and which setting decides).
 
-    The state file is found as the collector finds it: --config, else
-    $SLURMGPU_CONFIG, else /etc/slurmgpu/slurmgpu.toml, else the built-in defaults;
-    then its [paths] state_dir. The output names the file read."""
-    auto, where = _breaker_state(config_file)
-    status, forecast = auto.status(), auto.forecast()
+    The state is in the collector's database, found as the collector finds it: --db,
+    else $SLURMGPU_DB, else [collector] db of the config (--config, else
+    $SLURMGPU_CONFIG, else /etc/slurmgpu/slurmgpu.toml, else the built-in defaults).
+    The output names the database read."""
+    with _breaker_state(config_file, db) as (auto, where):
+        status, forecast = auto.status(), auto.forecast()
     if as_json:
         click.echo(json.dumps(dict(status, **where, forecast=forecast), indent=2, sort_keys=True))
         return
@@ -350,25 +397,27 @@ def breaker_status(config_file: str | None, as_json: bool) -> None:
 
 @breaker.command("release", epilog=_EXIT_HELP)
 @_CONFIG
+@db_option
 @_JSON
-def breaker_release(config_file: str | None, as_json: bool) -> None:
+def breaker_release(config_file: str | None, db: str | None, as_json: bool) -> None:
     """Close the breaker and let the drains it holds now proceed, once.
 
     The collector carries them out at its next loop turn whatever the breaker says by
     then (their decisions record who released them); jobs on those nodes that were
     already asked to checkpoint are not asked again. The output says whether the next
     drain (or the drained nodes' next reports, for a storm) would trip the breaker
-    again, and which [automation] setting decides. The state file is found as for
-    `slurmgpu breaker status`."""
+    again, and which [automation] setting decides. The database is found as for
+    `slurmgpu breaker status`; the release is one transaction in it, which the running
+    collector sees at its next loop turn."""
     from slurmgpu.cli import fail
 
-    auto, where = _breaker_state(config_file)
-    by = _operator()
-    try:
-        released = auto.release(by=by)
-    except OSError as exc:
-        fail(f"{auto.path}: {exc.strerror or exc}")
-    status, forecast = auto.status(), auto.forecast()
+    with _breaker_state(config_file, db) as (auto, where):
+        by = _operator()
+        try:
+            released = auto.release(by=by)
+        except sqlite3.Error as exc:  # e.g. locked past the busy timeout
+            fail(f"{auto.store.path}: {exc}")
+        status, forecast = auto.status(), auto.forecast()
     if as_json:
         click.echo(json.dumps(dict(status, **where, released_by=by, released_now=released,
                                    forecast=forecast), indent=2, sort_keys=True))
@@ -383,7 +432,7 @@ def breaker_release(config_file: str | None, as_json: bool) -> None:
     for line in _forecast_lines(forecast):
         click.echo(line)
     click.echo(_breaker_text(status))
-    click.echo(f"state: {where['state_file']} (config: {where['config'] or 'built-in defaults'})")
+    click.echo(f"state: {where['db']} (config: {where['config'] or 'built-in defaults'})")
 
 
 # --------------------------------------------------------------------------- lemon
@@ -399,12 +448,34 @@ def _lemon_rows(status: dict[str, Any]) -> list[dict[str, Any]]:
             for node, info in sorted(status["lemons"].items())]
 
 
+@contextlib.contextmanager
+def _lemon_automation(config_file: str | None, db: str | None) -> Iterator[Automation | None]:
+    """The automation's state in the collector's database, found as for `slurmgpu breaker`;
+    None when there is no database (no lemons; nothing is created)."""
+    from slurmgpu.cli import fail
+
+    loaded, settings = _config(config_file)
+    found = resolve_db(db, loaded.path, settings.collector.db)
+    if not Path(found.path).is_file():
+        yield None
+        return
+    with contextlib.closing(_open_store(found)) as store:
+        try:
+            auto = _automation(settings, store=store, read_only=True)
+        except click.ClickException as exc:  # a bad [automation] policy entry
+            fail(exc.format_message())
+            raise AssertionError("unreachable") from None
+        yield auto
+
+
 @lemon.command("list")
 @_CONFIG
+@db_option
 @_JSON
-def lemon_list(config_file: str | None, as_json: bool) -> None:
+def lemon_list(config_file: str | None, db: str | None, as_json: bool) -> None:
     """List lemon nodes: node, since when, why."""
-    rows = _lemon_rows(_breaker_automation(config_file).status())
+    with _lemon_automation(config_file, db) as auto:
+        rows = _lemon_rows(auto.status()) if auto is not None else []
     if as_json:
         click.echo(json.dumps(rows, indent=2, sort_keys=True))
         return
@@ -420,22 +491,25 @@ def lemon_list(config_file: str | None, as_json: bool) -> None:
 @lemon.command("clear")
 @click.argument("node")
 @_CONFIG
+@db_option
 @_JSON
-def lemon_clear(node: str, config_file: str | None, as_json: bool) -> None:
+def lemon_clear(node: str, config_file: str | None, db: str | None, as_json: bool) -> None:
     """Forget that NODE is a lemon (it was repaired): its drain history starts afresh.
 
-    Exit 1, state file unchanged, when NODE is not a lemon. The node stays drained:
-    resume it with `slurmgpu resume NODE` once it is back in shape."""
+    Exit 1, state unchanged, when NODE is not a lemon. The node stays drained: resume it
+    with `slurmgpu resume NODE` once it is back in shape. The change is one transaction
+    in the collector's database (found as for `slurmgpu breaker`)."""
     from slurmgpu.cli import fail
 
-    auto = _breaker_automation(config_file)
-    info = auto.status()["lemons"].get(node)
-    if info is None:
-        fail(f"{node} is not a lemon", code=1)
-    try:
-        auto.clear_lemon(node)
-    except OSError as exc:
-        fail(f"{auto.path}: {exc.strerror or exc}")
+    with _lemon_automation(config_file, db) as auto:
+        info = auto.status()["lemons"].get(node) if auto is not None else None
+        if auto is None or info is None:
+            fail(f"{node} is not a lemon", code=1)
+            raise AssertionError("unreachable")
+        try:
+            auto.clear_lemon(node)
+        except sqlite3.Error as exc:  # e.g. locked past the busy timeout
+            fail(f"{auto.store.path}: {exc}")
     if as_json:
         click.echo(json.dumps({"node": node, "cleared": True, "since": info.get("since"),
                                "why": info.get("why")}, indent=2, sort_keys=True))

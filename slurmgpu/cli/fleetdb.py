@@ -1,5 +1,5 @@
 """Where the fleet database is, resolved the same way by every command that reads it
-(`fleet`, `report`, `report-nightly`, `jobs events`): ``--db`` > ``$SLURMGPU_DB`` >
+(`fleet`, `report`, `report-nightly`, `jobs events`, `breaker`, `lemon`): ``--db`` > ``$SLURMGPU_DB`` >
 ``[collector] db`` of the config (``--config`` > ``$SLURMGPU_CONFIG`` >
 /etc/slurmgpu/slurmgpu.toml) > the built-in default. Errors name the path tried and where
 it came from."""

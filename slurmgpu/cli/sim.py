@@ -163,13 +163,12 @@ def record_cmd(out: Path | None, name: str | None, description: str | None) -> N
 @click.option("--seed", "seed_", type=int, default=0, show_default=True, help="Random seed.")
 @click.option("--end", default=None, help="End of the history: ISO 8601 time or Unix seconds "
                                           "(default: the current hour).")
-@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Also write automation.json (two lemon nodes) here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @_one_line_errors
 def report_seed_cmd(db_path: Path, nodes: int, days: float, seed_: int, end: str | None,
-                    state_dir: Path | None, as_json: bool) -> None:
-    """Fill a fleet database with a simulated month (demo and benchmark of `slurmgpu report`)."""
+                    as_json: bool) -> None:
+    """Fill a fleet database with a simulated month (demo and benchmark of `slurmgpu report`),
+    the automation's state (two lemon nodes) included."""
     from datetime import datetime
 
     from slurmgpu.sim.seed import seed
@@ -183,7 +182,7 @@ def report_seed_cmd(db_path: Path, nodes: int, days: float, seed_: int, end: str
                 end_ts = datetime.fromisoformat(end.replace("Z", "+00:00")).timestamp()
             except ValueError:
                 _fail(f"--end: not an ISO 8601 time or Unix seconds: {end!r}")
-    summary = seed(db_path, nodes, days, end=end_ts, seed=seed_, state_dir=state_dir)
+    summary = seed(db_path, nodes, days, end=end_ts, seed=seed_)
     if as_json:
         click.echo(json.dumps(summary, indent=2, sort_keys=True))
         return

@@ -1,6 +1,6 @@
 """The fleet collector: agents' reports, events and command results into SQLite.
 
-``Store`` is the database (``store.py``); ``Collector`` the ZeroMQ CURVE server
+``Store`` is the database (the ``store`` package); ``Collector`` the ZeroMQ CURVE server
 (``server.py``, imported lazily so reading the store does not load zmq).
 """
 

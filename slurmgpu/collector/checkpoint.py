@@ -71,8 +71,9 @@ class Checkpoints:
         self.clock = clock
         self.drain_node: DrainNode | None = None  # set by Automation.attach_checkpoints
         self.log = get_logger(component="checkpoints")
-        self._open = {c["id"]: c for c in store.checkpoints(active=True, limit=1_000_000)}
-        self._pending = {p["node"]: p for p in store.pending_drains()}
+        self._open: dict[int, dict[str, Any]] = {
+            c["id"]: dict(c) for c in store.checkpoints(active=True, limit=1_000_000)}
+        self._pending: dict[str, dict[str, Any]] = {p["node"]: dict(p) for p in store.pending_drains()}
         if self._open or self._pending:
             self.log.info("checkpoints_resumed", open=len(self._open), pending_drains=len(self._pending))
 
@@ -281,9 +282,9 @@ class Checkpoints:
         for cp in self._open.values():
             if cp["job_id"] == job_id and node in cp["nodes"]:
                 return cp
-        for cp in reversed(self.store.checkpoints(job_id=job_id)):
-            if node in cp["nodes"] and (cp["closed"] is None or self.clock() - cp["closed"] < LATE_ACK_S):
-                return cp
+        for row in reversed(self.store.checkpoints(job_id=job_id)):
+            if node in row["nodes"] and (row["closed"] is None or self.clock() - row["closed"] < LATE_ACK_S):
+                return dict(row)
         return None
 
     # ------------------------------------------------------------------ deadlines

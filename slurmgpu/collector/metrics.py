@@ -4,9 +4,9 @@ Everything is computed at scrape time, in the HTTP server's thread, from:
 
 * the store: a read-only SQLite connection of its own to the store's file, opened per
   scrape (the collector's connection belongs to the collector loop's thread). All
-  queries run in one read transaction (one consistent snapshot; WAL readers never block
-  the collector's writes) and are single aggregate queries (``GROUP BY``), so a scrape
-  stays cheap at 10k nodes;
+  queries (named queries of ``slurmgpu.collector.store.queries``) run in one read
+  transaction (one consistent snapshot; WAL readers never block the collector's writes)
+  and are single aggregate queries (``GROUP BY``), so a scrape stays cheap at 10k nodes;
 * the collector's ``Counters`` (plain ints read without a lock: a scrape may see one
   batch's counters half-updated, never a torn value);
 * the automation's ``status()``, when the collector has one.
@@ -29,13 +29,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from slurmgpu.collector.store import queries
 from slurmgpu.result import Severity
 from slurmgpu.wire import EVENT_KINDS
 
@@ -45,11 +45,7 @@ if TYPE_CHECKING:
 CONFIG_KEY = "collector.metrics_bind"
 # Gauge value of a verdict / a finding's severity (its exit code: OK 0, WARN 1, FAIL 2, UNKNOWN 3).
 VERDICT_CODE = {s.name: s.exit_code for s in Severity}
-# Severity ranks as the store orders them (OK < WARN < UNKNOWN < FAIL); any other
-# severity string ranks as UNKNOWN (as ``slurmgpu.collector.store`` does).
-_RANK_SQL = ("CASE f.severity " + " ".join(f"WHEN '{s.name}' THEN {s.rank}" for s in Severity
-                                           if s is not Severity.UNKNOWN)
-             + f" ELSE {Severity.UNKNOWN.rank} END")
+# A severity's rank (as the store orders them: OK < WARN < UNKNOWN < FAIL) -> its code.
 _RANK_CODE = {s.rank: s.exit_code for s in Severity}
 # The collector's reject reasons (server.py): exported at 0 before the first one.
 REJECT_REASONS = ("frames", "unknown_key", "oversized", "version", "malformed", "node_mismatch",
@@ -224,28 +220,22 @@ class FleetMetrics:
 
     # ------------------------------------------------------------------ the store
 
-    def _connect(self) -> sqlite3.Connection | None:
+    def _store(self, drained: set[str] | None) -> list[Metric] | None:
+        """The store's families; None for an in-memory store (no file to read)."""
         path = self.collector.store.path
         if str(path) == ":memory:":
             return None
-        uri = Path(path).resolve().as_uri() + "?mode=ro"
-        return sqlite3.connect(uri, uri=True, timeout=5.0, isolation_level=None)
-
-    def _store(self, drained: set[str] | None) -> list[Metric] | None:
-        """The store's families; None for an in-memory store (no file to read)."""
-        db = self._connect()
-        if db is None:
-            return None
-        try:
-            db.execute("BEGIN")  # one snapshot for every query below
+        with queries.snapshot(path) as db:  # one snapshot for every query below
             return self._families(db, drained)
-        finally:
-            db.close()
 
     def _families(self, db: sqlite3.Connection, drained: set[str] | None) -> list[Metric]:
+        return [*self._node_families(db, drained), *self._finding_families(db),
+                *self._event_families(db), *self._decision_families(db),
+                *self._checkpoint_families(db)]
+
+    def _node_families(self, db: sqlite3.Connection, drained: set[str] | None) -> list[Metric]:
+        """Nodes: latest report's verdict, last seen, reachable; the fleet by verdict."""
         now = time.time()
-        out: list[Metric] = []
-        # ---- nodes: latest report's verdict, last seen, reachable
         verdict = GaugeMetricFamily("slurmgpu_node_verdict", "Verdict of the node's latest "
                                     "report: 0 OK, 1 WARN, 2 FAIL, 3 UNKNOWN (or no report yet).",
                                     labels=["node"])
@@ -257,20 +247,16 @@ class FleetMetrics:
                                       "heartbeats.", labels=["node"])
         by_verdict = dict.fromkeys(VERDICT_CODE, 0)
         nodes: list[str] = []
-        for node, last_seen, is_reachable, node_verdict in db.execute(
-                "SELECT n.node, n.last_seen, n.reachable, r.verdict FROM nodes n "
-                "LEFT JOIN reports r ON r.node = n.node"):
-            name = str(node)
-            nodes.append(name)
-            name_of = str(node_verdict).upper() if node_verdict else Severity.UNKNOWN.name
+        for row in queries.node_verdicts(db):
+            nodes.append(row.node)
+            name_of = str(row.verdict).upper() if row.verdict else Severity.UNKNOWN.name
             if name_of not in VERDICT_CODE:
                 name_of = Severity.UNKNOWN.name
-            code = VERDICT_CODE[name_of]
             by_verdict[name_of] += 1
-            verdict.add_metric([name], code)
-            seen.add_metric([name], max(0.0, now - float(last_seen)))
-            reachable.add_metric([name], 1 if is_reachable else 0)
-        out += [verdict, seen, reachable]
+            verdict.add_metric([row.node], VERDICT_CODE[name_of])
+            seen.add_metric([row.node], max(0.0, now - row.last_seen))
+            reachable.add_metric([row.node], 1 if row.reachable else 0)
+        out: list[Metric] = [verdict, seen, reachable]
         out.append(GaugeMetricFamily("slurmgpu_fleet_nodes", "Nodes known to the collector "
                                      "(heard from at least once).", value=len(nodes)))
         fleet = GaugeMetricFamily("slurmgpu_fleet_nodes_by_verdict", "Nodes by the verdict of "
@@ -285,8 +271,11 @@ class FleetMetrics:
             for name in sorted(set(nodes) | drained):
                 node_drained.add_metric([name], 1 if name in drained else 0)
             out.append(node_drained)
-        # ---- current findings: those of each node's latest state change (report_history
-        # records a row, with its non-OK findings, only when a node's state changes).
+        return out
+
+    def _finding_families(self, db: sqlite3.Connection) -> list[Metric]:
+        """Current findings (each node's latest state change) by check and severity, and
+        per GPU its worst severity."""
         findings = GaugeMetricFamily("slurmgpu_findings", "Current non-OK findings across "
                                      "the fleet (from each node's latest report), by check "
                                      "and severity.", labels=["check", "severity"])
@@ -295,17 +284,12 @@ class FleetMetrics:
                                 "current non-OK finding are exported; absent = OK).",
                                 labels=["node", "gpu"])
         per_check: dict[tuple[str, str], int] = {}
-        gpu_rank: dict[tuple[str, str], int] = {}
-        for node, gpu_index, check, severity, rank, count in db.execute(
-                "WITH cur AS (SELECT node, max(seq) AS seq, ts FROM report_history "
-                "GROUP BY node) "
-                f"SELECT f.node, f.gpu, f.check_id, f.severity, max({_RANK_SQL}), count(*) "
-                "FROM findings f JOIN cur ON f.node = cur.node AND f.ts = cur.ts "
-                "AND f.seq = cur.seq GROUP BY f.node, f.gpu, f.check_id, f.severity"):
-            key = (str(check), str(severity))
-            per_check[key] = per_check.get(key, 0) + int(count)
-            if gpu_index is not None and int(rank) > gpu_rank.get((node, gpu_index), 0):
-                gpu_rank[(node, gpu_index)] = int(rank)
+        gpu_rank: dict[tuple[str, int], int] = {}
+        for f in queries.current_findings(db):
+            key = (str(f.check), str(f.severity))
+            per_check[key] = per_check.get(key, 0) + f.n
+            if f.gpu is not None and f.rank > gpu_rank.get((f.node, f.gpu), 0):
+                gpu_rank[(f.node, f.gpu)] = f.rank
         capped: dict[tuple[str, str], int] = {}
         for (check, severity), count in per_check.items():
             key = (check if check in known_checks() else OTHER, severity if severity in VERDICT_CODE else OTHER)
@@ -319,29 +303,31 @@ class FleetMetrics:
                 gpu.add_metric([str(node), str(gpu_index)], _RANK_CODE[rank])
             else:
                 self.series_dropped += 1
-        out += [findings, gpu]
-        # ---- events (history within the retention): by kind, XIDs by code
+        return [findings, gpu]
+
+    def _event_families(self, db: sqlite3.Connection) -> list[Metric]:
+        """Events (history within the retention): by kind, XIDs by code."""
         events = CounterMetricFamily("slurmgpu_events", "Events stored (within the retention), "
                                      "by kind.", labels=["kind"])
         xids = CounterMetricFamily("slurmgpu_xid_events", "XID events stored (within the "
                                    "retention), by XID code.", labels=["xid"])
         per_kind: dict[str, int] = {}
         per_xid: dict[str, int] = {}
-        for kind, xid, count in db.execute(
-                "SELECT kind, CASE WHEN kind = 'xid' THEN data END, count(*) FROM events "
-                "GROUP BY 1, 2"):
+        for kind, xid, count in queries.event_counts(db):
             label = str(kind) if kind in EVENT_KINDS else OTHER
-            per_kind[label] = per_kind.get(label, 0) + int(count)
+            per_kind[label] = per_kind.get(label, 0) + count
             if kind == "xid":
                 xid_label = "unknown" if xid is None else (
                     str(xid) if 0 <= int(xid) <= MAX_XID_LABEL else OTHER)
-                per_xid[xid_label] = per_xid.get(xid_label, 0) + int(count)
+                per_xid[xid_label] = per_xid.get(xid_label, 0) + count
         for xid_label, n in sorted(per_xid.items()):
             xids.add_metric([xid_label], n)
         for kind, count in sorted(per_kind.items()):
             events.add_metric([kind], count)
-        out += [events, xids]
-        # ---- automation decisions (history within the retention)
+        return [events, xids]
+
+    def _decision_families(self, db: sqlite3.Connection) -> list[Metric]:
+        """Automation decisions (history within the retention) by result and by trigger."""
         actions = CounterMetricFamily("slurmgpu_actions", "Automation decisions (within the "
                                       "retention) by action and result (\"error: ...\" "
                                       "results count as \"error\").", labels=["action", "result"])
@@ -351,42 +337,30 @@ class FleetMetrics:
                                        labels=["action", "trigger"])
         per_result: dict[tuple[str, str], int] = {}
         per_trigger: dict[tuple[str, str], int] = {}
-        for action, result, trigger, count in db.execute(
-                "SELECT action, CASE WHEN result LIKE 'error:%' THEN 'error' "
-                "ELSE coalesce(result, '') END, coalesce(trigger, ''), count(*) "
-                "FROM decisions GROUP BY 1, 2, 3"):
-            rk, tk = (str(action), str(result)), (str(action), str(trigger))
-            per_result[rk] = per_result.get(rk, 0) + int(count)
-            per_trigger[tk] = per_trigger.get(tk, 0) + int(count)
+        for action, result, trigger, count in queries.decision_counts(db):
+            rk, tk = (action, result), (action, trigger)
+            per_result[rk] = per_result.get(rk, 0) + count
+            per_trigger[tk] = per_trigger.get(tk, 0) + count
         for labels, count in sorted(per_result.items()):
             actions.add_metric(list(labels), count)
         for labels, count in sorted(per_trigger.items()):
             triggers.add_metric(list(labels), count)
-        out += [actions, triggers]
-        # ---- checkpoint requests (the checkpoints table may not exist in this schema)
+        return [actions, triggers]
+
+    def _checkpoint_families(self, db: sqlite3.Connection) -> list[Metric]:
+        """Checkpoint requests by state; nodes whose drain waits for them."""
         per_state = dict.fromkeys(CHECKPOINT_STATES, 0)
-        try:
-            for state, count in db.execute("SELECT state, count(*) FROM checkpoints "
-                                           "GROUP BY state"):
-                per_state[str(state)] = int(count)
-        except sqlite3.OperationalError:  # no such table: no checkpoints yet
-            pass
-        out.append(GaugeMetricFamily("slurmgpu_checkpoints_pending", "Checkpoint requests "
-                                     "still open (not acked, expired or done).",
-                                     value=per_state["open"]))
+        per_state.update(queries.checkpoint_states(db))
         states = GaugeMetricFamily("slurmgpu_checkpoints", "Checkpoint requests (within "
                                    "the retention) by state; a gauge: requests move between "
                                    "states.", labels=["state"])
         for state, count in sorted(per_state.items()):
             states.add_metric([state], count)
-        out.append(states)
-        try:
-            pending = int(db.execute("SELECT count(*) FROM pending_drains").fetchone()[0])
-        except sqlite3.OperationalError:  # no such table (older schema)
-            pending = 0
-        out.append(GaugeMetricFamily("slurmgpu_pending_drains", "Nodes whose drain waits for "
-                                     "their jobs' checkpoints.", value=pending))
-        return out
+        pending = GaugeMetricFamily("slurmgpu_pending_drains", "Nodes whose drain waits for "
+                                    "their jobs' checkpoints.", value=queries.pending_drain_count(db))
+        open_ = GaugeMetricFamily("slurmgpu_checkpoints_pending", "Checkpoint requests "
+                                  "still open (not acked, expired or done).", value=per_state["open"])
+        return [open_, states, pending]
 
 
 # Label cardinality from what nodes send: check ids, event kinds and XID codes outside the

@@ -1,9 +1,12 @@
 """The collector's automation decisions: what to do about a node's report.
 
-Pure apart from two things injected by the caller: the ``SlurmClient`` (all
-Slurm calls go through ``slurmgpu.actions.Actions``) and a state directory
-holding one small JSON file, so strikes, healthy streaks, drain history and the
-circuit breaker survive a restart.
+Pure apart from what the caller injects: the ``SlurmClient`` (all Slurm calls go
+through ``slurmgpu.actions.Actions``, which journals the calls Slurm could not take in
+the state directory) and the fleet database (``Store``), whose ``automation_*`` tables
+keep strikes, healthy streaks, drain history and the circuit breaker across restarts
+(``slurmgpu.collector.store.automation``). Each change is saved as it is made; an
+operator's command (``release``, ``clear_lemon``) is one read-modify-write transaction,
+and ``refresh`` picks up such a change made by another process.
 
 * Policy table (``slurmgpu.decision.PolicyTable``, shared with the agent's local fallback):
   (finding, strikes) -> one of ``POLICY_ACTIONS``.
@@ -22,17 +25,18 @@ circuit breaker survive a restart.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
+import sqlite3
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from slurmgpu.actions import Actions
+from slurmgpu.collector.store import AutomationState, Store
 from slurmgpu.config.schema import AutomationSettings
 from slurmgpu.decision import ACTION_RANK, CHECKPOINTING, DRAINING, Action, drain_reason
 from slurmgpu.decision import PolicyTable as PolicyTable
@@ -43,7 +47,9 @@ from slurmgpu.slurm import SlurmClient, SlurmError, SlurmUnreachable
 if TYPE_CHECKING:
     from slurmgpu.collector.checkpoint import Checkpoints
 
-STATE_FILE = "automation.json"
+# Where a slurmgpu before schema 7 kept the state: imported into the database once.
+LEGACY_STATE_FILE = "automation.json"
+IMPORTED_SUFFIX = ".imported"
 LOG_KEEP = 100
 HOUR = 3600.0
 
@@ -76,37 +82,10 @@ class Decision:
         return dataclasses.asdict(self)
 
 
-@dataclass
-class _State:
-    fleet: int = 0
-    seen: list[str] = field(default_factory=list)
-    strikes: dict[str, dict[str, int]] = field(default_factory=dict)  # node -> check -> n
-    healthy: dict[str, list[float]] = field(default_factory=dict)  # node -> [count, first]
-    drained: dict[str, dict[str, Any]] = field(default_factory=dict)  # by us, still drained
-    history: dict[str, list[float]] = field(default_factory=dict)  # node -> drain times
-    drain_times: list[float] = field(default_factory=list)  # all new drains, last hour
-    failing: dict[str, dict[str, float]] = field(default_factory=dict)  # check -> node -> time
-    breaker: dict[str, Any] = field(default_factory=lambda: {"open": False, "since": None, "why": None})
-    held: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # Held drains an operator released, to be carried out once by the collector.
-    released: dict[str, dict[str, Any]] = field(default_factory=dict)
-    lemons: dict[str, dict[str, Any]] = field(default_factory=dict)
-    log: list[dict[str, Any]] = field(default_factory=list)
-
-    @classmethod
-    def load(cls, path: Path) -> _State:
-        try:
-            raw = json.loads(path.read_text())
-        except FileNotFoundError:
-            return cls()
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in raw.items() if k in names})
-
-
-def state_file(state_dir: str | Path) -> Path:
-    """The automation's state file in ``[paths] state_dir``: where the collector keeps it
-    and where `slurmgpu breaker` looks for it."""
-    return Path(state_dir) / STATE_FILE
+def legacy_state_file(state_dir: str | Path) -> Path:
+    """Where a slurmgpu before schema 7 kept the automation's state (``[paths] state_dir``);
+    the collector imports it into the database at its first start."""
+    return Path(state_dir) / LEGACY_STATE_FILE
 
 
 def fraction_limit(settings: AutomationSettings, fleet: int) -> tuple[int, str]:
@@ -133,31 +112,57 @@ def _setting(settings: AutomationSettings, key: str) -> str:
 
 class Automation:
     def __init__(self, settings: AutomationSettings, client: SlurmClient, state_dir: str | Path,
-                 clock: Clock | None = None, *, read_only: bool = False) -> None:
-        """``read_only``: only look at the state (`slurmgpu breaker status`): no directory
-        made, no write probe; saving still works where the file is writable."""
+                 clock: Clock | None = None, *, store: Store, read_only: bool = False) -> None:
+        """``store``: the fleet database that keeps the state (the collector's own).
+        ``read_only``: only look at the state (`slurmgpu breaker status`): no directory
+        made, no write probe, no import; saving still works where the database is writable."""
         self.settings = settings
         self.policy = PolicyTable(settings)
         self.client = client
         self.actions = Actions(client, state_dir)
-        self.path = state_file(state_dir)
+        self.store = store
         self.clock: Clock = clock or _SystemClock()
         self.checkpoints: Checkpoints | None = None
-        self.state = _State.load(self.path) if read_only else self._load_writable()
+        if not read_only:
+            _probe_writable(Path(state_dir))
+        self._record = store.automation()
+        if not read_only:
+            self._import_legacy(legacy_state_file(state_dir))
 
-    def _load_writable(self) -> _State:
-        """Automation that cannot record its decisions must not take any: refuse to start
-        (a ValueError naming the directory) rather than drain nodes with no trace."""
+    @property
+    def state(self) -> AutomationState:
+        return self._record.state
+
+    def refresh(self) -> bool:
+        """Read the state back if another process changed it since (an operator's
+        `slurmgpu breaker release`); True if it did. Cheap: one indexed read."""
+        return self._record.refresh()
+
+    def _import_legacy(self, path: Path) -> None:
+        """The upgrade from a slurmgpu before schema 7: its ``automation.json`` goes into a
+        database that holds no automation state yet, once (held and released drains,
+        lemons, the breaker survive), and is renamed ``automation.json.imported``."""
+        if not path.is_file():
+            return
+        log = get_logger(component="automation")
+        if self._record.version is not None:
+            log.warning("automation_json_ignored", path=str(path), db=str(self.store.path),
+                        why="the database already holds the automation's state")
+            return
         try:
-            state = _State.load(self.path)
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, probe = tempfile.mkstemp(prefix=".write-probe.", dir=self.path.parent)  # leaves nothing
-            os.close(fd)
-            os.unlink(probe)
-            return state
-        except OSError as exc:
-            raise ValueError(f"automation state directory {self.path.parent} is not writable "
-                             f"({exc.strerror or exc}): fix it, or run without [automation]") from None
+            self._record.import_json(path)
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, IndexError,
+                sqlite3.InterfaceError, sqlite3.ProgrammingError) as exc:  # unreadable, or not its shape
+            raise ValueError(f"cannot import the automation state from {path} ({exc}): "
+                             "repair or move it aside, then start again") from None
+        try:
+            path.rename(path.with_name(path.name + IMPORTED_SUFFIX))
+        except OSError as exc:  # imported all the same: the database's state is the one used
+            log.warning("automation_json_not_renamed", path=str(path), error=str(exc))
+        st = self.state
+        log.info("automation_state_imported", path=str(path), db=str(self.store.path),
+                 breaker_open=bool(st.breaker.get("open")), held=len(st.held), released=len(st.released),
+                 drained=len(st.drained), lemons=len(st.lemons))
 
     def attach_checkpoints(self, checkpoints: Checkpoints) -> None:
         """Coordinate "checkpoint"/"drain-now" with the jobs on the node: their drain
@@ -168,9 +173,10 @@ class Automation:
     # ---- fleet and breaker
 
     def fleet_size(self, n: int) -> None:
+        self.refresh()
         if n != self.state.fleet:
             self.state.fleet = n
-            self._save()
+            self._record.save(())
 
     def _fleet(self) -> int:
         return max(self.state.fleet, len(self.state.seen))
@@ -185,25 +191,29 @@ class Automation:
         the breaker says by then, recording ``by`` in their decisions. The storm evidence is
         forgotten. Returns the released drains (``forecast()``: would it trip again?)."""
         now = self.clock.time() if now is None else now
-        st = self.state
-        released = []
-        for node, held in sorted(st.held.items()):
-            entry = dict(held, released_at=now, released_by=by)
-            st.released[node] = entry
-            released.append(dict(entry, node=node))
-        st.breaker = {"open": False, "since": None, "why": None}
-        st.held.clear()
-        st.failing.clear()
-        self._save()
+        with self.store.transaction():  # BEGIN IMMEDIATE: read, change and write as one
+            self.refresh()
+            st = self.state
+            released = []
+            for node, held in sorted(st.held.items()):
+                entry = dict(held, released_at=now, released_by=by)
+                st.released[node] = entry
+                released.append(dict(entry, node=node))
+            st.breaker = {"open": False, "since": None, "why": None}
+            st.held.clear()
+            st.failing.clear()
+            self._save()
         return released
 
     def run_released(self, now: float | None = None) -> list[Decision]:
         """Carry out the drains an operator released, once each (the breaker is not asked
         again: the operator has confirmed them). The collector calls this every loop turn."""
+        self.refresh()
         st = self.state
         if not st.released:
             return []
         now = self.clock.time() if now is None else now
+        nodes = set(st.released)
         decisions: list[Decision] = []
         for node, entry in sorted(st.released.items()):
             action, reason = Action.DRAIN, str(entry.get("reason", ""))
@@ -220,7 +230,7 @@ class Automation:
                                                 released_by=str(entry.get("released_by", ""))))
         st.released.clear()
         st.log = (st.log + [d.to_json() for d in decisions])[-LOG_KEEP:]
-        self._save()
+        self._record.save(nodes)
         return decisions
 
     def forecast(self, now: float | None = None) -> dict[str, Any]:
@@ -274,9 +284,11 @@ class Automation:
 
     def clear_lemon(self, node: str) -> None:
         """Operator: the node was repaired; its drain history starts afresh."""
-        self.state.lemons.pop(node, None)
-        self.state.history.pop(node, None)
-        self._save()
+        with self.store.transaction():  # BEGIN IMMEDIATE: read, change and write as one
+            self.refresh()
+            self.state.lemons.pop(node, None)
+            self.state.history.pop(node, None)
+            self._record.save((node,))
 
     def status(self) -> dict[str, Any]:
         b = self.state.breaker
@@ -299,6 +311,7 @@ class Automation:
         """One report (or event) of ``node``: its verdict and findings, as decoded from the
         wire (``Envelope.findings``)."""
         now = self.clock.time() if now is None else now
+        self.refresh()
         st = self.state
         if node not in st.seen:
             st.seen.append(node)
@@ -319,7 +332,7 @@ class Automation:
             st.healthy.pop(node, None)
             decisions += self._unhealthy(node, bad, strikes, now)
         st.log = (st.log + [d.to_json() for d in decisions])[-LOG_KEEP:]
-        self._save()
+        self._record.save((node,))
         return decisions
 
     def _unhealthy(self, node: str, bad: list[Finding], strikes: dict[str, int],
@@ -463,6 +476,7 @@ class Automation:
                        now: float) -> Decision:
         """The jobs on ``node`` have checkpointed (or run out of time): drain it now (or
         reboot it, when the drain-now was for a fault only a reboot clears)."""
+        self.refresh()
         st = self.state
         then = (st.drained.get(node) or {}).get("then")
         try:
@@ -482,7 +496,7 @@ class Automation:
             st.drained[node] = {"time": now, "trigger": trigger, "reason": reason}
         decision = self._decision(node, action, reason, trigger, result, now)
         st.log = [*st.log, decision.to_json()][-LOG_KEEP:]
-        self._save()
+        self._record.save((node,))
         return decision
 
     def _still_drained(self, node: str) -> bool:
@@ -522,13 +536,24 @@ class Automation:
                         trigger=trigger, result=result, time=now, released_by=released_by)
 
     def _save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps(dataclasses.asdict(self.state), sort_keys=True))
-        os.replace(tmp, self.path)
+        """Write every change to the state (a full comparison with what is stored)."""
+        self._record.save()
+
+
+def _probe_writable(state_dir: Path) -> None:
+    """Automation that cannot journal what it does must not do anything: refuse to start (a
+    ValueError naming the directory) rather than drain nodes with no trace."""
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-probe.", dir=state_dir)  # leaves nothing
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ValueError(f"automation state directory {state_dir} is not writable "
+                         f"({exc.strerror or exc}): fix it, or run without [automation]") from None
 
 
 def _stored_action(entry: dict[str, Any]) -> Action:
-    """The action of a held or released drain read back from the state file (a drain when
-    none is named); ValueError for one that is no action."""
+    """The action of a held or released drain read back from the store (a drain when none
+    is named); ValueError for one that is no action."""
     return Action(str(entry.get("action", Action.DRAIN)))

@@ -24,8 +24,8 @@ Automation (optional): after a batch's acks are sent, every newly stored report 
 event is passed to ``Automation.on_report`` and its decisions are stored in the
 ``decisions`` table. A failing automation call is logged and counted; it never stops
 the loop and never delays an ack. Drains an operator released from the circuit breaker
-(`slurmgpu breaker release` rewrites the state file) are carried out at the next loop
-turn (``Automation.run_released``).
+(`slurmgpu breaker release` writes the automation's state in the store) are carried out at
+the next loop turn (``Automation.run_released``).
 
 The loop is single-threaded (plus libzmq's I/O thread and the ZAP thread). All methods,
 ``send_command`` included, must be called from the thread that runs the loop.
@@ -300,7 +300,6 @@ class Collector:
         if slurm is not None and settings.slurm_poll_s > 0:
             self.slurm_poller = SlurmPoller(slurm, settings.slurm_poll_s)
             self.slurm_poller.start()
-        self._auto_stamp: tuple[int, int, int] | None = None
         self._automation_fleet_size()
         self.log.info("collector_listening", endpoint=self.endpoint, nodes=len(self.allowed),
                       db=str(self.store.path), automation=automation is not None)
@@ -549,7 +548,6 @@ class Collector:
                 self.counters.automation_errors += 1
                 self.log.error("automation_failed", node=node, seq=env.seq,
                                error=f"{type(exc).__name__}: {exc}")
-        self._auto_stamp = self._automation_stamp()
         self._record_decisions(decisions)
 
     def _checkpoint_messages(self, batch: Batch,
@@ -585,7 +583,6 @@ class Collector:
             self.counters.automation_errors += 1
             self.log.error("checkpoint_tick_failed", error=f"{type(exc).__name__}: {exc}")
             return
-        self._auto_stamp = self._automation_stamp()
         self._record_decisions(decisions)
 
     def _record_decisions(self, decisions: list[Decision]) -> None:
@@ -609,7 +606,6 @@ class Collector:
         except Exception as exc:
             self.counters.automation_errors += 1
             self.log.error("automation_failed", error=f"{type(exc).__name__}: {exc}")
-        self._auto_stamp = self._automation_stamp()
 
     def _automation_released(self) -> None:
         """Carry out the drains an operator released (``slurmgpu breaker release``)."""
@@ -622,40 +618,24 @@ class Collector:
             self.counters.automation_errors += 1
             self.log.error("automation_failed", error=f"{type(exc).__name__}: {exc}")
             return
-        finally:
-            self._auto_stamp = self._automation_stamp()
         for d in decisions:
             self.log.info("breaker_release_carried_out", node=d.node, action=d.action, result=d.result,
                           released_by=d.released_by)
         self._record_decisions(decisions)
 
-    def _automation_stamp(self) -> tuple[int, int, int] | None:
-        if self.automation is None:
-            return None
-        try:
-            st = os.stat(self.automation.path)
-        except (OSError, AttributeError, TypeError):  # no state file (yet), or no path
-            return None
-        return (st.st_ino, st.st_mtime_ns, st.st_size)
-
     def _automation_sync(self) -> None:
-        """Reload the automation's state if someone else wrote its file since we did
-        (``slurmgpu breaker release``), so an operator's release is not overwritten."""
+        """Read the automation's state back if another process changed it in the store
+        (``slurmgpu breaker release``), so an operator's release is seen, and kept."""
         automation = self.automation
-        if automation is None or self._auto_stamp is None:
-            return
-        stamp = self._automation_stamp()
-        if stamp is None or stamp == self._auto_stamp:
+        if automation is None or not hasattr(automation, "refresh"):
             return
         try:
-            automation.state = type(automation.state).load(automation.path)
-        except Exception as exc:  # unreadable/corrupt: keep the state in memory
+            if automation.refresh():
+                self.log.info("automation_state_reloaded", db=str(self.store.path),
+                              breaker_open=bool(automation.state.breaker.get("open")))
+        except Exception as exc:  # unreadable for now: keep the state in memory
             self.counters.automation_errors += 1
-            self.log.error("automation_state_unreadable", path=str(automation.path), error=str(exc))
-        else:
-            self.log.info("automation_state_reloaded", path=str(automation.path),
-                          breaker_open=bool(automation.state.breaker.get("open")))
-        self._auto_stamp = stamp
+            self.log.error("automation_state_unreadable", db=str(self.store.path), error=str(exc))
 
     def _send_acks(self, to_ack: list[AckItem]) -> None:
         """One ack per peer and epoch. A seq both rejected and stored in this batch (a

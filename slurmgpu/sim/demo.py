@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from slurmgpu.collector.store import queries
 from slurmgpu.errors import SlurmGpuError
 from slurmgpu.sim.cluster import (
     DEFAULT_SCENARIO,
@@ -229,25 +230,20 @@ class Demo:
 
     # ---- small readers
 
-    def query(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-        return query_db(self.cluster.collector_db(), sql, *params)
-
     def job_events(self, job: str, kind: str) -> tuple[float, str, str] | None:
         """(ts, node, detail) of the job's first ``kind`` event in the collector's timeline."""
-        rows = self.query("SELECT ts, node, detail FROM job_events WHERE job_id = ? AND kind = ? "
-                          "ORDER BY ts, id LIMIT 1", job, kind)
-        return (float(rows[0][0]), str(rows[0][1] or ""), str(rows[0][2] or "")) if rows else None
+        row = ask_db(self.cluster.collector_db(), lambda db: queries.first_job_event(db, job, kind))
+        return (row.ts, str(row.node or ""), str(row.detail or "")) if row else None
 
     def decision(self, node: str, since: float, *,
                  held: bool | None = None) -> dict[str, Any] | None:
         """The automation's first decision about ``node`` at or after ``since``."""
-        rows = self.query("SELECT time, action, reason, held, trigger, result FROM decisions "
-                          "WHERE node = ? AND time >= ? ORDER BY time, id", node, since)
-        for ts, action, reason, was_held, trigger, res in rows:
-            if held is not None and bool(was_held) != held:
+        rows = ask_db(self.cluster.collector_db(), lambda db: queries.decisions_since(db, node, since))
+        for d in rows or ():
+            if held is not None and d["held"] != held:
                 continue
-            return {"time": float(ts), "action": action, "reason": reason or "",
-                    "held": bool(was_held), "trigger": trigger or "", "result": res or ""}
+            return {"time": float(d["time"]), "action": d["action"], "reason": d["reason"] or "",
+                    "held": d["held"], "trigger": d["trigger"] or "", "result": d["result"] or ""}
         return None
 
     def drained(self, node: str) -> str | None:
@@ -562,15 +558,13 @@ def check_directory(directory: Path) -> Path:
 # ------------------------------------------------------------------------- helpers
 
 
-def query_db(db: Path, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    """Read the collector's database (read-only; empty when it does not exist yet)."""
+def ask_db(db: Path, question: Callable[[sqlite3.Connection], T]) -> T | None:
+    """One of the store's named queries on the collector's database (read-only; None
+    when it does not exist yet)."""
     if not db.exists():
-        return []
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
-    try:
-        return list(conn.execute(sql, params).fetchall())
-    finally:
-        conn.close()
+        return None
+    with queries.snapshot(db) as conn:
+        return question(conn)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -634,16 +628,18 @@ def _final_state(demo: Demo, job: str, timeout: float | None = None) -> str:
 
 def breaker_status(cluster: SimCluster) -> dict[str, Any]:
     """What `slurmgpu breaker status --json --config <head config>` prints, less the forecast
-    rules' texts: the automation's state file, read only."""
+    rules' texts: the automation's state in the collector's database, read only."""
     from slurmgpu.collector.policy import Automation
+    from slurmgpu.collector.store import Store
     from slurmgpu.config.load import load_config
     from slurmgpu.slurm.factory import make_client
 
     settings = load_config(str(cluster.head_config)).settings_for(None)
-    auto = Automation(settings.automation, make_client(settings.slurm), settings.paths.state_dir,
-                      read_only=True)
-    status = auto.status()
-    status["forecast"] = auto.forecast()
+    with contextlib.closing(Store(settings.collector.db)) as store:
+        auto = Automation(settings.automation, make_client(settings.slurm), settings.paths.state_dir,
+                          store=store, read_only=True)
+        status = auto.status()
+        status["forecast"] = auto.forecast()
     return status
 
 

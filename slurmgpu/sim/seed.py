@@ -498,10 +498,10 @@ _Plan = dict[str, list[tuple[float, str, Any]]]
 
 
 def seed(db_path: str | Path, nodes: int = 1000, days: float = 30, *, end: float | None = None,
-         seed: int = 0, state_dir: str | Path | None = None) -> dict[str, Any]:
+         seed: int = 0) -> dict[str, Any]:
     """Fill the (empty) fleet database at ``db_path`` with ``days`` of history for ``nodes``
-    nodes ending at ``end`` (default: the current hour). Writes ``automation.json`` with the
-    two lemons into ``state_dir`` when given. Returns a summary (row counts, notable nodes)."""
+    nodes ending at ``end`` (default: the current hour), the automation's state (the two
+    lemons, the nodes it drained) included. Returns a summary (row counts, notable nodes)."""
     if nodes < 1 or days <= 0:
         raise SeedError("nodes must be >= 1 and days > 0")
     began = time.perf_counter()
@@ -524,18 +524,10 @@ def seed(db_path: str | Path, nodes: int = 1000, days: float = 30, *, end: float
     lemons = _lay_out(sd, fleet, plan)
     _application_xids(sd, fleet, scale)
     counts = _write(db_path, sd, fleet, hours)
-
-    state_file = None
-    if state_dir is not None:
-        state_file = Path(state_dir) / "automation.json"
-        state_file.parent.mkdir(parents=True, exist_ok=True)
-        state = {"lemons": sd.lemons, "drained": sd.drained, "fleet": nodes}
-        state_file.write_text(json.dumps(state, sort_keys=True, indent=1))
     return {
         "db": str(db_path), "nodes": nodes, "days": days, "seed": seed, "start": start, "end": end,
         "rows": counts, "lemons": sorted(set(lemons)), "drifted": sorted(drifted), "upgraded": up.name,
-        "drained_at_end": sorted(sd.drained), "state_file": None if state_file is None else str(state_file),
-        "seconds": round(time.perf_counter() - began, 3),
+        "drained_at_end": sorted(sd.drained), "seconds": round(time.perf_counter() - began, 3),
     }
 
 
@@ -712,7 +704,7 @@ def _application_xids(sd: _Seeder, fleet: list[_Node], scale: float) -> None:
 
 def _write(db_path: str | Path, sd: _Seeder, fleet: list[_Node], hours: int) -> dict[str, int]:
     """Write it all, in one transaction; returns each table's row count."""
-    from slurmgpu.collector.store import Store
+    from slurmgpu.collector.store import Store, queries
 
     sd.states.sort(key=_by_time)
     sd.checkpoints.sort(key=_by_requested)
@@ -720,14 +712,13 @@ def _write(db_path: str | Path, sd: _Seeder, fleet: list[_Node], hours: int) -> 
     store = Store(db_path)
     try:
         db = store.db
-        if db.execute("SELECT count(*) FROM nodes").fetchone()[0]:
+        if store.count("nodes"):
             raise SeedError(f"{db_path}: the database already holds a fleet; seed an empty file")
         db.execute("PRAGMA synchronous = OFF")
         db.execute("PRAGMA cache_size = -262144")
         with store.transaction():
             # Building the big table's secondary index after the rows is several times faster.
-            (index_sql,) = db.execute("SELECT sql FROM sqlite_master WHERE type = 'index' AND "
-                                      "name = 'node_samples_ts'").fetchone()
+            index_sql = queries.index_sql(db, "node_samples_ts")
             db.execute("DROP INDEX node_samples_ts")
             db.executemany("INSERT INTO node_samples (node, ts, span_s, reports, fail_reports, "
                            "hw_slowdown_reports, sw_thermal_reports) VALUES (?,?,?,?,?,?,?)",
@@ -735,6 +726,7 @@ def _write(db_path: str | Path, sd: _Seeder, fleet: list[_Node], hours: int) -> 
             db.execute(index_sql)
             _insert_history(db, sd)
             _insert_nodes(db, fleet, sd.start)
+            _seed_automation(store, sd, len(fleet))
         db.execute("PRAGMA synchronous = NORMAL")
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         return {t: store.count(t) for t in ("nodes", "node_samples", "report_history", "findings",
@@ -742,6 +734,16 @@ def _write(db_path: str | Path, sd: _Seeder, fleet: list[_Node], hours: int) -> 
                                             "ib_counters", "node_versions", "checkpoints", "job_events")}
     finally:
         store.close()
+
+
+def _seed_automation(store: Any, sd: _Seeder, fleet: int) -> None:
+    """The automation's state as the collector would keep it: the fleet's size, the nodes it
+    drained (still drained at the end) and the two lemons (inside the seeding transaction)."""
+    record = store.automation()
+    record.state.fleet = fleet
+    record.state.drained = {node: dict(info) for node, info in sd.drained.items()}
+    record.state.lemons = {node: dict(info) for node, info in sd.lemons.items()}
+    record.save()
 
 
 def _insert_history(db: Any, sd: _Seeder) -> None:

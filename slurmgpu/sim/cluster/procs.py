@@ -120,17 +120,12 @@ def hello_times(db: Path) -> dict[str, float]:
     """{node: received_at of its latest hello} in a collector database (read-only)."""
     import sqlite3
 
+    from slurmgpu.collector.store import queries
+
     if not db.exists():
         return {}
     try:
-        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=2)
+        with queries.snapshot(db, timeout_s=2) as conn:
+            return queries.hello_times(conn)
     except sqlite3.Error:
         return {}
-    try:
-        rows = conn.execute("SELECT node, max(received_at) FROM messages WHERE type = 'hello' "
-                            "GROUP BY node").fetchall()
-    except sqlite3.Error:
-        return {}
-    finally:
-        conn.close()
-    return {str(n): float(t) for n, t in rows}

@@ -102,7 +102,7 @@ class ServicesCluster(ClusterBase):
 
     @property
     def collector_state_dir(self) -> Path:
-        """The collector's ``paths.state_dir`` (the automation's state file, its journal)."""
+        """The collector's ``paths.state_dir`` (the automation's journal of Slurm calls)."""
         return self.dir / "collector-state"
 
     def automation_settings(self) -> str | None:
@@ -125,19 +125,14 @@ class ServicesCluster(ClusterBase):
         self._start_collector(timeout)
 
     def _clear_automation_state(self) -> None:
-        """With the collector stopped: no automation state, no pending checkpoints."""
-        import sqlite3
+        """With the collector stopped: no automation state (its tables in the collector's
+        database), no pending checkpoints, job timelines or decisions."""
+        from slurmgpu.collector.store import Store
 
         empty_dir(self.collector_state_dir)
         if self.collector_db().is_file():
-            db = sqlite3.connect(str(self.collector_db()), timeout=10)
-            try:
-                with db:
-                    for table in ("pending_drains", "checkpoints", "job_events", "decisions"):
-                        with contextlib.suppress(sqlite3.OperationalError):  # older schema
-                            db.execute(f"DELETE FROM {table}")
-            finally:
-                db.close()
+            with contextlib.closing(Store(self.collector_db())) as store:
+                store.reset_automation()
 
     def start_collector(self, timeout: float = 15) -> None:
         """Start the collector again (same port and database) after a stop or a kill."""

@@ -1,256 +1,46 @@
-"""The fleet report model: SQL over the collector's database -> one plain dict.
-
-Every number here is defined in docs/report.md (which table, which rows, which
-arithmetic). The window is ``(from, to]``: rows with ``from < ts <= to`` are "in the
-window"; the value of a stored-on-change table at time ``t`` is its last row with
-``ts <= t`` (so the state at the window's start is the last row at or before ``from``).
-
-Volume: ``node_samples`` (one row per node per hour) is only ever aggregated in SQL;
-the other tables are small (transitions, changes) or read through GROUP BY.
-"""
+"""The report model's SQL: ``Builder`` reads the collector's database for one window,
+section by section (docs/report.md defines every number)."""
 
 from __future__ import annotations
 
-import json
-import math
-import re
 import sqlite3
 import statistics
-from bisect import bisect_left
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from pathlib import Path
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
-from slurmgpu.decision import REASON_PREFIX, reason_actor
-from slurmgpu.errors import SlurmGpuError
-from slurmgpu.report import SCHEMA
+from slurmgpu.report.model.common import (
+    AUTOMATION_MATCH_S,
+    BY_GROUPS,
+    CATEGORIES,
+    ECC_COUNTERS,
+    ECC_MAX_GPUS,
+    IB_COUNTERS,
+    IB_FINDING_CHECKS,
+    LIST_MAX,
+    OTHER_SET,
+    PIN_FIELDS,
+    SERIES_MAX_POINTS,
+    TOP_N,
+    _attribute,
+    _Buckets,
+    _category,
+    _hours,
+    _Node,
+    _pct,
+    _r,
+    _runs,
+    _ts,
+)
 from slurmgpu.result import Severity
 
 if TYPE_CHECKING:
     from slurmgpu.config.load import LoadedConfig
     from slurmgpu.config.schema import Settings
 
-# The tables the report reads first appear in migration 4 (slurmgpu/collector/store.py).
-MIN_SCHEMA_VERSION = 4
-CATEGORIES = ("healthy", "degraded", "drained", "unreachable")
-# Drains recorded before schema 6 (no node_states.drained_by) are guessed as before: the
-# automation's when a `decisions` row (result 'drained', same node) lies within this many
-# seconds of the drain's start.
-AUTOMATION_MATCH_S = 120.0
-HOOKS = ("prolog", "epilog", "healthcheck")
-# node_states.drained_by -> drains[].by (the hooks are one group, "hook")
-BY_GROUPS = ("automation", "hook", "operator", "outside", "slurmgpu")
-TOP_N = 10
-ECC_MAX_GPUS = 50
-SERIES_MAX_POINTS = 60
-LIST_MAX = 200
-ECC_COUNTERS = ("ecc_corrected", "ecc_uncorrected", "remap_corrected", "remap_uncorrected")
-IB_COUNTERS = ("symbol_error", "link_downed", "link_error_recovery", "port_rcv_errors",
-               "local_link_integrity_errors", "excessive_buffer_overrun_errors")
-IB_FINDING_CHECKS = ("ib.flap",)
-# node_versions column -> [pins] key it is matched against (`cuda` holds the driver's
-# CUDA version, which [pins] calls cuda_driver).
-PIN_FIELDS = {"driver": "driver", "cuda": "cuda_driver", "nccl": "nccl", "vbios": "vbios",
-              "ib_firmware": "ib_firmware"}
-SERVICE_REASON_CHECKS = ("xid.recent", "gpu.lost")
-OTHER_SET = "other"
-HOUR = 3600.0
-DAY = 86400.0
-# Chart bucket by window length: (longest window, bucket).
-BUCKETS = ((3 * HOUR, 300.0), (2 * DAY, HOUR), (math.inf, DAY))
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
-_UNIT_S = {"s": 1.0, "m": 60.0, "h": HOUR, "d": DAY, "w": 7 * DAY}
 
 
-class ReportError(SlurmGpuError):
-    """Bad window, missing or too old database: one line for the user."""
-
-
-# --------------------------------------------------------------------------- window
-
-
-def parse_duration(text: str) -> float:
-    """``90m``, ``24h``, ``7d`` (also ``s``, ``w``) -> seconds (> 0)."""
-    m = _DURATION.match(text)
-    if not m or float(m.group(1)) <= 0:
-        raise ReportError(f"bad duration {text!r} (want a number and a unit: 90m, 24h, 7d)")
-    return float(m.group(1)) * _UNIT_S[m.group(2)]
-
-
-def parse_time(text: str, option: str = "time") -> float:
-    """ISO 8601 (``2024-05-01``, ``2024-05-01T12:00``, ``...Z``, ``...+02:00``) -> Unix
-    seconds; a time without a zone is UTC."""
-    try:
-        dt = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise ReportError(f"bad {option} {text!r} (want ISO 8601, e.g. 2024-05-01T12:00Z)") from None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return dt.timestamp()
-
-
-def resolve_window(since: str | None, start: str | None, end: str | None,
-                   now: float) -> tuple[float, float]:
-    """(from, to) in Unix seconds. ``--since`` (default 24h) ends at ``--to`` or now;
-    ``--from`` with ``--to`` (or now) is the explicit window; ``--since`` and ``--from``
-    together are an error."""
-    if since is not None and start is not None:
-        raise ReportError("--since and --from exclude each other")
-    t1 = parse_time(end, "--to") if end is not None else now
-    t0 = parse_time(start, "--from") if start is not None else t1 - parse_duration(since or "24h")
-    if t0 >= t1:
-        raise ReportError(f"empty window: from {iso(t0)} is not before to {iso(t1)}")
-    return t0, t1
-
-
-def iso(ts: float) -> str:
-    """Unix seconds -> ``2024-05-01T12:00:00Z``."""
-    dt = datetime.fromtimestamp(ts, UTC)
-    text = dt.strftime("%Y-%m-%dT%H:%M:%S")
-    if dt.microsecond:
-        text += f".{dt.microsecond // 1000:03d}"
-    return text + "Z"
-
-
-# --------------------------------------------------------------------------- database
-
-
-def open_db(path: str | Path) -> sqlite3.Connection:
-    """The fleet database, read-only; ReportError when it is missing, not a fleet
-    database or older than the report needs."""
-    p = Path(path)
-    if not p.is_file():
-        raise ReportError(f"{path}: no fleet database (is the collector running?)")
-    uri = f"file:{quote(str(p.resolve()))}?mode=ro"
-    try:
-        db = sqlite3.connect(uri, uri=True, timeout=10.0)
-        row = db.execute("SELECT version FROM schema_version").fetchone()
-    except sqlite3.Error as exc:
-        raise ReportError(f"{path}: not a readable slurmgpu fleet database ({exc})") from None
-    version = int(row[0]) if row else 0
-    if version < MIN_SCHEMA_VERSION:
-        db.close()
-        raise ReportError(f"{path}: schema version {version} is older than the report needs "
-                          f"({MIN_SCHEMA_VERSION}); start this slurmgpu's collector once to "
-                          "migrate it")
-    return db
-
-
-def _r(value: float | None, digits: int = 2) -> float | None:
-    return None if value is None else round(float(value), digits)
-
-
-def _hours(seconds: float, digits: int = 3) -> float:
-    return round(seconds / HOUR, digits)
-
-
-def _pct(part: float, whole: float) -> float | None:
-    return round(100.0 * part / whole, 2) if whole > 0 else None
-
-
-def _ts(value: float | None) -> float | None:
-    return None if value is None else round(float(value), 3)
-
-
-# --------------------------------------------------------------------------- node state
-
-
-@dataclass
-class _Run:
-    """A drain or unreachable period: ``start`` .. ``end`` (None: still on at ``to``)."""
-
-    start: float
-    end: float | None = None
-    reason: str | None = None
-    reason_now: str | None = None
-    actor: str | None = None
-    drained_by: str | None = None  # node_states.drained_by of the first row (schema >= 6)
-
-
-@dataclass
-class _Node:
-    name: str
-    first_seen: float
-    sets: list[str] = field(default_factory=list)
-    drains: list[_Run] = field(default_factory=list)
-    unreachable: list[_Run] = field(default_factory=list)
-    verdict_at_start: str | None = None
-    verdicts: list[tuple[float, str]] = field(default_factory=list)  # in the window
-    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0.0))
-    fail_transitions: int = 0
-
-    @property
-    def observed_s(self) -> float:
-        return sum(self.seconds.values())
-
-
-def _runs(rows: Iterable[tuple[float, str, str | None, str | None, str | None]],
-          on: str) -> list[_Run]:
-    """Transition rows (ts, kind, reason, actor, drained_by) of one pair of kinds ->
-    periods. A repeated ``on`` row while on (a drain whose reason changed) continues the
-    period."""
-    runs: list[_Run] = []
-    current: _Run | None = None
-    for ts, kind, reason, actor, drained_by in rows:
-        if kind == on:
-            if current is None:
-                current = _Run(ts, None, reason, reason, actor, drained_by)
-                runs.append(current)
-            else:
-                current.reason_now = reason
-        elif current is not None:
-            current.end = ts
-            current = None
-    return runs
-
-
-class _Buckets:
-    """Fleet node-seconds per category in fixed UTC-aligned buckets (the chart)."""
-
-    def __init__(self, t0: float, t1: float) -> None:
-        self.size = next(size for longest, size in BUCKETS if t1 - t0 <= longest)
-        self.base = (t0 // self.size) * self.size
-        self.t0, self.t1 = t0, t1
-        count = max(1, math.ceil((t1 - self.base) / self.size))
-        self.seconds = [dict.fromkeys(CATEGORIES, 0.0) for _ in range(count)]
-
-    def add(self, a: float, b: float, category: str) -> None:
-        i = int((a - self.base) // self.size)
-        while a < b and i < len(self.seconds):
-            edge = min(b, self.base + (i + 1) * self.size)
-            self.seconds[i][category] += edge - a
-            a, i = edge, i + 1
-
-    def rows(self) -> list[dict[str, Any]]:
-        out = []
-        for i, secs in enumerate(self.seconds):
-            start = max(self.t0, self.base + i * self.size)
-            end = min(self.t1, self.base + (i + 1) * self.size)
-            if end <= start:
-                continue
-            # (4 decimals: a 5-minute bucket's shares stay right to 0.1 %)
-            out.append({"start": _ts(start), "end": _ts(end),
-                        **{f"{c}_h": _hours(secs[c], 4) for c in CATEGORIES}})
-        return out
-
-
-def _category(drained: bool, unreachable: bool, failing: bool) -> str:
-    if drained:
-        return "drained"
-    if unreachable:
-        return "unreachable"
-    return "degraded" if failing else "healthy"
-
-
-# --------------------------------------------------------------------------- the report
-
-
-class _Builder:
+class Builder:
     def __init__(self, db: sqlite3.Connection, t0: float, t1: float,
                  config: LoadedConfig | None) -> None:
         self.db = db
@@ -723,174 +513,3 @@ class _Builder:
                     "no_ack": sum(1 for r in requests if r[4] is None and r[2] != "open"),
                     "open": sum(1 for r in requests if r[4] is None and r[2] == "open")},
         }
-
-
-def _attribute(run: _Run, decided: list[float]) -> dict[str, Any]:
-    """Who drained: ``by`` (a ``BY_GROUPS`` group), ``hook`` (which one, or None),
-    ``drained_by`` (the text shown) and ``attribution``: ``recorded`` (the collector
-    recorded the actor when it saw the drain: node_states.drained_by), ``reason`` (read
-    from the reason: a row from before schema 6, outside slurmgpu or with an actor tag)
-    or ``guessed`` (such a row with an untagged slurmgpu reason: the automation's when
-    one of its drain decisions lies within AUTOMATION_MATCH_S, else a hook's)."""
-    source, attribution = run.drained_by, "recorded"
-    tagged = reason_actor(run.reason)
-    if source is None:
-        attribution = "reason"
-        if not (run.reason or "").startswith(REASON_PREFIX):
-            source = "outside"
-        elif tagged is not None:
-            source = tagged[0]
-        else:
-            attribution = "guessed"
-            i = bisect_left(decided, run.start - AUTOMATION_MATCH_S)
-            near = i < len(decided) and decided[i] <= run.start + AUTOMATION_MATCH_S
-            source = "automation" if near else "hook"
-    hook = source if source in HOOKS else None
-    by = "hook" if hook is not None or source == "hook" else source
-    if by not in BY_GROUPS:  # a value this report does not know: say so, count it apart
-        by = "slurmgpu" if (run.reason or "").startswith(REASON_PREFIX) else "outside"
-    if by == "automation":
-        text = "slurmgpu automation"
-    elif by == "hook":
-        text = f"slurmgpu {hook}" if hook else "slurmgpu (node hook)"
-    elif by == "operator":
-        login = tagged[1] if tagged is not None and tagged[1] else run.actor
-        text = f"operator {login or '(unknown)'} (slurmgpu drain)"
-    elif by == "outside":
-        text = f"{run.actor or '(unknown)'} (outside slurmgpu)"
-    else:
-        text = "slurmgpu (who not recorded)"
-    if attribution == "guessed":
-        text += " (guessed)"
-    return {"by": by, "hook": hook, "drained_by": text, "attribution": attribution}
-
-
-def _lemons(state_dir: str | None) -> dict[str, Any]:
-    if not state_dir:
-        return {"source": None, "error": None, "nodes": []}
-    path = Path(state_dir) / "automation.json"  # slurmgpu.collector.policy.STATE_FILE
-    try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {"source": None, "error": None, "nodes": []}
-    except (OSError, ValueError) as exc:
-        return {"source": str(path), "error": f"{type(exc).__name__}: {exc}", "nodes": []}
-    lemons = raw.get("lemons") if isinstance(raw, dict) else None
-    nodes = [{"node": str(node), "since": _ts(info.get("since")) if isinstance(info, dict) else None,
-              "why": info.get("why") if isinstance(info, dict) else None}
-             for node, info in sorted((lemons or {}).items())]
-    return {"source": str(path), "error": None, "nodes": nodes}
-
-
-def build_report(db: sqlite3.Connection, t0: float, t1: float, *,
-                 config: LoadedConfig | None = None, state_dir: str | None = None,
-                 generated_at: float, source: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The report model for the window ``(t0, t1]`` (see docs/report.md)."""
-    b = _Builder(db, t0, t1, config)
-    top = b.settings(None)
-    b.load_nodes()
-    availability = b.availability()
-    drains = b.drains()
-    failures = b.failures()
-    xids = b.xids(top)
-    ecc = b.ecc()
-    throttling = b.throttling()
-    ib = b.ib()
-    versions = b.versions()
-    pins = b.pin_drift(versions)
-    jobs = b.jobs()
-    lemons = _lemons(state_dir)
-
-    # service: the nodes to send to a technician
-    due: dict[str, list[str]] = defaultdict(list)
-    for flag in ecc["remap_flags"]:
-        what = "remap_failure" if flag["remap_failure"] else "remap_pending"
-        due[flag["node"]].append(f"GPU {flag['gpu']} {what}")
-    started = Counter({n.name: sum(1 for r in n.drains if t0 < r.start <= t1)
-                       for n in b.nodes.values()})
-    for n in b.nodes.values():
-        if started[n.name] >= 2:
-            due[n.name].append(f"{started[n.name]} drains in window")
-        current = n.drains[-1] if n.drains and n.drains[-1].end is None else None
-        reason = (current.reason_now or "") if current else ""
-        if current and reason.startswith(REASON_PREFIX) and any(c in reason for c in SERVICE_REASON_CHECKS):
-            due[n.name].append(f"drained: {reason}")
-    lemon_names = [x["node"] for x in lemons["nodes"]]
-    service = {"lemons": lemons["nodes"], "lemons_source": lemons["source"],
-               "lemons_error": lemons["error"],
-               "due": [{"node": node, "lemon": node in lemon_names, "reasons": why}
-                       for node, why in sorted(due.items())]}
-
-    # MTBF per GPU model
-    per_model: dict[str, dict[str, float]] = defaultdict(lambda: {"nodes": 0, "s": 0.0,
-                                                                  "drains": 0, "fails": 0})
-    for n in b.nodes.values():
-        model = versions.get((n.name,), {}).get("gpu_model") or "unknown"
-        m = per_model[model]
-        m["nodes"] += 1
-        m["s"] += n.observed_s
-        m["drains"] += started[n.name]
-        m["fails"] += n.fail_transitions
-    mtbf = {"models": [{
-        "gpu_model": model, "nodes": int(m["nodes"]), "node_hours": _hours(m["s"]),
-        "drains": int(m["drains"]), "fail_transitions": int(m["fails"]),
-        "mtbf_drain_h": _r(m["s"] / HOUR / m["drains"], 3) if m["drains"] else None,
-        "mtbf_fail_h": _r(m["s"] / HOUR / m["fails"], 3) if m["fails"] else None,
-    } for model, m in sorted(per_model.items())]}
-
-    jobs_touched = jobs["checkpoints"]["jobs"]
-    summary = {
-        "nodes": len(b.nodes),
-        "node_hours": availability["fleet"]["node_hours"],
-        "availability_pct": availability["fleet"]["availability_pct"],
-        "drains": drains["count"],
-        "drained_at_end": drains["ongoing_at_end"],
-        "new_failures": failures["total"],
-        "failing_nodes": failures["nodes"],
-        "xids": xids["total"],
-        "xid_nodes": xids["nodes"],
-        "gpus_ecc_rising": ecc["gpus_rising"],
-        "jobs_prolog_blocked": jobs["prolog_blocked"]["jobs"],
-        "jobs_checkpointed": jobs_touched,
-        "jobs_requeued": jobs["requeued"]["jobs"],
-        "lemons": len(lemons["nodes"]),
-        "due_for_service": len(service["due"]),
-        "nodes_off_pin": pins["nodes_off_pin"],
-    }
-    return {
-        "schema": SCHEMA,
-        "generated_at": iso(generated_at),
-        "window": {"from": iso(t0), "to": iso(t1), "seconds": _r(t1 - t0, 3),
-                   "from_ts": _ts(t0), "to_ts": _ts(t1)},
-        "source": source or {},
-        "summary": summary,
-        "availability": availability,
-        "drains": drains,
-        "failures": failures,
-        "xids": xids,
-        "ecc-trends": ecc,
-        "throttling": throttling,
-        "ib": ib,
-        "pin-drift": pins,
-        "service": service,
-        "jobs": jobs,
-        "mtbf": mtbf,
-    }
-
-
-def report_from_path(path: str | Path, t0: float, t1: float, *, config: LoadedConfig | None,
-                     generated_at: float) -> dict[str, Any]:
-    """Open ``path`` read-only and build the model (config: [[hosts]], pins, state_dir)."""
-    db = open_db(path)
-    try:
-        version = int(db.execute("SELECT version FROM schema_version").fetchone()[0])
-        top = config.settings_for(None) if config is not None else None
-        return build_report(db, t0, t1, config=config,
-                            state_dir=top.paths.state_dir if top is not None else None,
-                            generated_at=generated_at,
-                            source={"db": str(path), "schema_version": version,
-                                    "config": config.path if config is not None else None})
-    except sqlite3.Error as exc:
-        raise ReportError(f"{path}: {exc}") from None
-    finally:
-        db.close()

@@ -1,0 +1,98 @@
+"""The collector's SQLite store: ``Store``, the one owner of the fleet database.
+
+One database file (WAL, ``synchronous=NORMAL``): a crash may lose the last
+transactions that were committed but not yet checkpointed by the OS, never corrupt
+the file; the collector acknowledges a message only after its batch commits.
+
+Its parts: ``schema`` (the migrations, the checks at open), ``ingest`` (every write),
+``queries`` (the named reads, usable on a read-only connection too) and ``automation``
+(the automation's state).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+import slurmgpu.collector.store.queries as queries
+from slurmgpu.collector.history import Rows
+from slurmgpu.collector.store.automation import AutomationRecord, reset, stored_version
+from slurmgpu.collector.store.ingest import Ingest
+from slurmgpu.collector.store.schema import connect, schema_version
+
+# What the automation left besides its state: forgotten with it by ``reset_automation``.
+_AUTOMATION_TRACES = ("pending_drains", "checkpoints", "job_events", "decisions")
+
+
+class Store(Ingest):
+    """The fleet database. Not thread-safe: one owner (the collector loop)."""
+
+    def __init__(self, path: str | os.PathLike[str], *, timeout_s: float = 10.0,
+                 sample_interval_s: float = 3600.0) -> None:
+        self.path = Path(path)
+        super().__init__(connect(self.path, timeout_s), sample_interval_s)
+
+    def schema_version(self) -> int:
+        return schema_version(self.db)
+
+    def close(self) -> None:
+        """Write the partial hourly samples, then close."""
+        rows = Rows()
+        self.history.flush(time.time(), rows)
+        if rows.samples and str(self.path) != ":memory:":
+            try:
+                with self.transaction():
+                    rows.write(self.db)
+            except sqlite3.Error:
+                pass  # read-only or gone: the partial hour is lost, nothing else
+        self.db.close()
+
+    # ------------------------------------------------------------------ reads
+
+    def fleet(self) -> list[queries.FleetRow]:
+        return queries.fleet(self.db)
+
+    def events(self, node: str | None = None, since: float | None = None,
+               limit: int | None = None) -> list[queries.EventRow]:
+        return queries.events(self.db, node, since, limit)
+
+    def decisions(self, node: str | None = None, limit: int = 100) -> list[queries.DecisionRow]:
+        """The latest automation decisions (all nodes, or one), oldest first."""
+        return queries.decisions(self.db, node, limit)
+
+    def latest_report(self, node: str) -> queries.LatestReport | None:
+        return queries.latest_report(self.db, node)
+
+    def count(self, table: str) -> int:
+        return queries.count(self.db, table)
+
+    def checkpoints(self, *, job_id: str | None = None, active: bool = False,
+                    limit: int = 1000) -> list[queries.CheckpointRow]:
+        """Checkpoint requests, oldest first; ``active``: not closed yet."""
+        return queries.checkpoints(self.db, job_id=job_id, active=active, limit=limit)
+
+    def pending_drains(self) -> list[queries.PendingDrain]:
+        return queries.pending_drains(self.db)
+
+    def job_events(self, job_id: str) -> list[queries.JobEventRow]:
+        return queries.job_events(self.db, job_id)
+
+    # ------------------------------------------------------------------ the automation
+
+    def automation(self) -> AutomationRecord:
+        """The automation's state, read now (``AutomationRecord.version`` None: none stored)."""
+        return AutomationRecord(self)
+
+    def automation_version(self) -> int | None:
+        """The version of the automation's state (every write bumps it); None: none stored."""
+        return stored_version(self.db)
+
+    def reset_automation(self) -> None:
+        """Forget the automation's state, its pending checkpoints, job timelines and
+        decisions (the simulator's reset between tests; the collector must be stopped)."""
+        with self.transaction() as db:
+            reset(db)
+            for table in _AUTOMATION_TRACES:
+                db.execute(f"DELETE FROM {table}")

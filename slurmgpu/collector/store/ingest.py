@@ -1,0 +1,555 @@
+"""The store's writes: agents' messages in batches, node reachability, Slurm's drains, the
+automation's decisions and checkpoint bookkeeping.
+
+Throughput: ``store_batch`` writes a whole batch (hundreds to thousands of messages)
+in one transaction with ``executemany``; the latest report and the node row are
+written once per node per batch, not once per message. The latest report's body is
+the body bytes as received (sliced out of the frame when the caller passes it), not
+re-packed.
+
+History keeps changes, not repetitions: a report whose verdict and non-OK findings
+(check, severity, gpu, subject, message) equal the previous report's from that node
+adds no ``report_history``/``findings`` rows; it is still deduplicated (``messages``),
+acked, and it still refreshes the node row and the latest report. So
+``report_history`` holds one row per change of a node's state (plus one for the first
+report each node sends after the collector starts), which is what trend views want;
+``messages`` has one row per stored message. Events are always recorded in full.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from slurmgpu.collector.history import History, Rows
+from slurmgpu.decision import REASON_PREFIX, reason_actor
+from slurmgpu.result import Severity
+from slurmgpu.slurm.cli import sanitize_reason
+from slurmgpu.wire import COMMAND_RESULT, EVENT, HEARTBEAT, HELLO, REPORT, Envelope, raw_body
+
+# Severity names as the wire carries them, ranked as slurmgpu.result does (others: UNKNOWN).
+_RANK = {s.name: s.rank for s in Severity}
+_OK, _UNKNOWN = Severity.OK.name, Severity.UNKNOWN.name
+_STORED = frozenset({HELLO, REPORT, EVENT, COMMAND_RESULT})
+_MAX_TEXT = 1024
+
+# A batch item: (node, message) or (node, message, frame) where ``frame`` is the
+# bytes ``message`` was decoded from (lets the store keep the body without re-packing).
+BatchItem = tuple[str, Envelope] | tuple[str, Envelope, bytes]
+# What a message is deduplicated by: (node, epoch, seq).
+MessageKey = tuple[str, str, int]
+# A message's body as stored (msgpack bytes) and its digest.
+_Body = tuple[bytes, bytes]
+# In-memory high-water marks kept at most (one per node and spool epoch); past this the
+# map is dropped and rebuilt lazily, so a node inventing epochs cannot grow it.
+MAX_HIGH_WATER = 100_000
+# A drain decision of the automation may be stamped this much after the poll that saw the
+# drain (the same clock; only a bound for the lookup, see Ingest.drain_actor).
+DECISION_SLACK_S = 60.0
+# A report's state for the history: (verdict, its non-OK findings' rows).
+_State = tuple[str, tuple[tuple[Any, ...], ...]]
+# The history tables pruned past the retention, with their time column.
+_PRUNED = (("messages", "received_at"), ("report_history", "ts"), ("findings", "ts"), ("events", "ts"),
+           ("command_results", "ts"), ("decisions", "time"), ("job_events", "ts"),
+           ("node_states", "ts"), ("node_samples", "ts"))
+
+
+def text(value: Any) -> str | None:
+    """A value as stored in a TEXT column: a string, cut at ``_MAX_TEXT`` characters."""
+    if value is None:
+        return None
+    out = value if isinstance(value, str) else str(value)
+    return out[:_MAX_TEXT]
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < (1 << 63):
+        return value
+    return None
+
+
+def _same_reason(decided: str, polled: str) -> bool:
+    """The automation's decision reason (``polled`` plus, at times, a note such as
+    `` (waiting for 2 job checkpoint(s))``) is the one Slurm shows: Slurm got it
+    sanitised (one line, cut at 256 characters with "…") and may have appended
+    `` : reboot issued``."""
+    shown = " ".join(polled.split()).removesuffix(" : reboot issued").removesuffix("…").rstrip()
+    return bool(shown) and sanitize_reason(decided, max_len=1 << 20).startswith(shown)
+
+
+def _digest(body: bytes) -> bytes:
+    """What tells a resend (same body bytes) from another message under the same key.
+    (SHA-256, cut to 8 bytes: ~10 us for a 14 KB report body, half of BLAKE2b's time
+    where the CPU has SHA instructions; a node cannot hide a reused seq behind a
+    collision.)"""
+    return hashlib.sha256(body).digest()[:8]
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """A message dropped as a duplicate although its body differs from the stored one
+    (or from another copy in the same batch): a seq reused within one epoch."""
+
+    node: str
+    epoch: str
+    seq: int
+    type: str
+
+
+def _body_bytes(item: BatchItem) -> bytes:
+    """The packed body: sliced from the frame when the item carries it, else re-packed."""
+    if len(item) > 2:
+        data = raw_body(item[2])
+        if data is not None:
+            return data
+    packed: bytes = msgpack.packb(item[1].body, use_bin_type=True)
+    return packed
+
+
+class Transaction:
+    """``with``: one write transaction (BEGIN IMMEDIATE ... COMMIT, ROLLBACK on any
+    exception). Inside another one it joins it: the outer one commits or rolls back."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+        self.joined = False
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.joined = self.db.in_transaction
+        if not self.joined:
+            self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if not self.joined:
+            self.db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+
+
+@dataclass
+class _BatchRows:
+    """What one batch writes, table by table."""
+
+    nodes: dict[str, list[Any]]  # node -> [last_seq, verdict_ts, verdict, worst finding, agent_version]
+    messages: list[tuple[Any, ...]] = field(default_factory=list)
+    history: list[tuple[Any, ...]] = field(default_factory=list)
+    findings: list[tuple[Any, ...]] = field(default_factory=list)
+    events: list[tuple[Any, ...]] = field(default_factory=list)
+    results: list[tuple[Any, ...]] = field(default_factory=list)
+    samples: Rows = field(default_factory=Rows)
+    latest_report: dict[str, tuple[Envelope, bytes]] = field(default_factory=dict)  # node -> (report, body)
+
+
+_UPSERT_NODES = (
+    "INSERT INTO nodes (node, first_seen, last_seen, last_seq, verdict, verdict_ts, worst_check, "
+    "worst_severity, worst_message, worst_gpu, reachable, unreachable_since, agent_version) "
+    "VALUES (?,?,?,?,?,?,?,?,?,?,1,NULL,?) ON CONFLICT (node) DO UPDATE SET "
+    "last_seen = max(nodes.last_seen, excluded.last_seen), "
+    "last_seq = max(nodes.last_seq, excluded.last_seq), "
+    "reachable = 1, unreachable_since = NULL, "
+    "agent_version = coalesce(excluded.agent_version, nodes.agent_version), "
+    # A batch that carried a verdict (a report or event) replaces the node's: the
+    # newest to arrive (verdict_ts is when the collector received it).
+    "verdict = CASE WHEN excluded.verdict IS NOT NULL THEN excluded.verdict ELSE nodes.verdict END, "
+    "worst_check = CASE WHEN excluded.verdict IS NOT NULL "
+    "  THEN excluded.worst_check ELSE nodes.worst_check END, "
+    "worst_severity = CASE WHEN excluded.verdict IS NOT NULL "
+    "  THEN excluded.worst_severity ELSE nodes.worst_severity END, "
+    "worst_message = CASE WHEN excluded.verdict IS NOT NULL "
+    "  THEN excluded.worst_message ELSE nodes.worst_message END, "
+    "worst_gpu = CASE WHEN excluded.verdict IS NOT NULL "
+    "  THEN excluded.worst_gpu ELSE nodes.worst_gpu END, "
+    "verdict_ts = coalesce(excluded.verdict_ts, nodes.verdict_ts)")
+
+
+class Ingest:
+    """The write side of ``Store``. Not thread-safe: one owner (the collector loop)."""
+
+    def __init__(self, db: sqlite3.Connection, sample_interval_s: float) -> None:
+        self.db = db
+        self.history = History(sample_interval_s)
+        self._unreachable: set[str] | None = None  # nodes marked unreachable (loaded lazily)
+        # node -> (drained, reason) as last recorded in node_states (loaded lazily)
+        self._slurm_state: dict[str, tuple[bool, str | None]] | None = None
+        # (node, epoch) -> largest stored seq, loaded per key on first sight
+        self._high: dict[tuple[str, str], int] = {}
+        # Duplicates whose body differed, found by the last ``store_batch`` call.
+        self.conflicts: list[Conflict] = []
+        # node -> state of the last report written to report_history (this process)
+        self._last_state: dict[str, _State] = {}
+
+    def transaction(self) -> Transaction:
+        """``with store.transaction():`` one write transaction (BEGIN IMMEDIATE ... COMMIT,
+        ROLLBACK on any exception; inside another one, part of it)."""
+        return Transaction(self.db)
+
+    # ------------------------------------------------------------------ messages
+
+    def store_batch(self, batch: Sequence[BatchItem], *,
+                    received_at: float | None = None) -> list[tuple[str, int]]:
+        """Store a batch of validated messages in one transaction.
+
+        Heartbeats only refresh ``nodes.last_seen``. Acked types (hello, report,
+        event, command-result) are stored once per (node, seq); the return value is
+        the (node, seq) pairs newly stored by this call (duplicates are left out).
+        An item may carry the frame its message was decoded from (see ``BatchItem``).
+        """
+        self.conflicts = []
+        if not batch:
+            return []
+        now = time.time() if received_at is None else received_at
+        touched, candidates, bodies = self._candidates(batch)
+        db = self.db
+        states: dict[str, _State] = {}
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            existing = self._existing(list(candidates)) if candidates else {}
+            new = [(key, item) for key, item in candidates.items() if key not in existing]
+            self._check_duplicates(existing, candidates, bodies)
+            self._write(new, bodies, touched, now, states)
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            self._forget_uncommitted(touched)
+            raise
+        self._last_state.update(states)  # only what is committed
+        high = self._high
+        for node, epoch, seq in (key for key, _ in new):
+            # (only marks loaded from the database are raised: one missing because the map
+            # was dropped mid-batch is loaded again on next use, never guessed low)
+            if seq > high.get((node, epoch), seq):
+                high[(node, epoch)] = seq
+        return [(node, seq) for (node, _epoch, seq), _ in new]
+
+    def _candidates(self, batch: Sequence[BatchItem]) -> tuple[
+            set[str], dict[MessageKey, BatchItem], dict[MessageKey, _Body]]:
+        """The nodes heard from; the acked messages deduplicated within the batch (an
+        agent may resend before the ack arrives), with their packed bodies and digests.
+        A copy whose body differs from the first is a conflict."""
+        candidates: dict[MessageKey, BatchItem] = {}
+        bodies: dict[MessageKey, _Body] = {}
+        touched: set[str] = set()
+        for item in batch:
+            node, env = item[0], item[1]
+            touched.add(node)
+            if env.type not in _STORED:
+                continue
+            key = (node, env.epoch, env.seq)
+            packed = _body_bytes(item)
+            digest = _digest(packed)
+            if key not in candidates:
+                candidates[key], bodies[key] = item, (packed, digest)
+            elif bodies[key][1] != digest:
+                self.conflicts.append(Conflict(node, env.epoch, env.seq, env.type))
+        return touched, candidates, bodies
+
+    def _check_duplicates(self, existing: dict[MessageKey, bytes | None],
+                          candidates: dict[MessageKey, BatchItem],
+                          bodies: dict[MessageKey, _Body]) -> None:
+        """Stored keys whose stored body digest differs (unknown for rows written
+        before digests were kept: not counted)."""
+        for key, stored in existing.items():
+            if stored is not None and stored != bodies[key][1]:
+                self.conflicts.append(Conflict(key[0], key[1], key[2], candidates[key][1].type))
+
+    def _forget_uncommitted(self, touched: set[str]) -> None:
+        """After a ROLLBACK: drop what memory says about rows that were not written, so
+        the next batch writes them (what is stored is what counts)."""
+        self._high.clear()
+        self._unreachable = None
+        self.history.forget(touched)
+
+    def _existing(self, keys: list[MessageKey]) -> dict[MessageKey, bytes | None]:
+        """Which of these (node, epoch, seq) are already stored, with their digests.
+
+        Agents send each spool's seqs in increasing order, so almost every message is
+        above its (node, epoch) high-water mark (the largest stored seq, kept in memory)
+        and needs no query; only resends at or below it cost an indexed point lookup.
+        """
+        found: dict[MessageKey, bytes | None] = {}
+        for key in keys:
+            node, epoch, seq = key
+            if seq > self._high_water(node, epoch):
+                continue
+            row = self.db.execute("SELECT digest FROM messages WHERE node = ? AND epoch = ? AND seq = ?",
+                                  key).fetchone()
+            if row is not None:
+                found[key] = row[0]
+        return found
+
+    def _high_water(self, node: str, epoch: str) -> int:
+        high = self._high.get((node, epoch))
+        if high is None:
+            if len(self._high) >= MAX_HIGH_WATER:
+                self._high.clear()
+            row = self.db.execute("SELECT max(seq) FROM messages WHERE node = ? AND epoch = ?",
+                                  (node, epoch)).fetchone()
+            high = self._high[(node, epoch)] = int(row[0] or 0)
+        return high
+
+    def _write(self, new: list[tuple[MessageKey, BatchItem]], bodies: dict[MessageKey, _Body],
+               touched: set[str], now: float, states: dict[str, _State]) -> None:
+        rows = _BatchRows({node: [0, None, None, None, None] for node in touched})
+        for key, item in new:
+            node, epoch, seq = key
+            env = item[1]
+            packed, digest = bodies[key]
+            rows.messages.append((node, epoch, seq, env.type, env.ts, now, digest))
+            row = rows.nodes[node]
+            if seq > row[0]:
+                row[0] = seq
+            if env.type in (REPORT, EVENT):
+                self._verdict(rows, node, env, packed, now, states)
+            elif env.type == HELLO:
+                row[4] = text(env.body.get("version"))
+            elif env.type == COMMAND_RESULT:
+                body = env.body
+                rows.results.append((node, seq, env.ts, text(body.get("command_id")),
+                                     int(bool(body.get("ok"))),
+                                     msgpack.packb(body.get("result"), use_bin_type=True)))
+        self._insert(rows, touched, now)
+
+    def _verdict(self, rows: _BatchRows, node: str, env: Envelope, packed: bytes, now: float,
+                 states: dict[str, _State]) -> None:
+        """A report or event: the node's verdict and worst finding; for a report, its history
+        row and findings when its state changed; for an event, the event and its findings."""
+        body, seq = env.body, env.seq
+        verdict = text(body.get("verdict")) or _UNKNOWN
+        worst: dict[str, Any] = {}
+        worst_rank = 0
+        bad: list[tuple[Any, ...]] = []
+        for f in body.get("findings", ()):
+            severity = f.get("severity")
+            if severity == _OK:  # the common case, kept cheap
+                continue
+            severity = str(severity).upper()
+            if severity == _OK:
+                continue
+            bad.append((text(f.get("check")), severity, _int(f.get("gpu")),
+                        text(f.get("subject")), text(f.get("message"))))
+            rank = _RANK.get(severity, _RANK[_UNKNOWN])
+            if rank > worst_rank:
+                worst, worst_rank = f, rank
+        # The node's latest word is the last to arrive (a node's messages arrive in seq
+        # order, resends are deduplicated): its clock is data, never the order.
+        row = rows.nodes[node]
+        row[1], row[2], row[3] = now, verdict, worst
+        if env.type == REPORT:
+            self.history.observe(node, env.ts, verdict, body.get("throttle"), body.get("summary"),
+                                 rows.samples)
+            state = (verdict, tuple(bad))
+            if state != (states.get(node) or self._last_state.get(node)):
+                states[node] = state
+                rows.history.append((node, seq, env.ts, verdict))
+                rows.findings.extend((node, seq, env.ts, *b) for b in bad)
+            rows.latest_report[node] = (env, packed)  # arrival order, as above
+        else:
+            rows.findings.extend((node, seq, env.ts, *b) for b in bad)
+            rows.events.append((node, seq, env.ts, text(body.get("kind")), _int(body.get("gpu")),
+                                _int(body.get("data")), verdict, packed))
+
+    def _insert(self, rows: _BatchRows, touched: set[str], now: float) -> None:
+        db = self.db
+        if rows.messages:
+            db.executemany("INSERT INTO messages (node, epoch, seq, type, ts, received_at, digest) "
+                           "VALUES (?,?,?,?,?,?,?)", rows.messages)
+        if rows.history:
+            db.executemany("INSERT INTO report_history (node, seq, ts, verdict) VALUES (?,?,?,?)",
+                           rows.history)
+        if rows.findings:
+            db.executemany("INSERT INTO findings (node, seq, ts, check_id, severity, gpu, subject, message) "
+                           "VALUES (?,?,?,?,?,?,?,?)", rows.findings)
+        if rows.events:
+            db.executemany("INSERT INTO events (node, seq, ts, kind, gpu, data, verdict, body) "
+                           "VALUES (?,?,?,?,?,?,?,?)", rows.events)
+        rows.samples.write(db)
+        self._note_reachable(touched, now)
+        if rows.results:
+            db.executemany("INSERT INTO command_results (node, seq, ts, command_id, ok, result) "
+                           "VALUES (?,?,?,?,?,?)", rows.results)
+        if rows.latest_report:
+            db.executemany(
+                "INSERT INTO reports (node, seq, ts, verdict, body) VALUES (?,?,?,?,?) "
+                "ON CONFLICT (node) DO UPDATE SET seq = excluded.seq, ts = excluded.ts, "
+                "verdict = excluded.verdict, body = excluded.body",
+                [(node, env.seq, env.ts, text(env.body.get("verdict")) or _UNKNOWN, packed)
+                 for node, (env, packed) in rows.latest_report.items()])
+        nodes = []
+        for node, (last_seq, verdict_ts, verdict, worst, version) in rows.nodes.items():
+            w = worst or {}
+            nodes.append((node, now, now, last_seq, verdict, verdict_ts, text(w.get("check")),
+                          text(w.get("severity")), text(w.get("message")), _int(w.get("gpu")), version))
+        db.executemany(_UPSERT_NODES, nodes)
+
+    def touch(self, nodes: Iterable[str], now: float | None = None) -> None:
+        """Record that these nodes were heard from (heartbeats)."""
+        when = time.time() if now is None else now
+        self.store_batch([(n, Envelope(type=HEARTBEAT, node=n, seq=0)) for n in nodes], received_at=when)
+
+    # ------------------------------------------------------------------ decisions, checkpoints
+
+    def add_decisions(self, decisions: Iterable[Any]) -> int:
+        """Record automation decisions (objects with the ``Decision`` fields) in one
+        transaction; returns the rows written."""
+        rows = [(float(d.time), text(d.node), text(d.action), text(d.reason), int(bool(d.held)),
+                 int(bool(d.dry_run)), text(d.trigger), text(d.result)) for d in decisions]
+        if not rows:
+            return 0
+        with self.transaction():
+            self.db.executemany("INSERT INTO decisions (time, node, action, reason, held, dry_run, "
+                                "trigger, result) VALUES (?,?,?,?,?,?,?,?)", rows)
+        return len(rows)
+
+    # (rows written inside the caller's transaction)
+
+    def add_checkpoint(self, row: dict[str, Any]) -> int:
+        cur = self.db.execute(
+            "INSERT INTO checkpoints (job_id, action, reason, trigger_node, nodes, user, requested, "
+            "deadline, state) VALUES (?,?,?,?,?,?,?,?,?)",
+            (row["job_id"], row["action"], text(row.get("reason")), row["trigger_node"],
+             json.dumps(list(row["nodes"])), text(row.get("user")), row["requested"],
+             row["deadline"], row.get("state", "open")))
+        return int(cur.lastrowid or 0)
+
+    def update_checkpoint(self, checkpoint_id: int, **fields: Any) -> None:
+        allowed = {"state", "acked_at", "acked_by", "closed", "deadline", "action", "nodes"}
+        if not fields or set(fields) - allowed:
+            raise ValueError(f"bad checkpoint fields {sorted(fields)}")
+        if "nodes" in fields:
+            fields["nodes"] = json.dumps(list(fields["nodes"]))
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        self.db.execute(f"UPDATE checkpoints SET {sets} WHERE id = ?",
+                        [*fields.values(), checkpoint_id])
+
+    def set_pending_drain(self, node: str, action: str, reason: str, trigger: str, since: float,
+                          checkpoint_ids: Sequence[int]) -> None:
+        self.db.execute(
+            "INSERT INTO pending_drains (node, action, reason, trigger, since, checkpoints) "
+            "VALUES (?,?,?,?,?,?) ON CONFLICT (node) DO UPDATE SET checkpoints = excluded.checkpoints",
+            (node, action, text(reason), text(trigger), since, json.dumps(list(checkpoint_ids))))
+
+    def upgrade_pending_drain(self, node: str, action: str, reason: str, trigger: str) -> None:
+        self.db.execute("UPDATE pending_drains SET action = ?, reason = ?, trigger = ? WHERE node = ?",
+                        (action, text(reason), text(trigger), node))
+
+    def remove_pending_drain(self, node: str) -> None:
+        self.db.execute("DELETE FROM pending_drains WHERE node = ?", (node,))
+
+    def add_job_event(self, job_id: str, ts: float, kind: str, node: str | None = None,
+                      detail: str | None = None) -> None:
+        self.db.execute("INSERT INTO job_events (job_id, ts, kind, node, detail) VALUES (?,?,?,?,?)",
+                        (job_id, ts, kind, text(node), text(detail)))
+
+    # ------------------------------------------------------------------ node states
+
+    def mark_unreachable(self, now: float, after_s: float) -> list[str]:
+        """Mark nodes silent for more than ``after_s`` unreachable; return the newly marked."""
+        unreachable = self._unreachable_nodes()
+        with self.transaction():
+            rows = self.db.execute(
+                "UPDATE nodes SET reachable = 0, unreachable_since = ? "
+                "WHERE reachable = 1 AND last_seen < ? RETURNING node", (now, now - after_s)).fetchall()
+            gone = sorted(str(r[0]) for r in rows)
+            self.db.executemany(
+                "INSERT INTO node_states (node, ts, kind, reason, actor) VALUES (?,?,?,?,?)",
+                [(n, now, "unreachable", f"silent for {after_s:g} s", "collector") for n in gone])
+        unreachable.update(gone)
+        return gone
+
+    def _unreachable_nodes(self) -> set[str]:
+        if self._unreachable is None:
+            self._unreachable = {str(r[0]) for r in
+                                 self.db.execute("SELECT node FROM nodes WHERE reachable = 0")}
+        return self._unreachable
+
+    def _note_reachable(self, touched: set[str], now: float) -> None:
+        """Inside ``_write``: nodes marked unreachable that spoke again."""
+        unreachable = self._unreachable_nodes()
+        back = sorted(unreachable & touched)
+        if back:
+            self.db.executemany(
+                "INSERT INTO node_states (node, ts, kind, reason, actor) VALUES (?,?,?,?,?)",
+                [(n, now, "reachable", None, "collector") for n in back])
+            unreachable.difference_update(back)
+
+    def record_slurm_states(self, states: Iterable[Any], now: float) -> list[tuple[str, str]]:
+        """Record drain/resume transitions from a Slurm poll (``NodeState`` objects), each
+        drain with who did it (``drain_actor``); returns the (node, kind) transitions
+        written."""
+        last = self._last_slurm_states()
+        rows: list[tuple[str, float, str, str | None, str | None, str | None]] = []
+        for st in states:
+            drained, reason = bool(st.drained), text(st.reason)
+            before = last.get(st.name)
+            if before is None and not drained:
+                last[st.name] = (False, None)  # first sight, not drained: nothing happened
+                continue
+            if drained and (before is None or not before[0] or before[1] != reason):
+                ts = st.reason_time if st.reason_time and st.reason_time <= now else now
+                rows.append((st.name, ts, "drained", reason, text(st.reason_user),
+                             self.drain_actor(st.name, reason, now)))
+            elif not drained and before is not None and before[0]:
+                rows.append((st.name, now, "resumed", None, None, None))
+            last[st.name] = (drained, reason if drained else None)
+        if rows:
+            with self.transaction():
+                self.db.executemany("INSERT INTO node_states (node, ts, kind, reason, actor, "
+                                    "drained_by) VALUES (?,?,?,?,?,?)", rows)
+        return [(r[0], r[2]) for r in rows]
+
+    def drain_actor(self, node: str, reason: str | None, now: float) -> str:
+        """Who drained ``node`` with this Slurm ``reason`` (docs/fleet-db.md):
+
+        * ``outside``: the reason is not slurmgpu's (``scontrol``, Slurm itself);
+        * ``prolog`` / ``epilog`` / ``healthcheck`` / ``operator``: the actor tag that a
+          hook or ``slurmgpu drain`` ended the reason with (``[by epilog]``);
+        * ``automation``: an untagged slurmgpu reason that the automation (in this
+          collector, which records its decisions before it polls Slurm again) drained the
+          node with since the node's last resume;
+        * ``slurmgpu``: any other slurmgpu reason (a slurmgpu older than the tags).
+        """
+        if not reason or not reason.startswith(REASON_PREFIX):
+            return "outside"
+        tagged = reason_actor(reason)
+        if tagged is not None:
+            return tagged[0]
+        since = self.db.execute("SELECT max(ts) FROM node_states WHERE node = ? AND kind = "
+                                "'resumed'", (node,)).fetchone()[0]
+        for (decided,) in self.db.execute(
+                "SELECT reason FROM decisions WHERE node = ? AND result IN ('drained', "
+                "'reboot-requested') AND time > ? AND time <= ? ORDER BY time DESC LIMIT 20",
+                (node, since if since is not None else float("-inf"), now + DECISION_SLACK_S)):
+            if _same_reason(decided or "", reason):
+                return "automation"
+        return "slurmgpu"
+
+    def _last_slurm_states(self) -> dict[str, tuple[bool, str | None]]:
+        if self._slurm_state is None:
+            self._slurm_state = {
+                str(n): (k == "drained", r) for n, k, r in self.db.execute(
+                    "SELECT node, kind, reason FROM node_states WHERE id IN (SELECT max(id) FROM "
+                    "node_states WHERE kind IN ('drained', 'resumed') GROUP BY node)")}
+        return self._slurm_state
+
+    # ------------------------------------------------------------------ retention
+
+    def prune(self, retention_days: float, *, now: float | None = None) -> int:
+        """Delete history older than the retention; returns the rows deleted.
+        The latest report and the node rows are kept whatever their age."""
+        cutoff = (time.time() if now is None else now) - retention_days * 86400.0
+        deleted = 0
+        with self.transaction():
+            for table, column in _PRUNED:
+                deleted += self.db.execute(f"DELETE FROM {table} WHERE {column} < ?", (cutoff,)).rowcount
+            deleted += self.db.execute("DELETE FROM checkpoints WHERE state != 'open' AND requested < ?",
+                                       (cutoff,)).rowcount
+        # The next report of every node is recorded again, so a node whose state has not
+        # changed for longer than the retention still has its current state in the history.
+        self._last_state.clear()
+        return deleted

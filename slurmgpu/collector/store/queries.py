@@ -1,0 +1,357 @@
+"""Named read queries over the fleet database: one function per question, each taking a
+connection (the store's own, or a read-only one from ``snapshot``) and returning typed
+rows. Everything outside this package that reads the database asks through here
+(``slurmgpu report``'s read model, ``slurmgpu.report.model``, keeps its own SQL).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NamedTuple, TypedDict, cast
+
+import msgpack
+
+from slurmgpu.collector.store.schema import expected_tables
+from slurmgpu.result import Severity
+
+# Severity ranks as the store orders them (OK < WARN < UNKNOWN < FAIL); any other
+# severity string ranks as UNKNOWN.
+_RANK_SQL = ("CASE f.severity " + " ".join(f"WHEN '{s.name}' THEN {s.rank}" for s in Severity
+                                           if s is not Severity.UNKNOWN)
+             + f" ELSE {Severity.UNKNOWN.rank} END")
+
+
+class FleetRow(TypedDict):
+    node: str
+    verdict: str | None
+    first_seen: float
+    last_seen: float
+    last_seq: int
+    worst_check: str | None
+    worst_severity: str | None
+    worst_message: str | None
+    worst_gpu: int | None
+    reachable: bool
+    unreachable_since: float | None
+    agent_version: str | None
+
+
+class EventRow(TypedDict):
+    node: str
+    seq: int
+    ts: float
+    kind: str
+    gpu: int | None
+    data: int | None
+    verdict: str
+    body: Any
+
+
+class DecisionRow(TypedDict):
+    id: int
+    time: float
+    node: str
+    action: str
+    reason: str | None
+    held: bool
+    dry_run: bool
+    trigger: str | None
+    result: str | None
+
+
+class LatestReport(TypedDict):
+    node: str
+    seq: int
+    ts: float
+    verdict: str
+    body: Any
+
+
+class CheckpointRow(TypedDict):
+    id: int
+    job_id: str
+    action: str
+    reason: str | None
+    trigger_node: str
+    nodes: list[str]
+    user: str | None
+    requested: float
+    deadline: float
+    state: str
+    acked_at: float | None
+    acked_by: str | None
+    closed: float | None
+
+
+class PendingDrain(TypedDict):
+    node: str
+    action: str
+    reason: str | None
+    trigger: str | None
+    since: float
+    checkpoints: list[int]
+
+
+class JobEventRow(TypedDict):
+    ts: float
+    kind: str
+    node: str | None
+    detail: str | None
+
+
+class NodeVerdict(NamedTuple):
+    node: str
+    last_seen: float
+    reachable: bool
+    verdict: str | None  # of its latest report (None: no report yet)
+
+
+class FindingCount(NamedTuple):
+    """Current non-OK findings of one (node, gpu, check, severity)."""
+
+    node: str
+    gpu: int | None
+    check: str
+    severity: str
+    rank: int  # the severity's rank (Severity.rank; an unknown name ranks as UNKNOWN)
+    n: int
+
+
+class EventCount(NamedTuple):
+    kind: str
+    xid: int | None  # for kind "xid": the XID number (None: not recorded)
+    n: int
+
+
+class DecisionCount(NamedTuple):
+    action: str
+    result: str  # "error" for every "error: ..." result
+    trigger: str
+    n: int
+
+
+class JobEventAt(NamedTuple):
+    ts: float
+    node: str | None
+    detail: str | None
+
+
+def _dicts(cur: sqlite3.Cursor) -> list[dict[str, Any]]:
+    """A query's rows as {column: value} dicts."""
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row, strict=True)) for row in cur]
+
+
+@contextlib.contextmanager
+def snapshot(path: str | Path, timeout_s: float = 5.0) -> Iterator[sqlite3.Connection]:
+    """A read-only connection to the database at ``path`` inside one read transaction
+    (every query sees the same snapshot; WAL readers never block the collector)."""
+    uri = Path(path).resolve().as_uri() + "?mode=ro"
+    db = sqlite3.connect(uri, uri=True, timeout=timeout_s, isolation_level=None)
+    try:
+        db.execute("BEGIN")
+        yield db
+    finally:
+        db.close()
+
+
+# ---------------------------------------------------------------------- nodes and messages
+
+
+def fleet(db: sqlite3.Connection) -> list[FleetRow]:
+    """Every node the collector heard from, by name: its verdict, worst finding, reachability."""
+    out = _dicts(db.execute(
+        "SELECT node, verdict, first_seen, last_seen, last_seq, worst_check, worst_severity, "
+        "worst_message, worst_gpu, reachable, unreachable_since, agent_version FROM nodes ORDER BY node"))
+    for item in out:
+        item["reachable"] = bool(item["reachable"])
+    return cast(list[FleetRow], out)
+
+
+def node_verdicts(db: sqlite3.Connection) -> list[NodeVerdict]:
+    """Every node with when it was last heard, whether it is reachable, its latest verdict."""
+    return [NodeVerdict(str(node), float(last_seen), bool(reachable), verdict)
+            for node, last_seen, reachable, verdict in db.execute(
+                "SELECT n.node, n.last_seen, n.reachable, r.verdict FROM nodes n "
+                "LEFT JOIN reports r ON r.node = n.node")]
+
+
+def current_findings(db: sqlite3.Connection) -> list[FindingCount]:
+    """The non-OK findings of each node's latest state change (report_history records a
+    row, with its non-OK findings, only when a node's state changes), counted per node,
+    GPU, check and severity."""
+    return [FindingCount(node, gpu, check, severity, int(rank), int(count))
+            for node, gpu, check, severity, rank, count in db.execute(
+                "WITH cur AS (SELECT node, max(seq) AS seq, ts FROM report_history GROUP BY node) "
+                f"SELECT f.node, f.gpu, f.check_id, f.severity, max({_RANK_SQL}), count(*) "
+                "FROM findings f JOIN cur ON f.node = cur.node AND f.ts = cur.ts "
+                "AND f.seq = cur.seq GROUP BY f.node, f.gpu, f.check_id, f.severity")]
+
+
+def latest_report(db: sqlite3.Connection, node: str) -> LatestReport | None:
+    """The node's latest report, its body decoded (facts too)."""
+    row = db.execute("SELECT seq, ts, verdict, body FROM reports WHERE node = ?", (node,)).fetchone()
+    if row is None:
+        return None
+    body = msgpack.unpackb(row[3], raw=False)
+    if isinstance(body.get("facts"), bytes):  # agents send facts pre-packed
+        body["facts"] = msgpack.unpackb(body["facts"], raw=False)
+    return {"node": node, "seq": row[0], "ts": row[1], "verdict": row[2], "body": body}
+
+
+def hello_times(db: sqlite3.Connection) -> dict[str, float]:
+    """{node: when its latest hello was stored}."""
+    return {str(n): float(t) for n, t in db.execute(
+        "SELECT node, max(received_at) FROM messages WHERE type = 'hello' GROUP BY node")}
+
+
+def index_sql(db: sqlite3.Connection, name: str) -> str:
+    """The CREATE INDEX statement of one of the store's indexes (KeyError: no such index)."""
+    row = db.execute("SELECT sql FROM sqlite_master WHERE type = 'index' AND name = ?", (name,)).fetchone()
+    if row is None:
+        raise KeyError(name)
+    return str(row[0])
+
+
+def count(db: sqlite3.Connection, table: str) -> int:
+    """The rows of one of the store's tables."""
+    if table not in expected_tables():
+        raise ValueError(f"unknown table {table!r}")
+    return int(db.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+
+
+# ---------------------------------------------------------------------- events and decisions
+
+
+def events(db: sqlite3.Connection, node: str | None = None, since: float | None = None,
+           limit: int | None = None) -> list[EventRow]:
+    """Events (all nodes, or one; from ``since``), oldest first, bodies decoded."""
+    sql = "SELECT node, seq, ts, kind, gpu, data, verdict, body FROM events"
+    where: list[str] = []
+    params: list[Any] = []
+    if node is not None:
+        where.append("node = ?")
+        params.append(node)
+    if since is not None:
+        where.append("ts >= ?")
+        params.append(since)
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    sql += " ORDER BY ts, node, seq"
+    if limit is not None:
+        sql += f" LIMIT {int(limit)}"
+    return [{"node": n, "seq": seq, "ts": ts, "kind": kind, "gpu": gpu, "data": data,
+             "verdict": verdict, "body": msgpack.unpackb(body, raw=False)}
+            for n, seq, ts, kind, gpu, data, verdict, body in db.execute(sql, params)]
+
+
+def event_counts(db: sqlite3.Connection) -> list[EventCount]:
+    """Events stored, per kind (and XID number for XID events)."""
+    return [EventCount(kind, xid, int(n)) for kind, xid, n in db.execute(
+        "SELECT kind, CASE WHEN kind = 'xid' THEN data END, count(*) FROM events GROUP BY 1, 2")]
+
+
+def decisions(db: sqlite3.Connection, node: str | None = None, limit: int = 100) -> list[DecisionRow]:
+    """The latest automation decisions (all nodes, or one), oldest first."""
+    sql = "SELECT id, time, node, action, reason, held, dry_run, trigger, result FROM decisions"
+    params: list[Any] = []
+    if node is not None:
+        sql += " WHERE node = ?"
+        params.append(node)
+    sql += " ORDER BY id DESC LIMIT ?"
+    params.append(max(0, int(limit)))
+    out = _decision_rows(db.execute(sql, params))
+    out.reverse()
+    return out
+
+
+def decisions_since(db: sqlite3.Connection, node: str, since: float) -> list[DecisionRow]:
+    """The automation's decisions about ``node`` at or after ``since``, oldest first."""
+    return _decision_rows(db.execute(
+        "SELECT id, time, node, action, reason, held, dry_run, trigger, result FROM decisions "
+        "WHERE node = ? AND time >= ? ORDER BY time, id", (node, since)))
+
+
+def _decision_rows(cur: sqlite3.Cursor) -> list[DecisionRow]:
+    out = _dicts(cur)
+    for item in out:
+        item["held"], item["dry_run"] = bool(item["held"]), bool(item["dry_run"])
+    return cast(list[DecisionRow], out)
+
+
+def decision_counts(db: sqlite3.Connection) -> list[DecisionCount]:
+    """Automation decisions per action, result ("error: ..." as "error") and trigger."""
+    return [DecisionCount(str(action), str(result), str(trigger), int(n))
+            for action, result, trigger, n in db.execute(
+                "SELECT action, CASE WHEN result LIKE 'error:%' THEN 'error' "
+                "ELSE coalesce(result, '') END, coalesce(trigger, ''), count(*) "
+                "FROM decisions GROUP BY 1, 2, 3")]
+
+
+# ---------------------------------------------------------------------- checkpoints and jobs
+
+
+def checkpoints(db: sqlite3.Connection, *, job_id: str | None = None, active: bool = False,
+                limit: int = 1000) -> list[CheckpointRow]:
+    """Checkpoint requests, oldest first; ``active``: not closed yet (open, or acked /
+    expired with the node's drain still to be carried out)."""
+    sql = ("SELECT id, job_id, action, reason, trigger_node, nodes, user, requested, deadline, "
+           "state, acked_at, acked_by, closed FROM checkpoints")
+    where: list[str] = []
+    params: list[Any] = []
+    if job_id is not None:
+        where.append("job_id = ?")
+        params.append(job_id)
+    if active:
+        where.append("closed IS NULL")
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    sql += " ORDER BY id LIMIT ?"
+    params.append(max(0, int(limit)))
+    out = _dicts(db.execute(sql, params))
+    for item in out:
+        item["nodes"] = json.loads(item["nodes"])
+    return cast(list[CheckpointRow], out)
+
+
+def checkpoint_states(db: sqlite3.Connection) -> dict[str, int]:
+    """{state: checkpoint requests}; empty for a database without checkpoints (schema < 3)."""
+    try:
+        return {str(state): int(n) for state, n in
+                db.execute("SELECT state, count(*) FROM checkpoints GROUP BY state")}
+    except sqlite3.OperationalError:  # no such table
+        return {}
+
+
+def pending_drains(db: sqlite3.Connection) -> list[PendingDrain]:
+    """Nodes whose drain waits for their jobs' checkpoints, oldest first."""
+    cur = db.execute("SELECT node, action, reason, trigger, since, checkpoints "
+                     "FROM pending_drains ORDER BY since, node")
+    return [{"node": n, "action": a, "reason": r, "trigger": t, "since": s,
+             "checkpoints": json.loads(c)} for n, a, r, t, s, c in cur]
+
+
+def pending_drain_count(db: sqlite3.Connection) -> int:
+    """How many nodes' drains wait for checkpoints (0 for a database from before them)."""
+    try:
+        return int(db.execute("SELECT count(*) FROM pending_drains").fetchone()[0])
+    except sqlite3.OperationalError:  # no such table
+        return 0
+
+
+def job_events(db: sqlite3.Connection, job_id: str) -> list[JobEventRow]:
+    """A job's timeline (detected, signalled, acked, drained, requeued...), in order."""
+    cur = db.execute("SELECT ts, kind, node, detail FROM job_events WHERE job_id = ? "
+                     "ORDER BY ts, id", (job_id,))
+    return [{"ts": ts, "kind": k, "node": n, "detail": d} for ts, k, n, d in cur]
+
+
+def first_job_event(db: sqlite3.Connection, job_id: str, kind: str) -> JobEventAt | None:
+    """The job's first ``kind`` event (when, on which node, its detail)."""
+    row = db.execute("SELECT ts, node, detail FROM job_events WHERE job_id = ? AND kind = ? "
+                     "ORDER BY ts, id LIMIT 1", (job_id, kind)).fetchone()
+    return None if row is None else JobEventAt(float(row[0]), row[1], row[2])

@@ -1,0 +1,461 @@
+"""The fleet database's schema: the migrations that build it, and the checks that refuse
+a damaged file before anything is written.
+
+The schema is versioned: ``schema_version`` holds the number of migrations applied and
+``MIGRATIONS`` (in order) brings any older file up to date at open (``connect``). The
+store owns its schema: every table is made here, and read and written only by the
+modules of this package (``ingest``, ``queries``, ``automation``).
+"""
+
+from __future__ import annotations
+
+import functools
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+from slurmgpu.errors import SlurmGpuError
+
+
+class StoreError(SlurmGpuError):
+    """The database is newer than this slurmgpu, or unusable."""
+
+
+RECOVER = ("restore it from a backup, or move it aside to start an empty one "
+           "(slurmgpu never wipes or rewrites a damaged database)")
+
+
+def _script(db: sqlite3.Connection, script: str) -> None:
+    """Run ``;``-separated DDL inside the caller's transaction (``executescript`` would
+    COMMIT first)."""
+    for statement in script.split(";"):
+        if statement.strip():
+            db.execute(statement)
+
+
+def _migration_1(db: sqlite3.Connection) -> None:
+    _script(db, """
+        CREATE TABLE nodes (
+            node TEXT PRIMARY KEY,
+            first_seen REAL NOT NULL,
+            last_seen REAL NOT NULL,
+            last_seq INTEGER NOT NULL DEFAULT 0,
+            verdict TEXT,
+            verdict_ts REAL,
+            worst_check TEXT,
+            worst_severity TEXT,
+            worst_message TEXT,
+            worst_gpu INTEGER,
+            reachable INTEGER NOT NULL DEFAULT 1,
+            unreachable_since REAL,
+            agent_version TEXT
+        );
+        CREATE TABLE messages (
+            node TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            type TEXT NOT NULL,
+            ts REAL NOT NULL,
+            received_at REAL NOT NULL,
+            PRIMARY KEY (node, seq)
+        ) WITHOUT ROWID;
+        CREATE TABLE reports (
+            node TEXT PRIMARY KEY,
+            seq INTEGER NOT NULL,
+            ts REAL NOT NULL,
+            verdict TEXT NOT NULL,
+            body BLOB NOT NULL
+        );
+        CREATE TABLE report_history (
+            node TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            ts REAL NOT NULL,
+            verdict TEXT NOT NULL
+        );
+        CREATE INDEX report_history_node_ts ON report_history (node, ts);
+        CREATE TABLE findings (
+            node TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            ts REAL NOT NULL,
+            check_id TEXT NOT NULL,
+            severity TEXT NOT NULL,
+            gpu INTEGER,
+            subject TEXT,
+            message TEXT
+        );
+        CREATE INDEX findings_node_ts ON findings (node, ts);
+        CREATE TABLE events (
+            node TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            ts REAL NOT NULL,
+            kind TEXT NOT NULL,
+            gpu INTEGER,
+            data INTEGER,
+            verdict TEXT NOT NULL,
+            body BLOB NOT NULL
+        );
+        CREATE INDEX events_ts ON events (ts);
+        CREATE INDEX events_node_ts ON events (node, ts);
+        CREATE TABLE command_results (
+            node TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            ts REAL NOT NULL,
+            command_id TEXT NOT NULL,
+            ok INTEGER NOT NULL,
+            result BLOB NOT NULL
+        );
+        CREATE INDEX command_results_id ON command_results (command_id)
+    """)
+
+
+def _migration_2(db: sqlite3.Connection) -> None:
+    """The automation's decisions (``slurmgpu.collector.policy.Decision``)."""
+    _script(db, """
+        CREATE TABLE decisions (
+            id INTEGER PRIMARY KEY,
+            time REAL NOT NULL,
+            node TEXT NOT NULL,
+            action TEXT NOT NULL,
+            reason TEXT,
+            held INTEGER NOT NULL DEFAULT 0,
+            dry_run INTEGER NOT NULL DEFAULT 0,
+            trigger TEXT,
+            result TEXT
+        );
+        CREATE INDEX decisions_node_time ON decisions (node, time)
+    """)
+
+
+def _migration_3(db: sqlite3.Connection) -> None:
+    """Checkpoint coordination (``slurmgpu.collector.checkpoint``): one row per request
+    to a job, the nodes waiting for their jobs before they drain, and every job's
+    timeline (detected, signalled, delivered, acked, drained, requeued...)."""
+    _script(db, """
+        CREATE TABLE checkpoints (
+            id INTEGER PRIMARY KEY,
+            job_id TEXT NOT NULL,
+            action TEXT NOT NULL,
+            reason TEXT,
+            trigger_node TEXT NOT NULL,
+            nodes TEXT NOT NULL,
+            user TEXT,
+            requested REAL NOT NULL,
+            deadline REAL NOT NULL,
+            state TEXT NOT NULL,
+            acked_at REAL,
+            acked_by TEXT,
+            closed REAL
+        );
+        CREATE INDEX checkpoints_job ON checkpoints (job_id);
+        CREATE INDEX checkpoints_state ON checkpoints (state);
+        CREATE TABLE pending_drains (
+            node TEXT PRIMARY KEY,
+            action TEXT NOT NULL,
+            reason TEXT,
+            trigger TEXT,
+            since REAL NOT NULL,
+            checkpoints TEXT NOT NULL
+        );
+        CREATE TABLE job_events (
+            id INTEGER PRIMARY KEY,
+            job_id TEXT NOT NULL,
+            ts REAL NOT NULL,
+            kind TEXT NOT NULL,
+            node TEXT,
+            detail TEXT
+        );
+        CREATE INDEX job_events_job ON job_events (job_id, ts)
+    """)
+
+
+def _migration_4(db: sqlite3.Connection) -> None:
+    """History for the fleet report (``slurmgpu report``): node state transitions (drained /
+    resumed from Slurm, unreachable / reachable from the collector), hourly per-node
+    samples (reports, throttled reports), and GPU error counters, IB port counters and
+    software versions, each stored when it changes. See docs/fleet-db.md."""
+    _script(db, """
+        CREATE TABLE node_states (
+            id INTEGER PRIMARY KEY,
+            node TEXT NOT NULL,
+            ts REAL NOT NULL,
+            kind TEXT NOT NULL,
+            reason TEXT,
+            actor TEXT
+        );
+        CREATE INDEX node_states_ts ON node_states (ts);
+        CREATE INDEX node_states_node_ts ON node_states (node, ts);
+        CREATE TABLE node_samples (
+            node TEXT NOT NULL,
+            ts REAL NOT NULL,
+            span_s REAL NOT NULL,
+            reports INTEGER NOT NULL,
+            fail_reports INTEGER NOT NULL,
+            hw_slowdown_reports INTEGER NOT NULL,
+            sw_thermal_reports INTEGER NOT NULL,
+            PRIMARY KEY (node, ts)
+        ) WITHOUT ROWID;
+        CREATE INDEX node_samples_ts ON node_samples (ts);
+        CREATE TABLE gpu_counters (
+            node TEXT NOT NULL,
+            gpu INTEGER NOT NULL,
+            ts REAL NOT NULL,
+            serial TEXT,
+            model TEXT,
+            ecc_corrected INTEGER,
+            ecc_uncorrected INTEGER,
+            remap_corrected INTEGER,
+            remap_uncorrected INTEGER,
+            remap_pending INTEGER,
+            remap_failure INTEGER
+        );
+        CREATE INDEX gpu_counters_node_gpu_ts ON gpu_counters (node, gpu, ts);
+        CREATE INDEX gpu_counters_ts ON gpu_counters (ts);
+        CREATE TABLE ib_counters (
+            node TEXT NOT NULL,
+            port TEXT NOT NULL,
+            ts REAL NOT NULL,
+            state TEXT,
+            rate_gbps REAL,
+            symbol_error INTEGER,
+            link_downed INTEGER,
+            link_error_recovery INTEGER,
+            port_rcv_errors INTEGER,
+            local_link_integrity_errors INTEGER,
+            excessive_buffer_overrun_errors INTEGER
+        );
+        CREATE INDEX ib_counters_node_port_ts ON ib_counters (node, port, ts);
+        CREATE INDEX ib_counters_ts ON ib_counters (ts);
+        CREATE TABLE node_versions (
+            node TEXT NOT NULL,
+            ts REAL NOT NULL,
+            gpu_model TEXT,
+            driver TEXT,
+            cuda TEXT,
+            nccl TEXT,
+            vbios TEXT,
+            ib_firmware TEXT,
+            ofed TEXT,
+            kernel TEXT
+        );
+        CREATE INDEX node_versions_node_ts ON node_versions (node, ts)
+    """)
+
+
+def _migration_5(db: sqlite3.Connection) -> None:
+    """Deduplication per (node, epoch, seq): a reinstalled agent (new spool, seq back at
+    1) is a new epoch, not a replay. Rows from before have epoch '' (what epoch-less
+    agents send). ``digest`` (of the body) tells a resend from a different message that
+    reuses a seq; NULL for rows from before."""
+    _script(db, """
+        CREATE TABLE messages_new (
+            node TEXT NOT NULL,
+            epoch TEXT NOT NULL DEFAULT '',
+            seq INTEGER NOT NULL,
+            type TEXT NOT NULL,
+            ts REAL NOT NULL,
+            received_at REAL NOT NULL,
+            digest BLOB,
+            PRIMARY KEY (node, epoch, seq)
+        ) WITHOUT ROWID;
+        INSERT INTO messages_new (node, epoch, seq, type, ts, received_at)
+            SELECT node, '', seq, type, ts, received_at FROM messages;
+        DROP TABLE messages;
+        ALTER TABLE messages_new RENAME TO messages
+    """)
+
+
+def _migration_6(db: sqlite3.Connection) -> None:
+    """Who drained a node, recorded by the collector when its Slurm poll sees the drain
+    (``node_states.drained_by``, see ``drain_actor``). Rows from before stay NULL: the
+    fleet report guesses those as it always did."""
+    _script(db, "ALTER TABLE node_states ADD COLUMN drained_by TEXT")
+
+
+def _migration_7(db: sqlite3.Connection) -> None:
+    """The automation's state (``slurmgpu.collector.store.automation``), which lived in
+    ``<state_dir>/automation.json`` before: the breaker and the fleet size (one row, whose
+    ``version`` counts every write, so the collector sees an operator's change), strikes,
+    healthy streaks, the nodes it drained, drain history, storm evidence, the drains the
+    breaker holds and those an operator released, lemons and its recent decisions. A
+    drain waiting for checkpoints stays in ``pending_drains`` alone."""
+    _script(db, """
+        CREATE TABLE automation_state (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            version INTEGER NOT NULL,
+            fleet INTEGER NOT NULL DEFAULT 0,
+            breaker_open INTEGER NOT NULL DEFAULT 0,
+            breaker_since REAL,
+            breaker_why TEXT
+        );
+        CREATE TABLE automation_seen (node TEXT PRIMARY KEY);
+        CREATE TABLE automation_strikes (
+            node TEXT NOT NULL,
+            check_id TEXT NOT NULL,
+            strikes INTEGER NOT NULL,
+            PRIMARY KEY (node, check_id)
+        ) WITHOUT ROWID;
+        CREATE TABLE automation_healthy (
+            node TEXT PRIMARY KEY,
+            reports INTEGER NOT NULL,
+            first REAL NOT NULL
+        );
+        CREATE TABLE automation_drained (
+            node TEXT PRIMARY KEY,
+            time REAL,
+            trigger TEXT,
+            reason TEXT,
+            then_action TEXT
+        );
+        CREATE TABLE automation_drain_history (
+            node TEXT NOT NULL,
+            ts REAL NOT NULL,
+            drains INTEGER NOT NULL,
+            PRIMARY KEY (node, ts)
+        ) WITHOUT ROWID;
+        CREATE TABLE automation_drain_times (ts REAL PRIMARY KEY, drains INTEGER NOT NULL);
+        CREATE TABLE automation_failing (
+            check_id TEXT NOT NULL,
+            node TEXT NOT NULL,
+            time REAL NOT NULL,
+            PRIMARY KEY (check_id, node)
+        ) WITHOUT ROWID;
+        CREATE TABLE automation_held (
+            node TEXT PRIMARY KEY,
+            action TEXT,
+            reason TEXT,
+            trigger TEXT,
+            time REAL,
+            since REAL,
+            then_action TEXT,
+            checkpoints INTEGER
+        );
+        CREATE TABLE automation_released (
+            node TEXT PRIMARY KEY,
+            action TEXT,
+            reason TEXT,
+            trigger TEXT,
+            time REAL,
+            since REAL,
+            then_action TEXT,
+            checkpoints INTEGER,
+            released_at REAL,
+            released_by TEXT
+        );
+        CREATE TABLE automation_lemons (node TEXT PRIMARY KEY, since REAL, why TEXT);
+        CREATE TABLE automation_log (
+            id INTEGER PRIMARY KEY,
+            time REAL,
+            node TEXT,
+            action TEXT,
+            reason TEXT,
+            held INTEGER,
+            dry_run INTEGER,
+            trigger TEXT,
+            result TEXT,
+            released_by TEXT
+        )
+    """)
+
+
+# Applied in order at open; the schema version is the number applied. Append only.
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migration_1, _migration_2, _migration_3,
+                                                          _migration_4, _migration_5, _migration_6,
+                                                          _migration_7]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def schema_version(db: sqlite3.Connection) -> int:
+    row = db.execute("SELECT version FROM schema_version").fetchone()
+    return int(row[0]) if row else 0
+
+
+@functools.cache
+def expected_tables() -> frozenset[str]:
+    """The tables a fully migrated database has (the migrations run on an in-memory one)."""
+    db = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        for migration in MIGRATIONS:
+            migration(db)
+        return frozenset(str(r[0]) for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+                         if not str(r[0]).startswith("sqlite_"))
+    finally:
+        db.close()
+
+
+def connect(path: Path, timeout_s: float) -> sqlite3.Connection:
+    """Open the database (WAL, ``synchronous=NORMAL``), refuse a damaged one (StoreError,
+    one line naming the file and what to do) and migrate an older one."""
+    memory = str(path) == ":memory:"
+    if not memory:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _refuse_empty_file(path)
+    db = sqlite3.connect(str(path), timeout=timeout_s, isolation_level=None, check_same_thread=False)
+    try:
+        db.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
+        if not memory:
+            _check_integrity(db, path)
+        db.execute("PRAGMA journal_mode = WAL")
+        db.execute("PRAGMA synchronous = NORMAL")
+        db.execute("PRAGMA foreign_keys = OFF")
+        _migrate(db, path)
+        _check_schema(db, path)
+    except sqlite3.DatabaseError as exc:  # not a database, or corrupt beyond the check
+        db.close()
+        raise StoreError(f"{path}: not a usable database ({exc}); {RECOVER}") from None
+    except StoreError:
+        db.close()
+        raise
+    return db
+
+
+def _refuse_empty_file(path: Path) -> None:
+    """A 0-byte file where the database should be is damage (a failed copy, a full disk),
+    not a fresh start: refuse it instead of silently initialising over it."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return  # a new database: created by the migrations
+    if size == 0:
+        raise StoreError(f"{path}: the database file is empty (0 bytes); {RECOVER}")
+
+
+def _check_integrity(db: sqlite3.Connection, path: Path) -> None:
+    """``PRAGMA quick_check`` before anything is written: a corrupt file is refused with
+    one line, never written to, never wiped."""
+    problems = [str(row[0]) for row in db.execute("PRAGMA quick_check(5)")]
+    if problems != ["ok"]:
+        raise StoreError(f"{path}: integrity check failed ({'; '.join(problems)[:300]}); {RECOVER}")
+
+
+def _check_schema(db: sqlite3.Connection, path: Path) -> None:
+    """Every table the migrations make is there (a dropped table used to give a collector
+    that stayed up, stored nothing and acked nothing)."""
+    have = {str(r[0]) for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    missing = sorted(expected_tables() - have)
+    if missing:
+        raise StoreError(f"{path}: schema version {schema_version(db)} but table(s) "
+                         f"{', '.join(missing)} missing; {RECOVER}")
+
+
+def _migrate(db: sqlite3.Connection, path: Path) -> None:
+    has_table = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
+                           "name = 'schema_version'").fetchone()
+    if has_table and schema_version(db) == SCHEMA_VERSION:
+        return  # up to date: no write transaction (readers never block the collector)
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+        current = schema_version(db)
+        if current > SCHEMA_VERSION:
+            raise StoreError(f"{path}: schema version {current} is newer than this "
+                             f"slurmgpu understands ({SCHEMA_VERSION})")
+        if current == 0:
+            db.execute("DELETE FROM schema_version")
+            db.execute("INSERT INTO schema_version (version) VALUES (0)")
+        for number in range(current, SCHEMA_VERSION):
+            MIGRATIONS[number](db)
+            db.execute("UPDATE schema_version SET version = ?", (number + 1,))
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
