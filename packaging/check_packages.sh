@@ -49,6 +49,17 @@ timed() {
     return $rc
 }
 
+# quick_loads_protocol PKG HOOK: the quick client, run through its hook symlink as a bare
+# file (any python3, -I -S), loads localproto.py from beside the module the link resolves to.
+quick_loads_protocol() {
+    local py code
+    py=$(command -v python3) || { echo "skip $1: no python3 to run the quick client"; return; }
+    code='import sys; ns = {"__name__": "quickgate", "__package__": None, "__file__": sys.argv[1]}
+exec(compile(open(sys.argv[1]).read(), sys.argv[1], "exec"), ns)
+assert ns["protocol"]().__file__.endswith("/slurmgpu/localproto.py")'
+    check "$1: the quick client loads localproto.py through its hook symlink" "$py" -I -S -c "$code" "$2"
+}
+
 hooks=(slurmgpu-prolog slurmgpu-epilog slurmgpu-healthcheck slurmgpu-taskprolog slurmgpu-taskprolog.py
        slurmgpu-quickgate slurmgpu-nightly-report)
 units=(slurmgpu-agent.service slurmgpu-collector.service slurmgpu-report.service slurmgpu-report.timer)
@@ -82,6 +93,7 @@ if [ -n "$do_deb" ]; then
             has "deb: conffile $f" "$tmp/deb-control/conffiles" "^$f\$"
         done
         for p in /usr/bin/slurmgpu /usr/lib/python3/dist-packages/slurmgpu/__init__.py \
+                 /usr/lib/python3/dist-packages/slurmgpu/localproto.py \
                  /usr/lib/python3/dist-packages/slurmgpu/sim/fake_nvml.c \
                  /usr/lib/python3/dist-packages/slurmgpu/sim/cluster/__init__.py \
                  /usr/lib/python3/dist-packages/slurmgpu/data/xid_catalog.toml \
@@ -111,6 +123,7 @@ if [ -n "$do_deb" ]; then
             '^SLURMGPU_PYTHON=/usr/bin/python3$'
         has "deb: quickgate runs with Debian's python3" \
             "$tmp/deb-root/usr/lib/python3/dist-packages/slurmgpu/quickgate.py" '^#!/usr/bin/python3 -IS$'
+        quick_loads_protocol "deb" "$tmp/deb-root/usr/libexec/slurmgpu/slurmgpu-quickgate"
         has "deb: pynvml.py is NVIDIA's" "$tmp/deb-root/usr/lib/python3/dist-packages/pynvml.py" \
             'Copyright \(c\) 2011-20[0-9]+, NVIDIA Corporation'
         has "deb: /usr/bin/slurmgpu runs /usr/bin/python3" "$tmp/deb-root/usr/bin/slurmgpu" '^#!/usr/bin/python3$'
@@ -161,7 +174,7 @@ if [ -n "$do_rpm" ]; then
                  /usr/share/doc/slurmgpu/etc/slurm.conf.example; do
             has "rpm: $p" "$tmp/rpm-list" "^\S+ root $p( -> .*)?\$"
         done
-        for m in slurmgpu/__init__.py slurmgpu/sim/fake_nvml.c slurmgpu/sim/cluster/__init__.py \
+        for m in slurmgpu/__init__.py slurmgpu/localproto.py slurmgpu/sim/fake_nvml.c slurmgpu/sim/cluster/__init__.py \
                  pynvml.py zmq/__init__.py structlog/__init__.py \
                  click/__init__.py ClusterShell/__init__.py msgpack/__init__.py prometheus_client/__init__.py \
                  yaml/__init__.py; do
@@ -193,6 +206,7 @@ if [ -n "$do_rpm" ]; then
         has "rpm: quickgate runs with the venv's python" \
             "$(ls "$tmp"/rpm-root/usr/lib/slurmgpu/venv/lib/python3.*/site-packages/slurmgpu/quickgate.py 2>/dev/null | head -n1)" \
             '^#!/usr/lib/slurmgpu/venv/bin/python -IS$'
+        quick_loads_protocol "rpm" "$tmp/rpm-root/usr/libexec/slurmgpu/slurmgpu-quickgate"
         hasnt "rpm: no buildroot path left" "$tmp/rpm-root/usr/lib/slurmgpu/venv/pyvenv.cfg" 'BUILDROOT|rpmbuild'
         # Scriptlets: presets on install (RHEL: disabled), disable+stop on erase, try-restart on upgrade.
         has "rpm %post: systemd preset (no enable)" "$tmp/rpm-scripts" 'preset slurmgpu-agent\.service|install-system-units slurmgpu-agent\.service'

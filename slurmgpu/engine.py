@@ -2,21 +2,25 @@
 
 ``gather`` is the only step that touches hardware (through the sources);
 ``evaluate`` is pure over the facts and settings, so the agent, the prolog and
-tests all call the same code.
+tests all call the same code. The hooks (``slurmgpu.gate.Gate``) ask a
+``FactsProvider`` for their facts: ``SourceFacts`` (``gather`` over the node's
+sources) on the cold path, the agent's cache on the warm path
+(``slurmgpu.agent.local.CachedFacts``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from slurmgpu.checks.registry import CheckContext, CheckSpec, enabled_checks, unknown
 from slurmgpu.config.schema import Settings
 from slurmgpu.facts import IbFacts, NodeFacts, SoftwareVersions, XidEvent
 from slurmgpu.result import Finding, Severity, Verdict
-from slurmgpu.sources import Clock, IbSource, NvmlSource, SystemClock, VersionSource
+from slurmgpu.sources import Clock, IbSource, NvmlSource, SystemClock, VersionSource, kmsg, procs
 from slurmgpu.xid import XidPolicy
 
 
@@ -43,7 +47,11 @@ def system_sources(settings: Settings, *, sysfs_root: str | None = None,
     return Sources(nvml, ib, versions, SystemClock())
 
 
-def node_name() -> str:
+def node_name(environ: Mapping[str, str] | None = None) -> str:
+    """This node's name: ``SLURMD_NODENAME`` when ``environ`` (a hook's) has it, else the
+    short host name."""
+    if environ is not None and environ.get("SLURMD_NODENAME"):
+        return environ["SLURMD_NODENAME"]
     import socket  # here, not at the top: the prolog's cold path does not need it otherwise
 
     return socket.gethostname().split(".")[0]
@@ -58,8 +66,11 @@ def _quiet(step: str) -> None:
 
 def gather(sources: Sources, *, node: str, scope: frozenset[int] | None = None,
            xids: Iterable[XidEvent] = (), previous: NodeFacts | None = None,
-           want_ib: bool = True, want_versions: bool = True, progress: Progress = _quiet) -> NodeFacts:
-    """Collect facts. ``progress`` is told each step first, so a watchdog can say which hung."""
+           want_ib: bool = True, want_versions: bool = True, kernel_log: str | None = None,
+           xids_since: float | None = None, progress: Progress = _quiet) -> NodeFacts:
+    """Collect facts; with ``kernel_log`` and ``xids_since``, the XIDs logged there since
+    then too (``add_kernel_xids``). ``progress`` is told each step first, so a watchdog can
+    say which hung."""
     collected_at = sources.clock.time()
     progress("gather:nvml")
     nvml = sources.nvml.collect(scope)
@@ -67,8 +78,61 @@ def gather(sources: Sources, *, node: str, scope: frozenset[int] | None = None,
     ib = sources.ib.collect() if want_ib else IbFacts(available=False, error="not collected")
     progress("gather:versions")
     versions = sources.versions.collect() if want_versions else SoftwareVersions()
-    return NodeFacts(node=node, collected_at=collected_at, nvml=nvml, ib=ib, versions=versions,
-                     xids=list(xids), previous=previous)
+    facts = NodeFacts(node=node, collected_at=collected_at, nvml=nvml, ib=ib, versions=versions,
+                      xids=list(xids), previous=previous)
+    if kernel_log is not None and xids_since is not None:
+        add_kernel_xids(facts, kernel_log, xids_since, progress)
+    return facts
+
+
+def add_kernel_xids(facts: NodeFacts, kernel_log: str, since: float, progress: Progress = _quiet) -> None:
+    """Add the XIDs ``kernel_log`` holds from ``since`` on (the epilog: those of the job),
+    each mapped to its GPU by PCI address (so ``facts`` should have every GPU)."""
+    progress("kmsg")
+    facts.xids.extend(kmsg.read_xids(kernel_log, kmsg.gpus_by_pci(facts.gpus), since=since))
+
+
+class FactsProvider(Protocol):
+    """Where a hook's facts come from (``slurmgpu.gate.Gate``): ``SourceFacts`` on the cold
+    path, the agent's cache on the warm path (``slurmgpu.agent.local.CachedFacts``)."""
+
+    def __call__(self, gpus: frozenset[int] | None, *, xids_since: float | None = None,
+                 progress: Progress = _quiet) -> NodeFacts:
+        """The node's facts now, its GPUs those in ``gpus`` (None: every GPU); with
+        ``xids_since``, the kernel log's XIDs from then on (else none)."""
+        ...
+
+    def holders(self, devices: Mapping[str, int], *, uid: int | None,
+                ignore: Iterable[str]) -> list[dict[str, Any]]:
+        """Processes holding these device files (path -> GPU index) open: only ``uid``'s
+        when given, none whose command line contains an ``ignore`` entry."""
+        ...
+
+
+@dataclass
+class SourceFacts:
+    """The cold path's ``FactsProvider``: ``gather`` over the node's sources, device
+    holders from /proc (``slurmgpu.sources.procs``)."""
+
+    sources: Sources
+    node: str
+    kernel_log: str = kmsg.DEFAULT_KMSG
+    proc_root: str = procs.PROC_ROOT
+
+    def __call__(self, gpus: frozenset[int] | None, *, xids_since: float | None = None,
+                 progress: Progress = _quiet) -> NodeFacts:
+        return gather(self.sources, node=self.node, scope=gpus, kernel_log=self.kernel_log,
+                      xids_since=xids_since, progress=progress)
+
+    def holders(self, devices: Mapping[str, int], *, uid: int | None,
+                ignore: Iterable[str]) -> list[dict[str, Any]]:
+        return procs.find_device_holders(devices, self.proc_root, uid=uid, ignore=ignore)
+
+
+def source_facts(sources: Sources, settings: Settings, environ: Mapping[str, str]) -> SourceFacts:
+    """The cold path's facts for a hook run in ``environ``: its node (``node_name``), its
+    kernel log (``$SLURMGPU_KMSG``, else ``[paths] kmsg``)."""
+    return SourceFacts(sources, node_name(environ), kmsg.log_path(settings.paths.kmsg, environ))
 
 
 def evaluate(facts: NodeFacts, settings: Settings, *, scope: frozenset[int] | None = None,

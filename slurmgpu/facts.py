@@ -36,6 +36,15 @@ CLOCKS_EVENT_NAMES = {
     CLOCKS_EVENT_HW_POWER_BRAKE: "hw_power_brake_slowdown",
     CLOCKS_EVENT_DISPLAY_CLOCK: "display_clock_setting",
 }
+# The HW slowdown family (thermal.throttle, thermal.clock_brake, the epilog's job summary):
+# HW slowdown is the umbrella bit; HW thermal and power brake say why.
+CLOCKS_EVENT_HW_THROTTLE = CLOCKS_EVENT_HW_SLOWDOWN | CLOCKS_EVENT_HW_THERMAL | CLOCKS_EVENT_HW_POWER_BRAKE
+
+
+def clocks_event_names(mask: int) -> list[str]:
+    """The names of the clock-event reason bits set in ``mask``."""
+    return [name for bit, name in CLOCKS_EVENT_NAMES.items() if mask & bit]
+
 
 # nvmlGpuFabricState_t
 FABRIC_STATE_NAMES = {0: "NOT_SUPPORTED", 1: "NOT_STARTED", 2: "IN_PROGRESS", 3: "COMPLETED"}

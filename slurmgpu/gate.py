@@ -1,9 +1,10 @@
 """The Slurm hooks: prolog gate, epilog re-check, node healthcheck.
 
-Each hook gathers facts, runs the checks, decides, and acts through
-``slurmgpu.actions`` (the only place that drains or resumes). Every decision is
-one structured log line on stderr (slurmd keeps it) and one JSON line in
-``<state_dir>/gate.jsonl``.
+Each hook asks its ``FactsProvider`` for the facts of its scope (``slurmgpu.engine``:
+the node's sources on the cold path, the agent's cache on the warm path), runs the
+checks, decides, and acts through ``slurmgpu.actions`` (the only place that drains or
+resumes). Every decision is one structured log line on stderr (slurmd keeps it) and one
+JSON line in ``<state_dir>/gate.jsonl``.
 
 Safety rules: an internal error or a watchdog timeout follows ``on_error``
 (default fail-open: the job runs, the error is logged loudly and recorded), so
@@ -27,11 +28,15 @@ from slurmgpu import jobfiles
 from slurmgpu.actions import Actions
 from slurmgpu.config.schema import Settings
 from slurmgpu.decision import Action, drain_reason
-from slurmgpu.engine import Sources, evaluate, gather, node_name, system_sources
-from slurmgpu.facts import NodeFacts, XidEvent
+from slurmgpu.engine import FactsProvider, evaluate, node_name, source_facts, system_sources
+from slurmgpu.facts import (
+    CLOCKS_EVENT_HW_THROTTLE,
+    CLOCKS_EVENT_SW_THERMAL,
+    NodeFacts,
+    clocks_event_names,
+)
 from slurmgpu.result import Severity, Verdict
 from slurmgpu.slurm import SlurmClient, SlurmError, SlurmUnreachable
-from slurmgpu.sources import kmsg
 
 STATE_DIR_ENV = "SLURMGPU_STATE_DIR"
 DEVICE_PATTERN_ENV = "SLURMGPU_DEVICE_PATTERN"
@@ -78,7 +83,7 @@ def job_context(environ: Mapping[str, str]) -> JobContext:
         gpus, source = parse_gpu_indices(environ.get("CUDA_VISIBLE_DEVICES")), "CUDA_VISIBLE_DEVICES"
     bad = f"{source}={environ.get(source)!r} is not a list of GPU indices" if _bad_indices(gpus) else None
     return JobContext(
-        node=environ.get("SLURMD_NODENAME") or node_name(),
+        node=node_name(environ),
         job_id=environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID"),
         user=environ.get("SLURM_JOB_USER"),
         gpus=None if bad else gpus,
@@ -125,7 +130,8 @@ class Gate:
     settings: Settings
     environ: Mapping[str, str]
     client_factory: Callable[[], SlurmClient]
-    sources: Sources | None = None
+    # Where the facts come from; None: the node's own sources (engine.source_facts).
+    facts: FactsProvider | None = None
     # For tests: what a watchdog does at the end (the real one leaves the process).
     exit: Callable[[int], None] = os._exit
     records: list[dict[str, Any]] = field(default_factory=list)
@@ -142,17 +148,14 @@ class Gate:
         return Path(self.environ.get(STATE_DIR_ENV) or self.settings.paths.state_dir)
 
     @property
-    def kmsg_path(self) -> str:
-        return self.environ.get(kmsg.KMSG_ENV) or self.settings.paths.kmsg
-
-    @property
     def device_pattern(self) -> str:
         return self.environ.get(DEVICE_PATTERN_ENV) or self.settings.epilog.device_pattern
 
-    def _sources(self) -> Sources:
-        if self.sources is None:
-            self.sources = system_sources(self.settings)
-        return self.sources
+    @property
+    def provider(self) -> FactsProvider:
+        if self.facts is None:
+            self.facts = source_facts(system_sources(self.settings), self.settings, self.environ)
+        return self.facts
 
     def _actions(self) -> Actions:
         return Actions(self.client_factory(), self.state_dir)
@@ -167,7 +170,7 @@ class Gate:
                 return self._internal_error("prolog", job, f"bad request: {job.bad_gpus}", cfg.on_error)
             self._best_effort("replay", self._replay_pending)
             try:
-                facts = gather(self._sources(), node=job.node, scope=job.gpus, progress=dog)
+                facts = self.provider(job.gpus, progress=dog)
                 verdict = evaluate(facts, self.settings, scope=job.gpus, progress=dog)
             except Exception as exc:  # a bug must not drain the cluster (fail-open by default)
                 return self._job_dir_if_ok(job, self._internal_error("prolog", job, _describe(exc),
@@ -195,9 +198,7 @@ class Gate:
                 before = self._load_job_state(job)
                 started = before.get("started_at") if before else None
                 # All GPUs, so kernel-log XIDs map to the right GPU; the verdict is scoped.
-                facts = gather(self._sources(), node=job.node, progress=dog)
-                dog("kmsg")
-                facts.xids = self._xids_since(facts, started)
+                facts = self.provider(None, xids_since=started, progress=dog)
                 verdict = evaluate(facts, self.settings, scope=job.gpus, progress=dog)
                 dog("strays")
                 strays = self._strays(job)
@@ -215,10 +216,10 @@ class Gate:
     # -- healthcheck -----------------------------------------------------------
 
     def healthcheck(self) -> int:
-        job = JobContext(node=self.environ.get("SLURMD_NODENAME") or node_name())
+        job = JobContext(node=node_name(self.environ))
         try:
             self._replay_pending()
-            facts = gather(self._sources(), node=job.node)
+            facts = self.provider(None)
             verdict = evaluate(facts, self.settings)
             actions = self._actions()
             if verdict.severity is Severity.FAIL:
@@ -287,16 +288,6 @@ class Gate:
             for result in self._actions().replay_pending():
                 self._record("replay", JobContext(node=result.node), None, action=result.action,
                              reason=result.reason)
-
-    def _xids_since(self, facts: NodeFacts, since: float | None) -> list[XidEvent]:
-        if since is None:
-            return []
-        by_pci = {}
-        for gpu in facts.gpus:
-            key = kmsg.pci_key(gpu.pci_bus_id or "")
-            if key:
-                by_pci[key] = gpu.index
-        return kmsg.read_xids(self.kmsg_path, by_pci, since=since)
 
     # -- per-job state (prolog -> epilog) -----------------------------------------
 
@@ -367,7 +358,7 @@ class Gate:
         devices = {self.device_pattern.format(index=i): i for i in sorted(job.gpus)}
         uid = self.environ.get("SLURM_JOB_UID")
         known_uid = int(uid) if uid and uid.isdigit() else None
-        found = find_device_holders(devices, uid=known_uid, ignore=self.settings.epilog.strays_ignore)
+        found = self.provider.holders(devices, uid=known_uid, ignore=self.settings.epilog.strays_ignore)
         if mode == "kill" and known_uid is None:
             # Without the job's uid every holder would match, other users' included: report only.
             _log().warning("strays_not_killed", job=job.job_id, reason="SLURM_JOB_UID not set")
@@ -481,17 +472,15 @@ def _delta(now: int | None, then: int | None) -> int | None:
 def job_summary(job: JobContext, facts: NodeFacts, before: dict[str, Any] | None, verdict: Verdict,
                 strays: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """One line per job: GPUs, hottest temperature seen, throttling, ECC/remap growth, XIDs."""
-    from slurmgpu.checks.thermal import HW_THROTTLE, reason_names
-    from slurmgpu.facts import CLOCKS_EVENT_SW_THERMAL
-
     then = (before or {}).get("facts", {})
     scope = job.gpus
     gpus = [g for g in facts.gpus if scope is None or g.index in scope]
     now = _gpu_snapshot(facts)
     temps = [t for g in gpus for t in (now[str(g.index)]["temperature_c"],
                                          then.get(str(g.index), {}).get("temperature_c")) if t is not None]
+    seen = CLOCKS_EVENT_HW_THROTTLE | CLOCKS_EVENT_SW_THERMAL
     throttle = sorted({name for g in gpus if g.clocks_event_reasons
-                       for name in reason_names(g.clocks_event_reasons & (HW_THROTTLE | CLOCKS_EVENT_SW_THERMAL))})
+                       for name in clocks_event_names(g.clocks_event_reasons & seen)})
     deltas: dict[str, dict[str, int | None]] = {}
     for g in gpus:
         a, b = now[str(g.index)], then.get(str(g.index), {})
@@ -510,46 +499,3 @@ def job_summary(job: JobContext, facts: NodeFacts, before: dict[str, Any] | None
         "verdict": verdict.severity.name,
     }
 
-
-def find_device_holders(devices: Mapping[str, int], proc_root: str = "/proc", *, uid: int | None = None,
-                        ignore: Iterable[str] = ()) -> list[dict[str, Any]]:
-    """Processes (other than this one) with one of these device files open; only those of
-    ``uid`` when given, and none whose command line contains an ``ignore`` entry."""
-    me = os.getpid()
-    ignore = [i for i in ignore if i]
-    found = []
-    try:
-        pids = [int(p) for p in os.listdir(proc_root) if p.isdigit()]
-    except OSError:
-        return []
-    for pid in pids:
-        if pid == me:
-            continue
-        fd_dir = f"{proc_root}/{pid}/fd"
-        try:
-            targets = {os.readlink(f"{fd_dir}/{fd}") for fd in os.listdir(fd_dir)}
-        except OSError:
-            continue  # gone, or not ours to look at
-        held = sorted(devices[t] for t in targets if t in devices)
-        if not held or (uid is not None and _owner(proc_root, pid) != uid):
-            continue
-        command = _command(proc_root, pid)
-        if any(pattern in command for pattern in ignore):
-            continue
-        found.append({"pid": pid, "gpus": held, "command": command})
-    return found
-
-
-def _owner(proc_root: str, pid: int) -> int | None:
-    try:
-        return os.stat(f"{proc_root}/{pid}").st_uid
-    except OSError:
-        return None
-
-
-def _command(proc_root: str, pid: int) -> str:
-    try:
-        raw = Path(f"{proc_root}/{pid}/cmdline").read_bytes()
-    except OSError:
-        return "?"
-    return raw.replace(b"\0", b" ").decode("utf-8", "replace").strip()[:200]

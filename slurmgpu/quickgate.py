@@ -17,47 +17,53 @@ install problem never drains its nodes.
 Socket: ``$SLURMGPU_AGENT_SOCKET``, else ``[agent] socket`` of the config file
 (``--config``, ``$SLURMGPU_CONFIG`` or /etc/slurmgpu/slurmgpu.toml, read only when it
 exists), else /run/slurmgpu/agent.sock. The agent must accept within
-``$SLURMGPU_AGENT_TIMEOUT`` / ``[agent] query_timeout_s`` (default 0.5 s).
+``$SLURMGPU_AGENT_TIMEOUT`` / ``[agent] query_timeout_s`` (default 0.5 s). The protocol
+is ``slurmgpu/localproto.py`` (shared with the agent), loaded from beside this file.
 
-Keep this module to the standard library: it runs once per job, and every import
-costs start-up time (tests check it).
+Keep this module (and localproto) to the standard library: it runs once per job, and
+every import costs start-up time (tests check it).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import socket
-import struct
 import sys
-import time
 
 TYPE_CHECKING = False  # typing costs ~3 ms of start-up; only type checkers need it
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
 
-DEFAULT_SOCKET = "/run/slurmgpu/agent.sock"
 DEFAULT_CONFIG = "/etc/slurmgpu/slurmgpu.toml"
-DEFAULT_TIMEOUT_S = 0.5
-SOCKET_ENV = "SLURMGPU_AGENT_SOCKET"
-TIMEOUT_ENV = "SLURMGPU_AGENT_TIMEOUT"
 CONFIG_ENV = "SLURMGPU_CONFIG"
 BIN_ENV = "SLURMGPU_BIN"
 PHASES = ("prolog", "epilog", "healthcheck")
-#: Extra wait past the agent's own bound (from its ack) for the decision to arrive.
-ACK_MARGIN_S = 1.0
-ENV_PREFIXES = ("SLURM", "SLURMGPU")
-ENV_NAMES = ("CUDA_VISIBLE_DEVICES",)
+#: The socket protocol, shared with the agent: slurmgpu/localproto.py, beside this file.
+PROTOCOL_FILE = "localproto.py"
+_protocol: Any = None
 
 
-class AgentUnavailable(Exception):
-    """The agent did not give a usable answer; the caller takes the full path."""
+def protocol() -> Any:
+    """``slurmgpu.localproto``: imported when this module is (``python -m``, the console
+    script); else loaded by path from this file's directory, symlinks resolved (``python
+    -I -S quickgate.py``, /usr/libexec/slurmgpu/slurmgpu-quickgate: no slurmgpu on
+    sys.path). Standard library only, like this module."""
+    global _protocol
+    if _protocol is None:
+        if __package__:
+            import importlib
 
+            _protocol = importlib.import_module(__package__ + ".localproto")
+        else:
+            from importlib.machinery import SourceFileLoader
 
-def job_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """The variables the agent's gate reads: SLURM*, SLURMGPU*, CUDA_VISIBLE_DEVICES."""
-    return {k: v for k, v in environ.items() if k in ENV_NAMES or k.startswith(ENV_PREFIXES)}
+            path = os.path.join(os.path.dirname(os.path.realpath(__file__)), PROTOCOL_FILE)
+            module = type(sys)("slurmgpu_localproto")
+            module.__file__ = path
+            SourceFileLoader(module.__name__, path).exec_module(module)
+            _protocol = module
+    return _protocol
 
 
 def config_file(args: Sequence[str], environ: Mapping[str, str]) -> str:
@@ -93,85 +99,14 @@ def _table(config: Mapping[str, Any], name: str) -> Mapping[str, Any]:
 
 
 def agent_endpoint(args: Sequence[str], environ: Mapping[str, str]) -> tuple[str, float]:
-    """(socket path, query timeout)."""
-    path = environ.get(SOCKET_ENV)
-    timeout_text = environ.get(TIMEOUT_ENV)
+    """(socket path, query timeout): the environment, else ``[agent]`` of the config file
+    (read only when the environment does not say both)."""
+    proto = protocol()
     agent: Mapping[str, Any] = {}
-    if not path or not timeout_text:
+    if not environ.get(proto.SOCKET_ENV) or not environ.get(proto.TIMEOUT_ENV):
         agent = _table(read_config(config_file(args, environ)), "agent")
-    if not path:
-        path = agent.get("socket") if isinstance(agent.get("socket"), str) else DEFAULT_SOCKET
-    timeout = DEFAULT_TIMEOUT_S
-    try:
-        if timeout_text:
-            timeout = float(timeout_text)
-        elif isinstance(agent.get("query_timeout_s"), (int, float)):
-            timeout = float(agent["query_timeout_s"])
-    except ValueError:
-        pass
-    return str(path), timeout if timeout > 0 else DEFAULT_TIMEOUT_S
-
-
-def ask_agent(path: str, request: Mapping[str, Any], timeout: float) -> dict[str, Any]:
-    """Send one request line, return the reply object. With ``"ack": true`` the agent
-    must accept within ``timeout`` and then decide within the bound its ack names."""
-    deadline = time.monotonic() + timeout
-    buf = b""
-
-    def read_line(until: float) -> dict[str, Any]:
-        nonlocal buf
-        while b"\n" not in buf:
-            left = until - time.monotonic()
-            if left <= 0:
-                raise AgentUnavailable("timed out")
-            sock.settimeout(left)
-            chunk = sock.recv(65536)
-            if not chunk:
-                raise AgentUnavailable("connection closed")
-            buf += chunk
-        line, buf = buf.split(b"\n", 1)
-        try:
-            reply = json.loads(line)
-        except ValueError as exc:
-            raise AgentUnavailable(f"bad reply: {exc}") from None
-        if not isinstance(reply, dict):
-            raise AgentUnavailable("bad reply: not an object")
-        return reply
-
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(timeout)
-            sock.connect(path)
-            check_peer(sock)
-            sock.sendall(json.dumps(request).encode() + b"\n")
-            reply = read_line(deadline)
-            if reply.get("ack") is True:
-                wait = reply.get("wait_s")
-                wait = float(wait) if isinstance(wait, (int, float)) else 0.0
-                reply = read_line(time.monotonic() + wait + ACK_MARGIN_S)
-    except OSError as exc:  # no socket, refused, permission, timeout
-        raise AgentUnavailable(str(exc)) from None
-    return reply
-
-
-def check_peer(sock: socket.socket) -> None:
-    """Only the agent (root, or this hook's own user) may answer: whoever else created a
-    socket at that path would decide whether jobs run (SO_PEERCRED: pid, uid, gid)."""
-    _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                          struct.calcsize("3i")))
-    if uid not in (0, os.geteuid()):
-        raise AgentUnavailable(f"the socket's server runs as uid {uid}, not root: not the agent")
-
-
-def decision(reply: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
-    """(exit code, record) of a prolog/epilog reply; AgentUnavailable when it has none."""
-    code = reply.get("exit")
-    if reply.get("ok") is not True or not isinstance(code, int) or isinstance(code, bool):
-        raise AgentUnavailable(f"agent said: {reply.get('error') or 'no decision'}")
-    record = reply.get("record")
-    out = dict(record) if isinstance(record, dict) else {"exit": code}
-    out.setdefault("path", "agent")
-    return code, out
+    return (proto.socket_path(environ, agent.get("socket")),
+            proto.query_timeout(environ, agent.get("query_timeout_s")))
 
 
 #: The full path's exit code when the interpreter cannot even import slurmgpu (see
@@ -291,15 +226,21 @@ def cannot_run(phase: str, args: Sequence[str], environ: Mapping[str, str], erro
 
 
 def gate(phase: str, args: Sequence[str], environ: Mapping[str, str]) -> int:
-    path, timeout = agent_endpoint(args, environ)
-    request = {"op": phase, "env": job_environment(environ), "ack": True}
     try:
-        code, record = decision(ask_agent(path, request, timeout))
-    except AgentUnavailable:
-        result = run_full_path(phase, args, environ)
-        return result if isinstance(result, int) else cannot_run(phase, args, environ, result)
-    sys.stderr.write(json.dumps(record, default=str) + "\n")
-    return code
+        proto = protocol()
+    except Exception:  # no localproto.py beside this file (a broken install): the full path
+        proto = None
+    if proto is not None:
+        path, timeout = agent_endpoint(args, environ)
+        try:
+            code, record = proto.hook_decision(proto.ask(path, proto.hook_request(phase, environ), timeout))
+        except proto.AgentUnavailable:
+            pass
+        else:
+            sys.stderr.write(json.dumps(record, default=str) + "\n")
+            return code
+    result = run_full_path(phase, args, environ)
+    return result if isinstance(result, int) else cannot_run(phase, args, environ, result)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

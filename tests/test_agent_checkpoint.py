@@ -27,7 +27,7 @@ from slurmgpu.agent.core import COALESCE_S, load_client_keys
 from slurmgpu.agent.link import Link
 from slurmgpu.agent.spool import Spool
 from slurmgpu.config.schema import Settings
-from slurmgpu.engine import Sources
+from slurmgpu.engine import Sources, source_facts
 from slurmgpu.gate import Gate
 from slurmgpu.testing import (
     FakeClock,
@@ -527,7 +527,7 @@ def test_prolog_makes_the_job_dir_and_epilog_removes_it(tmp_path: Path) -> None:
     src = Sources(FakeNvmlSource(facts.nvml), FakeIbSource(facts.ib),
                   FakeVersionSource(facts.versions), FakeClock(now=time.time()))
     client = FakeSlurmClient(["gpu-n1"])
-    gate = Gate(settings, env, lambda: client, src, exit=lambda code: None)
+    gate = Gate(settings, env, lambda: client, source_facts(src, settings, env), exit=lambda code: None)
     assert gate.prolog() == 0
     st = (jobs / "42").stat()
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (NOBODY.pw_uid, NOBODY.pw_gid, 0o700)
@@ -542,7 +542,7 @@ def test_prolog_makes_the_job_dir_and_epilog_removes_it(tmp_path: Path) -> None:
     refused.gpus[3].remapped_rows.failure = True
     src = Sources(FakeNvmlSource(refused.nvml), FakeIbSource(refused.ib),
                   FakeVersionSource(refused.versions), FakeClock(now=time.time()))
-    gate = Gate(settings, env, lambda: client, src, exit=lambda code: None)
+    gate = Gate(settings, env, lambda: client, source_facts(src, settings, env), exit=lambda code: None)
     assert gate.prolog() == 1
     assert not (jobs / "42").exists()  # the job does not run here: no directory
 
@@ -556,7 +556,8 @@ def test_job_dir_failure_never_fails_the_prolog(tmp_path: Path) -> None:
     facts = make_facts("gpu-n1")
     src = Sources(FakeNvmlSource(facts.nvml), FakeIbSource(facts.ib),
                   FakeVersionSource(facts.versions), FakeClock(now=time.time()))
-    gate = Gate(settings, env, lambda: FakeSlurmClient(["gpu-n1"]), src, exit=lambda code: None)
+    gate = Gate(settings, env, lambda: FakeSlurmClient(["gpu-n1"]), source_facts(src, settings, env),
+                exit=lambda code: None)
     assert gate.prolog() == 0
     assert gate.epilog() == 0
 
@@ -633,7 +634,7 @@ def test_agent_process_checkpoint_roundtrip_and_local_fallback(tmp_path: Path, f
 def test_warm_path_forwards_the_job_owner() -> None:
     """The quick client and the agent's socket pass SLURM_JOB_UID/GID/USER to the Gate."""
     from slurmgpu.agent.local import job_env
-    from slurmgpu.quickgate import job_environment
+    from slurmgpu.localproto import job_environment
 
     env = {"SLURM_JOB_ID": "1", "SLURM_JOB_UID": "1000", "SLURM_JOB_GID": "100",
            "SLURM_JOB_USER": "alice", "HOME": "/root"}

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from slurmgpu.config.hosts import hostlist_size_bound
 from slurmgpu.config.load import (
     MAX_CONFIG_BYTES,
     MAX_HOSTLIST_NODES,
     NumericSetting,
-    _hostlist_size_bound,
     load_config,
     numeric_settings,
     parse_config,
@@ -290,7 +290,7 @@ def test_hostlist_at_the_limit_is_accepted(nodes: str) -> None:
 def test_size_bound_is_an_upper_bound(nodes: str) -> None:
     from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet
 
-    assert _hostlist_size_bound(nodes) >= len(NodeSet(nodes, resolver=RESOLVER_NOGROUP))
+    assert hostlist_size_bound(nodes) >= len(NodeSet(nodes, resolver=RESOLVER_NOGROUP))
 
 
 # --------------------------------------------------------------------------- docs

@@ -3,6 +3,7 @@ tests/test_slurm_integration.py runs the same hooks on the real mini-cluster).""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -15,12 +16,13 @@ import pytest
 
 from slurmgpu.actions import Actions, drain_reason
 from slurmgpu.config.schema import Settings
-from slurmgpu.engine import Sources
+from slurmgpu.engine import Sources, source_facts
 from slurmgpu.facts import NodeFacts, NvmlFacts
-from slurmgpu.gate import Gate, find_device_holders, job_context, parse_gpu_indices
+from slurmgpu.gate import Gate, job_context, parse_gpu_indices
 from slurmgpu.result import Finding, Severity
 from slurmgpu.slurm import NodeState, SlurmUnreachable
 from slurmgpu.sources import kmsg
+from slurmgpu.sources.procs import find_device_holders
 from slurmgpu.testing import (
     FakeClock,
     FakeIbSource,
@@ -49,8 +51,8 @@ def make_gate(tmp_path: Path, facts: NodeFacts | None = None, *, env: dict[str, 
     settings = settings or Settings()
     settings.gpu.count = 8
     exits: list[int] = []
-    gate = Gate(settings, environ, lambda: client, src or sources(facts or make_facts(NODE)),
-                exit=exits.append)
+    gate = Gate(settings, environ, lambda: client,
+                source_facts(src or sources(facts or make_facts(NODE)), settings, environ), exit=exits.append)
     gate.exits = exits  # type: ignore[attr-defined]
     return gate, client
 
@@ -267,6 +269,42 @@ def test_epilog_finds_and_kills_stray_processes(tmp_path: Path) -> None:
         assert holder.wait(timeout=10) == -9
     finally:
         holder.kill()
+
+
+class RecordingFacts:
+    """A FactsProvider (slurmgpu.engine) that says what the gate asked of it."""
+
+    def __init__(self, facts: NodeFacts) -> None:
+        self.facts = facts
+        self.calls: list[tuple[frozenset[int] | None, float | None]] = []
+        self.holder_calls: list[tuple[dict[str, int], int | None]] = []
+
+    def __call__(self, gpus: frozenset[int] | None, *, xids_since: float | None = None,
+                 progress: Any = None) -> NodeFacts:
+        self.calls.append((gpus, xids_since))
+        return copy.deepcopy(self.facts)
+
+    def holders(self, devices: Any, *, uid: int | None, ignore: Any) -> list[dict[str, Any]]:
+        self.holder_calls.append((dict(devices), uid))
+        return [{"pid": 4242, "gpus": [3], "command": "python train.py"}]
+
+
+def test_the_gate_takes_every_fact_from_its_provider(tmp_path: Path) -> None:
+    """The job's GPUs for the prolog; every GPU with the kernel log since the job started
+    for the epilog; the holders of the job's device files for its strays."""
+    facts = make_facts(NODE)
+    provider = RecordingFacts(facts)
+    settings = Settings()
+    settings.gpu.count = 8
+    env = {"SLURMD_NODENAME": NODE, "SLURM_JOB_ID": "42", "SLURM_JOB_GPUS": "2,3", "SLURM_JOB_UID": "1000",
+           "SLURMGPU_STATE_DIR": str(tmp_path / "state"), "SLURMGPU_DEVICE_PATTERN": "/dev/x{index}"}
+    gate = Gate(settings, env, lambda: FakeSlurmClient([NODE]), provider, exit=lambda code: None)
+    assert gate.prolog() == 0 and gate.epilog() == 0
+    assert provider.calls == [(frozenset({2, 3}), None), (None, facts.collected_at)]
+    assert provider.holder_calls == [({"/dev/x2": 2, "/dev/x3": 3}, 1000)]
+    [summary] = records(tmp_path, "job-summaries.jsonl")
+    assert [p["pid"] for p in summary["strays"]] == [4242]
+    assert gate.healthcheck() == 0 and provider.calls[-1] == (None, None)
 
 
 # healthcheck and actions

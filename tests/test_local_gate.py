@@ -1,8 +1,10 @@
 """The warm hook path: the agent's local socket (slurmgpu.agent.local) and the
-stdlib-only client (slurmgpu.quickgate) with its fallback to the full path."""
+stdlib-only client (slurmgpu.quickgate) with its fallback to the full path; both speak
+slurmgpu.localproto."""
 
 from __future__ import annotations
 
+import ast
 import copy
 import json
 import os
@@ -20,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from slurmgpu import localproto
 from slurmgpu.agent.local import (
     LocalService,
     allowed_uids,
@@ -70,18 +73,14 @@ class Served:
     tmp: Path
 
     def ask(self, request: Any) -> dict[str, Any]:
-        raw = request if isinstance(request, bytes) else json.dumps(request).encode() + b"\n"
+        """One request (an object, or raw bytes: garbage too), its reply object."""
+        if not isinstance(request, bytes):
+            return localproto.ask(self.path, request, 5.0)
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(5)
             sock.connect(self.path)
-            sock.sendall(raw)
-            data = b""
-            while not data.endswith(b"\n"):
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-        return json.loads(data.splitlines()[-1])
+            sock.sendall(request)
+            reply: dict[str, Any] = localproto.decode(localproto.LineReader(sock).read(time.monotonic() + 5))
+        return reply
 
     def env(self, **extra: str) -> dict[str, str]:
         """A hook's environment (slurmd gives no PATH; keep it for the interpreter)."""
@@ -369,7 +368,8 @@ def test_quickgate_imports_only_the_standard_library(served: Served) -> None:
     assert out["code"] == 0, proc.stderr
     modules = out["modules"]
     assert not [m for m in modules if m.split(".")[0] in BANNED]
-    assert [m for m in modules if m.startswith("slurmgpu")] == ["slurmgpu", "slurmgpu.quickgate"]
+    assert [m for m in modules if m.startswith("slurmgpu")] == ["slurmgpu", "slurmgpu.localproto",
+                                                                 "slurmgpu.quickgate"]
     stdlib = set(sys.stdlib_module_names)
     startup = set(json.loads(subprocess.run(
         [sys.executable, "-c", "import sys, json; print(json.dumps(list(sys.modules)))"],
@@ -448,8 +448,6 @@ def test_quickgate_refuses_an_answer_from_a_non_root_server(tmp_path: Path, shor
     """Whoever can create a socket at the agent's path must not decide whether jobs run:
     quickgate checks the server's uid (SO_PEERCRED: the uid that created it) and otherwise
     takes the full path."""
-    from slurmgpu import quickgate as qg
-
     if os.geteuid() != 0:
         pytest.skip("needs root to run the impostor as another user")
     short_dir.chmod(0o777)
@@ -471,9 +469,74 @@ def test_quickgate_refuses_an_answer_from_a_non_root_server(tmp_path: Path, shor
     try:
         os.close(ready_w)
         assert os.read(ready_r, 1) == b"1"
-        with pytest.raises(qg.AgentUnavailable, match="not root"):
-            qg.ask_agent(path, {"op": "prolog"}, 2.0)
+        with pytest.raises(localproto.AgentUnavailable, match="not root"):
+            localproto.ask(path, {"op": "prolog"}, 2.0)
     finally:
         os.close(ready_r)
         os.kill(child, 9)
         os.waitpid(child, 0)
+
+
+# ------------------------------------------------------------ one protocol module
+
+#: Who speaks the local socket protocol; each through slurmgpu/localproto.py only.
+PROTOCOL_USERS = ("slurmgpu/quickgate.py", "slurmgpu/agent/local.py", "slurmgpu/sim/cluster/procs.py",
+                  "slurmgpu/doctor/local.py")
+#: What writing the protocol again would take: reading lines off the socket, asking for the
+#: peer's credentials; defining the socket's default path, variables, bounds.
+SOCKET_CALLS = {"recv", "recv_into", "makefile", "getsockopt", "SO_PEERCRED"}
+PROTOCOL_NAMES = {"DEFAULT_SOCKET", "SOCKET_ENV", "TIMEOUT_ENV", "ENV_PREFIXES", "ENV_NAMES",
+                  "MAX_REQUEST_BYTES", "READ_TIMEOUT_S", "ACK_MARGIN_S"}
+
+
+def test_quickgate_the_agent_and_the_simulator_share_one_protocol_module() -> None:
+    for name in PROTOCOL_USERS:
+        tree = ast.parse((REPO / name).read_text())
+        used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        defined = {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) for t in n.targets
+                   if isinstance(t, ast.Name)}
+        own = sorted(used & SOCKET_CALLS | defined & PROTOCOL_NAMES)
+        assert own == [], f"{name} speaks the socket protocol itself: {own}"
+        imports = {(n.module, a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+        if name == "slurmgpu/quickgate.py":  # a bare file: it loads the module beside it by path
+            assert ("importlib.machinery", "SourceFileLoader") in imports
+            assert any(isinstance(n, ast.Constant) and n.value == "localproto.py" for n in ast.walk(tree))
+        else:
+            assert any(m == "slurmgpu.localproto" or (m, a) == ("slurmgpu", "localproto") for m, a in imports), name
+    from slurmgpu import quickgate
+
+    assert quickgate.protocol() is localproto  # imported from the package: the same module
+
+
+def copy_quick_client(directory: Path, *, with_protocol: bool) -> Path:
+    """The quick client as a package may install it: a copy named slurmgpu-quickgate,
+    the protocol module beside it (or, a broken install, not)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    client = directory / "slurmgpu-quickgate"
+    shutil.copy(REPO / "slurmgpu" / "quickgate.py", client)
+    if with_protocol:
+        shutil.copy(REPO / "slurmgpu" / "localproto.py", directory / "localproto.py")
+    return client
+
+
+def test_quickgate_runs_from_a_copy_beside_the_protocol(served: Served, tmp_path: Path) -> None:
+    """`python -I -S <dir>/slurmgpu-quickgate` with only localproto.py beside it: no slurmgpu
+    package anywhere, and the agent answers."""
+    client = copy_quick_client(tmp_path / "libexec", with_protocol=True)
+    env = served.env()
+    del env["PYTHONPATH"]
+    proc = subprocess.run([sys.executable, "-I", "-S", str(client), "prolog"], env=env, capture_output=True,
+                          text=True, timeout=30, check=False, cwd="/")
+    assert proc.returncode == 0 and '"path": "agent"' in proc.stderr, proc.stderr
+    assert served.agent.calls  # the agent decided
+
+
+def test_quickgate_without_its_protocol_takes_the_full_path(served: Served, tmp_path: Path) -> None:
+    """A broken install (no localproto.py beside the quick client) is no agent: the full
+    path decides, as when the agent is down."""
+    client = copy_quick_client(tmp_path / "libexec", with_protocol=False)
+    bin_, marker = fake_bin(served.tmp, code=4)
+    proc = subprocess.run([sys.executable, "-I", "-S", str(client), "epilog"], env=served.env(SLURMGPU_BIN=bin_),
+                          capture_output=True, text=True, timeout=30, check=False, cwd="/")
+    assert proc.returncode == 4 and marker.read_text().strip() == "epilog", proc.stderr
+    assert served.agent.calls == []

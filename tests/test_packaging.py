@@ -190,6 +190,23 @@ def test_what_the_wrappers_run_beside_them_is_installed() -> None:
             assert name in installed, f"{path.relative_to(REPO)} runs {name} from its own directory"
 
 
+def test_the_quick_client_has_its_protocol_module_beside_it() -> None:
+    """slurmgpu-quickgate (a bare file: ``python -I -S``) loads slurmgpu/localproto.py from
+    the directory its path resolves to. Both packages install it as a symlink to the
+    installed module, so the module's package directory holds the protocol: a module of
+    the package (installed with it), never a copy in the hook directory."""
+    from slurmgpu import quickgate
+
+    protocol = REPO / "slurmgpu" / quickgate.PROTOCOL_FILE
+    assert protocol.is_file() and "slurmgpu*" in pyproject()["tool"]["setuptools"]["packages"]["find"]["include"]
+    for name, path in repo_wrappers().items():
+        if name == "slurmgpu-quickgate":
+            assert path.is_symlink() and path.resolve().with_name(protocol.name) == protocol, path
+    assert deb_hookdir()["slurmgpu-quickgate"] == f"{SITE}/slurmgpu/quickgate.py"
+    assert re.search(r"^ln -sr \S*/%\{name\}/quickgate\.py %\{buildroot\}%\{hookdir\}/slurmgpu-quickgate$",
+                     spec_install_section(), re.M)
+
+
 def test_slurm_conf_example_names_installed_paths() -> None:
     text = (REPO / "etc" / "slurm.conf.example").read_text()
     paths = re.findall(r"^\s*(?:Prolog|Epilog|HealthCheckProgram|TaskProlog)\s*=\s*(\S+)", text, re.M)

@@ -24,7 +24,7 @@ from slurmgpu.cli import cli
 from slurmgpu.collector.policy import Automation
 from slurmgpu.collector.store import Store
 from slurmgpu.config.schema import AutomationSettings, Settings
-from slurmgpu.engine import Sources
+from slurmgpu.engine import Sources, source_facts
 from slurmgpu.facts import NodeFacts
 from slurmgpu.gate import Gate
 from slurmgpu.report.model import report_from_path
@@ -74,6 +74,13 @@ def _hook_env(tmp_path: Path, job: str) -> dict[str, str]:
             "SLURMGPU_KMSG": str(tmp_path / "kmsg"), "SLURMGPU_JOBS_DIR": str(tmp_path / "jobs")}
 
 
+def _bad_gate(tmp_path: Path, job: str, client: FakeSlurmClient) -> Gate:
+    """The full path's gate (slurmgpu prolog/epilog) on a node with a lost GPU."""
+    settings, env = _settings(tmp_path), _hook_env(tmp_path, job)
+    return Gate(settings, env, lambda: client, source_facts(_sources(_bad_facts()), settings, env),
+                exit=lambda code: None)
+
+
 def _deliver(agent: Agent, store: Store) -> list[wire.Envelope]:
     """What the link and the collector do with the spooled messages: decode, store."""
     assert agent.spool is not None
@@ -114,8 +121,7 @@ def test_full_path_prolog_refusal_reaches_the_report(tmp_path: Path) -> None:
     agent = _agent(tmp_path, make_facts(NODE))
     assert agent.forward_gate_log() == 0  # no gate.jsonl yet: read it from its start
     client = FakeSlurmClient([NODE])
-    gate = Gate(_settings(tmp_path), _hook_env(tmp_path, "777"), lambda: client,
-                _sources(_bad_facts()), exit=lambda code: None)
+    gate = _bad_gate(tmp_path, "777", client)
     assert gate.prolog() == 1
     record = gate.records[-1]
     assert (record["action"], record["exit"]) == ("drained", 1) and "path" not in record
@@ -242,8 +248,7 @@ def test_epilog_drain_near_an_automation_decision_is_the_epilogs(tmp_path: Path,
     client.resume(NODE)  # an operator: scontrol update state=resume
     store.record_slurm_states(client.nodes(), t + 30)
 
-    gate = Gate(_settings(tmp_path), _hook_env(tmp_path, "42"), lambda: client,
-                _sources(_bad_facts()), exit=lambda code: None)
+    gate = _bad_gate(tmp_path, "42", client)
     assert gate.epilog() == 0
     epilog_reason = client.states[NODE].reason
     _stamp(client, NODE, t + 60)

@@ -18,7 +18,6 @@ MAX_FUNCTION_LINES = 80
 # Modules outside sim/ that were over MAX_LINES when the limit came: each is held at the
 # size it had then (split one and drop it from here).
 OVERSIZED = {
-    "config/load.py": 824,
     "collector/server.py": 812,
 }
 OLD_PATHS = ("simcluster.py", "simfleet.py", "report/seed.py", "demo.py")

@@ -1,9 +1,10 @@
 """The agent's local query socket: the warm prolog/epilog path.
 
-A Unix-domain stream socket (default ``/run/slurmgpu/agent.sock``, mode 0600). Only
-uid 0, the uid of ``[agent] slurm_user`` and the agent's own uid may ask; the peer
-is identified with ``SO_PEERCRED``. Protocol: one JSON request line, one JSON
-response line (UTF-8, newline-terminated):
+A Unix-domain stream socket (``[agent] socket``, default ``/run/slurmgpu/agent.sock``,
+mode 0600). Only uid 0, the uid of ``[agent] slurm_user`` and the agent's own uid may
+ask; the peer is identified with ``SO_PEERCRED``. The protocol (``slurmgpu.localproto``,
+shared with the hooks' client): one JSON request line, one JSON response line (UTF-8,
+newline-terminated):
 
 ``{"op": "status"}``
     -> ``{"ok": true, "node": ..., "verdict": "OK"|..|null, "problems": [...],
@@ -15,7 +16,8 @@ response line (UTF-8, newline-terminated):
     -> ``{"ok": true, "exit": <hook exit code>, "record": <last gate record>,
     "records": [every record of this run]}``. The decision is ``slurmgpu.gate.Gate``,
     the same code as ``slurmgpu prolog``, fed from the agent's cached facts
-    (``Agent.facts_for``) instead of NVML/sysfs; its records carry ``"path": "agent"``.
+    (``CachedFacts``: ``Agent.facts_for``) instead of NVML/sysfs; its records carry
+    ``"path": "agent"``.
     With ``"ack": true`` in the request the agent first sends ``{"ack": true,
     "wait_s": <the longest it may take>}`` once the request is accepted, so a client can
     give up quickly on a hung agent yet wait for a slow drain of a live one.
@@ -26,35 +28,38 @@ Anything else (bad JSON, unknown op, a disallowed peer) -> ``{"ok": false, "erro
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import pwd
 import socket
 import socketserver
 import stat
-import struct
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 from slurmgpu.config.schema import Settings
-from slurmgpu.engine import Sources, evaluate
-from slurmgpu.facts import IbFacts, NodeFacts, NvmlFacts, SoftwareVersions
+from slurmgpu.engine import Progress, add_kernel_xids, evaluate
+from slurmgpu.facts import NodeFacts
 from slurmgpu.gate import EXIT_OK, EXIT_REFUSE, Gate
+from slurmgpu.localproto import (
+    ack_reply,
+    agent_paths,
+    allowed_uids,
+    encode,
+    error_reply,
+    hook_reply,
+    job_env,
+    peer_allowed,
+    peer_credentials,
+    read_request,
+    uid_of,
+)
 from slurmgpu.result import Verdict
 from slurmgpu.slurm import SlurmClient
-from slurmgpu.sources import SystemClock
+from slurmgpu.sources import kmsg, procs
 
-MAX_REQUEST_BYTES = 256 * 1024
-READ_TIMEOUT_S = 5.0
 POLL_S = 0.2
-#: Job variables a hook may pass (the same filter as ``slurmgpu.quickgate``).
-ENV_PREFIXES = ("SLURM", "SLURMGPU")
-OWN_PREFIX = "SLURMGPU_"
-ENV_NAMES = frozenset({"CUDA_VISIBLE_DEVICES"})
-_PEERCRED = struct.Struct("3i")
 
 ClientFactory = Callable[[Mapping[str, str]], SlurmClient]
 
@@ -70,101 +75,34 @@ class AgentLike(Protocol):
     def facts_for(self, gpus: frozenset[int] | None, max_age_s: float) -> NodeFacts: ...
 
 
-# ------------------------------------------------------------------------ peers
+# ------------------------------------------------------------------------ facts
 
 
-def allowed_uids(slurm_user: str | None) -> frozenset[int]:
-    """uid 0, this process's uid, and the uid of ``slurm_user`` (when that user exists)."""
-    uids = {0, os.geteuid()}
-    slurm_uid = _uid_of(slurm_user)
-    if slurm_uid is not None:
-        uids.add(slurm_uid)
-    return frozenset(uids)
+class CachedFacts:
+    """The warm path's ``FactsProvider`` (``slurmgpu.engine``): the agent's cached facts
+    (``facts_for``: the GPUs asked for, re-read only when older than ``max_age_s``), so no
+    NVML, sysfs or ctypes work when they are fresh. The kernel log and /proc are read as
+    on the cold path."""
 
-
-def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
-    """(pid, uid, gid) of the process at the other end of a Unix socket."""
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-    pid, uid, gid = _PEERCRED.unpack(raw)
-    return pid, uid, gid
-
-
-def peer_allowed(uid: int, allowed: frozenset[int]) -> bool:
-    return uid in allowed
-
-
-def job_env(raw: Any) -> dict[str, str]:
-    """The job variables of a request, filtered to the names a hook may pass. SLURMGPU_*
-    variables (state and jobs directories, kernel log, device pattern, ...) are never taken
-    from a socket client: this root process writes and chowns where they point. The
-    agent's own environment supplies them (``agent_paths``)."""
-    if not isinstance(raw, dict):
-        raise ValueError("'env' must be an object of strings")
-    env = {}
-    for key, value in raw.items():
-        if not isinstance(key, str) or not isinstance(value, str):
-            raise ValueError("'env' must be an object of strings")
-        if (key in ENV_NAMES or key.startswith(ENV_PREFIXES)) and not key.startswith(OWN_PREFIX):
-            env[key] = value
-    return env
-
-
-def agent_paths(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """This agent's own SLURMGPU_* settings, which a request's gate runs with."""
-    return {k: v for k, v in environ.items() if k.startswith(OWN_PREFIX)}
-
-
-# ---------------------------------------------------------------------- sources
-
-
-class _Snapshot:
-    """One gate run's view of the agent's facts: NVML from ``facts_for`` (fresh enough,
-    just the job's GPUs), IB and software versions from the same snapshot."""
-
-    def __init__(self, agent: AgentLike, max_age_s: float) -> None:
+    def __init__(self, agent: AgentLike, kernel_log: str, max_age_s: float | None = None) -> None:
         self.agent = agent
-        self.max_age_s = max_age_s
-        self.facts: NodeFacts | None = None
+        self.kernel_log = kernel_log
+        self.max_age_s = agent.settings.agent.max_age_s if max_age_s is None else max_age_s
 
-    def nvml(self, gpus: frozenset[int] | None) -> NvmlFacts:
-        self.facts = self.agent.facts_for(gpus, self.max_age_s)
-        return self.facts.nvml
+    def __call__(self, gpus: frozenset[int] | None, *, xids_since: float | None = None,
+                 progress: Progress = lambda step: None) -> NodeFacts:
+        collected_at = time.time()
+        progress("gather:nvml")
+        cached = self.agent.facts_for(gpus, self.max_age_s)
+        facts = NodeFacts(node=self.agent.node, collected_at=collected_at, nvml=cached.nvml,
+                          ib=cached.ib, versions=cached.versions)
+        if xids_since is not None:
+            add_kernel_xids(facts, self.kernel_log, xids_since, progress)
+        return facts
 
-    def any_facts(self) -> NodeFacts:
-        if self.facts is None:
-            latest = self.agent.latest()
-            self.facts = latest[0] if latest else self.agent.facts_for(frozenset(), self.max_age_s)
-        return self.facts
-
-
-class _AgentNvml:
-    def __init__(self, snap: _Snapshot) -> None:
-        self.snap = snap
-
-    def collect(self, gpus: frozenset[int] | None = None) -> NvmlFacts:
-        return self.snap.nvml(gpus)
-
-
-class _AgentIb:
-    def __init__(self, snap: _Snapshot) -> None:
-        self.snap = snap
-
-    def collect(self) -> IbFacts:
-        return self.snap.any_facts().ib
-
-
-class _AgentVersions:
-    def __init__(self, snap: _Snapshot) -> None:
-        self.snap = snap
-
-    def collect(self) -> SoftwareVersions:
-        return self.snap.any_facts().versions
-
-
-def agent_sources(agent: AgentLike, max_age_s: float | None = None) -> Sources:
-    """Sources that answer from the agent's cache (no NVML, sysfs or ctypes work when fresh)."""
-    snap = _Snapshot(agent, agent.settings.agent.max_age_s if max_age_s is None else max_age_s)
-    return Sources(_AgentNvml(snap), _AgentIb(snap), _AgentVersions(snap), SystemClock())
+    def holders(self, devices: Mapping[str, int], *, uid: int | None,
+                ignore: Iterable[str]) -> list[dict[str, Any]]:
+        return procs.find_device_holders(devices, uid=uid, ignore=ignore)
 
 
 # ---------------------------------------------------------------------- requests
@@ -173,10 +111,6 @@ def agent_sources(agent: AgentLike, max_age_s: float | None = None) -> Sources:
 def _problems(verdict: Verdict) -> list[str]:
     return [f"{f.check}{'' if f.gpu is None else f' GPU {f.gpu}'}: {f.message}"
             for f in verdict.problems()]
-
-
-def _error(message: str) -> dict[str, Any]:
-    return {"ok": False, "error": message}
 
 
 def _default_client_factory(settings: Settings) -> ClientFactory:
@@ -195,15 +129,6 @@ class LocalService:
         self.agent = agent
         self.client_factory = client_factory or _default_client_factory(agent.settings)
 
-    def parse(self, line: bytes) -> dict[str, Any]:
-        try:
-            request = json.loads(line)
-        except ValueError as exc:
-            raise ValueError(f"bad request: not JSON ({exc})") from None
-        if not isinstance(request, dict) or not isinstance(request.get("op"), str):
-            raise ValueError("bad request: expected an object with an 'op'")
-        return request
-
     def handle(self, request: Mapping[str, Any],
                ack: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         op = request.get("op")
@@ -212,25 +137,28 @@ class LocalService:
         if op == "gate":
             return self.gate(request.get("gpus"))
         if op in ("prolog", "epilog"):
-            return self.hook(str(op), {**agent_paths(), **job_env(request.get("env", {}))}, ack)
+            return self.hook(str(op), {**agent_paths(os.environ), **job_env(request.get("env", {}))}, ack)
         if op == "healthcheck":
-            return self.healthcheck({**agent_paths(), **job_env(request.get("env", {}))}, ack)
-        return _error(f"unknown op {op!r} (status, gate, prolog, epilog, healthcheck)")
+            return self.healthcheck({**agent_paths(os.environ), **job_env(request.get("env", {}))}, ack)
+        return error_reply(f"unknown op {op!r} (status, gate, prolog, epilog, healthcheck)")
 
     def healthcheck(self, env: dict[str, str],
                     ack: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         """``Gate.healthcheck`` on the agent's facts (whole node; drains/resumes)."""
         node = env.setdefault("SLURMD_NODENAME", self.agent.node)
         if node != self.agent.node:
-            return _error(f"this agent serves {self.agent.node}, not {node}")
+            return error_reply(f"this agent serves {self.agent.node}, not {node}")
         settings = self.agent.settings
         if ack is not None:
-            ack({"ok": True, "ack": True, "wait_s": settings.slurm.command_timeout_s * 3 + 5})
-        gate = Gate(settings, env, lambda: self.client_factory(env), sources=agent_sources(self.agent),
+            ack(ack_reply(settings.slurm.command_timeout_s * 3 + 5))
+        gate = Gate(settings, env, lambda: self.client_factory(env), facts=self.cached_facts(env),
                     exit=lambda code: None, record_extra={"path": "agent"})
         code = gate.healthcheck()
-        records = list(gate.records)
-        return {"ok": True, "exit": code, "record": records[-1] if records else None, "records": records}
+        return hook_reply(code, list(gate.records))
+
+    def cached_facts(self, env: Mapping[str, str]) -> CachedFacts:
+        """The facts a gate run with ``env`` decides on (its kernel log: the agent's own)."""
+        return CachedFacts(self.agent, kmsg.log_path(self.agent.settings.paths.kmsg, env))
 
     def status(self) -> dict[str, Any]:
         latest = self.agent.latest()
@@ -264,12 +192,12 @@ class LocalService:
         settings = self.agent.settings
         node = env.setdefault("SLURMD_NODENAME", self.agent.node)
         if node != self.agent.node:
-            return _error(f"this agent serves {self.agent.node}, not {node}")
+            return error_reply(f"this agent serves {self.agent.node}, not {node}")
         cfg = getattr(settings, phase)
         # The watchdog answers after timeout_s; allow for its own (fail-closed) drain.
         bound = cfg.timeout_s + settings.slurm.command_timeout_s * 2 + 5
         if ack is not None:
-            ack({"ok": True, "ack": True, "wait_s": bound})
+            ack(ack_reply(bound))
         decided = threading.Event()
         lock = threading.Lock()
         outcome: dict[str, Any] = {}
@@ -282,9 +210,8 @@ class LocalService:
                     outcome["records"] = list(gate.records)
                     decided.set()
 
-        gate = Gate(settings, env, lambda: self.client_factory(env),
-                    sources=agent_sources(self.agent), exit=finish,
-                    record_extra={"path": "agent"})
+        gate = Gate(settings, env, lambda: self.client_factory(env), facts=self.cached_facts(env),
+                    exit=finish, record_extra={"path": "agent"})
 
         def run() -> None:
             try:
@@ -295,7 +222,7 @@ class LocalService:
 
         threading.Thread(target=run, name=f"slurmgpu-{phase}", daemon=True).start()
         if not decided.wait(bound):
-            return _error(f"{phase} did not decide in time")
+            return error_reply(f"{phase} did not decide in time")
         records = outcome["records"]
         record = records[-1] if records else None
         failed = getattr(self.agent, "bookkeeping_failed", None)
@@ -304,7 +231,7 @@ class LocalService:
         blocked = getattr(self.agent, "prolog_blocked", None)
         if phase == "prolog" and outcome["exit"] != 0 and blocked is not None:
             blocked(env.get("SLURM_JOB_ID"), record or {})  # for the fleet report
-        return {"ok": True, "exit": outcome["exit"], "record": record, "records": records}
+        return hook_reply(outcome["exit"], records)
 
 
 # ------------------------------------------------------------------------ server
@@ -318,41 +245,27 @@ class _Handler(socketserver.BaseRequestHandler):
         try:
             pid, uid, _gid = peer_credentials(sock)
         except OSError as exc:
-            self._send(_error(f"cannot identify the peer: {exc}"))
+            self._send(error_reply(f"cannot identify the peer: {exc}"))
             return
         if not peer_allowed(uid, self.server.allowed):
             _log().warning("local_query_refused", pid=pid, uid=uid, socket=self.server.path)
-            self._send(_error(f"uid {uid} may not query the agent"))
+            self._send(error_reply(f"uid {uid} may not query the agent"))
             return
         service = self.server.service
         try:
-            line = self._read_line()
-            request = service.parse(line)
+            request = read_request(sock)
             reply = service.handle(request, self._send if request.get("ack") else None)
         except (ValueError, TimeoutError) as exc:
-            reply = _error(str(exc))
+            reply = error_reply(str(exc))
         except Exception as exc:  # a bug answers an error (the client falls back)
             _log().error("local_query_failed", error=f"{type(exc).__name__}: {exc}")
-            reply = _error(f"internal error: {type(exc).__name__}: {exc}")
+            reply = error_reply(f"internal error: {type(exc).__name__}: {exc}")
         self._send(reply)
-
-    def _read_line(self) -> bytes:
-        sock: socket.socket = self.request
-        sock.settimeout(READ_TIMEOUT_S)
-        data = b""
-        while b"\n" not in data:
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-            if len(data) > MAX_REQUEST_BYTES:
-                raise ValueError("bad request: too long")
-        return data.split(b"\n", 1)[0]
 
     def _send(self, reply: dict[str, Any]) -> None:
         # OSError: the client gave up (and fell back); nothing to tell it.
         with contextlib.suppress(OSError):
-            self.request.sendall(json.dumps(reply, default=str).encode() + b"\n")
+            self.request.sendall(encode(reply))
 
 
 class _Server(socketserver.ThreadingUnixStreamServer):
@@ -400,7 +313,7 @@ def serve_local(agent: AgentLike, path: str, stop_event: threading.Event, *,
     inode = None
     try:
         os.chmod(path, 0o600)
-        slurm_uid = _uid_of(settings.agent.slurm_user)
+        slurm_uid = uid_of(settings.agent.slurm_user)
         if os.geteuid() == 0 and slurm_uid not in (None, 0):
             os.chown(path, slurm_uid, -1)  # 0600 yet connectable by the slurm user
         inode = os.stat(path).st_ino
@@ -417,15 +330,6 @@ def serve_local(agent: AgentLike, path: str, stop_event: threading.Event, *,
                 os.unlink(path)
         except OSError:
             pass
-
-
-def _uid_of(user: str | None) -> int | None:
-    if not user:
-        return None
-    try:
-        return pwd.getpwnam(user).pw_uid
-    except KeyError:
-        return None
 
 
 def _log() -> Any:

@@ -8,16 +8,12 @@ from collections.abc import Iterator
 from slurmgpu.checks.registry import CheckContext, check, problem
 from slurmgpu.facts import (
     CLOCKS_EVENT_GPU_IDLE,
-    CLOCKS_EVENT_HW_POWER_BRAKE,
-    CLOCKS_EVENT_HW_SLOWDOWN,
-    CLOCKS_EVENT_HW_THERMAL,
-    CLOCKS_EVENT_NAMES,
+    CLOCKS_EVENT_HW_THROTTLE,
     CLOCKS_EVENT_SW_THERMAL,
     GpuFacts,
+    clocks_event_names,
 )
 from slurmgpu.result import Finding, Severity
-
-HW_THROTTLE = CLOCKS_EVENT_HW_SLOWDOWN | CLOCKS_EVENT_HW_THERMAL | CLOCKS_EVENT_HW_POWER_BRAKE
 
 
 @check("thermal.temperature", severity=Severity.FAIL,
@@ -41,10 +37,6 @@ def _margin(ctx: CheckContext, gpu: GpuFacts, margin: int, text: str) -> Iterato
         yield problem(Severity.WARN, text, gpu=gpu.index, margin_c=margin)
 
 
-def reason_names(mask: int) -> list[str]:
-    return [name for bit, name in CLOCKS_EVENT_NAMES.items() if mask & bit]
-
-
 @check("thermal.throttle", severity=Severity.WARN, reads=("gpu.clocks_event_reasons",),
        summary="no active HW slowdown, HW/SW thermal slowdown or power brake (idle and SW power cap are normal)")
 def throttle(ctx: CheckContext) -> Iterator[Finding]:
@@ -53,8 +45,8 @@ def throttle(ctx: CheckContext) -> Iterator[Finding]:
         mask = gpu.clocks_event_reasons
         if mask is None:
             continue
-        if mask & HW_THROTTLE:
-            names = reason_names(mask & HW_THROTTLE)
+        if mask & CLOCKS_EVENT_HW_THROTTLE:
+            names = clocks_event_names(mask & CLOCKS_EVENT_HW_THROTTLE)
             yield problem(cfg.hw_throttle_severity, "clocks held down by " + ", ".join(names),
                           gpu=gpu.index, reasons=names, mask=mask)
         elif mask & CLOCKS_EVENT_SW_THERMAL:
@@ -62,9 +54,8 @@ def throttle(ctx: CheckContext) -> Iterator[Finding]:
                           gpu=gpu.index, reasons=["sw_thermal_slowdown"], mask=mask)
 
 
-# The HW slowdown family: HW slowdown is the umbrella bit; HW thermal and power brake
-# say why. SW power cap is normal under load and is not a brake.
-BRAKE = HW_THROTTLE
+# The HW slowdown family is a brake; SW power cap is normal under load and is not.
+BRAKE = CLOCKS_EVENT_HW_THROTTLE
 
 
 def _braked(gpu: GpuFacts, fraction: float) -> bool:
@@ -103,7 +94,7 @@ def clock_brake(ctx: CheckContext) -> Iterator[Finding]:
         idle = bool((gpu.clocks_event_reasons or 0) & CLOCKS_EVENT_GPU_IDLE)
         sustained = prev is not None and not idle and (
             _braked(prev, cfg.brake_fraction) or _throttled_s(gpu, prev) >= cfg.brake_fail_s)
-        names = reason_names((gpu.clocks_event_reasons or 0) & BRAKE)
+        names = clocks_event_names((gpu.clocks_event_reasons or 0) & BRAKE)
         text = (f"SM clock {gpu.sm_clock_mhz} of {gpu.sm_clock_max_mhz} MHz, held down by "
                 f"{', '.join(names)}" + (" (sustained)" if sustained else " (one sample)"))
         yield problem(Severity.FAIL if sustained else Severity.WARN, text, gpu=gpu.index,

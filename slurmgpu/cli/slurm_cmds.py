@@ -30,7 +30,7 @@ def _client(settings: Settings) -> Any:
 def _hook(phase: str, config_file: str | None) -> int:
     from slurmgpu import log
     from slurmgpu.cli import versions_cache
-    from slurmgpu.engine import system_sources
+    from slurmgpu.engine import source_facts, system_sources
     from slurmgpu.errors import SlurmGpuError
     from slurmgpu.gate import Gate, Watchdog, job_context
 
@@ -44,7 +44,8 @@ def _hook(phase: str, config_file: str | None) -> int:
             settings = _settings(config_file, job_context(os.environ).node)
             # The sources the gate would make itself, plus the versions cache in the state dir.
             sources = system_sources(settings, versions_cache=versions_cache(settings))
-            gate = Gate(settings, os.environ, lambda: _client(settings), sources=sources)
+            gate = Gate(settings, os.environ, lambda: _client(settings),
+                        facts=source_facts(sources, settings, os.environ))
         except SlurmGpuError as exc:  # a bad config must not drain the cluster
             return _hook_failed(phase, config_file, f"config: {exc}")
         except Exception as exc:  # nor a bug before the gate runs (the gate catches its own)

@@ -256,15 +256,15 @@ def _gpu_count_finding(ctx: Context, nvml: NvmlFacts) -> Finding:
 
 
 def agent_socket(ctx: Context) -> str:
-    """Where the hooks look for the agent (``slurmgpu.quickgate``'s order)."""
-    from slurmgpu.quickgate import SOCKET_ENV
+    """Where the hooks look for the agent (``slurmgpu.localproto``, as the hooks do)."""
+    from slurmgpu.localproto import socket_path
 
     assert ctx.settings is not None
-    return ctx.environ.get(SOCKET_ENV) or ctx.settings.agent.socket
+    return socket_path(ctx.environ, ctx.settings.agent.socket)
 
 
 def check_agent(ctx: Context) -> Iterator[Finding]:
-    """The agent answers a ``status`` request on its socket, through the hooks' client."""
+    """The agent answers a ``status`` request on its socket, through the hooks' protocol."""
     settings = ctx.settings
     if settings is None:
         yield skip("agent", NEEDS_CONFIG)
@@ -277,11 +277,11 @@ def check_agent(ctx: Context) -> Iterator[Finding]:
         yield skip("agent", f"no agent set up here (no socket at {path}, no node bundle): "
                             "the hooks take the direct path")
         return
-    from slurmgpu.quickgate import AgentUnavailable, ask_agent
+    from slurmgpu.localproto import AgentUnavailable, ask
 
     started = time.monotonic()
     try:
-        reply = ask_agent(path, {"op": "status"}, STEP_TIMEOUT_S)
+        reply = ask(path, {"op": "status"}, STEP_TIMEOUT_S)
     except AgentUnavailable as exc:
         yield fail("agent", f"no answer on {path}: {exc}",
                    f"systemctl restart {AGENT_UNIT}; `journalctl -u {AGENT_UNIT}` says why it is down")

@@ -20,7 +20,7 @@ import stat
 import time
 from collections.abc import Iterable, Mapping
 
-from slurmgpu.facts import XID_MESSAGE_MAX, XidEvent
+from slurmgpu.facts import XID_MESSAGE_MAX, GpuFacts, XidEvent
 
 KMSG_ENV = "SLURMGPU_KMSG"
 DEFAULT_KMSG = "/dev/kmsg"
@@ -38,6 +38,16 @@ def pci_key(bus_id: str) -> tuple[int, int, int] | None:
         return int(parts[0], 16), int(parts[1], 16), int(parts[2].split(".")[0], 16)
     except ValueError:
         return None
+
+
+def log_path(configured: str, environ: Mapping[str, str]) -> str:
+    """The kernel log to read: ``$SLURMGPU_KMSG``, else ``configured`` (``[paths] kmsg``)."""
+    return environ.get(KMSG_ENV) or configured
+
+
+def gpus_by_pci(gpus: Iterable[GpuFacts]) -> dict[tuple[int, int, int], int]:
+    """{(domain, bus, device): GPU index}: what maps a logged XID to its GPU."""
+    return {key: g.index for g in gpus if (key := pci_key(g.pci_bus_id or "")) is not None}
 
 
 def _monotonic_to_wall(usec: int) -> float:

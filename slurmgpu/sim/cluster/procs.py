@@ -4,7 +4,6 @@ termination, and the agents' local socket and the collector's hellos."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shlex
 import signal
@@ -15,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from slurmgpu import localproto
 from slurmgpu.sim.cluster.common import BASE_PORT, ClusterError, log_tail
 
 
@@ -97,23 +97,12 @@ def spawn_detached(args: list[str], *, env: Mapping[str, str], log: Path, pid_fi
 
 def local_query(path: str | os.PathLike[str], request: Mapping[str, Any],
                 timeout: float = 2.0) -> dict[str, Any]:
-    """One request to an agent's local socket; ``{"ok": False, "error": ...}`` when it
-    does not answer."""
+    """One request to an agent's local socket (``slurmgpu.localproto``);
+    ``{"ok": False, "error": ...}`` when it does not answer."""
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(timeout)
-            sock.connect(str(path))
-            sock.sendall(json.dumps(request).encode() + b"\n")
-            buf = b""
-            while b"\n" not in buf:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                buf += chunk
-        reply = json.loads(buf.split(b"\n", 1)[0])
-    except (OSError, ValueError) as exc:
+        return localproto.ask(str(path), request, timeout)
+    except localproto.AgentUnavailable as exc:
         return {"ok": False, "error": f"{path}: {exc}"}
-    return reply if isinstance(reply, dict) else {"ok": False, "error": "reply is not an object"}
 
 
 def hello_times(db: Path) -> dict[str, float]:

@@ -1,0 +1,287 @@
+"""The agent's local socket protocol: one module for both ends.
+
+Used by ``slurmgpu.quickgate`` (the hooks' client), ``slurmgpu.agent.local`` (the agent's
+server), ``slurmgpu doctor`` and the simulator (``slurmgpu.sim.cluster.procs.local_query``).
+
+A Unix-domain stream socket (``$SLURMGPU_AGENT_SOCKET``, else ``[agent] socket``, else
+``DEFAULT_SOCKET``). One JSON object per line, UTF-8, newline-terminated: the client sends
+one request line (``{"op": ...}``, see ``OPS``), the server answers one reply line
+(``{"ok": true, ...}`` or ``error_reply``), preceded by ``ack_reply`` when the request
+asked for it (``"ack": true``). Each end checks the other's credentials (``SO_PEERCRED``):
+the server serves root, the slurm user and itself (``allowed_uids``); the client believes
+only a server run by root or by itself (``check_server``).
+
+Standard library only, and loadable as a bare file: quickgate, run as
+``python -I -S quickgate.py`` (no slurmgpu on sys.path), loads this module by path from
+its own directory, so it imports nothing of slurmgpu. Python 3.8 syntax (the quick client
+runs on any python3 >= 3.8), and only cheap imports (the quick client runs once per job).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import time
+
+TYPE_CHECKING = False  # typing costs ~3 ms of start-up; only type checkers need it
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+DEFAULT_SOCKET = "/run/slurmgpu/agent.sock"
+SOCKET_ENV = "SLURMGPU_AGENT_SOCKET"
+#: How long a client waits for the agent to accept a request (``[agent] query_timeout_s``).
+DEFAULT_TIMEOUT_S = 0.5
+TIMEOUT_ENV = "SLURMGPU_AGENT_TIMEOUT"
+
+#: Requests: ``{"op": <one of these>, ...}``. ``gate``: ``"gpus": [..]``; the hooks:
+#: ``"env": {SLURM*, CUDA_VISIBLE_DEVICES}`` (``job_environment``) and ``"ack": true``.
+OPS = ("status", "gate", "prolog", "epilog", "healthcheck")
+HOOK_OPS = ("prolog", "epilog", "healthcheck")
+#: Bounds of one line: a request (the server reads it) and a reply (the client reads it).
+MAX_REQUEST_BYTES = 256 * 1024
+MAX_REPLY_BYTES = 16 * 1024 * 1024
+#: How long the server waits for a client's request line.
+READ_TIMEOUT_S = 5.0
+#: Extra wait past the agent's own bound (from its ack) for the decision to arrive.
+ACK_MARGIN_S = 1.0
+
+#: Job variables a hook passes: these prefixes and names. SLURMGPU_* never reach the
+#: agent's gate (``job_env``): the root agent writes and chowns where they point.
+ENV_PREFIXES = ("SLURM", "SLURMGPU")
+ENV_NAMES = ("CUDA_VISIBLE_DEVICES",)
+OWN_PREFIX = "SLURMGPU_"
+_PEERCRED = struct.Struct("3i")
+
+
+class ProtocolError(ValueError):
+    """A line that breaks the protocol: not JSON, too long, cut off."""
+
+
+class AgentUnavailable(Exception):
+    """The agent did not give a usable answer; the caller takes the full path."""
+
+
+# ------------------------------------------------------------------------ where
+
+
+def socket_path(environ: Mapping[str, str], configured: object = None) -> str:
+    """The agent's socket: ``$SLURMGPU_AGENT_SOCKET``, else ``configured`` (``[agent]
+    socket``) when it is a path, else ``DEFAULT_SOCKET``."""
+    path = environ.get(SOCKET_ENV)
+    if path:
+        return path
+    return configured if isinstance(configured, str) and configured else DEFAULT_SOCKET
+
+
+def query_timeout(environ: Mapping[str, str], configured: object = None) -> float:
+    """``$SLURMGPU_AGENT_TIMEOUT``, else ``configured`` (``[agent] query_timeout_s``), else
+    ``DEFAULT_TIMEOUT_S``; anything that is not a positive number is the default."""
+    timeout = DEFAULT_TIMEOUT_S
+    text = environ.get(TIMEOUT_ENV)
+    try:
+        if text:
+            timeout = float(text)
+        elif isinstance(configured, (int, float)):
+            timeout = float(configured)
+    except ValueError:
+        pass
+    return timeout if timeout > 0 else DEFAULT_TIMEOUT_S
+
+
+# ------------------------------------------------------------------------ lines
+
+
+def encode(message: Mapping[str, Any]) -> bytes:
+    """One message as its line."""
+    return json.dumps(message, default=str).encode() + b"\n"
+
+
+def decode(line: bytes) -> Any:
+    """A line's JSON value (the caller checks its shape)."""
+    try:
+        return json.loads(line)
+    except ValueError as exc:
+        raise ProtocolError(f"not JSON ({exc})") from None
+
+
+class LineReader:
+    """Newline-terminated lines from a stream socket, each bounded in size and in time."""
+
+    def __init__(self, sock: socket.socket, max_bytes: int = MAX_REPLY_BYTES) -> None:
+        self.sock = sock
+        self.max_bytes = max_bytes
+        self.buf = b""
+
+    def read(self, deadline: float) -> bytes:
+        """The next line, without its newline, by ``deadline`` (``time.monotonic()``); at
+        the end of the stream, what is left of it. TimeoutError past the deadline;
+        ProtocolError for a line over ``max_bytes`` or a stream that ends empty."""
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("timed out")
+            self.sock.settimeout(left)
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                if not self.buf:
+                    raise ProtocolError("connection closed")
+                line, self.buf = self.buf, b""
+                return line
+            self.buf += chunk
+            if len(self.buf) > self.max_bytes:
+                raise ProtocolError("too long")
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line
+
+
+# ------------------------------------------------------------------------ peers
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a Unix socket."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+    pid, uid, gid = _PEERCRED.unpack(raw)
+    return pid, uid, gid
+
+
+def uid_of(user: str | None) -> int | None:
+    if not user:
+        return None
+    import pwd  # the server's side only
+
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        return None
+
+
+def allowed_uids(slurm_user: str | None) -> frozenset[int]:
+    """Who may ask the agent: uid 0, this process's uid, and the uid of ``slurm_user``
+    (when that user exists)."""
+    uids = {0, os.geteuid()}
+    slurm_uid = uid_of(slurm_user)
+    if slurm_uid is not None:
+        uids.add(slurm_uid)
+    return frozenset(uids)
+
+
+def peer_allowed(uid: int, allowed: frozenset[int]) -> bool:
+    return uid in allowed
+
+
+def check_server(sock: socket.socket) -> None:
+    """Only the agent (root, or this client's own user) may answer: whoever else created a
+    socket at that path would decide whether jobs run."""
+    _pid, uid, _gid = peer_credentials(sock)
+    if uid not in (0, os.geteuid()):
+        raise AgentUnavailable(f"the socket's server runs as uid {uid}, not root: not the agent")
+
+
+# ------------------------------------------------------------------------ client
+
+
+def job_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """What a hook sends as ``"env"``: SLURM*, SLURMGPU*, CUDA_VISIBLE_DEVICES."""
+    return {k: v for k, v in environ.items() if k in ENV_NAMES or k.startswith(ENV_PREFIXES)}
+
+
+def hook_request(phase: str, environ: Mapping[str, str]) -> dict[str, Any]:
+    return {"op": phase, "env": job_environment(environ), "ack": True}
+
+
+def ask(path: str, request: Mapping[str, Any], timeout: float) -> dict[str, Any]:
+    """Send one request line, return the reply object. With ``"ack": true`` the agent
+    must accept within ``timeout`` and then answer within the bound its ack names.
+    AgentUnavailable when it does not (no socket, refused, not the agent, timeout, a bad
+    reply)."""
+    deadline = time.monotonic() + timeout
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            sock.connect(path)
+            check_server(sock)
+            sock.sendall(encode(request))
+            lines = LineReader(sock)
+            reply = _reply(lines.read(deadline))
+            if reply.get("ack") is True:
+                wait = reply.get("wait_s")
+                wait = float(wait) if isinstance(wait, (int, float)) else 0.0
+                reply = _reply(lines.read(time.monotonic() + wait + ACK_MARGIN_S))
+    except OSError as exc:  # no socket, refused, permission, timeout
+        raise AgentUnavailable(str(exc)) from None
+    except ProtocolError as exc:
+        raise AgentUnavailable(f"bad reply: {exc}") from None
+    return reply
+
+
+def _reply(line: bytes) -> dict[str, Any]:
+    reply = decode(line)
+    if not isinstance(reply, dict):
+        raise ProtocolError("not an object")
+    return reply
+
+
+def hook_decision(reply: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
+    """(exit code, record) of a prolog/epilog/healthcheck reply; AgentUnavailable when it
+    has none."""
+    code = reply.get("exit")
+    if reply.get("ok") is not True or not isinstance(code, int) or isinstance(code, bool):
+        raise AgentUnavailable(f"agent said: {reply.get('error') or 'no decision'}")
+    record = reply.get("record")
+    out = dict(record) if isinstance(record, dict) else {"exit": code}
+    out.setdefault("path", "agent")
+    return code, out
+
+
+# ------------------------------------------------------------------------ server
+
+
+def job_env(raw: Any) -> dict[str, str]:
+    """The job variables of a request, filtered to the names a hook may pass. SLURMGPU_*
+    variables (state and jobs directories, kernel log, device pattern, ...) are never taken
+    from a socket client: the root agent writes and chowns where they point, so its own
+    environment supplies them (``agent_paths``)."""
+    if not isinstance(raw, dict):
+        raise ValueError("'env' must be an object of strings")
+    env = {}
+    for key, value in raw.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise ValueError("'env' must be an object of strings")
+        if (key in ENV_NAMES or key.startswith(ENV_PREFIXES)) and not key.startswith(OWN_PREFIX):
+            env[key] = value
+    return env
+
+
+def agent_paths(environ: Mapping[str, str]) -> dict[str, str]:
+    """The agent's own SLURMGPU_* settings, which a request's gate runs with."""
+    return {k: v for k, v in environ.items() if k.startswith(OWN_PREFIX)}
+
+
+def read_request(sock: socket.socket) -> dict[str, Any]:
+    """The client's request line (bounded: ``MAX_REQUEST_BYTES``, ``READ_TIMEOUT_S``):
+    ValueError (``bad request: ...``) or a timeout when it is none."""
+    try:
+        request = decode(LineReader(sock, MAX_REQUEST_BYTES).read(time.monotonic() + READ_TIMEOUT_S))
+    except ProtocolError as exc:
+        raise ValueError(f"bad request: {exc}") from None
+    if not isinstance(request, dict) or not isinstance(request.get("op"), str):
+        raise ValueError("bad request: expected an object with an 'op'")
+    return request
+
+
+def error_reply(message: str) -> dict[str, Any]:
+    return {"ok": False, "error": message}
+
+
+def ack_reply(wait_s: float) -> dict[str, Any]:
+    """Sent first, once a request with ``"ack": true`` is accepted: the longest the
+    answer may take."""
+    return {"ok": True, "ack": True, "wait_s": wait_s}
+
+
+def hook_reply(code: int, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """A prolog/epilog/healthcheck answer: the exit code and the gate's records."""
+    return {"ok": True, "exit": code, "record": records[-1] if records else None, "records": records}
