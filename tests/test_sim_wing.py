@@ -21,7 +21,6 @@ OVERSIZED = {
     "collector/store.py": 1012,
     "report/model.py": 896,
     "config/load.py": 824,
-    "collector/server.py": 812,
 }
 OLD_PATHS = ("simcluster.py", "simfleet.py", "report/seed.py", "demo.py")
 

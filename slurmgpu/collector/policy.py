@@ -41,7 +41,7 @@ from slurmgpu.result import Finding, Severity
 from slurmgpu.slurm import SlurmClient, SlurmError, SlurmUnreachable
 
 if TYPE_CHECKING:
-    from slurmgpu.collector.checkpoint import Checkpoints
+    from slurmgpu.collector.checkpoint import Checkpoints, MakeCheckpoints
 
 STATE_FILE = "automation.json"
 LOG_KEEP = 100
@@ -133,17 +133,22 @@ def _setting(settings: AutomationSettings, key: str) -> str:
 
 class Automation:
     def __init__(self, settings: AutomationSettings, client: SlurmClient, state_dir: str | Path,
-                 clock: Clock | None = None, *, read_only: bool = False) -> None:
+                 clock: Clock | None = None, *, read_only: bool = False,
+                 checkpoints: MakeCheckpoints | None = None) -> None:
         """``read_only``: only look at the state (`slurmgpu breaker status`): no directory
-        made, no write probe; saving still works where the file is writable."""
+        made, no write probe; saving still works where the file is writable.
+        ``checkpoints``: makes the ``Checkpoints`` that coordinate "checkpoint"/"drain-now"
+        with the jobs on the node, given the drain to call once they acked (or their
+        deadline passed): ``finish_pending``. None: no checkpoint coordination."""
         self.settings = settings
         self.policy = PolicyTable(settings)
         self.client = client
         self.actions = Actions(client, state_dir)
         self.path = state_file(state_dir)
         self.clock: Clock = clock or _SystemClock()
-        self.checkpoints: Checkpoints | None = None
         self.state = _State.load(self.path) if read_only else self._load_writable()
+        self.checkpoints: Checkpoints | None = (
+            checkpoints(drain_node=self.finish_pending) if checkpoints is not None else None)
 
     def _load_writable(self) -> _State:
         """Automation that cannot record its decisions must not take any: refuse to start
@@ -158,12 +163,6 @@ class Automation:
         except OSError as exc:
             raise ValueError(f"automation state directory {self.path.parent} is not writable "
                              f"({exc.strerror or exc}): fix it, or run without [automation]") from None
-
-    def attach_checkpoints(self, checkpoints: Checkpoints) -> None:
-        """Coordinate "checkpoint"/"drain-now" with the jobs on the node: their drain
-        waits for the jobs' acks (or deadline) and comes back through ``finish_pending``."""
-        self.checkpoints = checkpoints
-        checkpoints.drain_node = self.finish_pending
 
     # ---- fleet and breaker
 
