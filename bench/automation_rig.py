@@ -33,13 +33,12 @@ from typing import Any
 import zmq
 
 from slurmgpu import keys, log
+from slurmgpu.collector.app import build_collector
 from slurmgpu.collector.policy import Automation
-from slurmgpu.collector.server import Collector
-from slurmgpu.collector.store import Store
 from slurmgpu.config.schema import AutomationSettings, CollectorSettings
 from slurmgpu.sim import fleet as simfleet
 from slurmgpu.slurm import SlurmClient
-from slurmgpu.wire import ACK, COMMAND, COMMAND_RESULT, EVENT, Envelope, WireError, decode, encode
+from slurmgpu.wire import ACK, COMMAND, COMMAND_RESULT, EVENT, WireError, decode, message_frame
 
 # --------------------------------------------------------------------------- numbers
 
@@ -126,12 +125,12 @@ class Rig:
         self.keys_dir = root / "keys"  # keys.init'ed, nodes allow-listed: the fleet size
         self._log_file = open(root / "collector.log", "w", encoding="utf-8")  # noqa: SIM115
         log.configure(log_level, json=True, stream=self._log_file)
-        self.store = Store(root / "fleet.db")  # the collector's and its automation's, as in production
-        self.automation = Automation(settings, client, root / "state", store=self.store)
-        self.collector = Collector(
+        self.collector = build_collector(
             CollectorSettings(address="tcp://127.0.0.1:0", bind="tcp://127.0.0.1:*",
                               db=str(root / "fleet.db"), keys_dir=str(self.keys_dir)),
-            store=self.store, automation=self.automation)
+            automation=settings, slurm=client, state_dir=root / "state")
+        assert self.collector.automation is not None
+        self.automation: Automation = self.collector.automation
         self.address = self.collector.endpoint
         self.server_key = simfleet.collector_public_key(self.keys_dir)
         self._stop = threading.Event()
@@ -215,7 +214,7 @@ class Agents:
         """Send one acked message from node ``i``; returns the time just before the send."""
         self.fleet.seq[i] += 1
         seq = self.fleet.seq[i]
-        frame = encode(Envelope(type=mtype, node=self.nodes[i].name, seq=seq, body=body))
+        frame = message_frame(mtype, self.nodes[i].name, seq, body)
         self.unacked[i].add(seq)
         t = time.time()
         self.fleet.sockets[i].send(frame)

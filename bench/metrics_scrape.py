@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from slurmgpu import keys
+from slurmgpu.collector.app import Collector, build_collector
 from slurmgpu.collector.policy import Automation, Decision
-from slurmgpu.collector.server import Collector
 from slurmgpu.collector.store import Store
 from slurmgpu.config.schema import AutomationSettings, CollectorSettings
 from slurmgpu.testing import FakeSlurmClient
@@ -90,10 +90,14 @@ def run(nodes: int, changes: int, scrapes: int) -> dict[str, Any]:
         cfg = CollectorSettings(address="tcp://127.0.0.1:0", bind="tcp://127.0.0.1:*",
                                 db=str(root / "fleet.db"), keys_dir=str(root / "keys"),
                                 metrics_bind="127.0.0.1:0")
+        client = FakeSlurmClient([])
         store = Store(cfg.db)
-        auto = Automation(AutomationSettings(), FakeSlurmClient([]), root / "state", store=store)
+        auto = Automation(AutomationSettings(), client, root / "state", store=store)
         auto.state.drained = {f"gpu-{i:05d}": {"time": 0.0} for i in range(0, nodes, 10)}
-        collector = Collector(cfg, store=store, automation=auto)
+        auto._save()  # the state the collector's automation starts from
+        store.close()
+        collector = build_collector(cfg, automation=AutomationSettings(), slurm=client,
+                                    state_dir=root / "state")
         try:
             t0 = time.perf_counter()
             seed(collector, nodes, changes)

@@ -49,12 +49,19 @@ typed, as ``Envelope.findings`` (``decode_finding``).
 ``facts``, ``gpu``, ``data``, ``args`` and ``result`` may be absent (or None); every other
 field listed is required. ``node`` is a Slurm node name ([A-Za-z0-9._-], at most 128).
 ``encode`` validates too, so a sender never emits a frame the receiver would reject;
-``encode_unchecked`` skips that self-check, for frames whose fields the caller builds
-itself (the collector's acks and heartbeats, the load simulator).
+``encode_unchecked`` skips that self-check.
+
+Every frame either side sends is built here, one builder per kind (the "frames" section
+below): ``message_frame`` (an agent's acked message; ``hello_frame`` for a hello from its
+fields), ``heartbeat_frame``, ``command_frame``, and for the hot paths ``ReplyFrames`` (the
+collector's acks and heartbeat replies) and ``ReportFrames`` (reports around a body packed
+once: the load simulator), which pack their constant parts once and give exactly the bytes
+``encode_unchecked`` gives for the same fields.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import time
@@ -166,6 +173,106 @@ def encode_unchecked(message: Envelope) -> bytes:
     if len(frame) > MAX_FRAME:
         raise WireError(f"{message.type} message is {len(frame)} bytes (max {MAX_FRAME})")
     return frame
+
+
+# ---------------------------------------------------------------- frames
+
+
+def message_frame(mtype: str, node: str, seq: int, body: dict[str, Any], *, epoch: str = "",
+                  ts: float | None = None, id: str | None = None) -> bytes:
+    """An acked message from an agent (hello, report, event, command-result), validated:
+    what the agent spools and sends. ``ts`` defaults to now, ``id`` to a fresh uuid4."""
+    return encode(Envelope(type=mtype, node=node, seq=seq, body=body, epoch=epoch,
+                           ts=time.time() if ts is None else ts,
+                           id=uuid.uuid4().hex if id is None else id))
+
+
+def hello_frame(node: str, seq: int, *, version: str, gpus: int, interval_s: float,
+                epoch: str = "", ts: float | None = None, id: str | None = None) -> bytes:
+    """A hello: the agent's version, GPU count and report interval."""
+    return message_frame(HELLO, node, seq, {"version": version, "gpus": gpus, "interval_s": interval_s},
+                         epoch=epoch, ts=ts, id=id)
+
+
+def heartbeat_frame(node: str, *, ts: float | None = None, id: str | None = None) -> bytes:
+    """An agent's heartbeat (no seq, no ack), validated."""
+    return encode(Envelope(type=HEARTBEAT, node=node, seq=0, ts=time.time() if ts is None else ts,
+                           id=uuid.uuid4().hex if id is None else id))
+
+
+def command_frame(node: str, command: str, args: dict[str, Any] | None, *, id: str,
+                  ts: float | None = None) -> bytes:
+    """A command to ``node``'s agent, validated; ``id`` comes back as the command-result's
+    ``command_id``."""
+    return encode(Envelope(type=COMMAND, node=node, seq=0, body={"command": command, "args": args or {}},
+                           id=id, ts=time.time() if ts is None else ts))
+
+
+def packed(value: Any) -> bytes:
+    """``value`` packed as the wire packs it (a report's ``facts`` and ``summary`` travel
+    pre-packed, and ``ReportFrames`` takes a body packed once)."""
+    data: bytes = msgpack.packb(value, use_bin_type=True)
+    return data
+
+
+class ReplyFrames:
+    """The collector's acks and heartbeat replies, on its hot path: a msgpack map is its
+    header followed by its packed keys and values, so the constant parts are packed once.
+    Message ids are unique per builder (``prefix``, random by default, and a counter),
+    cheaper than a uuid4 each. Exactly ``encode_unchecked`` of the same envelope."""
+
+    def __init__(self, *, prefix: str | None = None, clock: Callable[[], float] = time.time) -> None:
+        # (the map header, 0x87 = 7 keys, is prepended per frame: 8 with an epoch)
+        self._head = packed("v") + packed(PROTOCOL_VERSION) + packed("id")
+        self._node_key = packed("node")
+        self._mid = packed("seq") + packed(0) + packed("ts")
+        self._ack_tail = packed("type") + packed(ACK) + packed("body")
+        self._seqs_key, self._rejected_key = packed("seqs"), packed("rejected")
+        self._epoch_key = packed("epoch")
+        self._heartbeat_tail = packed("type") + packed(HEARTBEAT) + packed("body") + packed({})
+        self._prefix = uuid.uuid4().hex[:16] if prefix is None else prefix
+        self._counter = itertools.count(1)
+        self._clock = clock
+        self._nodes: dict[str, bytes] = {}
+
+    def _start(self, node: str, keys: int = 7) -> bytes:
+        part = self._nodes.get(node)
+        if part is None:
+            if len(self._nodes) > 1_000_000:
+                self._nodes.clear()
+            part = self._nodes[node] = self._node_key + packed(node) + self._mid
+        return (bytes((0x80 | keys,)) + self._head
+                + packed(f"{self._prefix}{next(self._counter):016x}") + part + packed(self._clock()))
+
+    def ack(self, node: str, seqs: list[int], epoch: str = "", rejected: list[int] | None = None) -> bytes:
+        """An ack of ``seqs`` of ``epoch``'s spool; ``rejected``: those refused for good."""
+        body = (b"\x82" + self._seqs_key + packed(seqs) + self._rejected_key + packed(rejected)
+                if rejected else b"\x81" + self._seqs_key + packed(seqs))
+        frame = self._start(node, 8 if epoch else 7) + self._ack_tail + body
+        return frame + self._epoch_key + packed(epoch) if epoch else frame
+
+    def heartbeat(self, node: str) -> bytes:
+        """A heartbeat to ``node`` (or the answer to `slurmgpu doctor`'s probe)."""
+        return self._start(node) + self._heartbeat_tail
+
+
+class ReportFrames:
+    """Report frames around a body packed once (``packed``), for a sender of thousands
+    a second (the load simulator): the constant parts are packed once, the node's part
+    once per node (``node_part``). Exactly ``encode_unchecked`` of the same envelope."""
+
+    def __init__(self) -> None:
+        self._head = b"\x87" + packed("v") + packed(PROTOCOL_VERSION) + packed("id")
+        self._ts_key = packed("ts")
+        self._tail = packed("type") + packed(REPORT) + packed("body")
+
+    @staticmethod
+    def node_part(node: str) -> bytes:
+        return packed("node") + packed(node) + packed("seq")
+
+    def report(self, node_part: bytes, id: str, seq: int, ts: float, body: bytes) -> bytes:
+        return b"".join((self._head, packed(id), node_part, packed(seq), self._ts_key, packed(ts),
+                         self._tail, body))
 
 
 def raw_body(frame: bytes) -> bytes | None:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,7 @@ class FakeCollector:
         self.peers: set[bytes] = set()
         self.routes: dict[str, bytes] = {}  # node -> the routing id it last spoke from
         self._outbox: list[tuple[bytes, bytes]] = []
+        self._frames = wire.ReplyFrames()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -77,10 +79,11 @@ class FakeCollector:
             self._thread.join(5)
 
     def send_command(self, node: str, command: str, **args: Any) -> str:
-        env = wire.Envelope(type=wire.COMMAND, node=node, seq=0, body={"command": command, "args": args})
+        command_id = uuid.uuid4().hex
         with self._lock:
-            self._outbox.append((self.routes.get(node, node.encode()), wire.encode(env)))
-        return env.id
+            self._outbox.append((self.routes.get(node, node.encode()),
+                                 wire.command_frame(node, command, args, id=command_id)))
+        return command_id
 
     def _run(self) -> None:
         ctx = zmq.Context.instance()
@@ -111,8 +114,7 @@ class FakeCollector:
                 if now >= next_hb:
                     next_hb = now + 0.5
                     for node, peer in list(self.routes.items()):
-                        hb = wire.Envelope(type=wire.HEARTBEAT, node=node, seq=0)
-                        sock.send_multipart([peer, wire.encode(hb)])
+                        sock.send_multipart([peer, self._frames.heartbeat(node)])
         finally:
             sock.close(linger=0)
 
@@ -125,8 +127,7 @@ class FakeCollector:
         if env.type in wire.ACKED:
             self.stored.setdefault(env.seq, env)
             if self.ack:
-                ack = wire.Envelope(type=wire.ACK, node=env.node, seq=0, body={"seqs": [env.seq]})
-                sock.send_multipart([ident, wire.encode(ack)])
+                sock.send_multipart([ident, self._frames.ack(env.node, [env.seq])])
 
     def of_type(self, mtype: str) -> list[wire.Envelope]:
         with self._lock:

@@ -4,6 +4,7 @@ is in tests/test_checkpoint_e2e.py."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +40,13 @@ class Rig:
         """(Re)start the collector side: a new Store, Automation and Checkpoints on the
         same files, as after a collector restart."""
         self.store = Store(self.tmp / "fleet.db")
-        self.auto = Automation(self.settings, self.client, self.tmp, self.clock, store=self.store)
+        self.auto = Automation(self.settings, self.client, self.tmp, self.clock, store=self.store,
+                               checkpoints=functools.partial(Checkpoints, self.store, self.client,
+                                                             self.settings, send=self.send,
+                                                             clock=self.clock.time))
         self.auto.fleet_size(len(NODES))
-        self.cp = Checkpoints(self.store, self.client, self.settings, send=self.send,
-                              clock=self.clock.time)
-        self.auto.attach_checkpoints(self.cp)
+        assert self.auto.checkpoints is not None
+        self.cp: Checkpoints = self.auto.checkpoints
 
     def send(self, node: str, command: str, args: dict[str, Any]) -> str:
         if node not in self.connected:

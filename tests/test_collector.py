@@ -26,7 +26,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from slurmgpu import keys
 from slurmgpu.cli import fleet_cmd
-from slurmgpu.collector.server import Collector
+from slurmgpu.collector.app import Collector, build_collector
 from slurmgpu.collector.store import SCHEMA_VERSION, Store, StoreError
 from slurmgpu.config.schema import CollectorSettings
 from slurmgpu.wire import (
@@ -68,8 +68,9 @@ def make_settings(tmp_path: Path, keys_dir: Path, **kw: Any) -> CollectorSetting
 
 
 @contextlib.contextmanager
-def running(cfg: CollectorSettings, automation: Any = None) -> Iterator[Collector]:
-    collector = Collector(cfg, automation=automation)
+def running(cfg: CollectorSettings, **kw: Any) -> Iterator[Collector]:
+    """A collector (``build_collector(cfg, **kw)``) serving in a thread."""
+    collector = build_collector(cfg, **kw)
     stop = threading.Event()
     thread = threading.Thread(target=collector.run, args=(stop,), daemon=True)
     thread.start()
@@ -316,7 +317,7 @@ def test_heartbeats_and_unreachable(tmp_path: Path, keys_dir: Path, ctx: zmq.Con
 
 def test_command_and_result(tmp_path: Path, keys_dir: Path, ctx: zmq.Context[Any]) -> None:
     cfg = make_settings(tmp_path, keys_dir)
-    collector = Collector(cfg)
+    collector = build_collector(cfg)
     try:
         agent = Agent(ctx, cfg, keys_dir, "gpu-a")
         agent.send(HELLO, 1, {"version": "1", "gpus": 8, "interval_s": 15.0})
@@ -504,7 +505,7 @@ def test_a_routing_id_squatter_neither_locks_a_node_out_nor_gets_its_commands(
     Agents now let ZeroMQ pick their routing id, and the collector routes by the
     authenticated key."""
     cfg = make_settings(tmp_path, keys_dir)
-    collector = Collector(cfg)
+    collector = build_collector(cfg)
     try:
         squatter = Agent(ctx, cfg, keys_dir, "gpu-b", routing_id="gpu-a")
         squatter.send(HELLO, 1, {"version": "1", "gpus": 8, "interval_s": 15.0})

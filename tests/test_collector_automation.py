@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,13 @@ def stored(tmp_path: Path) -> Any:
         store.close()
 
 
+def with_automation(tmp_path: Path, client: FakeSlurmClient | None = None,
+                    **kw: Any) -> tuple[dict[str, Any], FakeSlurmClient]:
+    """``build_collector``'s arguments for an automation like ``automation``'s (same state)."""
+    client = client or FakeSlurmClient(["gpu-a", "gpu-b"])
+    return {"automation": AutomationSettings(**kw), "slurm": client, "state_dir": tmp_path / "state"}, client
+
+
 def wait_for(predicate: Any, timeout_s: float = 3.0) -> bool:
     import time
 
@@ -55,9 +63,9 @@ def wait_for(predicate: Any, timeout_s: float = 3.0) -> bool:
 
 def test_fail_report_drains_and_records(tmp_path: Path, keys_dir: Path, ctx: zmq.Context[Any]) -> None:  # noqa: F811
     cfg = make_settings(tmp_path, keys_dir)
-    auto, client = automation(tmp_path)
-    with running(cfg, auto) as collector:
-        assert auto.state.fleet == 2  # the allow-list size
+    args, client = with_automation(tmp_path)
+    with running(cfg, **args) as collector:
+        assert collector.automation is not None and collector.automation.state.fleet == 2  # the allow-list size
         agent = Agent(ctx, cfg, keys_dir, "gpu-a")
         agent.send(REPORT, 1, {"verdict": "FAIL", "findings": [ECC], "facts": {}})
         assert agent.acked() == [1]
@@ -79,8 +87,8 @@ def test_fail_report_drains_and_records(tmp_path: Path, keys_dir: Path, ctx: zmq
 
 def test_dry_run_records_without_slurm(tmp_path: Path, keys_dir: Path, ctx: zmq.Context[Any]) -> None:  # noqa: F811
     cfg = make_settings(tmp_path, keys_dir)
-    auto, client = automation(tmp_path, dry_run=True)
-    with running(cfg, auto) as collector:
+    args, client = with_automation(tmp_path, dry_run=True)
+    with running(cfg, **args) as collector:
         agent = Agent(ctx, cfg, keys_dir, "gpu-b")
         agent.send(REPORT, 1, {"verdict": "FAIL", "findings": [ECC], "facts": {}})
         assert agent.acked() == [1]
@@ -90,27 +98,27 @@ def test_dry_run_records_without_slurm(tmp_path: Path, keys_dir: Path, ctx: zmq.
         ("gpu-b", "drain", "dry-run", 1)]
 
 
-class Broken:
-    def __init__(self) -> None:
-        self.calls = 0
+def test_automation_failure_keeps_serving(tmp_path: Path, keys_dir: Path, ctx: zmq.Context[Any],  # noqa: F811
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = make_settings(tmp_path, keys_dir)
+    calls: list[str] = []
 
-    def fleet_size(self, n: int) -> None:
+    def fleet_size(self: Automation, n: int) -> None:
         raise RuntimeError("fleet size broken")
 
-    def on_report(self, *a: Any) -> list[Any]:
-        self.calls += 1
+    def on_report(self: Automation, node: str, *a: Any) -> list[Any]:
+        calls.append(node)
         raise RuntimeError("policy bug")
 
-
-def test_automation_failure_keeps_serving(tmp_path: Path, keys_dir: Path, ctx: zmq.Context[Any]) -> None:  # noqa: F811
-    cfg = make_settings(tmp_path, keys_dir)
-    broken = Broken()
-    with running(cfg, broken) as collector:
+    monkeypatch.setattr(Automation, "fleet_size", fleet_size)
+    monkeypatch.setattr(Automation, "on_report", on_report)
+    args, _ = with_automation(tmp_path)
+    with running(cfg, **args) as collector:
         agent = Agent(ctx, cfg, keys_dir, "gpu-a")
         for seq in (1, 2, 3):
             agent.send(REPORT, seq, {"verdict": "FAIL", "findings": [ECC], "facts": {}})
             assert agent.acked() == [seq]
-        assert wait_for(lambda: broken.calls == 3)
+        assert wait_for(lambda: len(calls) == 3)
         # (counted after the call raised: wait for it, not for the call)
         assert wait_for(lambda: collector.counters.automation_errors >= 4)  # fleet_size at start + 3 reports
         assert collector.counters.acks_sent == 3 and collector.counters.stored == 3
@@ -119,9 +127,13 @@ def test_automation_failure_keeps_serving(tmp_path: Path, keys_dir: Path, ctx: z
 
 def test_external_release_is_picked_up(tmp_path: Path, keys_dir: Path, ctx: zmq.Context[Any]) -> None:  # noqa: F811
     cfg = make_settings(tmp_path, keys_dir)
-    auto, _client = automation(tmp_path)
-    auto.state.breaker = {"open": True, "since": 1.0, "why": "test"}
-    with running(cfg, auto):
+    before, _client = automation(tmp_path)
+    before.state.breaker = {"open": True, "since": 1.0, "why": "test"}
+    before._save()  # the collector starts with its breaker open
+    args, _ = with_automation(tmp_path)
+    with running(cfg, **args) as collector:
+        auto = collector.automation
+        assert auto is not None and auto.state.breaker.get("open")
         other, _ = automation(tmp_path)
         assert other.status()["breaker_open"]
         other.release()
@@ -169,10 +181,14 @@ def test_collector_automation_from_config(config: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr("slurmgpu.slurm.factory.make_client", lambda *a, **k: FakeSlurmClient())
     settings = fleet_cmd._settings(str(config))
     assert settings.automation.enabled is False
+    assert "automation" not in fleet_cmd._collector_args(settings, dry_run=True)
+    enabled = dataclasses.replace(settings, automation=dataclasses.replace(settings.automation, enabled=True))
+    args = fleet_cmd._collector_args(enabled, dry_run=True)
+    assert args["automation"].dry_run and args["state_dir"] == settings.paths.state_dir
+    assert not fleet_cmd._collector_args(enabled)["automation"].dry_run
     store = Store(settings.collector.db)
-    auto = fleet_cmd._automation(settings, store=store, dry_run=True)
-    assert auto.settings.dry_run and auto.store is store
-    assert not fleet_cmd._automation(settings, store=store).settings.dry_run
+    auto = fleet_cmd._automation(settings, store=store)  # `slurmgpu breaker`'s: the state the collector keeps
+    assert auto.store is store and not auto.settings.dry_run
     store.close()
 
 
@@ -279,7 +295,8 @@ def test_collector_carries_out_a_release(tmp_path: Path, keys_dir: Path, ctx: zm
     auto.fleet_size(2)
     auto.on_report("gpu-a", Severity.FAIL, [decode_finding(ECC)])
     assert auto.on_report("gpu-b", Severity.FAIL, [decode_finding(ECC)])[0].held
-    with running(cfg, auto):
+    args, _ = with_automation(tmp_path, client, max_fraction=0.5)  # the collector's: the same state
+    with running(cfg, **args):
         result = CliRunner().invoke(fleet_cmd.breaker, ["release", "--config", str(config)])
         assert result.exit_code == 0, result.output
         assert wait_for(lambda: [c[1] for c in client.calls if c[0] == "drain"] == ["gpu-a", "gpu-b"])

@@ -198,7 +198,7 @@ def test_collector_polls_slurm_for_drains(tmp_path: Path) -> None:
     import threading
 
     from slurmgpu import keys
-    from slurmgpu.collector.server import Collector
+    from slurmgpu.collector.app import build_collector
     from slurmgpu.config.schema import CollectorSettings
     from slurmgpu.testing import FakeSlurmClient
 
@@ -207,7 +207,7 @@ def test_collector_polls_slurm_for_drains(tmp_path: Path) -> None:
     client = FakeSlurmClient(["gpu-n1", "login1"])
     settings = CollectorSettings(bind="tcp://127.0.0.1:*", db=str(tmp_path / "f.db"),
                                  keys_dir=str(tmp_path / "keys"), slurm_poll_s=0.05)
-    collector = Collector(settings, slurm=client)
+    collector = build_collector(settings, slurm_poll=client)
     stop = threading.Event()
     thread = threading.Thread(target=collector.run, args=(stop,))
     thread.start()

@@ -16,9 +16,9 @@ import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
 from slurmgpu.collector import metrics as metrics_module
+from slurmgpu.collector.app import CollectorError, build_collector
 from slurmgpu.collector.metrics import IngestRate, parse_bind
 from slurmgpu.collector.policy import Automation, Decision
-from slurmgpu.collector.server import Collector, CollectorError
 from slurmgpu.collector.store import Store
 from slurmgpu.config.schema import AutomationSettings
 from slurmgpu.testing import FakeSlurmClient
@@ -121,13 +121,18 @@ def uncached(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_scrape_reports_store_automation_and_checkpoints(tmp_path: Path, keys_dir: Path,  # noqa: F811
                                                          uncached: None) -> None:
     cfg = make_settings(tmp_path, keys_dir, metrics_bind=f"127.0.0.1:{free_port()}")
-    auto = Automation(AutomationSettings(), FakeSlurmClient(["gpu-a", "gpu-b"]), tmp_path / "state",
-                      store=Store(cfg.db))
-    auto.state.breaker = {"open": True, "since": 1.0, "why": "storm"}
-    auto.state.held = {"gpu-b": {"action": "drain"}, "gpu-c": {"action": "drain"}}
-    auto.state.lemons = {"gpu-c": {"since": 1.0, "why": "lemon"}}
-    auto.state.drained = {"gpu-a": {"time": 1.0}}
-    collector = Collector(cfg, automation=auto)
+    client = FakeSlurmClient(["gpu-a", "gpu-b"])
+    store = Store(cfg.db)
+    before = Automation(AutomationSettings(), client, tmp_path / "state", store=store)
+    before.state.breaker = {"open": True, "since": 1.0, "why": "storm"}
+    before.state.held = {"gpu-b": {"action": "drain"}, "gpu-c": {"action": "drain"}}
+    before.state.lemons = {"gpu-c": {"since": 1.0, "why": "lemon"}}
+    before.state.drained = {"gpu-a": {"time": 1.0}}
+    before._save()  # the state the collector's automation starts from
+    store.close()
+    collector = build_collector(cfg, automation=AutomationSettings(), slurm=client, state_dir=tmp_path / "state")
+    auto = collector.automation
+    assert auto is not None
     try:
         assert collector.metrics_server is not None
         url = collector.metrics_server.url
@@ -253,8 +258,8 @@ def test_scrape_over_real_agent_messages(tmp_path: Path, keys_dir: Path,  # noqa
 def test_bad_metrics_bind_is_a_clear_error(tmp_path: Path, keys_dir: Path, bind: str) -> None:  # noqa: F811
     cfg = make_settings(tmp_path, keys_dir, metrics_bind=bind)
     with pytest.raises(CollectorError, match=r"collector\.metrics_bind = .*host:port"):
-        Collector(cfg)
-    Collector(make_settings(tmp_path, keys_dir, port=int(cfg.bind.rsplit(":", 1)[1]))).close()
+        build_collector(cfg)
+    build_collector(make_settings(tmp_path, keys_dir, port=int(cfg.bind.rsplit(":", 1)[1]))).close()
 
 
 def test_metrics_port_in_use_is_a_clear_error(tmp_path: Path, keys_dir: Path) -> None:  # noqa: F811
@@ -264,17 +269,17 @@ def test_metrics_port_in_use_is_a_clear_error(tmp_path: Path, keys_dir: Path) ->
         port = busy.getsockname()[1]
         cfg = make_settings(tmp_path, keys_dir, metrics_bind=f"127.0.0.1:{port}")
         with pytest.raises(CollectorError) as err:
-            Collector(cfg)
+            build_collector(cfg)
     message = str(err.value)
     assert "collector.metrics_bind" in message and "\n" not in message
     # The collector's own socket was released: the same settings work once the port is free.
-    Collector(make_settings(tmp_path, keys_dir, port=int(cfg.bind.rsplit(":", 1)[1]))).close()
+    build_collector(make_settings(tmp_path, keys_dir, port=int(cfg.bind.rsplit(":", 1)[1]))).close()
 
 
 def test_in_memory_store_reports_store_down(tmp_path: Path, keys_dir: Path) -> None:  # noqa: F811
     cfg = make_settings(tmp_path, keys_dir, metrics_bind="127.0.0.1:0")
     store = Store(":memory:")
-    collector = Collector(cfg, store=store)
+    collector = build_collector(cfg, store=store)
     try:
         assert collector.metrics_server is not None and collector.metrics_server.port != 0
         m = scrape(collector.metrics_server.url)
@@ -286,7 +291,7 @@ def test_in_memory_store_reports_store_down(tmp_path: Path, keys_dir: Path) -> N
 
 
 def test_no_metrics_bind_no_server(tmp_path: Path, keys_dir: Path) -> None:  # noqa: F811
-    collector = Collector(make_settings(tmp_path, keys_dir))
+    collector = build_collector(make_settings(tmp_path, keys_dir))
     try:
         assert collector.metrics_server is None
     finally:
@@ -424,4 +429,4 @@ def test_metrics_over_tls_and_client_certificates(tmp_path: Path, keys_dir: Path
     half = make_settings(tmp_path, keys_dir, metrics_bind=f"127.0.0.1:{free_port()}",
                          metrics_tls_cert=str(server_crt))
     with pytest.raises(CollectorError, match="set both or neither"):
-        Collector(half)
+        build_collector(half)

@@ -17,9 +17,7 @@ MAX_LINES = 800
 MAX_FUNCTION_LINES = 80
 # Modules outside sim/ that were over MAX_LINES when the limit came: each is held at the
 # size it had then (split one and drop it from here).
-OVERSIZED = {
-    "collector/server.py": 812,
-}
+OVERSIZED: dict[str, int] = {}
 OLD_PATHS = ("simcluster.py", "simfleet.py", "report/seed.py", "demo.py")
 
 

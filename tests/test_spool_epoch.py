@@ -21,7 +21,7 @@ from slurmgpu import keys, wire
 from slurmgpu.agent import Agent
 from slurmgpu.agent.link import Link
 from slurmgpu.agent.spool import FILENAME, Spool
-from slurmgpu.collector.server import Collector
+from slurmgpu.collector.app import Collector
 from slurmgpu.collector.store import Store
 from slurmgpu.config.schema import Settings
 from slurmgpu.engine import Sources

@@ -29,8 +29,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slurmgpu import keys, wire
-from slurmgpu.collector import server as server_mod
-from slurmgpu.collector.server import Collector, _message_fault
+from slurmgpu.collector import transport as transport_mod
+from slurmgpu.collector.app import Collector, build_collector
+from slurmgpu.collector.fleet import _message_fault
 from slurmgpu.collector.store import Store
 from slurmgpu.wire import ACK, EVENT, REPORT, WireError, decode
 from tests.test_collector import Agent, make_settings
@@ -209,7 +210,7 @@ def rig(tmp_path: Path) -> Iterator[tuple[Collector, Agent, Agent]]:
     for node in NODES:
         keys.add_node(keys_dir, node)
     cfg = make_settings(tmp_path, keys_dir)
-    collector = Collector(cfg)
+    collector = build_collector(cfg)
     ctx = zmq.Context()
     try:
         yield collector, Agent(ctx, cfg, keys_dir, "gpu-a"), Agent(ctx, cfg, keys_dir, "gpu-b")
@@ -264,13 +265,13 @@ def test_unstorable_message_is_rejected_not_fatal(rig: tuple[Collector, Agent, A
     NOT NULL in SQLite) in a batch with good ones: the good ones are stored and acked,
     the bad one is rejected, counted and acked as rejected (its agent drops it)."""
     collector, bad, good = rig
-    real_decode = server_mod.decode
+    real_decode = transport_mod.decode
 
     def lax_decode(data: bytes) -> wire.Envelope:  # a wire that missed a bound
         env = real_decode(data)
         return replace(env, ts=math.nan) if env.body.get("kind") == "poison" else env
 
-    monkeypatch.setattr(server_mod, "decode", lax_decode)
+    monkeypatch.setattr(transport_mod, "decode", lax_decode)
     bad.send(EVENT, 7, {"kind": "poison", "verdict": "FAIL", "findings": []})
     for seq in (1, 2, 3):
         good.report(seq)
@@ -313,7 +314,7 @@ def test_a_database_locked_by_another_process_stops_acks_until_released(tmp_path
     keys.add_node(keys_dir, "gpu-b")
     cfg = make_settings(tmp_path, keys_dir)
     store = Store(cfg.db, timeout_s=0.2)
-    collector = Collector(cfg, store=store)
+    collector = build_collector(cfg, store=store)
     ctx = zmq.Context()
     locker = sqlite3.connect(cfg.db, isolation_level=None)
     try:
@@ -363,7 +364,7 @@ def test_one_peers_large_frames_end_the_batch(rig: tuple[Collector, Agent, Agent
     time.sleep(0.5)  # most likely all eight queued at the collector by now (fewer: still <= 3)
     handled = collector.serve_once(10_000)  # (on a loaded machine: waits for the first one)
     # frames are read until this peer's share reaches the bound: 3 x ~900 KB >= 2 MiB
-    assert 1 <= handled <= 3 and server_mod.MAX_PEER_BATCH_BYTES == 2 * wire.MAX_FRAME
+    assert 1 <= handled <= 3 and transport_mod.MAX_PEER_BATCH_BYTES == 2 * wire.MAX_FRAME
     good.report(1)
     serve_until(collector, 9)
     assert good.acked(5) == [1]

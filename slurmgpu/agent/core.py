@@ -12,11 +12,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-import time
 from collections.abc import Iterable, Mapping
 from typing import Any
-
-import msgpack
 
 from slurmgpu import __version__, jobfiles, wire
 from slurmgpu.agent.checkpoints import CheckpointWatcher
@@ -204,7 +201,7 @@ class Agent:
         return {"verdict": verdict.severity.name, "findings": wire.encode_findings(problems),
                 "ok_checks": ok_checks, **report_fields(facts),
                 # Pre-packed: the collector keeps them as bytes (no 13 KB decode per report).
-                "facts": msgpack.packb(wire.plain(facts.to_json()), use_bin_type=True)}
+                "facts": wire.packed(wire.plain(facts.to_json()))}
 
     def poll_and_report(self) -> None:
         try:
@@ -399,9 +396,8 @@ class Agent:
 
         def encode(seq: int) -> bytes:
             # (called by the spool under its lock: the epoch is the one ``seq`` belongs to)
-            return wire.encode(wire.Envelope(type=mtype, node=self.node, seq=seq, body=body,
-                                             epoch=spool.epoch,
-                                             ts=time.time() if ts is None else float(ts)))
+            return wire.message_frame(mtype, self.node, seq, body, epoch=spool.epoch,
+                                      ts=None if ts is None else float(ts))
 
         try:
             item = spool.append(mtype, encode)

@@ -173,7 +173,7 @@ class Link(threading.Thread):
             if now >= next_heartbeat:
                 next_heartbeat = now + self.heartbeat_s
                 if self._up:
-                    self._send(wire.encode(wire.Envelope(type=wire.HEARTBEAT, node=self.node, seq=0)))
+                    self._send(wire.heartbeat_frame(self.node))
 
     def _monitor_events(self) -> None:
         assert self._monitor is not None

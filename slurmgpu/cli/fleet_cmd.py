@@ -33,19 +33,16 @@ def _settings(config_file: str | None) -> Settings:
     return load_config(config_file).settings_for(None)
 
 
-def _automation(settings: Settings, *, store: Store, dry_run: bool = False,
-                read_only: bool = False) -> Automation:
-    """The collector's Automation: its state in ``store`` (the collector's database), its
-    journal of Slurm calls in ``paths.state_dir``."""
+def _automation(settings: Settings, *, store: Store, read_only: bool = False) -> Automation:
+    """The collector's Automation as `slurmgpu breaker`, `lemon` and `fleet` see it: its
+    state in ``store`` (the collector's database), its journal of Slurm calls in
+    ``paths.state_dir`` (the collector builds its own: ``build_collector``)."""
     from slurmgpu.collector.policy import Automation
     from slurmgpu.slurm.factory import make_client
 
-    auto = settings.automation
-    if dry_run:
-        auto = dataclasses.replace(auto, dry_run=True)
     try:
-        return Automation(auto, make_client(settings.slurm), settings.paths.state_dir, store=store,
-                          read_only=read_only)
+        return Automation(settings.automation, make_client(settings.slurm), settings.paths.state_dir,
+                          store=store, read_only=read_only)
     except ValueError as exc:  # a bad [automation] policy entry, an automation.json not importable
         raise click.ClickException(str(exc)) from None
 
@@ -61,6 +58,19 @@ def _slurm_client(settings: Settings) -> Any:
     except Exception as exc:  # e.g. pyslurm asked for but unusable: the collector still runs
         click.echo(f"slurmgpu: warning: no Slurm client, drains not recorded: {exc}", err=True)
         return None
+
+
+def _collector_args(settings: Settings, *, dry_run: bool = False) -> dict[str, Any]:
+    """``build_collector``'s automation and Slurm arguments from the config: the automation
+    only with ``[automation] enabled`` (``dry_run``: recording only), its state in
+    ``paths.state_dir``."""
+    args: dict[str, Any] = {"slurm_poll": _slurm_client(settings)}
+    if settings.automation.enabled:
+        from slurmgpu.slurm.factory import make_client
+
+        auto = dataclasses.replace(settings.automation, dry_run=True) if dry_run else settings.automation
+        args.update(automation=auto, slurm=make_client(settings.slurm), state_dir=settings.paths.state_dir)
+    return args
 
 
 def _collector_settings(settings: Settings, **overrides: Any) -> CollectorSettings:
@@ -88,25 +98,20 @@ def collector(config_file: str | None, bind: str | None, db: str | None, keys_di
     With ``[automation] enabled = true`` it also drains and resumes nodes from their
     reports (``slurmgpu breaker`` shows and releases its circuit breaker)."""
     from slurmgpu import log
-    from slurmgpu.collector.server import Collector
-    from slurmgpu.collector.store import Store
+    from slurmgpu.collector.app import build_collector
 
     log.configure(log_level, json=True)
     full = _settings(config_file)
     settings = _collector_settings(full, bind=bind, db=db, keys_dir=keys_dir)
-    try:  # one store, one connection: the collector's and its automation's
-        store = Store(settings.db, sample_interval_s=settings.sample_interval_s)
+    if dry_run and not full.automation.enabled:
+        click.echo("--dry-run has no effect: [automation] enabled is false", err=True)
+    try:  # one store, one connection: the collector's and its automation's (build_collector)
+        server = build_collector(settings, **_collector_args(full, dry_run=dry_run))
+    except ValueError as exc:  # a bad [automation] policy entry, an unwritable state_dir,
+        raise click.ClickException(str(exc)) from None  # an automation.json not importable
     except OSError as exc:
         raise click.ClickException(f"{exc.filename or settings.db}: {exc.strerror or exc}") from None
-    with contextlib.closing(store):
-        automation = _automation(full, store=store, dry_run=dry_run) if full.automation.enabled else None
-        if dry_run and automation is None:
-            click.echo("--dry-run has no effect: [automation] enabled is false", err=True)
-        try:
-            server = Collector(settings, store=store, automation=automation, slurm=_slurm_client(full))
-        except OSError as exc:
-            raise click.ClickException(f"{exc.filename or settings.db}: {exc.strerror or exc}") from None
-        _serve(server)
+    _serve(server)
 
 
 def _serve(server: Any) -> None:

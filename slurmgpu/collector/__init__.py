@@ -1,7 +1,10 @@
 """The fleet collector: agents' reports, events and command results into SQLite.
 
-``Store`` is the database (the ``store`` package); ``Collector`` the ZeroMQ CURVE server
-(``server.py``, imported lazily so reading the store does not load zmq).
+``Store`` is the database (the ``store`` package). The collector process is
+``transport.py`` (the ZeroMQ CURVE server: sockets, acks, heartbeats, commands),
+``fleet.py`` (what a message does: store, automation, checkpoints, Slurm polling) and
+``app.py``, where ``build_collector`` puts them together (imported lazily so reading the
+store does not load zmq).
 """
 
 from __future__ import annotations
@@ -11,14 +14,14 @@ from typing import TYPE_CHECKING, Any
 from slurmgpu.collector.store import SCHEMA_VERSION, Store, StoreError
 
 if TYPE_CHECKING:
-    from slurmgpu.collector.server import Collector, CollectorError
+    from slurmgpu.collector.app import Collector, CollectorError, build_collector
 
-__all__ = ["SCHEMA_VERSION", "Collector", "CollectorError", "Store", "StoreError"]
+__all__ = ["SCHEMA_VERSION", "Collector", "CollectorError", "Store", "StoreError", "build_collector"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("Collector", "CollectorError"):
-        from slurmgpu.collector import server
+    if name in ("Collector", "CollectorError", "build_collector"):
+        from slurmgpu.collector import app
 
-        return getattr(server, name)
+        return getattr(app, name)
     raise AttributeError(name)

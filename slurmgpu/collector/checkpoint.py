@@ -31,7 +31,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from slurmgpu.collector.store import Store
 from slurmgpu.config.schema import AutomationSettings
@@ -52,6 +52,13 @@ SendCommand = Callable[[str, str, dict[str, Any]], str]
 DrainNode = Callable[[str, Action, str, str, float], Any]
 
 
+class MakeCheckpoints(Protocol):
+    """Makes the automation's ``Checkpoints``, given its drain (``Automation.finish_pending``):
+    how ``Automation`` gets them (``functools.partial(Checkpoints, store, ...)``)."""
+
+    def __call__(self, *, drain_node: DrainNode) -> Checkpoints: ...
+
+
 @dataclass(frozen=True)
 class JobEvent:
     job_id: str
@@ -63,13 +70,16 @@ class JobEvent:
 
 class Checkpoints:
     def __init__(self, store: Store, client: SlurmClient, settings: AutomationSettings, *,
-                 send: SendCommand | None = None, clock: Callable[[], float] = time.time) -> None:
+                 send: SendCommand | None = None, drain_node: DrainNode | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        """``send``: a command to a node's agent; ``drain_node``: the node's drain once its
+        jobs are ready (``Automation.finish_pending``; the automation makes its Checkpoints)."""
         self.store = store
         self.client = client
         self.settings = settings
         self.send = send
         self.clock = clock
-        self.drain_node: DrainNode | None = None  # set by Automation.attach_checkpoints
+        self.drain_node = drain_node
         self.log = get_logger(component="checkpoints")
         self._open: dict[int, dict[str, Any]] = {
             c["id"]: dict(c) for c in store.checkpoints(active=True, limit=1_000_000)}

@@ -40,14 +40,14 @@ from slurmgpu.result import Severity
 from slurmgpu.wire import EVENT_KINDS
 
 if TYPE_CHECKING:
-    from slurmgpu.collector.server import Collector
+    from slurmgpu.collector.counters import MetricsSource
 
 CONFIG_KEY = "collector.metrics_bind"
 # Gauge value of a verdict / a finding's severity (its exit code: OK 0, WARN 1, FAIL 2, UNKNOWN 3).
 VERDICT_CODE = {s.name: s.exit_code for s in Severity}
 # A severity's rank (as the store orders them: OK < WARN < UNKNOWN < FAIL) -> its code.
 _RANK_CODE = {s.rank: s.exit_code for s in Severity}
-# The collector's reject reasons (server.py): exported at 0 before the first one.
+# The collector's reject reasons (transport.py): exported at 0 before the first one.
 REJECT_REASONS = ("frames", "unknown_key", "oversized", "version", "malformed", "node_mismatch",
                   "routing_mismatch", "unexpected_type")
 CHECKPOINT_STATES = ("open", "acked", "expired", "done")
@@ -99,7 +99,7 @@ class IngestRate:
 class FleetMetrics:
     """The prometheus_client collector: ``collect()`` builds every family per scrape."""
 
-    def __init__(self, collector: Collector) -> None:
+    def __init__(self, collector: MetricsSource) -> None:
         self.collector = collector
         self.rate = IngestRate()
         self.started = time.time()
@@ -497,7 +497,7 @@ def tls_context(cert: str, key: str, client_ca: str = "") -> ssl.SSLContext:
     return context
 
 
-def start_metrics_server(collector: Collector, bind: str, *, tls_cert: str = "", tls_key: str = "",
+def start_metrics_server(collector: MetricsSource, bind: str, *, tls_cert: str = "", tls_key: str = "",
                          client_ca: str = "") -> MetricsServer:
     """Serve the collector's metrics at ``http(s)://<bind>/metrics`` from a daemon thread.
 

@@ -45,7 +45,7 @@ from slurmgpu.result import Finding, Severity
 from slurmgpu.slurm import SlurmClient, SlurmError, SlurmUnreachable
 
 if TYPE_CHECKING:
-    from slurmgpu.collector.checkpoint import Checkpoints
+    from slurmgpu.collector.checkpoint import Checkpoints, MakeCheckpoints
 
 # Where a slurmgpu before schema 7 kept the state: imported into the database once.
 LEGACY_STATE_FILE = "automation.json"
@@ -112,22 +112,27 @@ def _setting(settings: AutomationSettings, key: str) -> str:
 
 class Automation:
     def __init__(self, settings: AutomationSettings, client: SlurmClient, state_dir: str | Path,
-                 clock: Clock | None = None, *, store: Store, read_only: bool = False) -> None:
+                 clock: Clock | None = None, *, store: Store, read_only: bool = False,
+                 checkpoints: MakeCheckpoints | None = None) -> None:
         """``store``: the fleet database that keeps the state (the collector's own).
         ``read_only``: only look at the state (`slurmgpu breaker status`): no directory
-        made, no write probe, no import; saving still works where the database is writable."""
+        made, no write probe, no import; saving still works where the database is writable.
+        ``checkpoints``: makes the ``Checkpoints`` that coordinate "checkpoint"/"drain-now"
+        with the jobs on the node, given the drain to call once they acked (or their
+        deadline passed): ``finish_pending``. None: no checkpoint coordination."""
         self.settings = settings
         self.policy = PolicyTable(settings)
         self.client = client
         self.actions = Actions(client, state_dir)
         self.store = store
         self.clock: Clock = clock or _SystemClock()
-        self.checkpoints: Checkpoints | None = None
         if not read_only:
             _probe_writable(Path(state_dir))
         self._record = store.automation()
         if not read_only:
             self._import_legacy(legacy_state_file(state_dir))
+        self.checkpoints: Checkpoints | None = (
+            checkpoints(drain_node=self.finish_pending) if checkpoints is not None else None)
 
     @property
     def state(self) -> AutomationState:
@@ -163,12 +168,6 @@ class Automation:
         log.info("automation_state_imported", path=str(path), db=str(self.store.path),
                  breaker_open=bool(st.breaker.get("open")), held=len(st.held), released=len(st.released),
                  drained=len(st.drained), lemons=len(st.lemons))
-
-    def attach_checkpoints(self, checkpoints: Checkpoints) -> None:
-        """Coordinate "checkpoint"/"drain-now" with the jobs on the node: their drain
-        waits for the jobs' acks (or deadline) and comes back through ``finish_pending``."""
-        self.checkpoints = checkpoints
-        checkpoints.drain_node = self.finish_pending
 
     # ---- fleet and breaker
 

@@ -25,11 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import zmq
 
 from slurmgpu import keys
-from slurmgpu.wire import ACK, HELLO, PROTOCOL_VERSION, REPORT, Envelope, WireError, decode, encode
+from slurmgpu.wire import ACK, ReportFrames, WireError, decode, hello_frame, packed
 
 FDS_PER_NODE = 2
 FD_RESERVE = 64
@@ -92,7 +91,7 @@ def _facts_blob(gpus: int) -> bytes:
     the agent sends them."""
     from slurmgpu.testing import make_facts
 
-    return _packed(make_facts(gpus=gpus).to_json())
+    return packed(make_facts(gpus=gpus).to_json())
 
 
 @functools.cache
@@ -125,27 +124,21 @@ def report_body(rng: random.Random, gpus: int = 8, *, problem: bool = False) -> 
             **_summary(gpus)}
 
 
-def _packed(value: Any) -> bytes:
-    data: bytes = msgpack.packb(value, use_bin_type=True)
-    return data
-
-
 class FrameMaker:
-    """Builds report frames without re-packing the body: a msgpack map is the
-    concatenation of its packed keys and values, so the body is packed once."""
+    """Report frames without re-packing the body (``wire.ReportFrames``): each of
+    ``variants`` bodies is packed once."""
 
     def __init__(self, seed: int = 0, variants: int = 16) -> None:
         rng = random.Random(seed)
-        self.bodies = [_packed(report_body(rng, problem=i % 8 == 7)) for i in range(variants)]
-        self._head = b"\x87" + _packed("v") + _packed(PROTOCOL_VERSION) + _packed("id")
-        self._tail = _packed("type") + _packed(REPORT) + _packed("body")
+        self._frames = ReportFrames()
+        self.bodies = [packed(report_body(rng, problem=i % 8 == 7)) for i in range(variants)]
 
     def node_part(self, name: str) -> bytes:
-        return _packed("node") + _packed(name) + _packed("seq")
+        return ReportFrames.node_part(name)
 
     def report(self, node_part: bytes, index: int, seq: int, ts: float) -> bytes:
-        return b"".join((self._head, _packed(f"{index:08x}{seq:024x}"), node_part, _packed(seq),
-                         b"\xa2ts", _packed(ts), self._tail, self.bodies[seq % len(self.bodies)]))
+        return self._frames.report(node_part, f"{index:08x}{seq:024x}", seq, ts,
+                                   self.bodies[seq % len(self.bodies)])
 
 
 @dataclass
@@ -276,10 +269,9 @@ class SimFleet:
         stats = FleetStats(nodes=len(self.nodes))
         for i, node in enumerate(self.nodes):
             self.seq[i] += 1
-            env = Envelope(type=HELLO, node=node.name, seq=self.seq[i],
-                           body={"version": "sim", "gpus": 8, "interval_s": 15.0})
-            self.sockets[i].send(encode(env))
-            self.inflight[i][env.seq] = time.perf_counter()
+            self.sockets[i].send(hello_frame(node.name, self.seq[i], version="sim", gpus=8,
+                                             interval_s=15.0))
+            self.inflight[i][self.seq[i]] = time.perf_counter()
         deadline = time.monotonic() + timeout_s
         while stats.acked < len(self.nodes) and time.monotonic() < deadline:
             self._receive(100, stats, None)

@@ -1,0 +1,187 @@
+"""The collector's one composition root: ``build_collector`` makes the store, the
+automation and its checkpoint coordination, the transport, the fleet logic, the Slurm
+poller and ``/metrics``, and wires them through their constructors. ``Collector`` is
+what it returns: the loop over the parts.
+
+    transport (transport.py) --decoded batches--> Fleet (fleet.py) --> Store, Automation
+        ^                                              |                  |
+        +---------- commands (Checkpoints.send) <------+---- Checkpoints <+
+
+`slurmgpu collector`, the tests and the benches all build their collector here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import signal
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from slurmgpu.collector.checkpoint import Checkpoints
+from slurmgpu.collector.counters import Counters
+from slurmgpu.collector.fleet import Fleet, SlurmPoller
+from slurmgpu.collector.policy import Automation, Clock
+from slurmgpu.collector.store import Store
+from slurmgpu.collector.transport import MAX_BATCH, CollectorError, Transport
+from slurmgpu.config.schema import AutomationSettings, CollectorSettings
+from slurmgpu.log import get_logger
+from slurmgpu.slurm import SlurmClient
+
+if TYPE_CHECKING:
+    from slurmgpu.collector.metrics import MetricsServer
+
+__all__ = ["Collector", "CollectorError", "build_collector"]
+
+
+class Collector:
+    """The running collector: each loop turn the transport receives a batch and hands it
+    to the fleet logic, then both do their periodic work. Every method must be called
+    from the thread that runs the loop (``run`` or ``serve_once``)."""
+
+    def __init__(self, transport: Transport, fleet: Fleet, *,
+                 metrics: MetricsServer | None = None) -> None:
+        self.transport = transport
+        self.fleet = fleet
+        self.metrics_server = metrics
+        self.log = get_logger(component="collector")
+        self._closed = False
+
+    # ------------------------------------------------------------------ the parts
+
+    @property
+    def settings(self) -> CollectorSettings:
+        return self.transport.settings
+
+    @property
+    def endpoint(self) -> str:
+        return self.transport.endpoint
+
+    @property
+    def counters(self) -> Counters:
+        return self.transport.counters
+
+    @property
+    def allowed(self) -> Mapping[bytes, str]:
+        return self.transport.allowed
+
+    @property
+    def store(self) -> Store:
+        return self.fleet.store
+
+    @property
+    def automation(self) -> Automation | None:
+        return self.fleet.automation
+
+    @property
+    def checkpoints(self) -> Checkpoints | None:
+        return self.fleet.checkpoints
+
+    def send_command(self, node: str, command: str, args: dict[str, Any] | None = None) -> str:
+        return self.transport.send_command(node, command, args)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def run(self, stop_event: threading.Event) -> None:
+        """Serve until ``stop_event`` is set. Installs a SIGHUP handler (allow-list
+        reload) when called from the main thread."""
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGHUP, lambda *_: self.request_reload())
+        try:
+            while not stop_event.is_set():
+                self.serve_once(200)
+        finally:
+            self.close()
+
+    def serve_once(self, timeout_ms: int = 0) -> int:
+        """Wait up to ``timeout_ms`` for frames, handle up to a batch of them, run the
+        periodic tasks. Returns frames handled."""
+        handled = self.transport.receive(self.fleet, timeout_ms)
+        if self.metrics_server is not None:
+            self.metrics_server.sample()  # at most once a second, cheap
+        self.transport.tick(self.fleet)
+        self.fleet.tick()
+        return handled
+
+    def request_reload(self) -> None:
+        """Reload the allow-list at the next loop turn (signal-safe)."""
+        self.transport.request_reload()
+
+    def reload_allow_list(self, *, force: bool = True) -> bool:
+        return self.transport.reload_allow_list(self.fleet, force=force)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()
+        self.log.info("collector_stopped", **self.counters.snapshot())
+        self.transport.close()
+        self.fleet.close()
+
+
+def build_collector(settings: CollectorSettings, *, automation: AutomationSettings | None = None,
+                    slurm: SlurmClient | None = None, state_dir: str | Path | None = None,
+                    slurm_poll: SlurmClient | None = None, store: Store | None = None,
+                    clock: Clock | None = None, max_batch: int = MAX_BATCH) -> Collector:
+    """The collector for ``settings``, bound and ready to ``run``.
+
+    ``automation``: the ``[automation]`` settings (None: no automation), acting through
+    ``slurm`` with its state in ``state_dir``, on ``clock`` (default: the system's).
+    ``slurm_poll``: the client asked for the nodes' states every ``slurm_poll_s`` (None:
+    no polling). ``store``: an open store to use (default: ``settings.db``, closed with
+    the collector). CollectorError: cannot bind or serve metrics; ValueError: a bad
+    ``[automation]`` (or its state directory not writable)."""
+    counters = Counters()
+    transport = Transport(settings, counters, max_batch=max_batch)
+    with contextlib.ExitStack() as undo:
+        undo.callback(transport.close)
+        own_store = store is None
+        if store is None:
+            store = Store(settings.db, sample_interval_s=settings.sample_interval_s)
+            undo.callback(store.close)
+        auto = None
+        if automation is not None:
+            if slurm is None or state_dir is None:
+                raise ValueError("automation needs a Slurm client and a state directory")
+            make_checkpoints = functools.partial(Checkpoints, store, slurm, automation,
+                                                 send=transport.send_command,
+                                                 clock=clock.time if clock is not None else time.time)
+            auto = Automation(automation, slurm, state_dir, clock, store=store,
+                              checkpoints=make_checkpoints)
+        poller = None
+        if slurm_poll is not None and settings.slurm_poll_s > 0:
+            poller = SlurmPoller(slurm_poll, settings.slurm_poll_s)
+            poller.start()
+            undo.callback(poller.stop)
+        fleet = Fleet(settings, store, counters, allowed=transport.allowed, automation=auto,
+                      checkpoints=auto.checkpoints if auto is not None else None, poller=poller,
+                      own_store=own_store)
+        transport.listen()  # last: a connected agent is answered from the first loop turn
+        undo.pop_all()
+    transport.log.info("collector_listening", endpoint=transport.endpoint, nodes=len(transport.allowed),
+                       db=str(store.path), automation=auto is not None)
+    return Collector(transport, fleet, metrics=_metrics(settings, transport, fleet))
+
+
+def _metrics(settings: CollectorSettings, transport: Transport, fleet: Fleet) -> MetricsServer | None:
+    """Prometheus /metrics (collector/metrics.py): computed at scrape time in its own thread."""
+    if not settings.metrics_bind:
+        return None
+    from slurmgpu.collector.metrics import start_metrics_server
+
+    try:
+        server = start_metrics_server(fleet, settings.metrics_bind, tls_cert=settings.metrics_tls_cert,
+                                      tls_key=settings.metrics_tls_key,
+                                      client_ca=settings.metrics_client_ca)
+    except (OSError, ValueError) as exc:
+        Collector(transport, fleet).close()
+        detail = str(exc) if isinstance(exc, ValueError) else (
+            f"collector.metrics_bind = {settings.metrics_bind!r}: cannot serve metrics: {exc}")
+        raise CollectorError(detail) from None
+    transport.log.info("metrics_listening", url=server.url)
+    return server

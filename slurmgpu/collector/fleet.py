@@ -1,0 +1,361 @@
+"""The collector's fleet logic: what a decoded message does (``transport.Handler``), and
+the periodic work that is not the transport's.
+
+* Store: every batch in one transaction (``Store.store_batch``). If a message in it is what
+  failed (``_message_fault``), it is stored message by message and the culprits are
+  refused (the transport acks them as rejected); if the store itself failed, nothing is
+  acked (``store`` returns None) and the agents resend.
+* Automation (optional): after a batch's acks are sent, every newly stored report and
+  event is passed to ``Automation.on_report`` and its decisions are stored in the
+  ``decisions`` table. A failing automation call is logged and counted; it never stops
+  the loop and never delays an ack. Drains an operator released from the circuit breaker
+  (`slurmgpu breaker release` rewrites the state file) are carried out at the next loop
+  turn (``Automation.run_released``).
+* Checkpoints: agents' command results and local checkpoint events go to ``Checkpoints``;
+  its deadlines are checked every loop turn.
+* Slurm: a ``SlurmPoller`` thread asks Slurm for the nodes' states; drains and resumes
+  are recorded. Silent nodes are marked unreachable, old rows pruned, stats logged.
+
+Single-threaded: called from the collector loop's thread.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from slurmgpu.collector.counters import Counters, LimitedLog
+from slurmgpu.collector.store import Store
+from slurmgpu.collector.transport import Batch, Stored
+from slurmgpu.config.schema import CollectorSettings
+from slurmgpu.log import get_logger
+from slurmgpu.slurm import NodeState, SlurmClient
+from slurmgpu.wire import COMMAND_RESULT, EVENT, REPORT, decode_severity
+
+if TYPE_CHECKING:
+    from slurmgpu.collector.checkpoint import Checkpoints
+    from slurmgpu.collector.policy import Automation, Decision
+
+PRUNE_EVERY_S = 3600.0
+STATS_EVERY_S = 60.0
+
+
+def _message_fault(exc: BaseException) -> bool:
+    """Whether a failed ``store_batch`` points at a message (a value SQLite cannot bind,
+    a constraint, a bug on odd input: retry message by message and reject the culprit)
+    rather than at the store itself (disk full, I/O error, locked, corrupt, closed:
+    stop acking, agents keep spooling)."""
+    if isinstance(exc, (sqlite3.InterfaceError, sqlite3.IntegrityError, sqlite3.DataError)):
+        return True
+    if isinstance(exc, sqlite3.ProgrammingError):  # a value of a type SQLite cannot bind,
+        return "binding parameter" in str(exc)  # else a closed or misused connection
+    return not isinstance(exc, (sqlite3.Error, OSError, MemoryError))
+
+
+class SlurmPoller(threading.Thread):
+    """Asks Slurm for every node's state every ``interval_s`` in its own thread (an
+    unresponsive slurmctld must never stall the collector loop); the loop takes the
+    latest answer with ``take``."""
+
+    def __init__(self, client: SlurmClient, interval_s: float) -> None:
+        super().__init__(name="slurmgpu-slurm-poll", daemon=True)
+        self.client = client
+        self.interval_s = interval_s
+        self._stop_event = threading.Event()
+        self._lock = threading.Lock()
+        self._latest: tuple[float, list[NodeState]] | None = None
+        self._failing = False
+        self.log = get_logger(component="slurm_poll")
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            try:
+                states = self.client.nodes()
+            except Exception as exc:  # slurmctld down, no Slurm here: say so once per streak
+                if not self._failing:
+                    self.log.warning("slurm_poll_failed", error=f"{type(exc).__name__}: {exc}")
+                self._failing = True
+            else:
+                if self._failing:
+                    self.log.info("slurm_poll_recovered")
+                self._failing = False
+                with self._lock:
+                    self._latest = (time.time(), states)
+            self._stop_event.wait(self.interval_s)
+
+    def take(self) -> tuple[float, list[NodeState]] | None:
+        with self._lock:
+            latest, self._latest = self._latest, None
+        return latest
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+
+class AutomationStateSync:
+    """The one place the collector re-reads the automation's state. `slurmgpu breaker
+    release` writes it in the store while the collector runs: ``sync`` reads it back when
+    another process changed it (one indexed read of its version), so an operator's release
+    is seen, and not overwritten by the state in memory."""
+
+    def __init__(self, automation: Automation, counters: Counters, log: Any) -> None:
+        self.automation = automation
+        self.counters = counters
+        self.log = log
+
+    def sync(self) -> None:
+        automation = self.automation
+        try:
+            if automation.refresh():
+                self.log.info("automation_state_reloaded", db=str(automation.store.path),
+                              breaker_open=bool(automation.state.breaker.get("open")))
+        except Exception as exc:  # unreadable for now: keep the state in memory
+            self.counters.automation_errors += 1
+            self.log.error("automation_state_unreadable", db=str(automation.store.path),
+                           error=f"{type(exc).__name__}: {exc}")
+
+
+class Fleet:
+    """The transport's ``Handler``: stores, automates, coordinates checkpoints, polls
+    Slurm. Also what ``/metrics`` reads (``counters.MetricsSource``)."""
+
+    def __init__(self, settings: CollectorSettings, store: Store, counters: Counters, *,
+                 allowed: Mapping[bytes, str], automation: Automation | None = None,
+                 checkpoints: Checkpoints | None = None, poller: SlurmPoller | None = None,
+                 own_store: bool = False) -> None:
+        """``own_store``: ``close`` closes the store."""
+        self.settings = settings
+        self.store, self._own_store = store, own_store
+        self.counters = counters
+        self.automation, self.checkpoints = automation, checkpoints
+        self.poller = poller
+        self.log = get_logger(component="collector")
+        self._limited = LimitedLog(self.log)
+        self._state = (AutomationStateSync(automation, counters, self.log)
+                       if automation is not None else None)
+        now = time.monotonic()
+        self._next_unreachable = now + settings.heartbeat_s
+        self._next_prune = now  # prune once at start, then hourly
+        self._next_stats = now + STATS_EVERY_S
+        self.allowed: Mapping[bytes, str] = {}
+        self.allow_list_changed(allowed)
+
+    def close(self) -> None:
+        if self.poller is not None:
+            self.poller.stop()
+        if self._own_store:
+            self.store.close()
+
+    # ------------------------------------------------------------------ the store
+
+    def commit(self, batch: Batch, now: float) -> Stored | None:
+        """Store the batch in one transaction; if a message in it is what failed, store
+        it message by message and refuse the ones that fail. None: the store itself failed."""
+        try:
+            new = self.store.store_batch(batch, received_at=now)
+        except Exception as exc:
+            if not _message_fault(exc):
+                self._store_failed(exc, len(batch))
+                return None
+            self.log.warning("store_batch_isolating", error=f"{type(exc).__name__}: {exc}",
+                             messages=len(batch))
+            return self._store_each(batch, now)
+        self.counters.store_failing = 0
+        self._note_conflicts()
+        return Stored(new, set())
+
+    def _store_each(self, batch: Batch, now: float) -> Stored | None:
+        new: list[tuple[str, int]] = []
+        bad: set[tuple[str, str, int]] = set()
+        for item in batch:
+            node, env = item[0], item[1]
+            try:
+                new += self.store.store_batch([item], received_at=now)
+            except Exception as exc:
+                if not _message_fault(exc):
+                    self._store_failed(exc, len(batch))
+                    return None
+                bad.add((node, env.epoch, env.seq))
+                self.counters.rejected["store"] += 1
+                self._limited.warning("message_rejected", reason="store", node=node, type=env.type,
+                                      epoch=env.epoch, seq=env.seq, error=f"{type(exc).__name__}: {exc}")
+                continue
+            self._note_conflicts()
+        self.counters.store_failing = 0
+        return Stored(new, bad)
+
+    def _store_failed(self, exc: BaseException, messages: int) -> None:
+        self.counters.store_errors += 1
+        self.counters.store_failing += 1
+        self.log.error("store_failed", error=f"{type(exc).__name__}: {exc}", messages=messages)
+
+    def _note_conflicts(self) -> None:
+        """Count and log the duplicates the store found with a body different from the
+        stored one (a seq reused within a spool epoch: that message was not stored)."""
+        for c in self.store.conflicts:
+            self.counters.conflicts += 1
+            self._limited.warning("duplicate_body_differs", node=c.node, epoch=c.epoch, seq=c.seq,
+                                  type=c.type)
+
+    # ------------------------------------------------------------------ after the acks
+
+    def acked(self, batch: Batch, new: list[tuple[str, int]], now: float) -> None:
+        """The newly stored messages of an acked batch: automation, then checkpoints."""
+        if self.automation is not None:
+            self._automate(batch, new, now)
+        if self.checkpoints is not None:
+            self._checkpoint_messages(batch, new, now)
+
+    def allow_list_changed(self, allowed: Mapping[bytes, str]) -> None:
+        self.allowed = allowed
+        self._automation_fleet_size()
+
+    def _automate(self, batch: Batch, new: list[tuple[str, int]], now: float) -> None:
+        """Feed the newly stored reports and events to the automation (after the acks)."""
+        automation, state = self.automation, self._state
+        assert automation is not None and state is not None
+        state.sync()
+        self._automation_released()  # before new reports: they may trip the breaker again
+        fresh = set(new)
+        decisions: list[Decision] = []
+        for node, env, _data in batch:
+            if env.type not in (REPORT, EVENT) or (node, env.seq) not in fresh:
+                continue
+            fresh.discard((node, env.seq))  # a seq repeated within the batch counts once
+            try:
+                verdict = decode_severity(env.body["verdict"])  # (a str: decode validated it)
+                decisions.extend(automation.on_report(node, verdict, env.findings, now))
+            except Exception as exc:  # a policy bug must not take the collector down
+                self.counters.automation_errors += 1
+                self.log.error("automation_failed", node=node, seq=env.seq,
+                               error=f"{type(exc).__name__}: {exc}")
+        self._record_decisions(decisions)
+
+    def _checkpoint_messages(self, batch: Batch, new: list[tuple[str, int]], now: float) -> None:
+        """Acks of checkpoint requests (command results) and agents' local fallbacks."""
+        checkpoints = self.checkpoints
+        assert checkpoints is not None
+        fresh = set(new)
+        decisions: list[Decision] = []
+        for node, env, _data in batch:
+            body = env.body if isinstance(env.body, dict) else {}
+            if (node, env.seq) not in fresh:
+                continue
+            try:
+                if env.type == COMMAND_RESULT:
+                    decisions += checkpoints.on_result(node, body, now)
+                elif env.type == EVENT and body.get("kind") == "local_checkpoint":
+                    checkpoints.on_local(node, body, now)
+            except Exception as exc:
+                self.counters.automation_errors += 1
+                self.log.error("checkpoint_message_failed", node=node, seq=env.seq,
+                               error=f"{type(exc).__name__}: {exc}")
+        self._record_decisions(decisions)
+
+    def _record_decisions(self, decisions: list[Decision]) -> None:
+        if not decisions:
+            return
+        for d in decisions:
+            self.log.info("automation_decision", node=d.node, action=d.action, result=d.result,
+                          held=d.held, dry_run=d.dry_run, trigger=d.trigger, reason=d.reason)
+        try:
+            self.counters.decisions += self.store.add_decisions(decisions)
+        except sqlite3.Error as exc:
+            self.counters.store_errors += 1
+            self.log.error("decisions_store_failed", error=str(exc), decisions=len(decisions))
+
+    def _automation_fleet_size(self) -> None:
+        if self.automation is None or self._state is None:
+            return
+        self._state.sync()
+        try:
+            self.automation.fleet_size(len(self.allowed))
+        except Exception as exc:
+            self.counters.automation_errors += 1
+            self.log.error("automation_failed", error=f"{type(exc).__name__}: {exc}")
+
+    def _automation_released(self) -> None:
+        """Carry out the drains an operator released (``slurmgpu breaker release``)."""
+        automation, state = self.automation, self._state
+        if automation is None or state is None or not automation.state.released:
+            return
+        try:
+            decisions = automation.run_released(time.time())
+        except Exception as exc:
+            self.counters.automation_errors += 1
+            self.log.error("automation_failed", error=f"{type(exc).__name__}: {exc}")
+            return
+        for d in decisions:
+            self.log.info("breaker_release_carried_out", node=d.node, action=d.action, result=d.result,
+                          released_by=d.released_by)
+        self._record_decisions(decisions)
+
+    # ------------------------------------------------------------------ periodic
+
+    def tick(self) -> None:
+        """Every loop turn: released drains, checkpoint deadlines, Slurm's node states; when
+        due: unreachable nodes, pruning, the stats line."""
+        mono = time.monotonic()
+        if self._state is not None:
+            self._state.sync()
+            self._automation_released()
+        self._checkpoint_tick()
+        self._slurm_states()
+        if mono >= self._next_unreachable:
+            self._next_unreachable = mono + self.settings.heartbeat_s
+            self._mark_unreachable()
+        if mono >= self._next_prune:
+            self._next_prune = mono + PRUNE_EVERY_S
+            try:
+                deleted = self.store.prune(self.settings.retention_days)
+                if deleted:
+                    self.log.info("pruned", rows=deleted, retention_days=self.settings.retention_days)
+            except sqlite3.Error as exc:
+                self.log.error("prune_failed", error=str(exc))
+        if mono >= self._next_stats:
+            self._next_stats = mono + STATS_EVERY_S
+            self.log.info("collector_stats", **self.counters.snapshot())
+
+    def _checkpoint_tick(self) -> None:
+        if self.checkpoints is None:
+            return
+        if self._state is not None:
+            self._state.sync()
+        try:
+            decisions = self.checkpoints.tick(time.time())
+        except Exception as exc:
+            self.counters.automation_errors += 1
+            self.log.error("checkpoint_tick_failed", error=f"{type(exc).__name__}: {exc}")
+            return
+        self._record_decisions(decisions)
+
+    def _slurm_states(self) -> None:
+        """Record drain/resume transitions from the poller's latest look at Slurm."""
+        if self.poller is None:
+            return
+        polled = self.poller.take()
+        if polled is None:
+            return
+        at, states = polled
+        fleet = set(self.allowed.values())
+        try:
+            changes = self.store.record_slurm_states([s for s in states if s.name in fleet], at)
+        except sqlite3.Error as exc:
+            self.log.error("slurm_states_store_failed", error=str(exc))
+            return
+        for node, kind in changes:
+            self.log.info("node_state", node=node, kind=kind)
+
+    def _mark_unreachable(self) -> None:
+        """Nodes silent for ``unreachable_after`` heartbeats (by their last message stored)."""
+        window = self.settings.unreachable_after * self.settings.heartbeat_s
+        try:
+            gone = self.store.mark_unreachable(time.time(), window)
+        except sqlite3.Error as exc:
+            self.log.error("mark_unreachable_failed", error=str(exc))
+            return
+        for node in gone:
+            self.log.warning("node_unreachable", node=node, silent_s=window)

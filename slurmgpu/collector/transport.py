@@ -1,0 +1,392 @@
+"""The collector's transport: a ZeroMQ ROUTER (CURVE server) that receives what agents
+send, acks it, and sends heartbeats and commands. What a message does once decoded (the
+store, the automation, checkpoints) is the ``Handler``'s business (``fleet.py``); the
+transport knows nothing of it.
+
+Security: every connection is a CURVE handshake checked by ZAP against the allow-list
+(``<keys_dir>/nodes/*.key``); the authenticated public key travels with each frame as
+its "User-Id" and is mapped to the node name the key file is named after. A frame whose
+envelope ``node`` or routing id differs from the key's node is rejected, so a node's key
+can only speak for that node. A key revoked while its connection is up is refused from
+the next allow-list reload (SIGHUP, or within 30 s).
+
+Delivery: for each acked type (hello, report, event, command-result) the handler stores
+the batch (``Handler.commit``) and, only after the batch COMMITs, the transport acks its
+seqs; a duplicate (node, epoch, seq) is not stored again but is acked again. An ack names
+the epoch it acknowledges. After the acks, the batch goes to ``Handler.acked``.
+
+Bad messages never stop ingestion. A frame whose envelope is valid but whose body is
+not (``BodyError``), or a message the store cannot take although the store works (the
+handler says which), is rejected, counted and acked as ``rejected``: it would fail the
+same way on every resend, so the agent drops it (and logs it) instead of resending it
+forever. When the store itself fails (disk full, I/O error, locked, corrupt: the handler
+returns None) nothing is acked, so agents keep their messages spooled and resend them.
+
+Fairness: a batch (one ``Handler.commit``, then its acks) ends after ``max_batch``
+frames, after MAX_BATCH_BYTES, or as soon as one peer has sent MAX_PEER_BATCH_BYTES of it.
+
+Single-threaded (plus libzmq's I/O thread and the ZAP thread): every method, and
+``send_command``, is called from the thread that runs the collector loop.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
+
+import zmq
+from zmq.auth.thread import ThreadAuthenticator
+
+from slurmgpu import keys
+from slurmgpu.collector.counters import Counters, LimitedLog
+from slurmgpu.config.schema import CollectorSettings
+from slurmgpu.errors import SlurmGpuError
+from slurmgpu.log import get_logger
+from slurmgpu.wire import (
+    ACKED,
+    HEARTBEAT,
+    MAX_FRAME,
+    BodyError,
+    Envelope,
+    ReplyFrames,
+    WireError,
+    command_frame,
+    decode,
+)
+
+MAX_BATCH = 1000
+ALLOW_LIST_RELOAD_S = 30.0
+# libzmq drops (and disconnects) a peer sending a frame above this before Python sees it;
+# frames between MAX_FRAME and this are read and counted as "oversized".
+TRANSPORT_MAX_FRAME = 4 * MAX_FRAME
+# Per peer: a ROUTER queues at most this many frames from one connection, then stops
+# reading it (TCP backpressure; the agent's send waits, its spool keeps the rest). With
+# MAX_FRAME that bounds what one node can make the collector hold to ~64 MiB; agents
+# send far fewer between acks.
+RCVHWM = 64
+SNDHWM = 100_000  # acks and commands: small frames, and a ROUTER drops at the limit
+# A batch (one transaction, then its acks) ends after MAX_BATCH frames, after
+# MAX_BATCH_BYTES, or as soon as one peer has sent MAX_PEER_BATCH_BYTES of it: a node
+# sending frames at the size limit delays other nodes' acks by two frames' work, not a
+# thousand, while normal reports (~16 KB, a few per node) still batch by the thousand.
+MAX_BATCH_BYTES = 32 * MAX_FRAME
+MAX_PEER_BATCH_BYTES = 2 * MAX_FRAME
+
+# An acked-type message to acknowledge: (routing id, node, epoch, seq, rejected).
+AckItem = tuple[bytes, str, str, int, bool]
+# The accepted messages of one batch: (authenticated node, envelope, frame bytes).
+Batch = list[tuple[str, Envelope, bytes]]
+
+
+class CollectorError(SlurmGpuError):
+    """The collector could not start or could not deliver a command."""
+
+
+class Stored(NamedTuple):
+    """What ``Handler.commit`` made of a batch: the (node, seq) newly stored, and the
+    (node, epoch, seq) of messages refused for good (acked as rejected)."""
+
+    new: list[tuple[str, int]]
+    refused: set[tuple[str, str, int]]
+
+
+class Handler(Protocol):
+    """What the transport hands decoded messages to (``fleet.Fleet``)."""
+
+    def commit(self, batch: Batch, now: float) -> Stored | None:
+        """Store the batch (one transaction); None: the store itself failed, ack nothing."""
+
+    def acked(self, batch: Batch, new: list[tuple[str, int]], now: float) -> None:
+        """After the acks: act on the newly stored messages (``new``: (node, seq))."""
+
+    def allow_list_changed(self, allowed: Mapping[bytes, str]) -> None:
+        """The allow-list was (re)loaded: key -> node."""
+
+
+def _routing_id_ok(routing_id: bytes, node: str) -> bool:
+    """A message's routing id is the node's own name (agents before issue 12 set it) or
+    one ZeroMQ generated for the connection (first byte 0; current agents set none). Any
+    other id, e.g. another node's name claimed by this key, is squatting: refused."""
+    return routing_id == node.encode() or routing_id[:1] == b"\x00"
+
+
+class Transport:
+    def __init__(self, settings: CollectorSettings, counters: Counters, *,
+                 max_batch: int = MAX_BATCH) -> None:
+        self.settings = settings
+        self.counters = counters
+        self.max_batch = max_batch
+        self.log = get_logger(component="collector")
+        self._rejects = LimitedLog(self.log)
+        self.keys_dir = Path(settings.keys_dir)
+        public, secret = keys.server_keys(self.keys_dir)
+        self.allowed: dict[bytes, str] = keys.allowed_nodes(self.keys_dir)
+        self._frames = ReplyFrames()
+        self._allow_stamp = self._nodes_dir_stamp()
+        self.ctx = zmq.Context()
+        self.auth = ThreadAuthenticator(self.ctx)
+        self.auth.start()
+        self.auth.configure_curve(domain="*", location=str(self.keys_dir / keys.NODES_DIR))
+        self.sock = self._socket(public, secret)
+        self.endpoint = ""  # once ``listen`` has bound it
+        now = time.monotonic()
+        self.seen: dict[str, float] = {}  # node -> wall time last heard (this process)
+        # node -> routing id its authenticated key last spoke from: where its commands and
+        # heartbeats go (a routing id is the client's claim; the key is not)
+        self.routes: dict[str, bytes] = {}
+        self._next_heartbeat = now + settings.heartbeat_s
+        self._next_reload = now + ALLOW_LIST_RELOAD_S
+        self._reload_requested = False
+        self._closed = False
+
+    def _socket(self, public: bytes, secret: bytes) -> zmq.Socket[Any]:
+        settings = self.settings
+        sock = self.ctx.socket(zmq.ROUTER)
+        sock.curve_server = True
+        sock.curve_publickey = public
+        sock.curve_secretkey = secret
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.setsockopt(zmq.MAXMSGSIZE, TRANSPORT_MAX_FRAME)
+        sock.setsockopt(zmq.RCVHWM, RCVHWM)
+        sock.setsockopt(zmq.SNDHWM, SNDHWM)
+        sock.setsockopt(zmq.LINGER, 0)
+        # ZMTP heartbeats drop dead connections, so a restarted agent (same routing id)
+        # is not locked out by its own stale connection.
+        ivl = max(100, int(settings.heartbeat_s * 1000))
+        sock.setsockopt(zmq.HEARTBEAT_IVL, ivl)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, ivl * max(2, settings.unreachable_after))
+        return sock
+
+    def listen(self) -> str:
+        """Bind ``settings.bind``: agents connect from now on, so call it once what handles
+        their messages is ready (they take a silent collector for an unreachable one).
+        Returns the endpoint. CollectorError (and closed) when it cannot bind."""
+        try:
+            self.sock.bind(self.settings.bind)
+        except zmq.ZMQError as exc:
+            self.close()
+            raise CollectorError(f"cannot bind {self.settings.bind}: {exc}") from None
+        self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        return self.endpoint
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.sock.close(linger=0)
+        self.auth.stop()
+        self.ctx.term()
+
+    def request_reload(self) -> None:
+        """Reload the allow-list at the next ``tick`` (signal-safe)."""
+        self._reload_requested = True
+
+    # ------------------------------------------------------------------ receiving
+
+    def receive(self, handler: Handler, timeout_ms: int = 0) -> int:
+        """Wait up to ``timeout_ms`` for frames, handle up to ``max_batch`` of them (one
+        ``handler.commit``, then the acks, then ``handler.acked``). Returns frames handled."""
+        if not self.sock.poll(timeout_ms, zmq.POLLIN):
+            return 0
+        # A batch is ~100k short-lived, acyclic objects (decoded msgpack): the cyclic GC
+        # would traverse them over and over (it nearly halves throughput). Reference
+        # counting frees them; the GC runs again between batches.
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._drain_batch(handler)
+        finally:
+            if was_enabled:
+                gc.enable()
+
+    def _drain_batch(self, handler: Handler) -> int:
+        batch: Batch = []
+        to_ack: list[AckItem] = []
+        handled = size = 0
+        per_peer: dict[bytes, int] = {}
+        sock = self.sock
+        now = time.time()
+        while handled < self.max_batch and size < MAX_BATCH_BYTES:
+            try:
+                parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            handled += 1
+            self._accept(parts, batch, to_ack, now)
+            frame_size = len(parts[-1])
+            size += frame_size
+            peer = parts[0].bytes
+            peer_size = per_peer[peer] = per_peer.get(peer, 0) + frame_size
+            if peer_size >= MAX_PEER_BATCH_BYTES:
+                break
+        if not batch:
+            self._send_acks(to_ack)  # rejected messages only
+            return handled
+        self.counters.batches += 1
+        stored = handler.commit(batch, now)
+        if stored is None:
+            return handled  # the store failed: nothing is acked, the agents resend
+        new, refused = stored
+        if refused:
+            to_ack[:] = [(r, n, e, q, rej or (n, e, q) in refused) for r, n, e, q, rej in to_ack]
+        self.counters.stored += len(new)
+        self.counters.duplicates += sum(1 for item in to_ack if not item[4]) - len(new)
+        self._send_acks(to_ack)
+        if new:
+            handler.acked(batch, new, now)
+        return handled
+
+    def _accept(self, parts: list[Any], batch: Batch, to_ack: list[AckItem], now: float) -> None:
+        self.counters.received += 1
+        if len(parts) != 2:
+            self._reject("frames", frames=len(parts))
+            return
+        routing_id: bytes = parts[0].bytes
+        frame = parts[1]
+        try:
+            user = frame.get("User-Id")
+        except (zmq.ZMQError, KeyError):
+            user = None
+        node = self.allowed.get(user.encode("ascii", "replace")) if isinstance(user, str) else None
+        if node is None:
+            self._reject("unknown_key", key=keys.fingerprint(user.encode()) if user else None)
+            return
+        data: bytes = frame.bytes
+        if len(data) > MAX_FRAME:
+            self._reject("oversized", node=node, size=len(data))
+            return
+        try:
+            env = decode(data)
+        except BodyError as exc:
+            self._reject("malformed", node=node, error=str(exc))
+            self._ack_rejected(exc.envelope, node, routing_id, to_ack)
+            return
+        except WireError as exc:
+            reason = "version" if "protocol version" in str(exc) else "malformed"
+            self._reject(reason, node=node, error=str(exc))
+            return
+        if env.node != node:
+            self._reject("node_mismatch", node=node, claimed=env.node)
+            return
+        if not _routing_id_ok(routing_id, node):
+            self._reject("routing_mismatch", node=node,
+                         routing_id=routing_id.decode("utf-8", "replace")[:64])
+            return
+        if env.type == HEARTBEAT and env.body.get("probe") is True:
+            # `slurmgpu doctor` checking this node's key from another socket: answer at once,
+            # and leave the node's route and last-seen time to its agent.
+            self.counters.probes_answered += 1
+            self._send(routing_id, self._frames.heartbeat(node))
+            return
+        self.routes[node] = routing_id  # commands follow the authenticated key, not a claimed id
+        if env.type == HEARTBEAT:
+            self.counters.heartbeats_received += 1
+        elif env.type not in ACKED:
+            self._reject("unexpected_type", node=node, type=env.type)
+            return
+        self.seen[node] = now
+        batch.append((node, env, data))
+        if env.type in ACKED:
+            to_ack.append((routing_id, node, env.epoch, env.seq, False))
+
+    def _ack_rejected(self, env: Envelope, node: str, routing_id: bytes, to_ack: list[AckItem]) -> None:
+        """Ack a message whose body was refused, if it is the authenticated node's own
+        acked-type message: the agent drops it instead of resending it forever."""
+        if env.node == node and _routing_id_ok(routing_id, node) and env.type in ACKED:
+            to_ack.append((routing_id, node, env.epoch, env.seq, True))
+
+    def _reject(self, reason: str, **detail: Any) -> None:
+        self.counters.rejected[reason] += 1
+        self._rejects.warning("message_rejected", reason=reason, **detail)
+
+    # ------------------------------------------------------------------ sending
+
+    def _send_acks(self, to_ack: list[AckItem]) -> None:
+        """One ack per peer and epoch. A seq both rejected and stored in this batch (a
+        bad copy and a good one) is acked as stored."""
+        per_peer: dict[tuple[bytes, str], tuple[str, dict[int, bool]]] = {}
+        for routing_id, node, epoch, seq, rejected in to_ack:
+            seqs = per_peer.setdefault((routing_id, epoch), (node, {}))[1]
+            seqs[seq] = seqs.get(seq, True) and rejected
+        ack = self._frames.ack
+        for (routing_id, epoch), (node, seqs) in per_peer.items():
+            refused = [q for q, rejected in seqs.items() if rejected]
+            if self._send(routing_id, ack(node, list(seqs), epoch, refused)):
+                self.counters.acks_sent += 1
+            else:
+                self.counters.acks_failed += 1
+
+    def _send(self, routing_id: bytes, frame: bytes) -> bool:
+        try:
+            self.sock.send_multipart([routing_id, frame], zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError:  # EHOSTUNREACH (gone) or EAGAIN (its queue is full)
+            return False
+
+    def send_command(self, node: str, command: str, args: dict[str, Any] | None = None) -> str:
+        """Send a command to a connected node; returns the command id (the envelope id,
+        echoed as ``command_id`` in the command-result)."""
+        command_id = uuid.uuid4().hex
+        route = self.routes.get(node)
+        if route is None or not self._send(route, command_frame(node, command, args, id=command_id)):
+            raise CollectorError(f"node {node} is not connected (or its queue is full)")
+        self.log.info("command_sent", node=node, command=command, command_id=command_id)
+        return command_id
+
+    # ------------------------------------------------------------------ periodic
+
+    def tick(self, handler: Handler) -> None:
+        """The transport's periodic work: the allow-list reload (every ALLOW_LIST_RELOAD_S,
+        or when requested) and the heartbeats to the nodes heard from recently."""
+        mono = time.monotonic()
+        if self._reload_requested or mono >= self._next_reload:
+            force = self._reload_requested
+            self._reload_requested = False
+            self._next_reload = mono + ALLOW_LIST_RELOAD_S
+            self.reload_allow_list(handler, force=force)
+        if mono >= self._next_heartbeat:
+            self._next_heartbeat = mono + self.settings.heartbeat_s
+            self._heartbeat()
+
+    def _heartbeat(self) -> None:
+        now = time.time()
+        window = self.settings.unreachable_after * self.settings.heartbeat_s
+        for node, seen in list(self.seen.items()):
+            if now - seen > window:
+                del self.seen[node]
+                continue
+            route = self.routes.get(node)
+            if route is not None and self._send(route, self._frames.heartbeat(node)):
+                self.counters.heartbeats_sent += 1
+
+    def _nodes_dir_stamp(self) -> int | None:
+        try:
+            return os.stat(self.keys_dir / keys.NODES_DIR).st_mtime_ns
+        except OSError:
+            return None
+
+    def reload_allow_list(self, handler: Handler, *, force: bool = True) -> bool:
+        """Re-read the allow-list (and re-configure ZAP) if it changed or ``force``, and
+        tell ``handler``. A broken allow-list keeps the previous one (logged). Returns True
+        if reloaded."""
+        stamp = self._nodes_dir_stamp()
+        if not force and stamp == self._allow_stamp:
+            return False
+        try:
+            allowed = keys.allowed_nodes(self.keys_dir)
+        except SlurmGpuError as exc:
+            self.log.error("allow_list_invalid", error=str(exc), kept=len(self.allowed))
+            return False
+        self.auth.configure_curve(domain="*", location=str(self.keys_dir / keys.NODES_DIR))
+        self._allow_stamp = stamp
+        added = len(set(allowed) - set(self.allowed))
+        removed = len(set(self.allowed) - set(allowed))
+        self.allowed = allowed
+        handler.allow_list_changed(allowed)
+        self.log.info("allow_list_loaded", nodes=len(allowed), added=added, removed=removed)
+        return True
