@@ -189,3 +189,20 @@ def test_the_walker_sees_lazy_imports(tmp_path: Path) -> None:
     function and resolve relative imports."""
     assert "slurmgpu.sim.build" in imported("slurmgpu.cli.sim") or any(
         t.startswith("slurmgpu.sim") for t in imported("slurmgpu.cli.sim"))
+
+
+def test_the_walks_in_docs_architecture_name_real_code() -> None:
+    """Every `file.py:Name` (or `file.py:Class.method`) hop in docs/architecture.md exists."""
+    doc = (PACKAGE.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    hops = re.findall(r"`([\w/]+\.py):\s*([\w.]+)", doc)
+    assert len(hops) > 15
+    missing = []
+    for file, dotted in hops:
+        path = PACKAGE / file
+        if not path.is_file():
+            missing.append(f"{file} (no such file)")
+            continue
+        defined = {n.name for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                   if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+        missing += [f"{file}:{dotted}" for part in dotted.split(".") if part not in defined]
+    assert missing == []
