@@ -11,7 +11,8 @@ from html import escape
 from typing import Any
 
 from slurmgpu.report import SECTIONS, TITLES
-from slurmgpu.report.render_util import axis, day, duration, hours, mtbf, num, pct, per, tick, when
+from slurmgpu.report.render_util import axis, day, duration, hours, num, pct, per, tick, when
+from slurmgpu.report.sections import MTBF_HEADERS, mtbf_rows, section_renderers
 
 COLORS = {"healthy": "#2e9d57", "degraded": "#e0a100", "drained": "#c8453c",
           "unreachable": "#8c8c8c"}
@@ -330,7 +331,7 @@ def _xids(m: dict[str, Any]) -> str:
                           for c in x["codes"]], numeric=(0, 4, 5, 6), wrap=(1, 7))
 
 
-def _ecc(m: dict[str, Any]) -> str:
+def _ecc_trends(m: dict[str, Any]) -> str:
     c = m["ecc-trends"]
     rows = [[g["node"], g["gpu"], g["serial"] or "-", g["model"] or "-",
              *(num(g["rise"][k]) for k in ("ecc_corrected", "ecc_uncorrected", "remap_corrected",
@@ -382,7 +383,7 @@ def _ib(m: dict[str, Any]) -> str:
                       for p in b["ports"]], numeric=(3, 5), wrap=(2,)) + more)
 
 
-def _pins(m: dict[str, Any]) -> str:
+def _pin_drift(m: dict[str, Any]) -> str:
     p = m["pin-drift"]
     out = [f'<p class="meta">{p["nodes_off_pin"]} nodes run a version their [pins] do not '
            "accept (highlighted). Versions at the window's end.</p>"]
@@ -439,18 +440,10 @@ def _jobs(m: dict[str, Any]) -> str:
 def _mtbf(m: dict[str, Any]) -> str:
     return ('<p class="meta">Node-hours observed in the window divided by the failures '
             "counted; n/a when there was none.</p>"
-            + _table(["GPU model", "nodes", "node-hours", "drains", "MTBF (drains)",
-                      "FAIL transitions", "MTBF (FAIL)"],
-                     [[r["gpu_model"], r["nodes"], hours(r["node_hours"]), r["drains"],
-                       mtbf(r["mtbf_drain_h"]), r["fail_transitions"], mtbf(r["mtbf_fail_h"])]
-                      for r in m["mtbf"]["models"]], numeric=range(1, 7)))
+            + _table(MTBF_HEADERS, mtbf_rows(m), numeric=range(1, 7)))
 
 
-_RENDER: dict[str, Callable[[dict[str, Any]], str]] = {
-    "summary": _summary, "availability": _availability, "drains": _drains,
-    "failures": _failures, "xids": _xids, "ecc-trends": _ecc, "throttling": _throttling,
-    "ib": _ib, "pin-drift": _pins, "service": _service, "jobs": _jobs, "mtbf": _mtbf,
-}
+_RENDER = section_renderers(globals())
 
 
 def render(model: dict[str, Any]) -> str:

@@ -3,11 +3,12 @@ charts as text bars."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from slurmgpu.report import SECTIONS, TITLES
-from slurmgpu.report.render_util import duration, hours, mtbf, num, pct, per, when
+from slurmgpu.report.render_util import duration, hours, num, pct, per, when
+from slurmgpu.report.sections import MTBF_HEADERS, mtbf_rows, section_renderers
 
 BAR_WIDTH = 20
 
@@ -122,7 +123,7 @@ def _xids(m: dict[str, Any]) -> str:
             + bars([(f"XID {c['xid']}", c["count"], str(c["count"])) for c in x["codes"][:15]]))
 
 
-def _ecc(m: dict[str, Any]) -> str:
+def _ecc_trends(m: dict[str, Any]) -> str:
     c = m["ecc-trends"]
     return (f"{c['gpus_rising']} GPUs whose ECC or row-remap counters rose in the window.\n\n"
             + table(["node", "GPU", "serial", "ECC corr +", "ECC uncorr +", "remap corr +",
@@ -160,7 +161,7 @@ def _ib(m: dict[str, Any]) -> str:
                       p["flap_findings"], p["state"]] for p in b["ports"]]))
 
 
-def _pins(m: dict[str, Any]) -> str:
+def _pin_drift(m: dict[str, Any]) -> str:
     p = m["pin-drift"]
     out = f"{p['nodes_off_pin']} nodes run a version their [pins] do not accept (**OFF-PIN**).\n"
     for name, f in p["fields"].items():
@@ -199,18 +200,10 @@ def _jobs(m: dict[str, Any]) -> str:
 
 
 def _mtbf(m: dict[str, Any]) -> str:
-    return table(["GPU model", "nodes", "node-hours", "drains", "MTBF (drains)", "FAIL transitions",
-                  "MTBF (FAIL)"],
-                 [[r["gpu_model"], r["nodes"], hours(r["node_hours"]), r["drains"],
-                   mtbf(r["mtbf_drain_h"]), r["fail_transitions"], mtbf(r["mtbf_fail_h"])]
-                  for r in m["mtbf"]["models"]])
+    return table(MTBF_HEADERS, mtbf_rows(m))
 
 
-_RENDER: dict[str, Callable[[dict[str, Any]], str]] = {
-    "summary": _summary, "availability": _availability, "drains": _drains,
-    "failures": _failures, "xids": _xids, "ecc-trends": _ecc, "throttling": _throttling,
-    "ib": _ib, "pin-drift": _pins, "service": _service, "jobs": _jobs, "mtbf": _mtbf,
-}
+_RENDER = section_renderers(globals())
 
 
 def render(model: dict[str, Any]) -> str:

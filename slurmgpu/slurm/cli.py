@@ -27,12 +27,10 @@ import subprocess
 import time
 import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Unpack
 
 from slurmgpu.slurm import JobInfo, NodeState, SlurmError, SlurmUnreachable
-
-if TYPE_CHECKING:
-    from slurmgpu.config.schema import SlurmSettings
+from slurmgpu.slurm.common import ClientBase, ClientOptions
 
 # runner(argv, env, timeout_s) -> CompletedProcess; raises subprocess.TimeoutExpired
 # on timeout and OSError when the binary cannot be executed.
@@ -515,45 +513,22 @@ def _no_reboot_program(node: str, exc: SlurmCommandError) -> SlurmCommandError |
 # --------------------------------------------------------------------------- client
 
 
-class CliSlurmClient:
+class CliSlurmClient(ClientBase):
     """``SlurmClient`` backed by scontrol/scancel/squeue/sinfo."""
 
-    def __init__(
-        self,
-        *,
-        bin_dir: str | None = None,
-        env: Mapping[str, str] | None = None,
-        retries: int = 3,
-        retry_delay_s: float = 1.0,
-        command_timeout_s: float = 10.0,
-        sleep: Callable[[float], object] = time.sleep,
-        runner: Runner | None = None,
-    ) -> None:
-        self.bin_dir = bin_dir
-        self.retries = max(1, int(retries))
-        self.retry_delay_s = max(0.0, float(retry_delay_s))
-        self.command_timeout_s = float(command_timeout_s)
-        self._sleep = sleep
+    def __init__(self, *, runner: Runner | None = None, **options: Unpack[ClientOptions]) -> None:
+        super().__init__(**options)
         self._runner: Runner = runner or _default_runner
         merged = dict(os.environ)
+        env = options.get("env")
         if env is not None:
             merged.update(env)
         # Timestamps in text output: ISO 8601, whatever the caller's environment says.
         merged["SLURM_TIME_FORMAT"] = "standard"
-        self.env: dict[str, str] = merged
+        self.env = merged
         self._bins: dict[str, str] = {}
         self._version: tuple[int, int] | None = None
         self._json_broken: set[str] = set()
-
-    @classmethod
-    def from_settings(cls, settings: SlurmSettings, env: Mapping[str, str] | None = None) -> CliSlurmClient:
-        return cls(
-            bin_dir=settings.bin_dir,
-            env=env,
-            retries=settings.retries,
-            retry_delay_s=settings.retry_delay_s,
-            command_timeout_s=settings.command_timeout_s,
-        )
 
     # ----------------------------------------------------------------- plumbing
 

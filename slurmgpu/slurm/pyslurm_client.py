@@ -23,9 +23,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from slurmgpu.slurm import JobInfo, NodeState, SlurmError, SlurmUnreachable
 from slurmgpu.slurm.cli import (
@@ -42,9 +41,7 @@ from slurmgpu.slurm.cli import (
     parse_version,
     sanitize_reason,
 )
-
-if TYPE_CHECKING:
-    from slurmgpu.config.schema import SlurmSettings
+from slurmgpu.slurm.common import ClientBase, ClientOptions
 
 T = TypeVar("T")
 
@@ -110,34 +107,15 @@ def _signal_name(signal: str) -> str:
     return f"SIG{s}"
 
 
-class PyslurmClient:
-    """``SlurmClient`` backed by pyslurm (needs a pyslurm built for this Slurm)."""
+class PyslurmClient(ClientBase):
+    """``SlurmClient`` backed by pyslurm (needs a pyslurm built for this Slurm).
 
-    def __init__(
-        self,
-        *,
-        bin_dir: str | None = None,
-        env: Mapping[str, str] | None = None,
-        retries: int = 3,
-        retry_delay_s: float = 1.0,
-        command_timeout_s: float = 10.0,
-        sleep: Callable[[float], object] = time.sleep,
-        module: Any = None,
-    ) -> None:
-        self.bin_dir = bin_dir
-        self.env = dict(env or {})
-        self.retries = max(1, int(retries))
-        self.retry_delay_s = max(0.0, float(retry_delay_s))
-        # libslurm has its own timeouts (MessageTimeout); kept for interface parity.
-        self.command_timeout_s = float(command_timeout_s)
-        self._sleep = sleep
+    ``command_timeout_s`` is kept for interface parity: libslurm has its own timeouts
+    (MessageTimeout)."""
+
+    def __init__(self, *, module: Any = None, **options: Unpack[ClientOptions]) -> None:
+        super().__init__(**options)
         self._mod = module
-
-    @classmethod
-    def from_settings(cls, settings: SlurmSettings, env: Mapping[str, str] | None = None) -> PyslurmClient:
-        return cls(bin_dir=settings.bin_dir, env=env, retries=settings.retries,
-                   retry_delay_s=settings.retry_delay_s,
-                   command_timeout_s=settings.command_timeout_s)
 
     @staticmethod
     def available(env: Mapping[str, str] | None = None, bin_dir: str | None = None) -> tuple[bool, str]:
