@@ -19,6 +19,7 @@ runs on any python3 >= 3.8), and only cheap imports (the quick client runs once 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -203,7 +204,10 @@ def ask(path: str, request: Mapping[str, Any], timeout: float) -> dict[str, Any]
             sock.settimeout(timeout)
             sock.connect(path)
             check_server(sock)
-            sock.sendall(encode(request))
+            # A refusal may be answered, and the socket closed, before the request is read:
+            # the reply is still there to read.
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                sock.sendall(encode(request))
             lines = LineReader(sock)
             reply = _reply(lines.read(deadline))
             if reply.get("ack") is True:

@@ -225,9 +225,10 @@ def test_cli_release_while_the_collector_runs(tmp_path: Path, keys_dir: Path,  #
     config = tmp_path / "slurmgpu.toml"
     config.write_text(f'[collector]\ndb = "{cfg.db}"\n[paths]\nstate_dir = "{tmp_path / "state"}"\n')
     client = FakeSlurmClient(["gpu-a", "gpu-b"])
-    store = Store(cfg.db)  # one connection for the collector and its automation, as in production
-    auto = Automation(AutomationSettings(max_fraction=0.5), client, tmp_path / "state", store=store)
-    with running(cfg, auto):
+    with running(cfg, automation=AutomationSettings(max_fraction=0.5), slurm=client,
+                 state_dir=tmp_path / "state") as collector:
+        auto = collector.automation  # one store for the collector and its automation (build_collector)
+        assert auto is not None
         agents = {n: Agent(ctx, cfg, keys_dir, n) for n in ("gpu-a", "gpu-b")}
         seq = {"gpu-a": 0, "gpu-b": 0}
 
@@ -237,9 +238,9 @@ def test_cli_release_while_the_collector_runs(tmp_path: Path, keys_dir: Path,  #
             assert agents[node].acked() == [seq[node]]
 
         report("gpu-a")
-        wait_until(lambda: "gpu-a" in auto.status()["drained"], 5, "gpu-a drained")
+        wait_until(lambda: "gpu-a" in auto.status()["drained"], 20, "gpu-a drained")
         report("gpu-b")
-        wait_until(lambda: [h["node"] for h in auto.status()["held"]] == ["gpu-b"], 5, "gpu-b held")
+        wait_until(lambda: [h["node"] for h in auto.status()["held"]] == ["gpu-b"], 20, "gpu-b held")
         done = threading.Event()
         results: list[Any] = []
 
@@ -264,4 +265,3 @@ def test_cli_release_while_the_collector_runs(tmp_path: Path, keys_dir: Path,  #
     assert sorted(in_db.drained) == ["gpu-a", "gpu-b"]
     [d] = Store(cfg.db).decisions(node="gpu-b")[-1:]
     assert d["reason"].endswith("(held by the breaker, released by erin)")
-    store.close()
