@@ -38,6 +38,22 @@ def query(fleet: SimCluster, sql: str, *params: Any) -> list[tuple[Any, ...]]:
     return query_db(fleet.collector_db(), sql, *params)
 
 
+def set_automation(fleet: SimCluster, settings: str) -> None:
+    """``fleet.set_automation``, which restarts the collector, then wait until every agent
+    has reconnected (a hello from it stored since): an agent that has not yet signals the
+    jobs on its node itself on a drain-now fault (its local fallback). An agent configured
+    for another port than the collector's (a collector restarted while its port was taken
+    moves to the next free one) would never reconnect: it is restarted."""
+    restarted = time.time()
+    fleet.set_automation(settings)
+    for node in NODES:
+        if f'"{fleet.collector_address}"' not in fleet.agent_config_path(node).read_text():
+            fleet.restart_agent(node)
+    wait_until(lambda: len(query(fleet, "SELECT DISTINCT node FROM messages WHERE type = 'hello' "
+                                        "AND received_at >= ?", restarted)) == len(NODES),
+               30, "every agent reconnected to the restarted collector")
+
+
 def timeline(fleet: SimCluster, job_id: str) -> list[str]:
     return [k for (k,) in query(fleet, "SELECT kind FROM job_events WHERE job_id = ? ORDER BY ts, id",
                                 job_id)]
@@ -49,6 +65,27 @@ def reason(fleet: SimCluster, node: str) -> str:
 
 def drained(fleet: SimCluster, node: str) -> bool:
     return "drain" in fleet.node_states().get(node, "")
+
+
+def first_healthy(fleet: SimCluster, node: str, since: float) -> tuple[float, float] | None:
+    """(its timestamp, when the collector received it) of the node's first OK report made
+    after ``since`` (report_history keeps a row only where a node's verdict changes)."""
+    rows = query(fleet, "SELECT h.ts, m.received_at FROM report_history h JOIN messages m "
+                        "ON m.node = h.node AND m.seq = h.seq AND m.ts = h.ts "
+                        "WHERE h.node = ? AND h.verdict = 'OK' AND h.ts > ? ORDER BY h.ts LIMIT 1",
+                 node, since)
+    return rows[0] if rows else None
+
+
+def handled_reports(fleet: SimCluster, node: str, since: float) -> int:
+    """How many of the node's reports received at or after ``since`` (the collector's clock)
+    the automation has handled. The collector's loop is single-threaded: it stores a batch,
+    acks it and runs the automation on it before it takes the next batch, so every batch
+    received before the newest one stored has been handled."""
+    [(newest,)] = query(fleet, "SELECT max(received_at) FROM messages")
+    [(count,)] = query(fleet, "SELECT count(*) FROM messages WHERE node = ? AND type = 'report' "
+                              "AND received_at >= ? AND received_at < ?", node, since, newest)
+    return int(count)
 
 
 def submit_training(fleet: SimCluster, tmp_path: Path, steps: int = 150, step_time: float = 0.1,
@@ -63,12 +100,12 @@ def submit_training(fleet: SimCluster, tmp_path: Path, steps: int = 150, step_ti
     else:
         script = f"#!/bin/bash\nexec {run}\n"
     job = fleet.sbatch(script, "--requeue", "--gres=gpu:1", "-N1", "--open-mode=append")
-    state = fleet.wait_job(job, ("RUNNING",), timeout=30)
+    state = fleet.wait_job(job, ("RUNNING",), timeout=60)
     assert state == "RUNNING", fleet.job(job)
     node = fleet.job(job)["NodeList"]
     # A signal before the script set up its handler would kill it.
     ready = "starting fresh" if ack else "trap set"
-    wait_until(lambda: ready in _output(fleet, job), 20, "the job to be ready for signals")
+    wait_until(lambda: ready in _output(fleet, job), 60, "the job to be ready for signals")
     return job, node
 
 
@@ -80,7 +117,7 @@ def _output(fleet: SimCluster, job: str) -> str:
 
 
 def test_job_acks_is_requeued_and_resumes_from_its_checkpoint(fleet: SimCluster, tmp_path: Path) -> None:
-    fleet.set_automation(OPEN_BREAKER + "checkpoint_deadline_s = 60\n")
+    set_automation(fleet, OPEN_BREAKER + "checkpoint_deadline_s = 60\n")
     job, node = submit_training(fleet, tmp_path)
     other = next(n for n in NODES if n != node)
     # The job sees where its request file is (TaskProlog).
@@ -110,29 +147,34 @@ def test_job_acks_is_requeued_and_resumes_from_its_checkpoint(fleet: SimCluster,
 
 
 def test_job_that_never_acks_is_requeued_at_the_deadline(fleet: SimCluster, tmp_path: Path) -> None:
-    fleet.set_automation(OPEN_BREAKER + "checkpoint_deadline_s = 4\n")
+    set_automation(fleet, OPEN_BREAKER + "checkpoint_deadline_s = 4\n")
     job, node = submit_training(fleet, tmp_path, ack=False)
     fleet.inject_xid(node, 2, 79)
-    wait_until(lambda: "signalled" in timeline(fleet, job), 15, "the signal")
-    signalled = time.monotonic()
-    assert not drained(fleet, node)  # waiting for the ack
-    wait_until(lambda: drained(fleet, node), 20, "the drain at the deadline")
-    assert time.monotonic() - signalled >= 2.5
-    wait_until(lambda: "requeued" in timeline(fleet, job), 10, "the requeue")
+    wait_until(lambda: "signalled" in timeline(fleet, job), 30, "the signal")
+    [(requested, deadline)] = query(fleet, "SELECT requested, deadline FROM checkpoints WHERE job_id = ?", job)
+    assert deadline - requested == pytest.approx(4)
+    # Waiting for the ack: not drained yet. (Only a look that ends before the deadline can
+    # tell; the collector's own times below are checked however late this test looks.)
+    assert not drained(fleet, node) or time.time() >= deadline, "drained before the deadline"
+    wait_until(lambda: drained(fleet, node), 30, "the drain at the deadline")
+    wait_until(lambda: "requeued" in timeline(fleet, job), 30, "the requeue")
     kinds = timeline(fleet, job)
     assert "acked" not in kinds and kinds.index("deadline") < kinds.index("drained")
+    # Drained at the deadline, not before: when the collector did it, not when this test saw it.
+    at = dict(query(fleet, "SELECT kind, ts FROM job_events WHERE job_id = ?", job))
+    assert at["deadline"] >= deadline and at["drained"] >= deadline, (at, deadline)
     assert "got USR1, ignoring" in _output(fleet, job) or int(fleet.job(job).get("Restarts", "0")) >= 1
 
 
 def test_collector_restart_mid_checkpoint_keeps_the_timeline(fleet: SimCluster, tmp_path: Path) -> None:
-    fleet.set_automation(OPEN_BREAKER + "checkpoint_deadline_s = 6\n")
+    set_automation(fleet, OPEN_BREAKER + "checkpoint_deadline_s = 6\n")
     job, node = submit_training(fleet, tmp_path, ack=False)
     fleet.inject_xid(node, 1, 79)
-    wait_until(lambda: "signalled" in timeline(fleet, job), 15, "the signal")
+    wait_until(lambda: "signalled" in timeline(fleet, job), 30, "the signal")
     fleet.kill_collector()  # SIGKILL, mid-checkpoint
     fleet.start_collector()
-    wait_until(lambda: drained(fleet, node), 25, "the drain at the deadline after the restart")
-    wait_until(lambda: "requeued" in timeline(fleet, job), 10, "the requeue")
+    wait_until(lambda: drained(fleet, node), 30, "the drain at the deadline after the restart")
+    wait_until(lambda: "requeued" in timeline(fleet, job), 30, "the requeue")
     kinds = timeline(fleet, job)
     assert kinds.count("signalled") == 1, kinds  # not signalled again after the restart
     assert kinds.index("deadline") < kinds.index("drained") < kinds.index("requeued")
@@ -140,13 +182,15 @@ def test_collector_restart_mid_checkpoint_keeps_the_timeline(fleet: SimCluster, 
 
 def test_bad_pin_on_every_node_trips_the_breaker(fleet: SimCluster) -> None:
     # 2 nodes, at most 10 % drained (at least 1): the second failing node trips the breaker.
-    fleet.set_automation("max_fraction = 0.1\nstorm_fraction = 0.5\n")
+    set_automation(fleet, "max_fraction = 0.1\nstorm_fraction = 0.5\n")
     fleet.write_config(fleet.default_config().replace('driver = ["550.90.07"]', 'driver = ["999.1"]'))
     for node in NODES:
         fleet.restart_agent(node)
-    wait_until(lambda: query(fleet, "SELECT count(*) FROM decisions WHERE held = 1")[0][0] >= 1, 20,
-             "a held drain")
-    time.sleep(3)  # more reports: still no second drain
+    held = wait_until(lambda: query(fleet, "SELECT min(time) FROM decisions WHERE held = 1")[0][0], 30,
+                      "a held drain")
+    # More reports from both nodes handled since (not a fixed wait): still no second drain.
+    wait_until(lambda: all(handled_reports(fleet, n, held) >= 2 for n in NODES), 30,
+               "more reports from both nodes handled")
     states = [drained(fleet, n) for n in NODES]
     assert states.count(True) <= 1, fleet.node_states()
     out = fleet._run([sys.executable, "-m", "slurmgpu", "breaker", "status", "--json",
@@ -156,46 +200,57 @@ def test_bad_pin_on_every_node_trips_the_breaker(fleet: SimCluster) -> None:
 
 
 def test_auto_resume_after_recovery_not_before(fleet: SimCluster) -> None:
-    fleet.set_automation(OPEN_BREAKER + "resume_healthy_reports = 2\nresume_after_s = 6\n")
+    set_automation(fleet, OPEN_BREAKER + "resume_healthy_reports = 2\nresume_after_s = 6\n")
     node = "gpu-n1"
     fleet.inject(node, "fault-ecc-dbe")  # uncorrected ECC: drain
-    wait_until(lambda: drained(fleet, node), 20, "the drain")
+    wait_until(lambda: drained(fleet, node), 30, "the drain")
+    since = time.time()
     fleet.inject(node, "h100-sxm-8")
-    healthy = wait_until(lambda: query(fleet, "SELECT min(ts) FROM report_history WHERE node = ? "
-                                     "AND verdict = 'OK' AND ts > ?", node, time.time() - 1)[0][0]
-                       or None, 20, "a healthy report")
-    time.sleep(3)
-    assert drained(fleet, node), "resumed before resume_after_s"
-    wait_until(lambda: not drained(fleet, node), 20, "the auto-resume")
-    assert time.time() - healthy >= 5.5
+    healthy, received = wait_until(lambda: first_healthy(fleet, node, since), 30, "a healthy report")
+    # Not a fixed wait: once the automation has handled resume_healthy_reports (2) healthy
+    # reports, only resume_after_s holds the node. (Only a look that ends before that time
+    # can tell; the resume's own time is checked below however late this test looks.)
+    wait_until(lambda: handled_reports(fleet, node, received) >= 2, 30, "two healthy reports handled")
+    assert drained(fleet, node) or time.time() >= received + 6, "resumed before resume_after_s"
+    wait_until(lambda: not drained(fleet, node), 30, "the auto-resume")
+    [(resumed,)] = query(fleet, "SELECT time FROM decisions WHERE node = ? AND action = 'resume'", node)
+    assert resumed - healthy >= 5.5  # when the collector resumed it, not when this test saw it
 
 
 def test_lemon_stays_drained(fleet: SimCluster) -> None:
-    fleet.set_automation(OPEN_BREAKER + "resume_healthy_reports = 1\nresume_after_s = 0\n"
-                         "lemon_drains = 2\n")
+    set_automation(fleet, OPEN_BREAKER + "resume_healthy_reports = 1\nresume_after_s = 0\n"
+                          "lemon_drains = 2\n")
     node = "gpu-n2"
+    since = 0.0
     for round_ in range(2):
         fleet.inject(node, "fault-ecc-dbe")
-        wait_until(lambda: drained(fleet, node), 20, f"drain {round_ + 1}")
+        wait_until(lambda: drained(fleet, node), 30, f"drain {round_ + 1}")
+        since = time.time()
         fleet.inject(node, "h100-sxm-8")
         if round_ == 0:
-            wait_until(lambda: not drained(fleet, node), 20, "the first auto-resume")
-    time.sleep(6)  # three healthy reports
+            wait_until(lambda: not drained(fleet, node), 30, "the first auto-resume")
+    # Three healthy reports handled (not a fixed wait): each would resume a node that is not
+    # a lemon (resume_healthy_reports = 1, resume_after_s = 0).
+    _, received = wait_until(lambda: first_healthy(fleet, node, since), 30, "a healthy report")
+    wait_until(lambda: handled_reports(fleet, node, received) >= 3, 30, "three healthy reports handled")
     assert drained(fleet, node), "a lemon was resumed"
     lemons = {n for (n,) in query(fleet, "SELECT node FROM automation_lemons")}  # the collector's state
     assert node in lemons
 
 
 def test_operator_drain_is_never_resumed(fleet: SimCluster) -> None:
-    fleet.set_automation(OPEN_BREAKER + "resume_healthy_reports = 1\nresume_after_s = 0\n")
+    set_automation(fleet, OPEN_BREAKER + "resume_healthy_reports = 1\nresume_after_s = 0\n")
     node = "gpu-n1"
     fleet.scontrol("update", f"nodename={node}", "state=drain", "reason=disk swap, ticket 42")
     fleet.inject(node, "fault-ecc-dbe")
     # (wait for the FAIL to be handled, not a fixed time: the automation keeps the drain)
     wait_until(lambda: ("operator-drain-kept",) in query(fleet, "SELECT result FROM decisions WHERE node = ?",
                                                           node), 30, "the FAIL report handled")
+    since = time.time()
     fleet.inject(node, "h100-sxm-8")
-    time.sleep(6)  # healthy reports that must not resume it (resume_healthy_reports = 1)
+    # Healthy reports handled (not a fixed wait) that must not resume it (resume_healthy_reports = 1).
+    _, received = wait_until(lambda: first_healthy(fleet, node, since), 30, "a healthy report")
+    wait_until(lambda: handled_reports(fleet, node, received) >= 3, 30, "three healthy reports handled")
     assert drained(fleet, node) and reason(fleet, node) == "disk swap, ticket 42"
     results = [r for (r,) in query(fleet, "SELECT result FROM decisions WHERE node = ?", node)]
     assert "operator-drain-kept" in results and "resumed" not in results
@@ -207,6 +262,8 @@ def test_operator_drain_is_never_resumed(fleet: SimCluster) -> None:
 def test_prolog_blocked_job_is_reported(fleet: SimCluster) -> None:
     node = "gpu-n2"
     fleet.inject(node, "fault-row-remap-failure")
+    # The prolog asks the agent, whose facts may predate the fault by up to max_age_s.
+    wait_until(lambda: fleet.agent_status(node).get("verdict") == "FAIL", 30, "the agent to see the fault")
     job = fleet.sbatch("", "-w", node, "--gres=gpu:8", "-o", "/dev/null", "--wrap", "true")
     rows = wait_until(lambda: query(fleet, "SELECT node, body FROM events WHERE kind = 'prolog_blocked'"),
                       30, "the prolog_blocked event")
@@ -216,18 +273,19 @@ def test_prolog_blocked_job_is_reported(fleet: SimCluster) -> None:
 
 
 def test_dry_run_changes_nothing_in_slurm(fleet: SimCluster) -> None:
-    fleet.set_automation(OPEN_BREAKER + "dry_run = true\n")
+    set_automation(fleet, OPEN_BREAKER + "dry_run = true\n")
     node = "gpu-n2"
     fleet.inject(node, "fault-ecc-dbe")
-    wait_until(lambda: query(fleet, "SELECT count(*) FROM decisions WHERE node = ? AND dry_run = 1",
-                           node)[0][0], 20, "a dry-run decision")
-    time.sleep(2)
+    decided = wait_until(lambda: query(fleet, "SELECT min(time) FROM decisions WHERE node = ? AND dry_run = 1",
+                                       node)[0][0], 30, "a dry-run decision")
+    # More reports handled since (not a fixed wait): none of them drained it either.
+    wait_until(lambda: handled_reports(fleet, node, decided) >= 2, 30, "more reports handled")
     assert not drained(fleet, node) and reason(fleet, node) in ("", "none")
 
 
 def test_reboot_action_when_allowed(fleet: SimCluster) -> None:
-    fleet.set_automation(OPEN_BREAKER + 'reboot_allowed = true\n[automation.policy]\n'
-                         '"ecc.uncorrected" = "reboot"\n')
+    set_automation(fleet, OPEN_BREAKER + 'reboot_allowed = true\n[automation.policy]\n'
+                          '"ecc.uncorrected" = "reboot"\n')
     node = "gpu-n1"
     fleet.inject(node, "fault-ecc-dbe")
     wait_until(lambda: query(fleet, "SELECT result FROM decisions WHERE node = ? AND action = 'reboot'",

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import zmq
 import zmq.auth
+from zmq.utils.monitor import recv_monitor_message
 
 from slurmgpu import wire
 from slurmgpu.sim.cluster import SimCluster
@@ -37,6 +38,19 @@ def records(fleet: SimCluster, node: str) -> list[dict[str, Any]]:
 
 def node_line(fleet: SimCluster, node: str) -> str:
     return fleet.scontrol("show", "node", "-o", node)
+
+
+def spool_messages(fleet: SimCluster, node: str) -> list[tuple[float, wire.Envelope]]:
+    """(when it was spooled, the message) for each message in the node's agent spool: what
+    the collector has not acked yet."""
+    rows = query_db(fleet.agent_spool(node) / "spool.db", "SELECT created, frame FROM messages ORDER BY seq")
+    return [(created, wire.decode(frame)) for created, frame in rows]
+
+
+def spooled_xids(fleet: SimCluster, node: str) -> set[tuple[int, int]]:
+    """(GPU, XID) of each XID event in the node's agent spool."""
+    return {(env.body.get("gpu"), env.body.get("data")) for _, env in spool_messages(fleet, node)
+            if env.type == wire.EVENT and env.body.get("kind") == "xid"}
 
 
 def test_xid_reaches_the_collector_db_within_2s(fleet: SimCluster) -> None:
@@ -68,16 +82,16 @@ def test_lost_gpu_drains_through_the_agent_and_requeues(fleet: SimCluster) -> No
     for gpu in data["gpus"]:
         gpu["lost"] = True
     fleet.inject("gpu-n1", data)
-    wait_until(lambda: fleet.agent_status("gpu-n1").get("verdict") == "FAIL", 10,
+    wait_until(lambda: fleet.agent_status("gpu-n1").get("verdict") == "FAIL", 30,
              "the agent to see the lost GPUs")
     job = fleet.sbatch("", "--gres=gpu:2", "-w", "gpu-n1", "--wrap", "true")
-    wait_until(lambda: "DRAIN" in node_line(fleet, "gpu-n1"), what="gpu-n1 drained")
+    wait_until(lambda: "DRAIN" in node_line(fleet, "gpu-n1"), 60, "gpu-n1 drained")
     assert "Reason=slurmgpu: gpu.lost GPU 0" in node_line(fleet, "gpu-n1")
     prolog = wait_until(lambda: [r for r in records(fleet, "gpu-n1")
-                               if r["phase"] == "prolog" and r["job"] == job], 5, "gate record")
+                               if r["phase"] == "prolog" and r["job"] == job], 30, "gate record")
     assert prolog[-1]["path"] == "agent" and prolog[-1]["verdict"] == "FAIL"
     # Requeued (not failed), and pending: its only allowed node is drained.
-    wait_until(lambda: fleet.job(job)["JobState"] == "PENDING", what="job requeued")
+    wait_until(lambda: fleet.job(job)["JobState"] == "PENDING", 60, "job requeued")
     assert int(fleet.job(job).get("Restarts", "0")) >= 1
 
 
@@ -86,10 +100,16 @@ def test_spooled_messages_survive_kill_9_and_arrive_once(fleet: SimCluster) -> N
     collector = fleet.collector_pid()
     assert collector is not None
     os.kill(collector, signal.SIGSTOP)  # nothing is acked: the agent's messages stay spooled
+    stopped = time.time()
     try:
         for xid in (13, 31, 43):
             fleet.inject_xid(node, 1, xid)
-        time.sleep(2.5)  # and at least one periodic report
+        # Kill the agent once the three XID events and a periodic report made after the
+        # stop are in its spool (not after a fixed time: a slow agent may not be there yet).
+        wait_until(lambda: {(1, 13), (1, 31), (1, 43)} <= spooled_xids(fleet, node)
+                   and any(env.type == wire.REPORT and created >= stopped
+                           for created, env in spool_messages(fleet, node)),
+                   60, "the XID events and a report in the agent's spool", interval=0.1)
         fleet.kill_agent(node)
         spooled = [seq for seq, _ in spool_rows(fleet.agent_spool(node))]
         assert len(spooled) >= 3, spooled
@@ -97,7 +117,7 @@ def test_spooled_messages_survive_kill_9_and_arrive_once(fleet: SimCluster) -> N
         os.kill(collector, signal.SIGCONT)
     fleet.restart_agent(node)
     wait_until(lambda: {s for (s,) in query(fleet, "SELECT seq FROM messages WHERE node = ?", node)}
-             >= set(spooled), 10, "every spooled message in the collector DB")
+             >= set(spooled), 60, "every spooled message in the collector DB")
     for table in ("messages", "events", "report_history"):
         total, distinct = query(fleet, f"SELECT count(*), count(DISTINCT seq) FROM {table} "
                                 "WHERE node = ?", node)[0]
@@ -131,6 +151,10 @@ def test_a_key_not_on_the_allow_list_cannot_report(fleet: SimCluster, tmp_path: 
     seq = 10**9
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
+    # The CURVE handshake's outcome (the collector's ZAP handler accepting or refusing the
+    # key), seen from this side: proof that the collector has dealt with the key before the
+    # checks below that nothing was answered or stored.
+    monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
     try:
         sock.setsockopt(zmq.LINGER, 0)
         sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = public, secret, server
@@ -139,10 +163,15 @@ def test_a_key_not_on_the_allow_list_cannot_report(fleet: SimCluster, tmp_path: 
             report = wire.Envelope(type=wire.REPORT, node=node, seq=seq,
                                    body={"verdict": "FAIL", "findings": [], "facts": {}})
             sock.send(wire.encode(report), flags=zmq.NOBLOCK)
+        assert monitor.poll(60_000), "no CURVE handshake with the collector within 60 s"
+        event = recv_monitor_message(monitor)
+        assert (event["event"], event["value"]) == (zmq.EVENT_HANDSHAKE_FAILED_AUTH, 400), event
         assert not sock.poll(1500), "the collector answered an unlisted key"
     except zmq.Again:
         pass  # never connected: nothing could be sent at all
     finally:
+        sock.disable_monitor()
+        monitor.close(linger=0)
         sock.close(linger=0)
         ctx.term()
     assert query(fleet, "SELECT node, seq FROM messages WHERE seq = ? OR node = 'intruder'",
@@ -161,7 +190,10 @@ def test_collector_killed_under_load_loses_nothing(fleet: SimCluster) -> None:
         for gpu, xid in xids:
             fleet.inject_xid(node, gpu, xid)
             time.sleep(0.2)
-    time.sleep(1.0)  # agents spool while the collector is gone
+    # Agents spool while the collector is gone: start it once every event is spooled (not
+    # after a fixed time, which a slow agent may need more than).
+    wait_until(lambda: all(set(xids) <= spooled_xids(fleet, node) for node, xids in injected.items()),
+               60, "every injected XID in its agent's spool", interval=0.1)
     fleet.start_collector()
 
     def all_there() -> bool:
@@ -170,7 +202,7 @@ def test_collector_killed_under_load_loses_nothing(fleet: SimCluster) -> None:
 
     assert fleet.collector_address == address  # agents reconnect to the same place
     try:
-        wait_until(all_there, timeout=30, what="every spooled event after the collector restart")
+        wait_until(all_there, timeout=60, what="every spooled event after the collector restart")
     except AssertionError:
         print(query(fleet, "SELECT node, gpu, data, ts FROM events WHERE ts >= ?", since - 60), since)
         print(query(fleet, "SELECT node, max(seq) FROM messages GROUP BY node"))
@@ -182,14 +214,14 @@ def test_collector_killed_under_load_loses_nothing(fleet: SimCluster) -> None:
     latest = dict(query(fleet, "SELECT node, ts FROM reports"))
     assert set(latest) == {"gpu-n1", "gpu-n2"}
     wait_until(lambda: all(ts >= since for ts in dict(query(fleet, "SELECT node, ts FROM reports")).values()),
-             timeout=20, what="a fresh report from every node")
+             timeout=60, what="a fresh report from every node")
 
 
 def test_history_and_report_from_real_agents(fleet: SimCluster) -> None:
     """The agents' report summaries reach the history tables, and `slurmgpu report`
     runs on what the real collector stored."""
     db = fleet.collector_db()
-    wait_until(lambda: query(fleet, "SELECT count(DISTINCT node) FROM gpu_counters")[0][0] == 2, 20,
+    wait_until(lambda: query(fleet, "SELECT count(DISTINCT node) FROM gpu_counters")[0][0] == 2, 60,
                "GPU counters from both nodes")
     per_node = dict(query(fleet, "SELECT node, count(DISTINCT gpu) FROM gpu_counters GROUP BY node"))
     assert per_node == {"gpu-n1": 8, "gpu-n2": 8}
@@ -197,7 +229,7 @@ def test_history_and_report_from_real_agents(fleet: SimCluster) -> None:
     # a node whose GPUs were all lost reports no model: which rows exist depends on timing).
     latest = ("SELECT DISTINCT driver, gpu_model FROM node_versions v "
               "WHERE ts = (SELECT max(ts) FROM node_versions WHERE node = v.node)")
-    wait_until(lambda: len(query(fleet, latest)) == 1, 20, "both nodes' healthy versions")
+    wait_until(lambda: len(query(fleet, latest)) == 1, 60, "both nodes' healthy versions")
     [(driver, model)] = query(fleet, latest)
     assert driver == load_scenario("h100-sxm-8")["driver_version"] and "H100" in model
     env = {**os.environ, **fleet.env()}

@@ -791,14 +791,26 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 15, what: str = "con
         time.sleep(0.2)
 
 
+# Each shell says when its trap is set (a USR1 before that would kill it); the child shell
+# also adds a byte to $ticks after each loop turn (see test_signal_job).
 SIGNAL_SCRIPT = """#!/bin/bash
 out={out}
-trap 'echo batch >> "$out"' USR1
-( trap 'echo child >> "$out"' USR1; while :; do sleep 0.1; done ) &
-sleep 0.3
-echo ready >> "$out"
+ticks={ticks}
+trap 'echo got batch >> "$out"' USR1
+( trap 'echo got child >> "$out"' USR1
+  echo ready child >> "$out"
+  while :; do sleep 0.1; echo >> "$ticks"; done ) &
+echo ready batch >> "$out"
 while :; do sleep 0.1 & wait $!; done
 """
+
+
+def lines(path: Path) -> set[str]:
+    return set(path.read_text().splitlines()) if path.exists() else set()
+
+
+def size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
 
 
 @slurm_mark
@@ -866,18 +878,22 @@ class TestContract:
 
     @pytest.mark.parametrize("full", [False, True])
     def test_signal_job(self, client: Any, cluster: Any, tmp_path: Path, full: bool) -> None:
-        out = tmp_path / "signals"
-        jid = cluster.sbatch(SIGNAL_SCRIPT.format(out=out), "-w", cluster.nodes[0],
+        out, ticks = tmp_path / "signals", tmp_path / "ticks"
+        jid = cluster.sbatch(SIGNAL_SCRIPT.format(out=out, ticks=ticks), "-w", cluster.nodes[0],
                              "-o", "/dev/null")
-        cluster.wait_job(jid, states=("RUNNING",), timeout=30)
-        wait_for(lambda: out.exists() and "ready" in out.read_text(), what="job traps")
+        cluster.wait_job(jid, states=("RUNNING",), timeout=60)
+        wait_for(lambda: {"ready batch", "ready child"} <= lines(out), timeout=60, what="job traps")
         client.signal_job(jid, "USR1", full=full)
-        wait_for(lambda: "batch" in out.read_text(), timeout=10, what="batch shell USR1")
+        wait_for(lambda: "got batch" in lines(out), timeout=60, what="batch shell USR1")
         if full:
-            wait_for(lambda: "child" in out.read_text(), timeout=10, what="child USR1")
+            wait_for(lambda: "got child" in lines(out), timeout=60, what="child USR1")
         else:
-            time.sleep(1.0)
-            assert "child" not in out.read_text()
+            # Not a fixed wait: bash runs a pending trap before its next command, so a USR1
+            # sent to the child shell too (by now: the batch shell has handled its own) would
+            # be handled before the child's second loop turn from here.
+            turns = size(ticks)
+            wait_for(lambda: size(ticks) >= turns + 2, timeout=60, what="two more child loop turns")
+            assert "got child" not in lines(out)
         assert client.job(jid).state == "RUNNING"
 
     def test_requeue(self, client: Any, cluster: Any) -> None:
@@ -885,7 +901,7 @@ class TestContract:
                              "--wrap", "sleep 60")
         cluster.wait_job(jid, states=("RUNNING",), timeout=30)
         client.requeue(jid)
-        info = wait_for(lambda: (j := client.job(jid)).restart_count >= 1 and j, timeout=15,
+        info = wait_for(lambda: (j := client.job(jid)).restart_count >= 1 and j, timeout=60,
                         what="restart count")
         assert info.restart_count == 1
         assert info.state in ("PENDING", "REQUEUED", "CONFIGURING", "RUNNING", "COMPLETING")
