@@ -40,7 +40,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from slurmgpu.collector.store import queries
+from slurmgpu.decision import Action
 from slurmgpu.errors import SlurmGpuError
+from slurmgpu.result import Severity
 from slurmgpu.sim.cluster import (
     DEFAULT_SCENARIO,
     STATE_FILE,
@@ -356,7 +358,7 @@ def step_xid(demo: Demo) -> None:
         c.inject_xid(node, XID_GPU, XID, XID_TEXT)
         demo.effect(st, "injected", True, f"XID {XID} in {node}'s kernel log and as an NVML event")
         decided = demo.wait(lambda: demo.decision(node, st.started_wall - 1))
-        demo.effect(st, "decision", bool(decided and decided["action"] == "drain-now"),
+        demo.effect(st, "decision", bool(decided and decided["action"] == Action.DRAIN_NOW),
                     f"agent -> collector: automation decides {decided['action']} "
                     f"({decided['trigger']}): the node must go, its jobs first checkpoint"
                     if decided else "no automation decision for the XID",
@@ -435,7 +437,7 @@ def step_driver(demo: Demo) -> None:
                     f"{demo.xid_node}, {REMAP_NODE} are drained, so it lands on {node}" if busy
                     else f"8-GPU job {job} submitted, pinned to {node}")
         record = demo.wait(lambda: demo.gate_record(node, job))
-        blocked = bool(record and record.get("verdict") == "FAIL")
+        blocked = bool(record and record.get("verdict") == Severity.FAIL.name)
         problems = "; ".join((record or {}).get("problems") or []) or "?"
         demo.effect(st, "prolog", blocked, f"prolog refused job {job} on {node}: {problems}"
                     if blocked else f"the prolog did not refuse job {job} on {node}",

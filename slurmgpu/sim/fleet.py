@@ -28,6 +28,7 @@ from typing import Any
 import zmq
 
 from slurmgpu import keys
+from slurmgpu.result import Severity
 from slurmgpu.wire import ACK, ReportFrames, WireError, decode, hello_frame, packed
 
 FDS_PER_NODE = 2
@@ -83,6 +84,8 @@ def make_nodes(keys_dir: str | Path, count: int, *, prefix: str = "sim",
 
 
 _CHECKS = ("gpu.ecc", "gpu.thermal", "gpu.pcie", "gpu.nvlink")
+# A problem report's severity: WARN twice as often as FAIL.
+_PROBLEM_SEVERITIES = (Severity.WARN.name, Severity.WARN.name, Severity.FAIL.name)
 
 
 @functools.cache
@@ -108,17 +111,17 @@ def report_body(rng: random.Random, gpus: int = 8, *, problem: bool = False) -> 
     findings: list[dict[str, Any]] = []
     for g in range(gpus):
         for check in _CHECKS:
-            findings.append({"check": check, "severity": "OK", "gpu": g, "subject": None,
+            findings.append({"check": check, "severity": Severity.OK.name, "gpu": g, "subject": None,
                              "message": f"{check.split('.')[1]} ok", "data": {"v": rng.randint(0, 90)}})
-    verdict = "OK"
+    verdict = Severity.OK.name
     if problem:
         f = rng.choice(findings)
-        f["severity"] = rng.choice(("WARN", "WARN", "FAIL"))
+        f["severity"] = rng.choice(_PROBLEM_SEVERITIES)
         f["message"] = f"GPU {f['gpu']}: {f['check']} out of range"
         verdict = f["severity"]
     facts = _facts_blob(gpus)
     # As the real agent sends it: problems in full, the checks that passed by id.
-    problems = [f for f in findings if f["severity"] != "OK"]
+    problems = [f for f in findings if f["severity"] != Severity.OK.name]
     ok_checks = sorted({f["check"] for f in findings} - {f["check"] for f in problems})
     return {"verdict": verdict, "findings": problems, "ok_checks": ok_checks, "facts": facts,
             **_summary(gpus)}
