@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from slurmgpu.checks.registry import CheckContext, CheckSpec, enabled_checks, unknown
+from slurmgpu.config.env import apply_env
 from slurmgpu.config.schema import Settings
 from slurmgpu.facts import IbFacts, NodeFacts, SoftwareVersions, XidEvent
 from slurmgpu.result import Finding, Severity, Verdict
@@ -131,8 +132,8 @@ class SourceFacts:
 
 def source_facts(sources: Sources, settings: Settings, environ: Mapping[str, str]) -> SourceFacts:
     """The cold path's facts for a hook run in ``environ``: its node (``node_name``), its
-    kernel log (``$SLURMGPU_KMSG``, else ``[paths] kmsg``)."""
-    return SourceFacts(sources, node_name(environ), kmsg.log_path(settings.paths.kmsg, environ))
+    kernel log (``[paths] kmsg``, as ``environ``'s ``$SLURMGPU_KMSG`` leaves it)."""
+    return SourceFacts(sources, node_name(environ), apply_env(settings, environ).paths.kmsg)
 
 
 def evaluate(facts: NodeFacts, settings: Settings, *, scope: frozenset[int] | None = None,

@@ -26,6 +26,7 @@ from typing import Any
 
 from slurmgpu import jobfiles
 from slurmgpu.actions import Actions
+from slurmgpu.config.env import apply_env
 from slurmgpu.config.schema import Settings
 from slurmgpu.decision import Action, drain_reason
 from slurmgpu.engine import FactsProvider, evaluate, node_name, source_facts, system_sources
@@ -38,8 +39,6 @@ from slurmgpu.facts import (
 from slurmgpu.result import Severity, Verdict
 from slurmgpu.slurm import SlurmClient, SlurmError, SlurmUnreachable
 
-STATE_DIR_ENV = "SLURMGPU_STATE_DIR"
-DEVICE_PATTERN_ENV = "SLURMGPU_DEVICE_PATTERN"
 EXIT_OK, EXIT_REFUSE = 0, 1
 
 
@@ -141,15 +140,20 @@ class Gate:
     # a change of the decision.
     bookkeeping_errors: list[str] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        # The hook's SLURMGPU_* variables over the settings (on the agent's warm path:
+        # over the agent's own, which had the agent's environment applied).
+        self.settings = apply_env(self.settings, self.environ)
+
     # -- paths -----------------------------------------------------------------
 
     @property
     def state_dir(self) -> Path:
-        return Path(self.environ.get(STATE_DIR_ENV) or self.settings.paths.state_dir)
+        return Path(self.settings.paths.state_dir)
 
     @property
     def device_pattern(self) -> str:
-        return self.environ.get(DEVICE_PATTERN_ENV) or self.settings.epilog.device_pattern
+        return self.settings.epilog.device_pattern
 
     @property
     def provider(self) -> FactsProvider:
@@ -322,10 +326,9 @@ class Gate:
     # -- the job's directory (<jobs_dir>/<job id>/, for checkpoint requests) ---------
 
     def _jobs_dir(self) -> Path:
-        """$SLURMGPU_JOBS_DIR of the hook, else of this process (the agent, on its warm
-        path: where it writes checkpoint requests), else ``[agent] jobs_dir``."""
-        env = self.environ if self.environ.get(jobfiles.JOBS_DIR_ENV) else os.environ
-        return jobfiles.jobs_dir(self.settings, env)
+        """``[agent] jobs_dir``, as the hook's environment or else this process's (the
+        agent, on its warm path: where it writes checkpoint requests) left it."""
+        return jobfiles.jobs_dir(self.settings)
 
     def _job_dir_if_ok(self, job: JobContext, code: int) -> int:
         """After a prolog that lets the job run: make its directory (0700, the job's

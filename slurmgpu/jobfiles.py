@@ -51,11 +51,11 @@ def _check(job_id: str) -> str:
     return job_id
 
 
-def jobs_dir(settings: Any, environ: Mapping[str, str] = os.environ) -> Path:
-    """``$SLURMGPU_JOBS_DIR``, else ``settings.agent.jobs_dir``."""
+def jobs_dir(settings: Any) -> Path:
+    """``settings.agent.jobs_dir`` (``$SLURMGPU_JOBS_DIR`` is in it: ``config.env``)."""
     from pathlib import Path
 
-    return Path(environ.get(JOBS_DIR_ENV) or settings.agent.jobs_dir)
+    return Path(settings.agent.jobs_dir)
 
 
 def checkpoint_file(jobs_dir: str | os.PathLike[str], job_id: str) -> Path:
@@ -79,9 +79,10 @@ def config_path(environ: Mapping[str, str], config_file: str | None = None) -> s
 
 
 def configured_jobs_dir(environ: Mapping[str, str], config_file: str | None = None) -> str:
-    """jobs_dir without loading the settings (TaskProlog, ``slurmgpu ckpt``):
-    ``$SLURMGPU_JOBS_DIR``, else ``[agent] jobs_dir`` of the config file, else the
-    default. An absent, unreadable or bad config file is the default, never an error."""
+    """jobs_dir without loading the settings (TaskProlog, ``slurmgpu ckpt``): the order of
+    ``slurmgpu.config.env`` for this one key, with the standard library only:
+    ``$SLURMGPU_JOBS_DIR``, else ``[agent] jobs_dir`` of the config file's top level, else
+    the default. An absent, unreadable or bad config file is the default, never an error."""
     configured = environ.get(JOBS_DIR_ENV)
     if configured:
         return configured

@@ -124,11 +124,13 @@ def test_bad_job_ids_never_become_paths(job_id: Any) -> None:
 
 
 def test_jobs_dir_env_overrides_settings() -> None:
+    from slurmgpu.config.env import apply_env
+
     settings = Settings()
-    assert jobfiles.jobs_dir(settings, {}) == Path("/run/slurmgpu/jobs")
+    assert jobfiles.jobs_dir(settings) == Path("/run/slurmgpu/jobs")
     settings.agent.jobs_dir = "/a"
-    assert jobfiles.jobs_dir(settings, {}) == Path("/a")
-    assert jobfiles.jobs_dir(settings, {"SLURMGPU_JOBS_DIR": "/b"}) == Path("/b")
+    assert jobfiles.jobs_dir(settings) == Path("/a")
+    assert jobfiles.jobs_dir(apply_env(settings, {"SLURMGPU_JOBS_DIR": "/b"})) == Path("/b")
 
 
 @pytest.mark.parametrize(("text", "state", "note"), [

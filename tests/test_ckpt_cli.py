@@ -144,4 +144,6 @@ def test_ckpt_module_imports_no_zmq_nor_nvml() -> None:
                         "m = u.module_from_spec(spec); spec.loader.exec_module(m)")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           timeout=60, check=True)
-    assert proc.stdout.strip() == "['slurmgpu.jobfiles']"
+    # The CLI's root and its shared options (click, the variable table), no config loader.
+    assert proc.stdout.strip() == str(["slurmgpu.cli", "slurmgpu.cli.common", "slurmgpu.cli.lazy", "slurmgpu.config",
+                                       "slurmgpu.config.env", "slurmgpu.errors", "slurmgpu.jobfiles"])

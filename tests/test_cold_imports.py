@@ -88,14 +88,14 @@ def test_check_imports_nothing_it_does_not_use(node_env: dict[str, str], tmp_pat
     assert json.loads(proc.stdout)["verdict"] == "OK"  # all of it flushed before os._exit
     assert seen["via"] == "os._exit"
     assert forbidden(seen["modules"]) == []
-    assert cli_modules(seen["modules"]) == {"slurmgpu.cli.lazy", "slurmgpu.cli.checks"}
+    assert cli_modules(seen["modules"]) == {"slurmgpu.cli.common", "slurmgpu.cli.lazy", "slurmgpu.cli.checks"}
 
 
 def test_check_help_imports_nothing_it_does_not_use(tmp_path: Path) -> None:
     proc, seen = run_cold(["check", "--help"], dict(os.environ), tmp_path)
     assert proc.returncode == 0 and "--gpus LIST" in proc.stdout
     assert forbidden(seen["modules"]) == []
-    assert cli_modules(seen["modules"]) == {"slurmgpu.cli.lazy", "slurmgpu.cli.checks"}
+    assert cli_modules(seen["modules"]) == {"slurmgpu.cli.common", "slurmgpu.cli.lazy", "slurmgpu.cli.checks"}
 
 
 @pytest.mark.parametrize("phase", ["prolog", "epilog", "healthcheck"])
@@ -108,7 +108,7 @@ def test_hooks_import_nothing_they_do_not_use(node_env: dict[str, str], tmp_path
     assert proc.returncode == 0, proc.stderr
     assert seen["via"] == "os._exit"
     assert forbidden(seen["modules"]) == []
-    assert cli_modules(seen["modules"]) == {"slurmgpu.cli.lazy", "slurmgpu.cli.slurm_cmds"}
+    assert cli_modules(seen["modules"]) == {"slurmgpu.cli.common", "slurmgpu.cli.lazy", "slurmgpu.cli.slurm_cmds"}
     records = [json.loads(line) for line in (tmp_path / "state" / "gate.jsonl").read_text().splitlines()]
     assert [(r["phase"], r["verdict"]) for r in records] == [(phase, "OK")]
 
@@ -117,7 +117,7 @@ def test_top_level_help_imports_no_command(tmp_path: Path) -> None:
     proc, seen = run_cold(["--help"], dict(os.environ), tmp_path)
     assert proc.returncode == 0 and "Commands:" in proc.stdout
     assert seen["via"] == "atexit"  # not a one-shot command: the usual exit
-    assert cli_modules(seen["modules"]) == {"slurmgpu.cli.lazy"}
+    assert cli_modules(seen["modules"]) == {"slurmgpu.cli.common", "slurmgpu.cli.lazy"}
 
 
 def test_every_listed_command_resolves() -> None:
@@ -166,4 +166,5 @@ def test_missing_module_fails_loudly() -> None:
 def test_cli_runner_calls_one_shot_commands_in_process() -> None:
     """Tests invoke the group, not main(): os._exit must not end the test process."""
     result = CliRunner().invoke(cli, ["check", "--gpus", "x"])
-    assert result.exit_code != 0 and "--gpus" in str(result.exception or result.output)
+    # The root prints the one error line for in-process callers too.
+    assert result.exit_code == 3 and "slurmgpu: error: --gpus" in result.output

@@ -11,7 +11,8 @@ import pytest
 import zmq
 from click.testing import CliRunner
 
-from slurmgpu.cli import fleet_cmd
+from slurmgpu.cli import cli, fleet_cmd
+from slurmgpu.cli.common import load_settings
 from slurmgpu.collector.policy import Automation
 from slurmgpu.collector.store import Store
 from slurmgpu.config.schema import AutomationSettings
@@ -179,7 +180,7 @@ def test_breaker_status_and_release(tmp_path: Path, config: Path, monkeypatch: p
 
 def test_collector_automation_from_config(config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("slurmgpu.slurm.factory.make_client", lambda *a, **k: FakeSlurmClient())
-    settings = fleet_cmd._settings(str(config))
+    settings = load_settings(str(config)).settings
     assert settings.automation.enabled is False
     assert "automation" not in fleet_cmd._collector_args(settings, dry_run=True)
     enabled = dataclasses.replace(settings, automation=dataclasses.replace(settings.automation, enabled=True))
@@ -196,7 +197,7 @@ def test_breaker_bad_config_exit_3(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr("slurmgpu.slurm.factory.make_client", lambda *a, **k: FakeSlurmClient())
     bad = tmp_path / "bad.toml"
     bad.write_text('[automation.policy]\n"ecc.uncorrected" = "explode"\n')
-    result = CliRunner().invoke(fleet_cmd.breaker, ["status", "--config", str(bad)])
+    result = CliRunner().invoke(cli, ["breaker", "status", "--config", str(bad)])  # as `slurmgpu` runs it
     assert result.exit_code == 3
     assert len(result.output.strip().splitlines()) == 1 and "error" in result.output
 

@@ -111,8 +111,8 @@ def test_missing_default_file_gives_defaults() -> None:
     cfg = load_config(None, environ={})
     assert cfg.path is None
     assert cfg.hosts == []
-    assert cfg.settings_for("any-node") == Settings()
-    assert all(r.source == "default" for r in cfg.explain("any-node"))
+    assert cfg.settings_for("any-node", environ={}) == Settings()
+    assert all(r.source == "default" for r in cfg.explain("any-node", environ={}))
 
 
 def test_missing_explicit_file(tmp_path: Path) -> None:

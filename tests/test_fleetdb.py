@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from slurmgpu.cli.fleetdb import DEFAULT_DB, resolve_db
+from slurmgpu.cli.common import Loaded, fleet_db
 from slurmgpu.collector.store import Store
+from slurmgpu.config.load import LoadedConfig, parse_config
+from slurmgpu.config.schema import CollectorSettings
 from slurmgpu.sim.cluster import SimCluster
 
 READERS = [["fleet"], ["jobs", "events", "12"], ["report", "--since", "1h", "--format", "json"],
@@ -31,13 +33,23 @@ def clean_env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
+DEFAULT_DB = CollectorSettings().db
+
+
+def loaded(config: LoadedConfig, env: dict[str, str]) -> Loaded:
+    return Loaded(config, config.settings_for(None, env))
+
+
 def test_the_resolution_order() -> None:
     env = {"SLURMGPU_DB": "/env.db"}
-    assert resolve_db("/flag.db", "/c.toml", "/cfg.db", env).path == "/flag.db"
-    assert resolve_db(None, "/c.toml", "/cfg.db", env).source == "$SLURMGPU_DB"
-    found = resolve_db(None, "/c.toml", "/cfg.db", {})
+    config = parse_config('[collector]\ndb = "/cfg.db"\n', path="/c.toml")
+    assert fleet_db(loaded(config, env), "/flag.db", env).path == "/flag.db"
+    found = fleet_db(loaded(config, env), None, env)
+    assert (found.path, found.source) == ("/env.db", "$SLURMGPU_DB")
+    found = fleet_db(loaded(config, {}), None, {})
     assert (found.path, found.source) == ("/cfg.db", "[collector] db in /c.toml")
-    assert resolve_db(None, None, DEFAULT_DB, {}).source == "the built-in default"
+    found = fleet_db(loaded(LoadedConfig(path=None), {}), None, {})
+    assert (found.path, found.source) == (DEFAULT_DB, "the built-in default")
 
 
 @pytest.mark.parametrize("args", READERS)

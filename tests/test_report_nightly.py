@@ -20,10 +20,11 @@ import pytest
 from click.testing import CliRunner
 
 from slurmgpu.cli import cli
-from slurmgpu.cli.nightly_cmd import day_window, prune, run_nightly
+from slurmgpu.cli.nightly_cmd import run_nightly
 from slurmgpu.config.schema import ReportSettings
 from slurmgpu.report import SCHEMA, SECTIONS
 from slurmgpu.report.mail import MailError, report_settings, subject_for
+from slurmgpu.report.nightly import day_window, prune
 from slurmgpu.sim.seed import seed
 
 ROOT = Path(__file__).resolve().parent.parent

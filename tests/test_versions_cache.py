@@ -355,12 +355,14 @@ def test_system_sources_cache_only_when_asked(tmp_path: Path) -> None:
 
 
 def test_commands_keep_the_cache_in_the_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from slurmgpu import cli, gate
+    from slurmgpu import cli
+    from slurmgpu.cli.common import load_settings
 
-    assert cli.STATE_DIR_ENV == gate.STATE_DIR_ENV
-    settings = Settings()
-    settings.paths.state_dir = str(tmp_path / "configured")
-    monkeypatch.delenv(cli.STATE_DIR_ENV, raising=False)
+    config = tmp_path / "slurmgpu.toml"
+    config.write_text(f'[paths]\nstate_dir = "{tmp_path / "configured"}"\n')
+    monkeypatch.delenv("SLURMGPU_STATE_DIR", raising=False)
+    settings = load_settings(str(config)).settings
     assert cli.versions_cache(settings) == str(tmp_path / "configured" / CACHE_FILE)
-    monkeypatch.setenv(cli.STATE_DIR_ENV, str(tmp_path / "env"))
+    monkeypatch.setenv("SLURMGPU_STATE_DIR", str(tmp_path / "env"))
+    settings = load_settings(str(config)).settings
     assert cli.versions_cache(settings) == str(tmp_path / "env" / CACHE_FILE)

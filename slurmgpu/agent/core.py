@@ -21,6 +21,7 @@ from slurmgpu.agent.flap import FlapTracker
 from slurmgpu.agent.gatelog import GateLogForwarder, blocked_event
 from slurmgpu.agent.notify import Notifier
 from slurmgpu.agent.spool import Spool
+from slurmgpu.config.env import apply_env
 from slurmgpu.config.schema import Settings
 from slurmgpu.decision import Action, PolicyTable
 from slurmgpu.engine import Sources, evaluate, gather, system_sources
@@ -80,13 +81,16 @@ class Agent:
     def __init__(self, settings: Settings, node: str, *, sources: Sources | None = None,
                  keys_dir: str | None = None, clock: Clock | None = None,
                  environ: dict[str, str] | None = None) -> None:
+        self.environ: Mapping[str, str] = os.environ if environ is None else environ
+        # Its environment's SLURMGPU_* over the settings (the state dir, the jobs dir, the
+        # kernel log, ...), once: config.env's order.
+        settings = apply_env(settings, self.environ)
         self.settings = settings
         self.node = node
         self.sources = sources if sources is not None else system_sources(settings)
         self.keys_dir = keys_dir or settings.collector.keys_dir
         self.clock: Clock = clock or SystemClock()
         self.log = get_logger(component="agent", node=node)
-        self.environ: Mapping[str, str] = os.environ if environ is None else environ
         self.notifier = Notifier(self.environ)
         self.stop_event = threading.Event()
         # link_downed history across polls, written into the facts for the ib.flap check.
@@ -118,12 +122,12 @@ class Agent:
         self.events_evaluated = 0
         self.events_sent = 0
         self.checkpoints = CheckpointWatcher(
-            node=node, jobs_dir=jobfiles.jobs_dir(settings, self.environ),
+            node=node, jobs_dir=jobfiles.jobs_dir(settings),
             poll_s=settings.agent.checkpoint_poll_s, submit=self.submit, clock=self.clock)
         # The prolog's full-path refusals, from the hooks' gate.jsonl (same state dir as
         # slurmgpu.gate.Gate.state_dir): sent as prolog_blocked events after each poll.
         self.gate_log = GateLogForwarder(
-            self.environ.get("SLURMGPU_STATE_DIR") or settings.paths.state_dir, node,
+            settings.paths.state_dir, node,
             lambda body, ts: self.submit(wire.EVENT, body, ts=ts))
 
     # ------------------------------------------------------------ query API (local socket)
@@ -322,7 +326,7 @@ class Agent:
         if not waiting or base is None:
             return
         by_pci = {key: g.index for g in base.gpus if (key := kmsg.pci_key(g.pci_bus_id or "")) is not None}
-        path = self.environ.get(kmsg.KMSG_ENV) or self.settings.paths.kmsg
+        path = self.settings.paths.kmsg
         logged = [e for e in kmsg.read_xids(path, by_pci, since=now_wall - KMSG_LOOKBACK_S)
                   if e.gpu == gpu and e.message]
         for x in waiting:

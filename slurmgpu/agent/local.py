@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from slurmgpu.config.env import apply_env
 from slurmgpu.config.schema import Settings
 from slurmgpu.engine import Progress, add_kernel_xids, evaluate
 from slurmgpu.facts import NodeFacts
@@ -57,7 +58,7 @@ from slurmgpu.localproto import (
 )
 from slurmgpu.result import Verdict
 from slurmgpu.slurm import SlurmClient
-from slurmgpu.sources import kmsg, procs
+from slurmgpu.sources import procs
 
 POLL_S = 0.2
 
@@ -157,8 +158,9 @@ class LocalService:
         return hook_reply(code, list(gate.records))
 
     def cached_facts(self, env: Mapping[str, str]) -> CachedFacts:
-        """The facts a gate run with ``env`` decides on (its kernel log: the agent's own)."""
-        return CachedFacts(self.agent, kmsg.log_path(self.agent.settings.paths.kmsg, env))
+        """The facts a gate run with ``env`` decides on (its kernel log: the hook's
+        ``$SLURMGPU_KMSG``, else the agent's)."""
+        return CachedFacts(self.agent, apply_env(self.agent.settings, env).paths.kmsg)
 
     def status(self) -> dict[str, Any]:
         latest = self.agent.latest()

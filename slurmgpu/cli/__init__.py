@@ -2,6 +2,8 @@
 
 Exit codes follow the Nagios plugin convention: 0 OK, 1 WARN, 2 FAIL, 3 UNKNOWN.
 A bad argument or bad config is one line on stderr and exit 3, with nothing done.
+Commands raise their errors (``slurmgpu.cli.common``); only the root group prints them
+(``RootGroup.main``), for the real program and for in-process callers alike.
 
 Subcommands are listed in ``COMMANDS`` and imported only when used (see
 ``slurmgpu.cli.lazy``): `slurmgpu check` and the Slurm hooks run once per job and must
@@ -12,21 +14,19 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, NoReturn
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
 from slurmgpu import __version__
+from slurmgpu.cli.common import EXIT_UNKNOWN, CliError, first_line, report
 from slurmgpu.cli.lazy import LazyCommand, LazyGroup
 from slurmgpu.errors import SlurmGpuError
 
 if TYPE_CHECKING:
     from slurmgpu.config.schema import Settings
 
-EXIT_UNKNOWN = 3
-# slurmgpu.gate.STATE_DIR_ENV, spelled out: importing gate costs `check` ~20 ms (the
-# Slurm client, actions). tests/test_versions_cache.py checks that the two agree.
-STATE_DIR_ENV = "SLURMGPU_STATE_DIR"
 
 _C = LazyCommand
 COMMANDS: dict[str, LazyCommand] = {
@@ -86,7 +86,39 @@ COMMANDS: dict[str, LazyCommand] = {
 ONE_SHOT = frozenset({"check", "prolog", "epilog", "healthcheck"})
 
 
-@click.group(cls=LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
+class RootGroup(LazyGroup):
+    """The `slurmgpu` group: where a command's error becomes its one line and exit code."""
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,  # type: ignore[override]
+             complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> int:
+        """Run the command; return its exit code (``standalone_mode``: exit with it)."""
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            code = rv if isinstance(rv, int) else 0
+        except click.exceptions.Exit as exc:
+            code = exc.exit_code
+        except click.Abort:
+            report("aborted")
+            code = EXIT_UNKNOWN
+        except click.UsageError as exc:
+            hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
+            report(exc.format_message() + hint)
+            code = EXIT_UNKNOWN
+        except CliError as exc:
+            exc.show()
+            code = exc.exit_code
+        except click.ClickException as exc:
+            report(exc.format_message())
+            code = EXIT_UNKNOWN
+        except SlurmGpuError as exc:
+            report(first_line(exc))
+            code = EXIT_UNKNOWN
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+
+@click.group(cls=RootGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="slurmgpu")
 def cli() -> None:
     """GPU node health gating and fleet health for Slurm clusters."""
@@ -97,31 +129,12 @@ def versions_cache(settings: Settings) -> str:
     between runs, so they need not load those libraries each time."""
     from slurmgpu.sources.versions import CACHE_FILE
 
-    return os.path.join(os.environ.get(STATE_DIR_ENV) or settings.paths.state_dir, CACHE_FILE)
-
-
-def fail(message: str, code: int = EXIT_UNKNOWN) -> None:
-    """Print one error line and exit."""
-    click.echo(f"slurmgpu: error: {message}", err=True)
-    sys.exit(code)
+    return os.path.join(settings.paths.state_dir, CACHE_FILE)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
-    try:
-        rc = cli.main(args=args, prog_name="slurmgpu", standalone_mode=False)
-    except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
-    except click.Abort:
-        fail("aborted")
-    except click.UsageError as exc:
-        hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
-        fail(exc.format_message() + hint)
-    except click.ClickException as exc:
-        fail(exc.format_message())
-    except SlurmGpuError as exc:
-        fail(str(exc))
-    code = rc if isinstance(rc, int) else 0
+    code = cli.main(args=args, prog_name="slurmgpu", standalone_mode=False)
     # The group's own options (--help, --version) take no value, so args[0] is either one
     # of them or the command that ran (`check --help` too: exiting fast is harmless then).
     if args and args[0] in ONE_SHOT:

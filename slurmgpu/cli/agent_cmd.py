@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-KEYS_ENV = "SLURMGPU_KEYS_DIR"
+from slurmgpu.cli.common import config_option, json_option, load_settings
 
 
 def default_node_name() -> str:
@@ -20,13 +20,12 @@ def default_node_name() -> str:
 
 
 @click.command()
-@click.option("--config", "config_file", metavar="FILE",
-              help="Config file (default: $SLURMGPU_CONFIG or /etc/slurmgpu/slurmgpu.toml).")
+@config_option
 @click.option("--node", metavar="NAME", help="Node name (default: $SLURMD_NODENAME or the short hostname).")
 @click.option("--keys-dir", metavar="DIR",
-              help="CURVE key bundle (default: $SLURMGPU_KEYS_DIR, else [collector] keys_dir).")
+              help="CURVE key bundle (default: [collector] keys_dir; $SLURMGPU_KEYS_DIR).")
 @click.option("--once", is_flag=True, help="Poll once and exit (debugging); nothing is sent.")
-@click.option("--json", "as_json", is_flag=True, help="With --once: print the report body as JSON.")
+@json_option("With --once: print the report body as JSON.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
 def agent(config_file: str | None, node: str | None, keys_dir: str | None, once: bool,
@@ -34,14 +33,12 @@ def agent(config_file: str | None, node: str | None, keys_dir: str | None, once:
     """Watch this node's GPUs and InfiniBand; report to the collector. Runs until SIGTERM."""
     from slurmgpu import log
     from slurmgpu.agent.core import Agent
-    from slurmgpu.checks.registry import all_checks
-    from slurmgpu.config.load import load_config
 
     log.configure(log_level)
     name = node or default_node_name()
-    settings = load_config(config_file, known_checks=[c.id for c in all_checks()]).settings_for(name)
-    keys = keys_dir or os.environ.get(KEYS_ENV) or settings.collector.keys_dir
-    the_agent = Agent(settings, name, keys_dir=keys)
+    settings = load_settings(config_file, node=name, flags={"collector.keys_dir": keys_dir},
+                             known_checks=True).settings
+    the_agent = Agent(settings, name)
 
     if once:
         facts, verdict = the_agent.poll()

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from slurmgpu.cli.common import config_option, json_option, load_settings
 from slurmgpu.errors import UsageError
 from slurmgpu.facts import XidEvent
 from slurmgpu.result import Finding, Severity, Verdict
@@ -51,14 +52,13 @@ def parse_xid(text: str) -> XidEvent:
 
 
 @click.command()
-@click.option("--config", "config_file", metavar="FILE",
-              help="Config file (default: $SLURMGPU_CONFIG or /etc/slurmgpu/slurmgpu.toml).")
+@config_option
 @click.option("--gpus", metavar="LIST", help="Check only these GPU indices, e.g. 0,2 or 0-3 (a job's GPUs).")
 @click.option("--node", metavar="NAME", help="Node name for host-targeted config (default: this host).")
 @click.option("--xid", "xids", multiple=True, metavar="XID[:GPU[:MESSAGE]]",
               help="Treat this XID as recently seen (repeatable); judged by the XID policy table. "
                    "MESSAGE: the driver's text after the code (some XIDs' action depends on it).")
-@click.option("--json", "as_json", is_flag=True, help="Print the verdict, findings and facts as JSON.")
+@json_option("Print the verdict, findings and facts as JSON.")
 @click.option("--all", "show_all", is_flag=True, help="Also list OK and not-applicable findings.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="error",
               show_default=True,
@@ -71,17 +71,13 @@ def check(config_file: str | None, gpus: str | None, node: str | None, xids: tup
     arguments/config).
     """
     from slurmgpu.cli import versions_cache
-    from slurmgpu.config.load import load_config
     from slurmgpu.engine import evaluate, gather, node_name, system_sources
 
     started = time.perf_counter()
     scope = parse_gpu_list(gpus) if gpus is not None else None
     events = [parse_xid(x) for x in xids]
-    from slurmgpu.checks.registry import all_checks
-
-    loaded = load_config(config_file, known_checks=[c.id for c in all_checks()])
     name = node or node_name()
-    settings = loaded.settings_for(name)
+    settings = load_settings(config_file, node=name, known_checks=True).settings
     sources = system_sources(settings, versions_cache=versions_cache(settings))
     facts = gather(sources, node=name, scope=scope, xids=events)
     verdict = evaluate(facts, settings, scope=scope)
@@ -145,7 +141,7 @@ def checks() -> None:
 
 
 @checks.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@json_option("Print as JSON.")
 @click.option("--no-plugins", "no_plugins", is_flag=True,
               help="Built-in checks only: load no site plugin (as [checks] plugins = false).")
 def checks_list(as_json: bool, no_plugins: bool) -> None:
@@ -169,17 +165,16 @@ def checks_list(as_json: bool, no_plugins: bool) -> None:
 
 
 @checks.command("xids")
-@click.option("--config", "config_file", metavar="FILE", help="Config file whose [xid] overrides apply.")
+@config_option
 @click.option("--node", metavar="NAME", help="Node name for host-targeted config (default: this host).")
-@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@json_option("Print as JSON.")
 def checks_xids(config_file: str | None, node: str | None, as_json: bool) -> None:
     """The XID policy table in effect: each code's action, NVIDIA's immediate action, and
     where slurmgpu deviates (and why); message variants per code."""
-    from slurmgpu.config.load import load_config
     from slurmgpu.engine import node_name
     from slurmgpu.xid import XidPolicy
 
-    settings = load_config(config_file).settings_for(node or node_name())
+    settings = load_settings(config_file, node=node or node_name()).settings
     rules = XidPolicy(settings.xid.overrides, settings.xid.unknown_action).rows()
     if as_json:
         click.echo(json.dumps([{

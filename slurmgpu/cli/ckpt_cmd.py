@@ -25,18 +25,13 @@ from typing import Any
 import click
 
 from slurmgpu import jobfiles
+from slurmgpu.cli.common import CliError, config_option, json_option
 
 EXIT_OK, EXIT_NONE, EXIT_USAGE = 0, 1, 3
 
 
-def _fail(message: str) -> None:
-    from slurmgpu.cli import fail
-
-    fail(message, EXIT_USAGE)
-
-
 def resolve(job: str | None, config_file: str | None) -> tuple[str, Path]:
-    """(job id, checkpoint file) for --job / the environment; bad usage exits 3."""
+    """(job id, checkpoint file) for --job / the environment; CliError (exit 3) on bad usage."""
     env = os.environ
     env_job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
     env_file = env.get(jobfiles.CHECKPOINT_FILE_ENV)
@@ -46,21 +41,18 @@ def resolve(job: str | None, config_file: str | None) -> tuple[str, Path]:
         job_id = job_id or path.parent.name
     else:
         if not job_id:
-            _fail("no job id: use --job JOBID or run inside a Slurm job")
-        assert job_id is not None
+            raise CliError("no job id: use --job JOBID or run inside a Slurm job", EXIT_USAGE)
         if not jobfiles.valid_job_id(job_id):
-            _fail(f"bad job id {job_id[:40]!r}")
+            raise CliError(f"bad job id {job_id[:40]!r}", EXIT_USAGE)
         path = jobfiles.checkpoint_file(jobfiles.configured_jobs_dir(env, config_file), job_id)
     if not path.parent.is_dir():
-        _fail(f"job {job_id} has no directory {path.parent} on this node")
+        raise CliError(f"job {job_id} has no directory {path.parent} on this node", EXIT_USAGE)
     return job_id, path
 
 
 def _options(f: Any) -> Any:
-    f = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")(f)
-    f = click.option("--config", "config_file", metavar="FILE",
-                     help="Config file (default: $SLURMGPU_CONFIG, then "
-                          "/etc/slurmgpu/slurmgpu.toml); only [agent] jobs_dir is read.")(f)
+    f = json_option()(f)
+    f = config_option(f)  # only [agent] jobs_dir is read, and the file is not validated
     return click.option("--job", "job", metavar="JOBID",
                         help="The job (default: $SLURM_JOB_ID).")(f)
 
@@ -80,7 +72,7 @@ def ack(job: str | None, config_file: str | None, as_json: bool, note: str | Non
     try:
         jobfiles.write_atomic(path, data)
     except OSError as exc:
-        _fail(f"cannot write {path}: {exc}")
+        raise CliError(f"cannot write {path}: {exc}", EXIT_USAGE) from None
     if as_json:
         click.echo(json.dumps({**data, "file": str(path)}))
     else:
@@ -96,12 +88,11 @@ def status(job: str | None, config_file: str | None, as_json: bool) -> int:
     try:
         current = jobfiles.read_file(path)
     except OSError as exc:
-        _fail(f"cannot read {path}: {exc}")
-        raise  # (not reached)
+        raise CliError(f"cannot read {path}: {exc}", EXIT_USAGE) from None
     parsed = jobfiles.parse(current[0] if current else None)
     state = parsed["state"]
     if state == "unknown":
-        _fail(f"{path} holds neither a checkpoint request nor an ack")
+        raise CliError(f"{path} holds neither a checkpoint request nor an ack", EXIT_USAGE)
     if state == jobfiles.ACKED and parsed.get("acked_at") is None and current is not None:
         parsed["acked_at"] = current[1]  # a plain "done": the file's time
     out = {**parsed, "job_id": job_id, "file": str(path)}

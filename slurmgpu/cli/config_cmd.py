@@ -1,14 +1,16 @@
-"""`slurmgpu config check [FILE]`, `slurmgpu config explain --node NAME` and
-`slurmgpu config ranges`."""
+"""`slurmgpu config check [FILE]`, `slurmgpu config explain --node NAME`,
+`slurmgpu config ranges` and `slurmgpu config env`."""
 
 from __future__ import annotations
 
 import json
 import socket
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 
+from slurmgpu.cli.common import CliError, config_option, json_option
+from slurmgpu.config import env as config_env
 from slurmgpu.config.load import (
     ExplainRow,
     LoadedConfig,
@@ -33,20 +35,17 @@ def _known_checks() -> list[str] | None:
         return None
 
 
-def _fail(ctx: click.Context, error: ConfigError, as_json: bool, path: str | None) -> NoReturn:
-    if as_json:
-        click.echo(json.dumps({"ok": False, "path": error.path or path, "error": str(error),
-                               "key": error.key, "line": error.line}, indent=2))
-    click.echo(f"slurmgpu: error: {error}", err=True)
-    ctx.exit(EXIT_CONFIG)
-
-
-def _load(ctx: click.Context, file: str | None, as_json: bool) -> LoadedConfig:
+def _load(file: str | None, as_json: bool) -> LoadedConfig:
+    """The config; a CliError (exit 3) when it is bad, with --json the error as an object."""
     path, _ = config_path(file)
     try:
-        return load_config(file, known_checks=_known_checks())
+        loaded = load_config(file, known_checks=_known_checks())
+        loaded.settings_for(None)  # the SLURMGPU_* variables are checked too
+        return loaded
     except ConfigError as e:
-        _fail(ctx, e, as_json, path)
+        doc = {"ok": False, "path": e.path or path, "error": str(e), "key": e.key,
+               "line": e.line} if as_json else None
+        raise CliError(str(e), EXIT_CONFIG, document=doc) from None
 
 
 @click.group("config")
@@ -56,14 +55,13 @@ def config() -> None:
 
 @config.command("check")
 @click.argument("file", required=False)
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-@click.pass_context
-def check(ctx: click.Context, file: str | None, as_json: bool) -> None:
+@json_option()
+def check(file: str | None, as_json: bool) -> None:
     """Validate FILE (default: $SLURMGPU_CONFIG, then /etc/slurmgpu/slurmgpu.toml).
 
     Exit status 0 when it is valid (or the default file is absent), 3 when not."""
     path, _ = config_path(file)
-    loaded = _load(ctx, file, as_json)
+    loaded = _load(file, as_json)
     exists = loaded.path is not None
     if as_json:
         click.echo(json.dumps({"ok": True, "path": path, "exists": exists,
@@ -78,18 +76,16 @@ def check(ctx: click.Context, file: str | None, as_json: bool) -> None:
 @config.command("explain")
 @click.option("--node", metavar="NAME", default=None,
               help="Slurm node name (default: this host's short name).")
-@click.option("--config", "config_file", metavar="FILE", default=None,
-              help="Config file (default: $SLURMGPU_CONFIG, then /etc/slurmgpu/slurmgpu.toml).")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@config_option
+@json_option()
 @click.option("--all", "show_all", is_flag=True,
-              help="Show every setting, not only those the config sets.")
-@click.pass_context
-def explain(ctx: click.Context, node: str | None, config_file: str | None, as_json: bool,
-            show_all: bool) -> None:
-    """The effective settings for a node and which section set each."""
+              help="Show every setting, not only those the config (or the environment) sets.")
+def explain(node: str | None, config_file: str | None, as_json: bool, show_all: bool) -> None:
+    """The effective settings for a node and which layer set each: the default, the
+    top level, a [[hosts]] section, or a SLURMGPU_* variable (docs/environment.md)."""
     if not node:
         node = socket.gethostname().split(".", 1)[0]
-    loaded = _load(ctx, config_file, as_json)
+    loaded = _load(config_file, as_json)
     rows = loaded.explain(node)
     sections = [h.label for h in loaded.matching_sections(node)]
     shown = rows if show_all else [r for r in rows if r.source != "default"]
@@ -117,6 +113,18 @@ def explain(ctx: click.Context, node: str | None, config_file: str | None, as_js
 def ranges() -> None:
     """The allowed range of every numeric setting, as Markdown (docs/config-ranges.md)."""
     click.echo(ranges_markdown(), nl=False)
+
+
+@config.command("env")
+@json_option()
+def env(as_json: bool) -> None:
+    """Every SLURMGPU_* environment variable, the setting it overrides and who sets it,
+    as Markdown (docs/environment.md)."""
+    if as_json:
+        click.echo(json.dumps([{"name": v.name, "setting": v.setting, "audience": v.audience,
+                                "doc": v.doc} for v in config_env.ENV_VARS], indent=2))
+        return
+    click.echo(config_env.markdown(), nl=False)
 
 
 def _table(rows: list[ExplainRow]) -> str:

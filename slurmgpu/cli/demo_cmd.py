@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 
+from slurmgpu.cli.common import json_option
+
 
 @click.command("demo", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path),
@@ -18,9 +20,8 @@ import click
 @click.option("--timeout", type=click.FloatRange(min=5, max=600), default=30.0,
               show_default=True, metavar="SECONDS",
               help="The longest any one wait may take; every wait is bounded.")
-@click.option("--json", "as_json", is_flag=True,
-              help="Print one JSON object (steps with timings, final states, report path) on "
-                   "stdout; the narration goes to stderr.")
+@json_option("Print one JSON object (steps with timings, final states, report path) on "
+             "stdout; the narration goes to stderr.")
 @click.pass_context
 def demo(ctx: click.Context, directory: Path, timeout: float, as_json: bool) -> None:
     """Show the whole product in one command: a Slurm mini-cluster, GPU jobs, live faults, the automation and the fleet report.
@@ -55,13 +56,13 @@ def demo(ctx: click.Context, directory: Path, timeout: float, as_json: bool) -> 
       1  one was not (the output names it)
       3  a bad argument or --dir, or not root
     """
-    from slurmgpu.cli import fail
+    from slurmgpu.cli.common import CliError
     from slurmgpu.sim.demo import DemoError, check_directory, render_end, render_tables, run_demo
 
     try:
         directory = check_directory(directory)
     except DemoError as exc:
-        fail(str(exc))
+        raise CliError(str(exc)) from None
 
     def say(line: str) -> None:
         click.echo(line, err=as_json)

@@ -7,14 +7,14 @@ from collections import Counter
 
 import click
 
+from slurmgpu.cli.common import config_option, json_option
 from slurmgpu.doctor.model import Finding, Level
 
 ROLES = ("auto", "node", "head")
 
 
 @click.command("doctor", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--config", "config_file", metavar="FILE",
-              help="Config file (default: $SLURMGPU_CONFIG, then /etc/slurmgpu/slurmgpu.toml).")
+@config_option
 @click.option("--slurm-conf", "slurm_conf", metavar="FILE",
               help="slurm.conf to check (default: $SLURM_CONF, then /etc/slurm/slurm.conf, "
                    "then /etc/slurm-llnl/slurm.conf).")
@@ -24,9 +24,8 @@ ROLES = ("auto", "node", "head")
 @click.option("--node", metavar="NAME",
               help="This node's Slurm name (default: $SLURMD_NODENAME, then the short hostname).")
 @click.option("--keys-dir", metavar="DIR",
-              help="CURVE keys (default: $SLURMGPU_KEYS_DIR, then [collector] keys_dir).")
-@click.option("--json", "as_json", is_flag=True,
-              help="Print a JSON list of {check, severity, message, fix}.")
+              help="CURVE keys (default: [collector] keys_dir; $SLURMGPU_KEYS_DIR).")
+@json_option("Print a JSON list of {check, severity, message, fix}.")
 @click.pass_context
 def doctor(ctx: click.Context, config_file: str | None, slurm_conf: str | None, role: str,
            node: str | None, keys_dir: str | None, as_json: bool) -> None:

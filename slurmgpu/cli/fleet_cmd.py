@@ -19,18 +19,21 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from slurmgpu.agent.notify import notify as sd_notify
-from slurmgpu.cli.fleetdb import FleetDb, db_option, resolve_db
-from slurmgpu.config.schema import CollectorSettings, Settings
+from slurmgpu.cli.common import (
+    CliError,
+    FleetDb,
+    config_option,
+    db_option,
+    existing_db,
+    fleet_db,
+    json_option,
+    load_settings,
+)
+from slurmgpu.config.schema import Settings
 
 if TYPE_CHECKING:
     from slurmgpu.collector.policy import Automation
     from slurmgpu.collector.store import Store
-
-
-def _settings(config_file: str | None) -> Settings:
-    from slurmgpu.config.load import load_config
-
-    return load_config(config_file).settings_for(None)
 
 
 def _automation(settings: Settings, *, store: Store, read_only: bool = False) -> Automation:
@@ -44,7 +47,7 @@ def _automation(settings: Settings, *, store: Store, read_only: bool = False) ->
         return Automation(settings.automation, make_client(settings.slurm), settings.paths.state_dir,
                           store=store, read_only=read_only)
     except ValueError as exc:  # a bad [automation] policy entry, an automation.json not importable
-        raise click.ClickException(str(exc)) from None
+        raise CliError(str(exc)) from None
 
 
 def _slurm_client(settings: Settings) -> Any:
@@ -73,20 +76,15 @@ def _collector_args(settings: Settings, *, dry_run: bool = False) -> dict[str, A
     return args
 
 
-def _collector_settings(settings: Settings, **overrides: Any) -> CollectorSettings:
-    changes = {k: v for k, v in overrides.items() if v is not None}
-    return dataclasses.replace(settings.collector, **changes)
-
-
 # --------------------------------------------------------------------------- collector
 
 
 @click.command("collector")
-@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
-              help="Config file (default: $SLURMGPU_CONFIG or /etc/slurmgpu/slurmgpu.toml).")
+@config_option
 @click.option("--bind", default=None, help="ZeroMQ endpoint to bind (collector.bind).")
-@click.option("--db", default=None, help="SQLite database (collector.db).")
-@click.option("--keys-dir", default=None, help="CURVE keys and allow-list (collector.keys_dir).")
+@click.option("--db", default=None, help="SQLite database (collector.db; $SLURMGPU_DB).")
+@click.option("--keys-dir", default=None,
+              help="CURVE keys and allow-list (collector.keys_dir; $SLURMGPU_KEYS_DIR).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--dry-run", is_flag=True,
@@ -101,16 +99,17 @@ def collector(config_file: str | None, bind: str | None, db: str | None, keys_di
     from slurmgpu.collector.app import build_collector
 
     log.configure(log_level, json=True)
-    full = _settings(config_file)
-    settings = _collector_settings(full, bind=bind, db=db, keys_dir=keys_dir)
+    full = load_settings(config_file, flags={"collector.bind": bind, "collector.db": db,
+                                             "collector.keys_dir": keys_dir}).settings
+    settings = full.collector
     if dry_run and not full.automation.enabled:
         click.echo("--dry-run has no effect: [automation] enabled is false", err=True)
     try:  # one store, one connection: the collector's and its automation's (build_collector)
         server = build_collector(settings, **_collector_args(full, dry_run=dry_run))
     except ValueError as exc:  # a bad [automation] policy entry, an unwritable state_dir,
-        raise click.ClickException(str(exc)) from None  # an automation.json not importable
+        raise CliError(str(exc)) from None  # an automation.json not importable
     except OSError as exc:
-        raise click.ClickException(f"{exc.filename or settings.db}: {exc.strerror or exc}") from None
+        raise CliError(f"{exc.filename or settings.db}: {exc.strerror or exc}") from None
     _serve(server)
 
 
@@ -156,19 +155,16 @@ def _drained(settings: Settings) -> dict[str, bool] | None:
 
 
 @click.command("fleet")
-@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
-              help="Config file (default: $SLURMGPU_CONFIG or /etc/slurmgpu/slurmgpu.toml).")
+@config_option
 @db_option
-@click.option("--json", "as_json", is_flag=True, help="JSON output.")
+@json_option("JSON output.")
 def fleet(config_file: str | None, db: str | None, as_json: bool) -> None:
     """Fleet health from the collector's database: one line per node."""
-    from slurmgpu.cli.fleetdb import existing_db
     from slurmgpu.collector.store import Store
-    from slurmgpu.config.load import load_config
 
-    config = load_config(config_file)
-    settings = config.settings_for(None)
-    store = Store(existing_db(db, config.path, settings.collector.db).path)
+    loaded = load_settings(config_file)
+    settings = loaded.settings
+    store = Store(existing_db(loaded, db).path)
     try:
         rows: list[dict[str, Any]] = [dict(r) for r in store.fleet()]
         pending = _pending_checkpoints(store)
@@ -256,9 +252,7 @@ def breaker() -> None:
     """The automation's circuit breaker (state in the collector's database)."""
 
 
-_CONFIG = click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
-                       help="Config file (default: $SLURMGPU_CONFIG or /etc/slurmgpu/slurmgpu.toml).")
-_JSON = click.option("--json", "as_json", is_flag=True, help="JSON output.")
+_JSON = json_option("JSON output.")
 
 
 # `slurmgpu breaker` exit statuses (besides 3: bad config, unreadable database).
@@ -273,33 +267,15 @@ _EXIT_HELP = """
     """
 
 
-def _config(config_file: str | None) -> tuple[Any, Settings]:
-    """The config as the collector finds it (--config > $SLURMGPU_CONFIG >
-    /etc/slurmgpu/slurmgpu.toml > the built-in defaults): (loaded, settings); exit 3 if bad."""
-    from slurmgpu.cli import fail
-    from slurmgpu.config import load as config_load
-
-    try:
-        loaded = config_load.load_config(config_file)
-        return loaded, loaded.settings_for(None)
-    except Exception as exc:  # bad config
-        fail(str(exc) or type(exc).__name__)
-        raise AssertionError("unreachable") from None
-
-
 def _open_store(found: FleetDb) -> Store:
-    """The database (exit 3 when it cannot be opened: unreadable, damaged, too new)."""
-    from slurmgpu.cli import fail
+    """The database (exit 3 when it cannot be opened: unreadable, damaged, too new; a
+    StoreError, a SlurmGpuError, says so itself)."""
     from slurmgpu.collector.store import Store
-    from slurmgpu.errors import SlurmGpuError
 
     try:
         return Store(found.path)
-    except SlurmGpuError as exc:  # StoreError: damaged, or newer than this slurmgpu
-        fail(str(exc))
     except (OSError, sqlite3.Error) as exc:
-        fail(f"{found.path}: {exc}")
-    raise AssertionError("unreachable")
+        raise CliError(f"{found.path}: {exc}") from None
 
 
 def _no_state(found: FleetDb, settings: Settings) -> str:
@@ -325,23 +301,17 @@ def _breaker_state(config_file: str | None, db: str | None) -> Iterator[tuple[Au
     database (--db > $SLURMGPU_DB > [collector] db of the config). No database there, or
     one that holds no automation state, is never "closed": one error line naming the
     database and where its path came from, exit ``EXIT_NO_STATE``."""
-    from slurmgpu.cli import fail
-
-    loaded, settings = _config(config_file)
-    found = resolve_db(db, loaded.path, settings.collector.db)
+    loaded = load_settings(config_file)
+    settings = loaded.settings
+    found = fleet_db(loaded, db)
     store = _open_store(found) if Path(found.path).is_file() else None
     if store is None or store.automation_version() is None:
         if store is not None:
             store.close()
-        fail(_no_state(found, settings), code=EXIT_NO_STATE)
-        raise AssertionError("unreachable")
+        raise CliError(_no_state(found, settings), exit_code=EXIT_NO_STATE)
     with contextlib.closing(store):
-        try:
-            auto = _automation(settings, store=store, read_only=True)
-        except click.ClickException as exc:  # a bad [automation] policy entry
-            fail(exc.format_message())
-            raise AssertionError("unreachable") from None
-        yield auto, {"db": found.path, "config": loaded.path}
+        yield _automation(settings, store=store, read_only=True), {"db": found.path,
+                                                                     "config": loaded.config.path}
 
 
 def _operator() -> str:
@@ -381,7 +351,7 @@ def _show(status: dict[str, Any], where: dict[str, Any], forecast: dict[str, Any
 
 
 @breaker.command("status", epilog=_EXIT_HELP)
-@_CONFIG
+@config_option
 @db_option
 @_JSON
 def breaker_status(config_file: str | None, db: str | None, as_json: bool) -> None:
@@ -401,7 +371,7 @@ def breaker_status(config_file: str | None, db: str | None, as_json: bool) -> No
 
 
 @breaker.command("release", epilog=_EXIT_HELP)
-@_CONFIG
+@config_option
 @db_option
 @_JSON
 def breaker_release(config_file: str | None, db: str | None, as_json: bool) -> None:
@@ -414,14 +384,12 @@ def breaker_release(config_file: str | None, db: str | None, as_json: bool) -> N
     again, and which [automation] setting decides. The database is found as for
     `slurmgpu breaker status`; the release is one transaction in it, which the running
     collector sees at its next loop turn."""
-    from slurmgpu.cli import fail
-
     with _breaker_state(config_file, db) as (auto, where):
         by = _operator()
         try:
             released = auto.release(by=by)
         except sqlite3.Error as exc:  # e.g. locked past the busy timeout
-            fail(f"{auto.store.path}: {exc}")
+            raise CliError(f"{auto.store.path}: {exc}") from None
         status, forecast = auto.status(), auto.forecast()
     if as_json:
         click.echo(json.dumps(dict(status, **where, released_by=by, released_now=released,
@@ -457,24 +425,17 @@ def _lemon_rows(status: dict[str, Any]) -> list[dict[str, Any]]:
 def _lemon_automation(config_file: str | None, db: str | None) -> Iterator[Automation | None]:
     """The automation's state in the collector's database, found as for `slurmgpu breaker`;
     None when there is no database (no lemons; nothing is created)."""
-    from slurmgpu.cli import fail
-
-    loaded, settings = _config(config_file)
-    found = resolve_db(db, loaded.path, settings.collector.db)
+    loaded = load_settings(config_file)
+    found = fleet_db(loaded, db)
     if not Path(found.path).is_file():
         yield None
         return
     with contextlib.closing(_open_store(found)) as store:
-        try:
-            auto = _automation(settings, store=store, read_only=True)
-        except click.ClickException as exc:  # a bad [automation] policy entry
-            fail(exc.format_message())
-            raise AssertionError("unreachable") from None
-        yield auto
+        yield _automation(loaded.settings, store=store, read_only=True)
 
 
 @lemon.command("list")
-@_CONFIG
+@config_option
 @db_option
 @_JSON
 def lemon_list(config_file: str | None, db: str | None, as_json: bool) -> None:
@@ -495,7 +456,7 @@ def lemon_list(config_file: str | None, db: str | None, as_json: bool) -> None:
 
 @lemon.command("clear")
 @click.argument("node")
-@_CONFIG
+@config_option
 @db_option
 @_JSON
 def lemon_clear(node: str, config_file: str | None, db: str | None, as_json: bool) -> None:
@@ -504,17 +465,14 @@ def lemon_clear(node: str, config_file: str | None, db: str | None, as_json: boo
     Exit 1, state unchanged, when NODE is not a lemon. The node stays drained: resume it
     with `slurmgpu resume NODE` once it is back in shape. The change is one transaction
     in the collector's database (found as for `slurmgpu breaker`)."""
-    from slurmgpu.cli import fail
-
     with _lemon_automation(config_file, db) as auto:
         info = auto.status()["lemons"].get(node) if auto is not None else None
         if auto is None or info is None:
-            fail(f"{node} is not a lemon", code=1)
-            raise AssertionError("unreachable")
+            raise CliError(f"{node} is not a lemon", exit_code=1)
         try:
             auto.clear_lemon(node)
         except sqlite3.Error as exc:  # e.g. locked past the busy timeout
-            fail(f"{auto.store.path}: {exc}")
+            raise CliError(f"{auto.store.path}: {exc}") from None
     if as_json:
         click.echo(json.dumps({"node": node, "cleared": True, "since": info.get("since"),
                                "why": info.get("why")}, indent=2, sort_keys=True))

@@ -8,23 +8,20 @@ from typing import Any
 
 import click
 
-from slurmgpu.cli.fleetdb import db_option
-from slurmgpu.config.schema import Settings
-
-
-def _settings(config_file: str | None) -> Settings:
-    from slurmgpu.config.load import load_config
-
-    return load_config(config_file).settings_for(None)
+from slurmgpu.cli.common import (
+    CliError,
+    config_option,
+    db_option,
+    existing_db,
+    json_option,
+    load_settings,
+)
 
 
 def _open_store(config_file: str | None, db: str | None) -> Any:
-    from slurmgpu.cli.fleetdb import existing_db
     from slurmgpu.collector.store import Store
-    from slurmgpu.config.load import load_config
 
-    config = load_config(config_file)
-    return Store(existing_db(db, config.path, config.settings_for(None).collector.db).path)
+    return Store(existing_db(load_settings(config_file), db).path)
 
 
 @click.group("jobs")
@@ -34,16 +31,13 @@ def jobs() -> None:
 
 @jobs.command("events")
 @click.argument("job_id")
-@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
-              help="Config file (default: $SLURMGPU_CONFIG or /etc/slurmgpu/slurmgpu.toml).")
+@config_option
 @db_option
-@click.option("--json", "as_json", is_flag=True, help="JSON output.")
+@json_option("JSON output.")
 def events(job_id: str, config_file: str | None, db: str | None, as_json: bool) -> None:
     """The timeline of JOB_ID: detected, signalled, delivered, acked, drained, requeued.
 
     Exit 0 with the timeline, 1 when slurmgpu never touched that job."""
-    from slurmgpu.cli import fail
-
     store = _open_store(config_file, db)
     try:
         timeline = store.job_events(job_id)
@@ -57,7 +51,7 @@ def events(job_id: str, config_file: str | None, db: str | None, as_json: bool) 
             raise SystemExit(1)
         return
     if not timeline:
-        fail(f"no slurmgpu events for job {job_id}", code=1)
+        raise CliError(f"no slurmgpu events for job {job_id}", exit_code=1)
     start = timeline[0]["ts"]
     for e in timeline:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["ts"]))

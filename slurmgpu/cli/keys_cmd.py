@@ -1,10 +1,13 @@
 """`slurmgpu keys init|add-node|revoke|list`: CURVE keys for the agent <-> collector link.
 
-The keys directory is --dir, else $SLURMGPU_KEYS_DIR, else /etc/slurmgpu/keys (the config
-file is not read). Errors are KeyFileError: one line on stderr and exit 3 (see main())."""
+The keys directory is ``[collector] keys_dir`` as the one order of ``slurmgpu.config.env``
+leaves it: --dir, else $SLURMGPU_KEYS_DIR, else the config file's, else /etc/slurmgpu/keys
+(what the collector and the agents use). Errors are KeyFileError: one line on stderr and
+exit 3 (the root prints it)."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -12,17 +15,25 @@ from typing import Any
 import click
 
 from slurmgpu import keys as keylib
+from slurmgpu.cli.common import config_option, json_option, load_settings
 
-_DIR_HELP = "Keys directory (default: $SLURMGPU_KEYS_DIR, then /etc/slurmgpu/keys)."
+_DIR_HELP = (f"Keys directory (default: [collector] keys_dir of the config, which "
+             f"$SLURMGPU_KEYS_DIR overrides; built in: {keylib.DEFAULT_KEYS_DIR}).")
 
 
 def _dir_option(f: Any) -> Any:
-    return click.option("--dir", "keys_dir", metavar="DIR", envvar="SLURMGPU_KEYS_DIR",
-                        default=keylib.DEFAULT_KEYS_DIR, show_envvar=False, help=_DIR_HELP)(f)
+    """``--dir`` and ``--config``; the command gets the resolved ``keys_dir``."""
+
+    @functools.wraps(f)
+    def resolved(*args: Any, keys_dir: str | None, config_file: str | None, **kwargs: Any) -> Any:
+        settings = load_settings(config_file, flags={"collector.keys_dir": keys_dir}).settings
+        return f(*args, keys_dir=settings.collector.keys_dir, **kwargs)
+
+    return click.option("--dir", "keys_dir", metavar="DIR", default=None, help=_DIR_HELP)(
+        config_option(resolved))
 
 
-def _json_option(f: Any) -> Any:
-    return click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")(f)
+_json_option = json_option()
 
 
 def _emit(data: dict[str, Any]) -> None:

@@ -4,11 +4,10 @@ collector's database (see docs/report.md). The report modules load inside the co
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import click
 
-from slurmgpu.cli.fleetdb import db_option
+from slurmgpu.cli.common import CliError, config_option, db_option, existing_db, load_settings
 from slurmgpu.fileutil import write_text_atomic
 
 
@@ -22,8 +21,7 @@ from slurmgpu.fileutil import write_text_atomic
               help="Output format.")
 @click.option("--out", default=None, metavar="FILE",
               help="Write to FILE (atomically) instead of stdout.")
-@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
-              help="Config file (default: $SLURMGPU_CONFIG or /etc/slurmgpu/slurmgpu.toml).")
+@config_option
 @db_option
 @click.option("--now", default=None, metavar="ISO",
               help="Pretend it is this time (reproducible reports).")
@@ -34,27 +32,16 @@ def report(since: str | None, start: str | None, end: str | None, fmt: str, out:
 
     Exit 0 with the report; 3 (one line on stderr, nothing written) on a bad argument,
     a bad config or a missing or too old database."""
-    from slurmgpu.cli import fail
-    from slurmgpu.cli.fleetdb import resolve_db
-    from slurmgpu.errors import SlurmGpuError
     from slurmgpu.report import FORMATS
     from slurmgpu.report.model import parse_time, report_from_path, resolve_window
 
     if fmt not in FORMATS:
-        fail(f"bad --format {fmt!r} (want one of: {', '.join(FORMATS)})")
-    try:
-        clock = parse_time(now, "--now") if now is not None else time.time()
-        t0, t1 = resolve_window(since, start, end, clock)
-        from slurmgpu.config.load import load_config
-
-        config = load_config(config_file)
-        found = resolve_db(db, config.path, config.settings_for(None).collector.db)
-        if not Path(found.path).is_file():
-            fail(found.missing())
-        model = report_from_path(found.path, t0, t1, config=config, generated_at=clock)
-    except SlurmGpuError as exc:
-        fail(str(exc))
-        return
+        raise CliError(f"bad --format {fmt!r} (want one of: {', '.join(FORMATS)})")
+    clock = parse_time(now, "--now") if now is not None else time.time()
+    t0, t1 = resolve_window(since, start, end, clock)
+    loaded = load_settings(config_file)
+    found = existing_db(loaded, db)
+    model = report_from_path(found.path, t0, t1, config=loaded.config, generated_at=clock)
     if fmt == "json":
         import json
 
@@ -73,4 +60,4 @@ def report(since: str | None, start: str | None, end: str | None, fmt: str, out:
     try:
         write_text_atomic(out, text)
     except OSError as exc:
-        fail(f"{out}: {exc.strerror or exc}")
+        raise CliError(f"{out}: {exc.strerror or exc}") from None

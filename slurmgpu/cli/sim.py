@@ -13,10 +13,18 @@ import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 import click
 
+from slurmgpu.cli.common import (
+    CliError,
+    config_option,
+    first_line,
+    json_option,
+    load_settings,
+    os_error,
+)
 from slurmgpu.errors import SlurmGpuError
 
 EXIT_ERROR = 3
@@ -25,23 +33,18 @@ EXIT_NOT_FOUND = 127
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
-    click.echo(f"slurmgpu: error: {message}", err=True)
-    sys.exit(code)
-
-
 def _one_line_errors(fn: F) -> F:
-    """Turn slurmgpu and OS errors into one line on stderr and exit 3."""
+    """A slurmgpu or OS error as a CliError (one line on stderr, exit 3), so that the
+    group says so in one line even when run on its own, not under the root."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except SlurmGpuError as exc:
-            _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            raise CliError(first_line(exc)) from None
         except OSError as exc:
-            where = f"{exc.filename}: " if exc.filename else ""
-            _fail(f"{where}{exc.strerror or exc}")
+            raise os_error(exc) from None
 
     return wrapper  # type: ignore[return-value]
 
@@ -59,7 +62,7 @@ def sim() -> None:
 @click.option("--dest", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Directory for libnvidia-ml.so.1 (default: $SLURMGPU_SIM_DIR or a cache dir).")
 @click.option("--force", is_flag=True, help="Rebuild even when the library is up to date.")
-@click.option("--json", "as_json", is_flag=True, help="Print {\"library\": PATH} as JSON.")
+@json_option("Print {\"library\": PATH} as JSON.")
 @_one_line_errors
 def build_cmd(dest: Path | None, force: bool, as_json: bool) -> None:
     """Compile the fake NVML library and print its path."""
@@ -70,7 +73,7 @@ def build_cmd(dest: Path | None, force: bool, as_json: bool) -> None:
 
 
 @sim.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of {name, description}.")
+@json_option("Print a JSON list of {name, description}.")
 @_one_line_errors
 def list_cmd(as_json: bool) -> None:
     """List the bundled scenarios."""
@@ -128,13 +131,13 @@ def run_cmd(scenario: str, command: tuple[str, ...]) -> None:
     env["LD_LIBRARY_PATH"] = f"{lib_dir}{os.pathsep}{old}" if old else lib_dir
     program = command[0]
     if shutil.which(program, path=env.get("PATH")) is None:
-        _fail(f"command not found: {program}", EXIT_NOT_FOUND)
+        raise CliError(f"command not found: {program}", EXIT_NOT_FOUND)
     sys.stdout.flush()
     sys.stderr.flush()
     try:
         os.execvpe(program, list(command), env)
     except OSError as exc:
-        _fail(f"cannot run {program}: {exc.strerror or exc}", EXIT_NOT_FOUND)
+        raise CliError(f"cannot run {program}: {exc.strerror or exc}", EXIT_NOT_FOUND) from None
 
 
 @sim.command("record")
@@ -163,7 +166,7 @@ def record_cmd(out: Path | None, name: str | None, description: str | None) -> N
 @click.option("--seed", "seed_", type=int, default=0, show_default=True, help="Random seed.")
 @click.option("--end", default=None, help="End of the history: ISO 8601 time or Unix seconds "
                                           "(default: the current hour).")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@json_option("Print the summary as JSON.")
 @_one_line_errors
 def report_seed_cmd(db_path: Path, nodes: int, days: float, seed_: int, end: str | None,
                     as_json: bool) -> None:
@@ -181,7 +184,7 @@ def report_seed_cmd(db_path: Path, nodes: int, days: float, seed_: int, end: str
             try:
                 end_ts = datetime.fromisoformat(end.replace("Z", "+00:00")).timestamp()
             except ValueError:
-                _fail(f"--end: not an ISO 8601 time or Unix seconds: {end!r}")
+                raise CliError(f"--end: not an ISO 8601 time or Unix seconds: {end!r}") from None
     summary = seed(db_path, nodes, days, end=end_ts, seed=seed_)
     if as_json:
         click.echo(json.dumps(summary, indent=2, sort_keys=True))
@@ -196,7 +199,7 @@ def report_seed_cmd(db_path: Path, nodes: int, days: float, seed_: int, end: str
 
 
 @sim.command("fleet")
-@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None)
+@config_option
 @click.option("--nodes", "count", type=click.IntRange(1, 100_000), default=100, show_default=True)
 @click.option("--rate", type=click.FloatRange(min=0), default=1 / 15, show_default="1/15",
               help="Reports per second per node; 0: as fast as --window allows.")
@@ -209,7 +212,7 @@ def report_seed_cmd(db_path: Path, nodes: int, days: float, seed_: int, end: str
 @click.option("--prefix", default="sim", show_default=True, help="Node name prefix.")
 @click.option("--connect-timeout", type=float, default=60.0, show_default=True,
               help="Seconds to wait for every node's hello to be acked.")
-@click.option("--json", "as_json", is_flag=True)
+@json_option("Print the rates as JSON.")
 def fleet_sim(config_file: str | None, count: int, rate: float, window: int, duration: float,
               address: str | None, keys_dir: str | None, prefix: str, connect_timeout: float,
               as_json: bool) -> None:
@@ -218,14 +221,10 @@ def fleet_sim(config_file: str | None, count: int, rate: float, window: int, dur
     The node keys are written to the collector's allow-list; a collector that is
     already running picks them up within 30 s (or at once on SIGHUP).
     """
-    import dataclasses
-
-    from slurmgpu.config.load import load_config
     from slurmgpu.sim import fleet as simfleet
 
-    given: dict[str, Any] = {"address": address, "keys_dir": keys_dir}
-    settings = dataclasses.replace(load_config(config_file).settings_for(None).collector,
-                                   **{k: v for k, v in given.items() if v is not None})
+    settings = load_settings(config_file, flags={"collector.address": address,
+                                                 "collector.keys_dir": keys_dir}).settings.collector
     nodes = simfleet.make_nodes(settings.keys_dir, count, prefix=prefix)
     click.echo(f"allow-listed {count} simulated nodes in {settings.keys_dir}/nodes "
                "(a running collector needs SIGHUP or up to 30 s)", err=True)
@@ -302,7 +301,7 @@ def cluster() -> None:
 @click.option("--timeout", type=float, default=60, show_default=True,
               help="Seconds to wait for every node to be idle (and every agent ready).")
 @_dir_option
-@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@json_option("Print the status as JSON.")
 @_one_line_errors
 def cluster_up(nodes: int, gpus: int, scenario: str, hooks: bool, agents: bool | None,
                automation: bool | None, dry_run: bool, installed_hooks: Path | None,
@@ -351,7 +350,7 @@ def cluster_down(purge: bool, directory: Path | None) -> None:
 
 @cluster.command("status")
 @_dir_option
-@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@json_option("Print the status as JSON.")
 @_one_line_errors
 def cluster_status(directory: Path | None, as_json: bool) -> None:
     """Daemons and node states. Exit 0 when the cluster is up, 1 otherwise."""

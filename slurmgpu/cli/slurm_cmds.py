@@ -10,15 +10,12 @@ from typing import Any
 
 import click
 
+from slurmgpu.cli.common import config_option, json_option, load_settings
 from slurmgpu.config.schema import Settings
 
 
 def _settings(config_file: str | None, node: str | None) -> Settings:
-    from slurmgpu.checks.registry import all_checks
-    from slurmgpu.config.load import load_config
-
-    loaded = load_config(config_file, known_checks=[c.id for c in all_checks()])
-    return loaded.settings_for(node)
+    return load_settings(config_file, node=node, known_checks=True).settings
 
 
 def _client(settings: Settings) -> Any:
@@ -88,10 +85,6 @@ def _lenient_on_error(phase: str, config_file: str | None) -> str:
     return value if value in ("fail-open", "fail-closed") else fallback
 
 
-config_option = click.option("--config", "config_file", metavar="FILE",
-                             help="Config file (default: $SLURMGPU_CONFIG or /etc/slurmgpu/slurmgpu.toml).")
-
-
 @click.command()
 @config_option
 def prolog(config_file: str | None) -> int:
@@ -129,7 +122,7 @@ def healthcheck(config_file: str | None) -> int:
 @click.option("--reason", required=True,
               help="Why; stored as 'slurmgpu: <reason> [by operator <you>]'.")
 @config_option
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@json_option("Print the result as JSON.")
 def drain(node: str, reason: str, config_file: str | None, as_json: bool) -> None:
     """Drain NODE with a slurmgpu-owned reason (an operator's drain is left as it is).
     The reason ends with "[by operator <login>]" ($SUDO_USER under sudo), which the
@@ -137,7 +130,7 @@ def drain(node: str, reason: str, config_file: str | None, as_json: bool) -> Non
     from slurmgpu.actions import Actions
 
     settings = _settings(config_file, node)
-    result = Actions(_client(settings), _state_dir(settings)).drain(
+    result = Actions(_client(settings), settings.paths.state_dir).drain(
         node, reason, actor="operator", user=_operator())
     _print_result(result, as_json)
 
@@ -156,13 +149,13 @@ def _operator() -> str | None:
 @click.argument("node")
 @click.option("--force", is_flag=True, help="Also resume a node someone else drained.")
 @config_option
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@json_option("Print the result as JSON.")
 def resume(node: str, force: bool, config_file: str | None, as_json: bool) -> None:
     """Resume NODE if slurmgpu drained it (any drained node with --force)."""
     from slurmgpu.actions import Actions
 
     settings = _settings(config_file, node)
-    result = Actions(_client(settings), _state_dir(settings)).resume(node, force=force)
+    result = Actions(_client(settings), settings.paths.state_dir).resume(node, force=force)
     _print_result(result, as_json)
     if result.action == "operator-drain-kept":
         click.echo(f"slurmgpu: {node} was drained by someone else ({result.reason}); use --force",
@@ -173,7 +166,7 @@ def resume(node: str, force: bool, config_file: str | None, as_json: bool) -> No
 @click.command()
 @click.option("--all", "show_all", is_flag=True, help="Show every drained node, not only slurmgpu's.")
 @config_option
-@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@json_option("Print as JSON.")
 def nodes(show_all: bool, config_file: str | None, as_json: bool) -> None:
     """Nodes drained by slurmgpu: state, reason, since when."""
     settings = _settings(config_file, None)
@@ -192,12 +185,6 @@ def nodes(show_all: bool, config_file: str | None, as_json: bool) -> None:
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(n.reason_time)) if n.reason_time else "-"
         state = n.state + "".join(f"+{f}" for f in sorted(n.flags))
         click.echo(f"{n.name:<16} {state:<14} {since:<20} {n.reason or ''}")
-
-
-def _state_dir(settings: Settings) -> str:
-    from slurmgpu.gate import STATE_DIR_ENV
-
-    return os.environ.get(STATE_DIR_ENV) or settings.paths.state_dir
 
 
 def _print_result(result: Any, as_json: bool) -> None:

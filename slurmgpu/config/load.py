@@ -32,6 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Union, get_args, get_origin
 
+from slurmgpu.config.env import CONFIG_ENV, DEFAULT_CONFIG_PATH, apply_env, apply_flags, overrides
 from slurmgpu.config.hosts import MAX_HOSTLIST_NODES, HostSection, Table, Tables
 from slurmgpu.config.schema import Range, Settings
 from slurmgpu.config.tomltext import format_value, quote
@@ -55,8 +56,8 @@ __all__ = [
     "ranges_markdown",
 ]
 
-DEFAULT_PATH = "/etc/slurmgpu/slurmgpu.toml"
-ENV_VAR = "SLURMGPU_CONFIG"
+DEFAULT_PATH = DEFAULT_CONFIG_PATH
+ENV_VAR = CONFIG_ENV
 
 # Every hook reads the whole file before its watchdog can help: a real config is a few KiB,
 # so anything this big is a mistake (a log, a core file, /dev/zero) to refuse, not to parse.
@@ -88,16 +89,23 @@ class LoadedConfig:
         return [("top-level", self.base)] + [(h.label, h.values)
                                              for h in self.matching_sections(node)]
 
-    def settings_for(self, node: str | None) -> Settings:
-        """Defaults <- top level <- the [[hosts]] sections matching ``node``, in order.
-        ``node=None``: the top level only."""
-        return _build_settings([values for _, values in self._layers(node)])
+    def settings_for(self, node: str | None, environ: Mapping[str, str] = os.environ,
+                     flags: Mapping[str, Any] | None = None) -> Settings:
+        """The settings for ``node``, in the one order (``slurmgpu.config.env``): defaults
+        <- top level <- the [[hosts]] sections matching ``node``, in file order <- the
+        ``SLURMGPU_*`` variables of ``environ`` <- ``flags`` (``{"collector.db": ...}``,
+        None values not given). ``node=None``: the top level only; ``environ={}``: the
+        file alone."""
+        settings = _build_settings([values for _, values in self._layers(node)])
+        return apply_flags(apply_env(settings, environ), flags)
 
-    def explain(self, node: str | None) -> list[ExplainRow]:
-        """Every effective setting for ``node`` and which layer set it. Dict-valued
-        settings get one row per entry (an empty one gets a single row)."""
+    def explain(self, node: str | None, environ: Mapping[str, str] = os.environ) -> list[ExplainRow]:
+        """Every effective setting for ``node`` and which layer set it (a variable:
+        ``$SLURMGPU_...``). Dict-valued settings get one row per entry (an empty one
+        gets a single row)."""
         layers = self._layers(node)
-        settings = _build_settings([values for _, values in layers])
+        settings = apply_env(_build_settings([values for _, values in layers]), environ)
+        from_env = overrides(environ)
         defaults = Settings()
         rows: list[ExplainRow] = []
         for tf in dataclasses.fields(Settings):
@@ -120,6 +128,8 @@ class LoadedConfig:
                 for label, values in layers:
                     if kf.name in values.get(tf.name, {}):
                         source = label
+                if key in from_env:
+                    source = "$" + from_env[key][0]
                 rows.append(ExplainRow(key, value, source))
         return rows
 

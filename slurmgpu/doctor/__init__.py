@@ -39,8 +39,6 @@ from slurmgpu.doctor.slurmconf import (
 
 __all__ = ["CHECKS", "HEAD", "NODE", "Context", "Finding", "Level", "diagnose", "exit_code"]
 
-KEYS_ENV = "SLURMGPU_KEYS_DIR"  # what the agent and `slurmgpu keys` read too
-
 CONFIG_CHECK = Check("config", check_config)
 # In this order: later checks read what earlier ones found (the parsed slurm.conf, the
 # collector's answer for the clock).
@@ -65,8 +63,9 @@ def diagnose(*, node: str, role: str = "auto", config_file: str | None = None,
              slurm_conf: str | None = None, keys_dir: str | None = None,
              environ: Mapping[str, str] = os.environ) -> tuple[Context, list[Finding], float]:
     """Run every check; (the context they filled in, the findings, seconds taken)."""
+    from slurmgpu.config.env import apply_env
     from slurmgpu.config.load import config_path
-    from slurmgpu.keys import DEFAULT_KEYS_DIR
+    from slurmgpu.config.schema import Settings
 
     started = time.monotonic()
     ctx = Context(role=NODE, role_reason="", node=node, keys_dir="", config_file=config_file,
@@ -74,8 +73,9 @@ def diagnose(*, node: str, role: str = "auto", config_file: str | None = None,
                   environ=environ)
     findings = run_check(CONFIG_CHECK, ctx)
     # The keys directory, and with it the role, come from the config: settled after it.
-    ctx.keys_dir = keys_dir or environ.get(KEYS_ENV) or (
-        ctx.settings.collector.keys_dir if ctx.settings is not None else DEFAULT_KEYS_DIR)
+    # --keys-dir, else [collector] keys_dir as $SLURMGPU_KEYS_DIR leaves it.
+    settings = ctx.settings if ctx.settings is not None else apply_env(Settings(), environ)
+    ctx.keys_dir = keys_dir or settings.collector.keys_dir
     ctx.role, ctx.role_reason = detect_role(role, ctx.keys_dir)
     findings += run_all(CHECKS, ctx)
     return ctx, findings, time.monotonic() - started

@@ -39,7 +39,7 @@ def check_config(ctx: Context) -> Iterator[Finding]:
         yield fail("config", str(exc),
                    f"fix {key}{where}, then `slurmgpu config check {where}` must say OK")
         return
-    ctx.loaded, ctx.settings = loaded, loaded.settings_for(ctx.node)
+    ctx.loaded, ctx.settings = loaded, loaded.settings_for(ctx.node, ctx.environ)
     if loaded.path is None:
         yield ok("config", f"{ctx.config_path} not present: the defaults apply")
         return
@@ -147,9 +147,7 @@ def check_dirs(ctx: Context) -> Iterator[Finding]:
     if settings is None:
         yield skip("dirs", NEEDS_CONFIG)
         return
-    from slurmgpu.gate import STATE_DIR_ENV
-
-    dirs = [("dir.state", ctx.environ.get(STATE_DIR_ENV) or settings.paths.state_dir, "[paths] state_dir")]
+    dirs = [("dir.state", settings.paths.state_dir, "[paths] state_dir")]
     if ctx.role == HEAD:
         dirs.append(("dir.db", os.path.dirname(os.path.abspath(settings.collector.db)), "[collector] db"))
     elif expects_agent(ctx):

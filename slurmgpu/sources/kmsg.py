@@ -7,7 +7,7 @@ The text after the code is kept (bounded): NVIDIA's action for some XIDs depends
 Reading ``/dev/kmsg`` (records ``PRI,SEQ,USEC,FLAGS;MESSAGE``, USEC = monotonic
 microseconds since boot) gives each XID with its time, so the epilog can ask
 "which XIDs happened during this job?" without a daemon. The path is
-injectable (``[paths] kmsg`` / ``SLURMGPU_KMSG``): the simulator points it at a
+injectable (``[paths] kmsg``, which ``$SLURMGPU_KMSG`` overrides): the simulator points it at a
 regular file in the same record format.
 """
 
@@ -22,7 +22,6 @@ from collections.abc import Iterable, Mapping
 
 from slurmgpu.facts import XID_MESSAGE_MAX, GpuFacts, XidEvent
 
-KMSG_ENV = "SLURMGPU_KMSG"
 DEFAULT_KMSG = "/dev/kmsg"
 _XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]+):([0-9a-fA-F]+):([0-9a-fA-F]+)(?:\.[0-9a-fA-F]+)?\):"
                   r"\s*(\d+)(?:,\s*(.*))?")
@@ -38,11 +37,6 @@ def pci_key(bus_id: str) -> tuple[int, int, int] | None:
         return int(parts[0], 16), int(parts[1], 16), int(parts[2].split(".")[0], 16)
     except ValueError:
         return None
-
-
-def log_path(configured: str, environ: Mapping[str, str]) -> str:
-    """The kernel log to read: ``$SLURMGPU_KMSG``, else ``configured`` (``[paths] kmsg``)."""
-    return environ.get(KMSG_ENV) or configured
 
 
 def gpus_by_pci(gpus: Iterable[GpuFacts]) -> dict[tuple[int, int, int], int]:

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from slurmgpu.config.env import setting_value
 from slurmgpu.facts import (
     EccCounts,
     FabricInfo,
@@ -38,7 +39,6 @@ from slurmgpu.facts import (
     RetiredPages,
 )
 
-LIBRARY_ENV = "SLURMGPU_NVML_LIBRARY"
 NVLINK_LINK_COUNT_FIELD = 91  # NVML_FI_DEV_NVLINK_LINK_COUNT
 MEMORY_TEMP_FIELD = 82  # NVML_FI_DEV_MEMORY_TEMP (HBM)
 PCIE_REPLAY_FIELD = 94  # NVML_FI_DEV_PCIE_REPLAY_COUNTER
@@ -65,7 +65,8 @@ class _Older(Exception):
 
 
 def library_path(configured: str | None, environ: Mapping[str, str] = os.environ) -> str | None:
-    return environ.get(LIBRARY_ENV) or configured or None
+    """``[nvml] library`` as ``$SLURMGPU_NVML_LIBRARY`` leaves it; None: the linker's."""
+    return setting_value("nvml.library", configured, environ) or None
 
 
 class _Query:

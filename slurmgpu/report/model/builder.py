@@ -74,7 +74,7 @@ class Builder:
         key = tuple(s.index for s in sections)
         cached = self._settings_cache.get(key)
         if cached is None:
-            cached = self.config.settings_for(node)
+            cached = self.config.settings_for(node, environ={})  # the file's view of that node
             self._settings_cache[key] = cached
         return cached
 
