@@ -1,5 +1,6 @@
 import pytest
 
+from tests.pgfixtures import *  # noqa: F403  (a real PostgreSQL server, store_url)
 from tests.simfixtures import *  # noqa: F403  (fake NVML library + scenario fixtures)
 from tests.slurmfixtures import *  # noqa: F403  (the real Slurm mini-cluster)
 

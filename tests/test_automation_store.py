@@ -4,8 +4,8 @@ one transaction) that the collector neither misses nor overwrites."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-import sqlite3
 import threading
 from pathlib import Path
 from typing import Any
@@ -34,17 +34,15 @@ def fail(check: str = "ecc.uncorrected") -> list[Any]:
     return [decode_finding(dict(ECC, check=check))]
 
 
-def schema_6_database(path: Path) -> None:
+def schema_6_database(target: str) -> None:
     """A fleet database as a slurmgpu before schema 7 left it (no automation tables), with
     a drain that waits for its jobs' checkpoints."""
-    Store(path).close()
-    db = sqlite3.connect(path, isolation_level=None)
-    for table in TABLES:
-        db.execute(f"DROP TABLE {table}")
-    db.execute("UPDATE schema_version SET version = 6")
-    db.execute("INSERT INTO pending_drains (node, action, reason, trigger, since, checkpoints) "
-               "VALUES ('gpu-004', 'checkpoint', 'slurmgpu: mem.row_remap', 'mem.row_remap', 50.0, '[1]')")
-    db.close()
+    with contextlib.closing(Store(target)) as store, store.transaction() as db:
+        for table in TABLES:
+            db.execute(f"DROP TABLE {table}")
+        db.execute("UPDATE schema_version SET version = 6")
+        db.execute("INSERT INTO pending_drains (node, action, reason, trigger, since, checkpoints) "
+                   "VALUES ('gpu-004', 'checkpoint', 'slurmgpu: mem.row_remap', 'mem.row_remap', 50.0, '[1]')")
 
 
 # What a slurmgpu before schema 7 wrote: the breaker open, a held drain whose jobs were asked
@@ -72,10 +70,10 @@ LEGACY = {
 }
 
 
-def test_an_old_database_and_its_automation_json_upgrade(tmp_path: Path) -> None:
+def test_an_old_database_and_its_automation_json_upgrade(tmp_path: Path, store_url: str) -> None:
     """The first start after the upgrade imports automation.json once: held and released
     drains, the breaker and the lemons survive; the file is renamed, never read again."""
-    path = tmp_path / "fleet.db"
+    path = store_url
     schema_6_database(path)
     state_dir = tmp_path / "state"
     state_dir.mkdir()
@@ -110,10 +108,11 @@ def test_an_old_database_and_its_automation_json_upgrade(tmp_path: Path) -> None
     store.close()
 
 
-def test_breaker_status_reads_the_imported_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_breaker_status_reads_the_imported_state(tmp_path: Path, store_url: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("slurmgpu.slurm.factory.make_client", lambda *a, **k: FakeSlurmClient(NODES))
     monkeypatch.delenv("SLURMGPU_DB", raising=False)
-    path, state_dir = tmp_path / "fleet.db", tmp_path / "state"
+    path, state_dir = store_url, tmp_path / "state"
     schema_6_database(path)
     state_dir.mkdir()
     (state_dir / LEGACY_STATE_FILE).write_text(json.dumps(LEGACY))
@@ -131,8 +130,8 @@ def test_breaker_status_reads_the_imported_state(tmp_path: Path, monkeypatch: py
     assert [r["node"] for r in doc["released"]] == ["gpu-003"] and "gpu-005" in doc["lemons"]
 
 
-def test_a_leftover_automation_json_is_not_imported_over_the_database(tmp_path: Path) -> None:
-    store = Store(tmp_path / "fleet.db")
+def test_a_leftover_automation_json_is_not_imported_over_the_database(tmp_path: Path, store_url: str) -> None:
+    store = Store(store_url)
     auto = Automation(AutomationSettings(), FakeSlurmClient(NODES), tmp_path, store=store)
     auto.fleet_size(3)
     (tmp_path / LEGACY_STATE_FILE).write_text(json.dumps(LEGACY))  # e.g. an old collector still ran
@@ -141,22 +140,22 @@ def test_a_leftover_automation_json_is_not_imported_over_the_database(tmp_path: 
     assert (tmp_path / LEGACY_STATE_FILE).is_file()  # left alone (a warning is logged)
 
 
-def test_an_unreadable_automation_json_stops_the_start(tmp_path: Path) -> None:
+def test_an_unreadable_automation_json_stops_the_start(tmp_path: Path, store_url: str) -> None:
     (tmp_path / LEGACY_STATE_FILE).write_text("{not json")
-    store = Store(tmp_path / "fleet.db")
+    store = Store(store_url)
     with pytest.raises(ValueError, match=f"cannot import the automation state from {tmp_path / LEGACY_STATE_FILE}"):
         Automation(AutomationSettings(), FakeSlurmClient(NODES), tmp_path, store=store)
     assert store.automation_version() is None and (tmp_path / LEGACY_STATE_FILE).is_file()
 
 
-def test_the_store_holds_what_the_policy_holds(tmp_path: Path) -> None:
+def test_the_store_holds_what_the_policy_holds(tmp_path: Path, store_url: str) -> None:
     """After every call, the database read back equals the state in memory (saves write
     only the changed rows of the nodes a call touched)."""
     client, clock = FakeSlurmClient(NODES), FakeClock()
     auto = Automation(AutomationSettings(max_per_hour=100, lemon_drains=2, resume_after_s=0,
                                          resume_healthy_reports=1), client, tmp_path, clock,
-                      store=Store(tmp_path / "fleet.db"))
-    reader = Store(tmp_path / "fleet.db")
+                      store=Store(store_url))
+    reader = Store(store_url)
 
     def same() -> None:
         assert image(reader.automation().state) == image(auto.state)
@@ -182,18 +181,18 @@ def test_the_store_holds_what_the_policy_holds(tmp_path: Path) -> None:
     assert reader.automation().version == auto._record.version
 
 
-def test_an_operators_release_in_the_middle_of_a_slurm_call_is_kept(tmp_path: Path) -> None:
+def test_an_operators_release_in_the_middle_of_a_slurm_call_is_kept(tmp_path: Path, store_url: str) -> None:
     """The collector saves only what it changed: a release that another process commits
     while the collector waits for Slurm (between its refresh and its save) is neither lost
     nor undone, and the collector reads it back after its own save."""
     settings = AutomationSettings(max_fraction=0.05, min_nodes=1, resume_healthy_reports=1, resume_after_s=0)
     client, clock = FakeSlurmClient(NODES), FakeClock()
-    collector = Automation(settings, client, tmp_path, clock, store=Store(tmp_path / "fleet.db"))
+    collector = Automation(settings, client, tmp_path, clock, store=Store(store_url))
     collector.fleet_size(len(NODES))  # 40 nodes: 2 drained at a time
     for node in NODES[:3]:
         collector.on_report(node, Severity.FAIL, fail(), clock.time())
     assert collector.status()["breaker_open"] and [h["node"] for h in collector.status()["held"]] == [NODES[2]]
-    operator = Automation(settings, client, tmp_path, clock, store=Store(tmp_path / "fleet.db"), read_only=True)
+    operator = Automation(settings, client, tmp_path, clock, store=Store(store_url), read_only=True)
     real_resume = client.resume
 
     def resume_while_released(node: str) -> None:
@@ -203,7 +202,7 @@ def test_an_operators_release_in_the_middle_of_a_slurm_call_is_kept(tmp_path: Pa
     client.resume = resume_while_released  # type: ignore[method-assign]
     [d] = collector.on_report(NODES[0], Severity.OK, [], clock.time())  # healthy: resumed
     assert d.result == "resumed"
-    in_db = Store(tmp_path / "fleet.db").automation().state
+    in_db = Store(store_url).automation().state
     assert in_db.released[NODES[2]]["released_by"] == "dave" and NODES[2] not in in_db.held
     assert not in_db.breaker["open"]  # the collector did not write its stale breaker back
     assert NODES[0] not in in_db.drained  # the collector's own change, saved all the same
@@ -214,14 +213,14 @@ def test_an_operators_release_in_the_middle_of_a_slurm_call_is_kept(tmp_path: Pa
 
 def test_cli_release_while_the_collector_runs(tmp_path: Path, keys_dir: Path,  # noqa: F811
                                               ctx: zmq.Context[Any],  # noqa: F811
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+                                              monkeypatch: pytest.MonkeyPatch, store_url: str) -> None:
     """`slurmgpu breaker release` while the collector runs and reports keep arriving: the
     collector sees the release at its next loop turn (no file to poll), carries the held
     drain out once, and its later saves keep the breaker closed."""
     monkeypatch.setattr("slurmgpu.slurm.factory.make_client", lambda *a, **k: FakeSlurmClient())
     monkeypatch.setenv("SUDO_USER", "erin")
     monkeypatch.delenv("SLURMGPU_DB", raising=False)
-    cfg = make_settings(tmp_path, keys_dir)
+    cfg = make_settings(tmp_path, keys_dir, db=store_url)
     config = tmp_path / "slurmgpu.toml"
     config.write_text(f'[collector]\ndb = "{cfg.db}"\n[paths]\nstate_dir = "{tmp_path / "state"}"\n')
     client = FakeSlurmClient(["gpu-a", "gpu-b"])

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -27,7 +26,8 @@ from zmq.utils.monitor import recv_monitor_message
 from slurmgpu import keys
 from slurmgpu.cli import fleet_cmd
 from slurmgpu.collector.app import Collector, build_collector
-from slurmgpu.collector.store import SCHEMA_VERSION, Store, StoreError
+from slurmgpu.collector.store import SCHEMA_VERSION, Store, StoreError, queries
+from slurmgpu.collector.store.backend import dialect_of
 from slurmgpu.config.schema import CollectorSettings
 from slurmgpu.wire import (
     ACK,
@@ -62,9 +62,11 @@ def keys_dir(tmp_path: Path) -> Path:
 
 
 def make_settings(tmp_path: Path, keys_dir: Path, **kw: Any) -> CollectorSettings:
+    """``db``: a file or a PostgreSQL URL (``store_url``); default: a file in ``tmp_path``."""
     port = kw.pop("port", None) or free_port()
+    db = kw.pop("db", None) or str(tmp_path / "fleet.db")
     return CollectorSettings(address=f"tcp://127.0.0.1:{port}", bind=f"tcp://127.0.0.1:{port}",
-                             db=str(tmp_path / "fleet.db"), keys_dir=str(keys_dir), **kw)
+                             db=db, keys_dir=str(keys_dir), **kw)
 
 
 @contextlib.contextmanager
@@ -138,15 +140,17 @@ def ctx() -> Iterator[zmq.Context[Any]]:
 
 
 def db_rows(cfg: CollectorSettings, sql: str) -> list[tuple[Any, ...]]:
-    with contextlib.closing(sqlite3.connect(cfg.db)) as db:
-        return db.execute(sql).fetchall()
+    """A query on the collector's database (another connection, read-only), either backend."""
+    with queries.snapshot(cfg.db) as db:
+        return [tuple(row) for row in db.execute(sql).fetchall()]
 
 
 # --------------------------------------------------------------------------- over the wire
 
 
-def test_report_stored_then_acked(tmp_path: Path, keys_dir: Path, ctx: zmq.Context[Any]) -> None:
-    cfg = make_settings(tmp_path, keys_dir)
+def test_report_stored_then_acked(tmp_path: Path, keys_dir: Path, ctx: zmq.Context[Any],
+                                  store_url: str) -> None:
+    cfg = make_settings(tmp_path, keys_dir, db=store_url)
     with running(cfg) as collector:
         agent = Agent(ctx, cfg, keys_dir, "gpu-a")
         agent.send(HELLO, 1, {"version": "1.2.3", "gpus": 8, "interval_s": 15.0})
@@ -164,8 +168,9 @@ def test_report_stored_then_acked(tmp_path: Path, keys_dir: Path, ctx: zmq.Conte
     assert row["worst_check"] == "gpu.thermal" and row["agent_version"] == "1.2.3"
 
 
-def test_duplicate_stored_once_acked_twice(tmp_path: Path, keys_dir: Path, ctx: zmq.Context[Any]) -> None:
-    cfg = make_settings(tmp_path, keys_dir)
+def test_duplicate_stored_once_acked_twice(tmp_path: Path, keys_dir: Path, ctx: zmq.Context[Any],
+                                           store_url: str) -> None:
+    cfg = make_settings(tmp_path, keys_dir, db=store_url)
     with running(cfg) as collector:
         agent = Agent(ctx, cfg, keys_dir, "gpu-a")
         agent.report(7)
@@ -285,8 +290,9 @@ def test_random_frames_never_crash(tmp_path: Path, keys_dir: Path, ctx: zmq.Cont
         assert collector.counters.received == sent + 1
 
 
-def test_heartbeats_and_unreachable(tmp_path: Path, keys_dir: Path, ctx: zmq.Context[Any]) -> None:
-    cfg = make_settings(tmp_path, keys_dir, heartbeat_s=0.1, unreachable_after=3)
+def test_heartbeats_and_unreachable(tmp_path: Path, keys_dir: Path, ctx: zmq.Context[Any],
+                                    store_url: str) -> None:
+    cfg = make_settings(tmp_path, keys_dir, heartbeat_s=0.1, unreachable_after=3, db=store_url)
     with running(cfg) as collector:
         agent = Agent(ctx, cfg, keys_dir, "gpu-a")
         agent.send(HEARTBEAT, 0, {})
@@ -315,8 +321,9 @@ def test_heartbeats_and_unreachable(tmp_path: Path, keys_dir: Path, ctx: zmq.Con
         assert collector.counters.heartbeats_received == 2
 
 
-def test_command_and_result(tmp_path: Path, keys_dir: Path, ctx: zmq.Context[Any]) -> None:
-    cfg = make_settings(tmp_path, keys_dir)
+def test_command_and_result(tmp_path: Path, keys_dir: Path, ctx: zmq.Context[Any],
+                            store_url: str) -> None:
+    cfg = make_settings(tmp_path, keys_dir, db=store_url)
     collector = build_collector(cfg)
     try:
         agent = Agent(ctx, cfg, keys_dir, "gpu-a")
@@ -343,8 +350,8 @@ SENDER_EVENTS = 400
 
 
 def test_kill_9_loses_nothing_duplicates_nothing(tmp_path: Path, keys_dir: Path,
-                                                 ctx: zmq.Context[Any]) -> None:
-    cfg = make_settings(tmp_path, keys_dir)
+                                                 ctx: zmq.Context[Any], store_url: str) -> None:
+    cfg = make_settings(tmp_path, keys_dir, db=store_url)
     argv = [sys.executable, "-c", "from slurmgpu.cli.fleet_cmd import collector; collector()",
             "--bind", cfg.bind, "--db", cfg.db, "--keys-dir", cfg.keys_dir, "--log-level", "error"]
 
@@ -388,14 +395,15 @@ def test_kill_9_loses_nothing_duplicates_nothing(tmp_path: Path, keys_dir: Path,
 # --------------------------------------------------------------------------- store
 
 
-def test_schema_migrates_and_reopens(tmp_path: Path) -> None:
-    path = tmp_path / "new.db"  # (a 0-byte file is refused: tests/test_store_integrity.py)
+def test_schema_migrates_and_reopens(store_url: str) -> None:
+    path = store_url  # (a 0-byte file is refused: tests/test_store_integrity.py)
     store = Store(path)
     assert store.schema_version() == SCHEMA_VERSION
-    tables = {r[0] for r in store.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    tables = dialect_of(store.db).tables(store.db)
     assert {"nodes", "messages", "reports", "report_history", "findings", "events",
             "command_results", "schema_version"} <= tables
-    assert store.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    if dialect_of(store.db).name == "sqlite":
+        assert store.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     store.close()
     again = Store(path)
     assert again.schema_version() == SCHEMA_VERSION
@@ -406,8 +414,8 @@ def test_schema_migrates_and_reopens(tmp_path: Path) -> None:
         Store(path)
 
 
-def test_store_batch_dedup_prune_events(tmp_path: Path) -> None:
-    store = Store(tmp_path / "s.db")
+def test_store_batch_dedup_prune_events(store_url: str) -> None:
+    store = Store(store_url)
     old = time.time() - 100 * 86400
     ev = Envelope(type=EVENT, node="n1", seq=1, ts=old,
                   body={"kind": "xid", "gpu": 2, "data": 48, "verdict": "FAIL",
@@ -430,8 +438,8 @@ def test_store_batch_dedup_prune_events(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- CLI
 
 
-def test_fleet_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    store = Store(tmp_path / "f.db")
+def test_fleet_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store_url: str) -> None:
+    store = Store(store_url)
     store.store_batch([("gpu-a", Envelope(type=REPORT, node="gpu-a", seq=1, body={
         "verdict": "FAIL", "findings": [{"check": "gpu.ecc", "severity": "FAIL", "gpu": 1,
                                          "message": "uncorrected ECC"}]})),
@@ -447,8 +455,7 @@ def test_fleet_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
             return [NodeState("gpu-a", "idle", frozenset({"DRAIN"})), NodeState("gpu-b", "idle")]
 
     monkeypatch.setattr("slurmgpu.slurm.factory.make_client", lambda *a, **k: FakeSlurm())
-    result = CliRunner().invoke(fleet_cmd.fleet, ["--config", str(config), "--db",
-                                                  str(tmp_path / "f.db"), "--json"])
+    result = CliRunner().invoke(fleet_cmd.fleet, ["--config", str(config), "--db", store_url, "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
     assert doc["automation"] is None and doc["pending_checkpoints"] == []
@@ -460,8 +467,7 @@ def test_fleet_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         raise OSError("no slurmctld")
 
     monkeypatch.setattr("slurmgpu.slurm.factory.make_client", unreachable)
-    result = CliRunner().invoke(fleet_cmd.fleet, ["--config", str(config), "--db",
-                                                  str(tmp_path / "f.db")])
+    result = CliRunner().invoke(fleet_cmd.fleet, ["--config", str(config), "--db", store_url])
     assert result.exit_code == 0, result.output
     assert "DRAINED?" in result.output and "gpu.ecc" in result.output
     assert all(line.split()[5] == "?" for line in result.output.splitlines()[1:])
@@ -478,11 +484,11 @@ def test_sd_notify(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("step_s", [-3600.0, 3600.0])
-def test_the_nodes_clock_never_decides_which_report_counts(tmp_path: Path, step_s: float) -> None:
+def test_the_nodes_clock_never_decides_which_report_counts(store_url: str, step_s: float) -> None:
     """Issue 12 item 7: after the node's clock stepped back 1 h a new FAIL was hidden in
     `fleet` and the metrics; after a step forward a stale verdict stayed frozen. The last
     report to arrive is the node's word; its ts is kept as data only."""
-    store = Store(tmp_path / "clock.db")
+    store = Store(store_url)
     now = time.time()
     ok = Envelope(type=REPORT, node="n1", seq=1, ts=now, body={"verdict": "OK", "findings": []})
     fail = Envelope(type=REPORT, node="n1", seq=2, ts=now + step_s, body={

@@ -20,6 +20,7 @@ from slurmgpu.collector.app import CollectorError, build_collector
 from slurmgpu.collector.metrics import IngestRate, parse_bind
 from slurmgpu.collector.policy import Automation, Decision
 from slurmgpu.collector.store import Store
+from slurmgpu.collector.store.backend import is_postgres
 from slurmgpu.config.schema import AutomationSettings
 from slurmgpu.testing import FakeSlurmClient
 from slurmgpu.wire import EVENT, HELLO, REPORT, Envelope
@@ -105,9 +106,9 @@ def seed(store: Store, now: float) -> None:
 
 
 def add_checkpoints(db_path: str, states: list[str]) -> None:
-    with contextlib.closing(sqlite3.connect(db_path)) as db, db:
+    with contextlib.closing(Store(db_path)) as store, store.transaction() as db:
         db.executemany(
-            "INSERT INTO checkpoints (job_id, action, reason, trigger_node, nodes, user, requested, "
+            'INSERT INTO checkpoints (job_id, action, reason, trigger_node, nodes, "user", requested, '
             "deadline, state) VALUES (?, 'drain', 'r', 'gpu-a', '[\"gpu-a\"]', 'u', 1.0, 2.0, ?)",
             [(str(i), state) for i, state in enumerate(states)])
 
@@ -119,8 +120,8 @@ def uncached(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_scrape_reports_store_automation_and_checkpoints(tmp_path: Path, keys_dir: Path,  # noqa: F811
-                                                         uncached: None) -> None:
-    cfg = make_settings(tmp_path, keys_dir, metrics_bind=f"127.0.0.1:{free_port()}")
+                                                         uncached: None, store_url: str) -> None:
+    cfg = make_settings(tmp_path, keys_dir, metrics_bind=f"127.0.0.1:{free_port()}", db=store_url)
     client = FakeSlurmClient(["gpu-a", "gpu-b"])
     store = Store(cfg.db)
     before = Automation(AutomationSettings(), client, tmp_path / "state", store=store)
@@ -204,15 +205,17 @@ def test_scrape_reports_store_automation_and_checkpoints(tmp_path: Path, keys_di
         assert value(scrape(url), "slurmgpu_breaker_open") == 0
 
         # A database without the checkpoints tables (older schema): 0, not an error.
-        with contextlib.closing(sqlite3.connect(cfg.db)) as db:
-            db.execute("DROP TABLE checkpoints")
-            db.execute("DROP TABLE pending_drains")
-        m = scrape(url)
-        assert value(m, "slurmgpu_checkpoints_pending") == 0
-        assert set(named(m, "slurmgpu_checkpoints").values()) == {0}
-        assert value(m, "slurmgpu_pending_drains") == 0
-        assert value(m, "slurmgpu_store_up") == 1
-        assert value(m, "slurmgpu_node_verdict", node="gpu-a") == 2
+        # (SQLite only: a PostgreSQL database starts at the current schema.)
+        if not is_postgres(cfg.db):
+            with contextlib.closing(sqlite3.connect(cfg.db)) as db:
+                db.execute("DROP TABLE checkpoints")
+                db.execute("DROP TABLE pending_drains")
+            m = scrape(url)
+            assert value(m, "slurmgpu_checkpoints_pending") == 0
+            assert set(named(m, "slurmgpu_checkpoints").values()) == {0}
+            assert value(m, "slurmgpu_pending_drains") == 0
+            assert value(m, "slurmgpu_store_up") == 1
+            assert value(m, "slurmgpu_node_verdict", node="gpu-a") == 2
     finally:
         collector.close()
     with pytest.raises(urllib.error.URLError):
@@ -220,8 +223,8 @@ def test_scrape_reports_store_automation_and_checkpoints(tmp_path: Path, keys_di
 
 
 def test_scrape_over_real_agent_messages(tmp_path: Path, keys_dir: Path,  # noqa: F811
-                                         ctx: zmq.Context[Any]) -> None:  # noqa: F811
-    cfg = make_settings(tmp_path, keys_dir, metrics_bind=f"127.0.0.1:{free_port()}")
+                                         ctx: zmq.Context[Any], store_url: str) -> None:  # noqa: F811
+    cfg = make_settings(tmp_path, keys_dir, metrics_bind=f"127.0.0.1:{free_port()}", db=store_url)
     with running(cfg) as collector:
         assert collector.metrics_server is not None
         url = collector.metrics_server.url

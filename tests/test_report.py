@@ -14,7 +14,9 @@ import pytest
 from click.testing import CliRunner, Result
 
 from slurmgpu.cli import cli
-from slurmgpu.collector.store import Store
+from slurmgpu.collector.store import Store, queries
+from slurmgpu.collector.store.backend import Connection, is_postgres
+from slurmgpu.collector.store.schema import expected_tables
 from slurmgpu.config.load import load_config
 from slurmgpu.report import SCHEMA, SECTIONS, TITLES
 from slurmgpu.report import html as report_html
@@ -54,13 +56,13 @@ driver = ["535.*"]
 """
 
 
-def _ins(db: sqlite3.Connection, table: str, **cols: Any) -> None:
+def _ins(db: Connection, table: str, **cols: Any) -> None:
     names = ", ".join(cols)
     marks = ", ".join("?" * len(cols))
     db.execute(f"INSERT INTO {table} ({names}) VALUES ({marks})", tuple(cols.values()))
 
 
-def _state(db: sqlite3.Connection, node: str, ts: float, kind: str, reason: str | None = None,
+def _state(db: Connection, node: str, ts: float, kind: str, reason: str | None = None,
            actor: str | None = None, by: str | None = None) -> None:
     """A node_states row; ``by``: drained_by as the collector records it (None: a row from
     before schema 6, whose actor the report guesses)."""
@@ -68,30 +70,30 @@ def _state(db: sqlite3.Connection, node: str, ts: float, kind: str, reason: str 
          **({} if by is None else {"drained_by": by}))
 
 
-def _verdict(db: sqlite3.Connection, node: str, ts: float, verdict: str) -> None:
+def _verdict(db: Connection, node: str, ts: float, verdict: str) -> None:
     _ins(db, "report_history", node=node, seq=int(ts), ts=ts, verdict=verdict)
 
 
-def _finding(db: sqlite3.Connection, node: str, ts: float, check: str, severity: str,
+def _finding(db: Connection, node: str, ts: float, check: str, severity: str,
              subject: str | None = None) -> None:
     _ins(db, "findings", node=node, seq=int(ts), ts=ts, check_id=check, severity=severity,
          gpu=None, subject=subject, message="m")
 
 
-def _event(db: sqlite3.Connection, node: str, ts: float, kind: str, data: int | None = None,
+def _event(db: Connection, node: str, ts: float, kind: str, data: int | None = None,
            gpu: int | None = None, body: dict[str, Any] | None = None) -> None:
     _ins(db, "events", node=node, seq=int(ts), ts=ts, kind=kind, gpu=gpu, data=data,
          verdict="FAIL", body=msgpack.packb(body or {"kind": kind}))
 
 
-def _gpu(db: sqlite3.Connection, node: str, gpu: int, ts: float, **values: Any) -> None:
+def _gpu(db: Connection, node: str, gpu: int, ts: float, **values: Any) -> None:
     row = {"ecc_corrected": 0, "ecc_uncorrected": 0, "remap_corrected": 0,
            "remap_uncorrected": 0, "remap_pending": 0, "remap_failure": 0, **values}
     _ins(db, "gpu_counters", node=node, gpu=gpu, ts=ts, serial=f"S{node}{gpu}", model="H100", **row)
 
 
 @pytest.fixture()
-def fleet(tmp_path: Path) -> dict[str, Path]:
+def fleet(tmp_path: Path, store_url: str) -> dict[str, Any]:
     """Four nodes with exactly known histories over the window (T0, T1] = 24 h:
 
     n1 (h100): drained 3 h by the automation, unreachable 1 h, FAIL (degraded) 2 h -> 18 h healthy
@@ -102,9 +104,9 @@ def fleet(tmp_path: Path) -> dict[str, Path]:
     n4 (other): two hook drains of 1 h each (the epilog's, with an automation decision 30 s
                 later; one recorded before schema 6: guessed) -> 22 h healthy
     """
-    path = tmp_path / "fleet.db"
-    Store(path).close()
-    db = sqlite3.connect(path, isolation_level=None)
+    path = Path(store_url) if not is_postgres(store_url) else store_url
+    writer = Store(path)
+    db = writer.db
     db.execute("BEGIN")
     for node, first in (("n1", T0 - 10 * 86400), ("n2", T0 - 10 * 86400), ("n3", T0 + 12 * H),
                         ("n4", T0 - 86400)):
@@ -199,7 +201,7 @@ def fleet(tmp_path: Path) -> dict[str, Path]:
     _ins(db, "job_events", job_id="7", ts=T0 + 6 * H, kind="requeued", node="n1")
     _ins(db, "job_events", job_id="8", ts=T0 + 6 * H, kind="acked", node="n1")
     db.execute("COMMIT")
-    db.close()
+    writer.close()
     state = tmp_path / "state"
     state.mkdir()
     store = Store(path)  # the automation's state: one lemon
@@ -213,7 +215,7 @@ def fleet(tmp_path: Path) -> dict[str, Path]:
 
 
 @pytest.fixture()
-def model(fleet: dict[str, Path]) -> dict[str, Any]:
+def model(fleet: dict[str, Any]) -> dict[str, Any]:
     return report_from_path(fleet["db"], T0, T1, config=load_config(str(fleet["config"])),
                             generated_at=T1)
 
@@ -399,7 +401,7 @@ def test_mtbf(model: dict[str, Any]) -> None:
     assert rows["unknown"]["drains"] == 2 and rows["unknown"]["mtbf_drain_h"] == 12
 
 
-def test_window_without_config(fleet: dict[str, Path]) -> None:
+def test_window_without_config(fleet: dict[str, Any]) -> None:
     """No config: one host set ("other"), nothing pinned; the lemons are the database's
     (the automation's state lives there, not in a file the config names)."""
     m = report_from_path(fleet["db"], T0, T1, config=None, generated_at=T1)
@@ -408,7 +410,7 @@ def test_window_without_config(fleet: dict[str, Path]) -> None:
     assert m["pin-drift"]["nodes_off_pin"] == 0 and [x["node"] for x in m["service"]["lemons"]] == ["n4"]
 
 
-def test_earlier_window(fleet: dict[str, Path]) -> None:
+def test_earlier_window(fleet: dict[str, Any]) -> None:
     """A window before n3 existed and inside n2's drain: state at start = last transition."""
     m = report_from_path(fleet["db"], T0 - 4 * H, T0, config=None, generated_at=T1)
     worst = {w["node"]: w for w in m["availability"]["worst_nodes"]}
@@ -490,12 +492,12 @@ def test_markdown_never_passes_html_or_links_through() -> None:
 # --------------------------------------------------------------------------- CLI
 
 
-def _run(fleet: dict[str, Path], *args: str) -> Result:
+def _run(fleet: dict[str, Any], *args: str) -> Result:
     return CliRunner().invoke(cli, ["report", "--db", str(fleet["db"]), "--config",
                                     str(fleet["config"]), "--now", NOW, *args])
 
 
-def test_cli_json(fleet: dict[str, Path]) -> None:
+def test_cli_json(fleet: dict[str, Any]) -> None:
     result = _run(fleet, "--format", "json", "--since", "24h")
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
@@ -506,7 +508,7 @@ def test_cli_json(fleet: dict[str, Path]) -> None:
     assert data["source"]["schema_version"] >= 4
 
 
-def test_cli_html_default_and_out(fleet: dict[str, Path]) -> None:
+def test_cli_html_default_and_out(fleet: dict[str, Any]) -> None:
     result = _run(fleet)
     assert result.exit_code == 0, result.output
     assert result.output.startswith("<!DOCTYPE html>")
@@ -529,7 +531,7 @@ def test_cli_html_default_and_out(fleet: dict[str, Path]) -> None:
     ("--from", "2026-01-01", "--since", "2h"),
     ("--now", "noon"),
 ])
-def test_cli_bad_arguments_exit_3_nothing_written(fleet: dict[str, Path],
+def test_cli_bad_arguments_exit_3_nothing_written(fleet: dict[str, Any],
                                                    args: tuple[str, ...]) -> None:
     out = fleet["dir"] / "bad.html"
     result = _run(fleet, "--out", str(out), *args)
@@ -554,12 +556,21 @@ def test_cli_missing_or_old_db(tmp_path: Path) -> None:
     assert not out.exists()
 
 
-def test_db_not_modified(fleet: dict[str, Path]) -> None:
-    """The report opens the database read-only: not a byte changes."""
-    before = fleet["db"].read_bytes()
+def _content(db: str | Path) -> Any:
+    """A SQLite file's bytes; every row of every table of a PostgreSQL database."""
+    if not is_postgres(db):
+        return Path(db).read_bytes()
+    with queries.snapshot(db) as conn:
+        return {t: sorted(map(repr, conn.execute(f"SELECT * FROM {t}").fetchall()))
+                for t in sorted(expected_tables())}
+
+
+def test_db_not_modified(fleet: dict[str, Any]) -> None:
+    """The report opens the database read-only: not a byte (not a row) changes."""
+    before = _content(fleet["db"])
     result = _run(fleet, "--format", "json")
     assert result.exit_code == 0, result.output
-    assert fleet["db"].read_bytes() == before
+    assert _content(fleet["db"]) == before
 
 
 # --------------------------------------------------------------------------- short windows

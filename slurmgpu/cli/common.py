@@ -133,6 +133,13 @@ class FleetDb:
     path: str
     source: str  # "--db", "$SLURMGPU_DB", "[collector] db in FILE", "the built-in default"
 
+    def exists(self) -> bool:
+        """A database file is there, or ``path`` is a PostgreSQL URL (whose server says,
+        when the store opens it)."""
+        from slurmgpu.collector.store.backend import is_postgres
+
+        return is_postgres(self.path) or Path(self.path).is_file()
+
     def missing(self) -> str:
         return (f"no fleet database at {self.path} (from {self.source}); is the collector running, "
                 f"and is this its database? (set --db, ${DB_ENV} or [collector] db)")
@@ -155,6 +162,6 @@ def fleet_db(loaded: Loaded, db: str | None, environ: Mapping[str, str] = os.env
 def existing_db(loaded: Loaded, db: str | None) -> FleetDb:
     """The database, or a CliError naming it (and where its path came from) when absent."""
     found = fleet_db(loaded, db)
-    if not Path(found.path).is_file():
+    if not found.exists():
         raise CliError(found.missing())
     return found

@@ -13,7 +13,6 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -304,7 +303,7 @@ def _breaker_state(config_file: str | None, db: str | None) -> Iterator[tuple[Au
     loaded = load_settings(config_file)
     settings = loaded.settings
     found = fleet_db(loaded, db)
-    store = _open_store(found) if Path(found.path).is_file() else None
+    store = _open_store(found) if found.exists() else None
     if store is None or store.automation_version() is None:
         if store is not None:
             store.close()
@@ -427,7 +426,7 @@ def _lemon_automation(config_file: str | None, db: str | None) -> Iterator[Autom
     None when there is no database (no lemons; nothing is created)."""
     loaded = load_settings(config_file)
     found = fleet_db(loaded, db)
-    if not Path(found.path).is_file():
+    if not found.exists():
         yield None
         return
     with contextlib.closing(_open_store(found)) as store:

@@ -13,15 +13,17 @@ rows to write, so ingest stays cheap:
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 
 from slurmgpu.result import Severity
 from slurmgpu.summary import GPU_FIELDS, IB_FIELDS, THROTTLE_HW, THROTTLE_SW, VERSION_FIELDS
 from slurmgpu.wire import MAX_GPUS, MAX_IB_PORTS
+
+if TYPE_CHECKING:
+    from slurmgpu.collector.store.backend import Connection
 
 _MAX_TEXT = 256
 _FAIL = Severity.FAIL.name
@@ -56,10 +58,14 @@ class Rows:
     ib: list[tuple[Any, ...]] = field(default_factory=list)
     versions: list[tuple[Any, ...]] = field(default_factory=list)
 
-    def write(self, db: sqlite3.Connection) -> None:
+    def write(self, db: Connection) -> None:
         if self.samples:
-            db.executemany("INSERT OR REPLACE INTO node_samples (node, ts, span_s, reports, fail_reports, "
-                           "hw_slowdown_reports, sw_thermal_reports) VALUES (?,?,?,?,?,?,?)", self.samples)
+            db.executemany("INSERT INTO node_samples (node, ts, span_s, reports, fail_reports, "
+                           "hw_slowdown_reports, sw_thermal_reports) VALUES (?,?,?,?,?,?,?) "
+                           "ON CONFLICT (node, ts) DO UPDATE SET span_s = excluded.span_s, "
+                           "reports = excluded.reports, fail_reports = excluded.fail_reports, "
+                           "hw_slowdown_reports = excluded.hw_slowdown_reports, "
+                           "sw_thermal_reports = excluded.sw_thermal_reports", self.samples)
         if self.gpus:
             db.executemany(f"INSERT INTO gpu_counters (node, gpu, ts, {', '.join(GPU_FIELDS)}) "
                            f"VALUES ({', '.join('?' * (3 + len(GPU_FIELDS)))})", self.gpus)

@@ -228,12 +228,12 @@ class FleetMetrics:
         with queries.snapshot(path) as db:  # one snapshot for every query below
             return self._families(db, drained)
 
-    def _families(self, db: sqlite3.Connection, drained: set[str] | None) -> list[Metric]:
+    def _families(self, db: queries.Connection, drained: set[str] | None) -> list[Metric]:
         return [*self._node_families(db, drained), *self._finding_families(db),
                 *self._event_families(db), *self._decision_families(db),
                 *self._checkpoint_families(db)]
 
-    def _node_families(self, db: sqlite3.Connection, drained: set[str] | None) -> list[Metric]:
+    def _node_families(self, db: queries.Connection, drained: set[str] | None) -> list[Metric]:
         """Nodes: latest report's verdict, last seen, reachable; the fleet by verdict."""
         now = time.time()
         verdict = GaugeMetricFamily("slurmgpu_node_verdict", "Verdict of the node's latest "
@@ -273,7 +273,7 @@ class FleetMetrics:
             out.append(node_drained)
         return out
 
-    def _finding_families(self, db: sqlite3.Connection) -> list[Metric]:
+    def _finding_families(self, db: queries.Connection) -> list[Metric]:
         """Current findings (each node's latest state change) by check and severity, and
         per GPU its worst severity."""
         findings = GaugeMetricFamily("slurmgpu_findings", "Current non-OK findings across "
@@ -305,7 +305,7 @@ class FleetMetrics:
                 self.series_dropped += 1
         return [findings, gpu]
 
-    def _event_families(self, db: sqlite3.Connection) -> list[Metric]:
+    def _event_families(self, db: queries.Connection) -> list[Metric]:
         """Events (history within the retention): by kind, XIDs by code."""
         events = CounterMetricFamily("slurmgpu_events", "Events stored (within the retention), "
                                      "by kind.", labels=["kind"])
@@ -326,7 +326,7 @@ class FleetMetrics:
             events.add_metric([kind], count)
         return [events, xids]
 
-    def _decision_families(self, db: sqlite3.Connection) -> list[Metric]:
+    def _decision_families(self, db: queries.Connection) -> list[Metric]:
         """Automation decisions (history within the retention) by result and by trigger."""
         actions = CounterMetricFamily("slurmgpu_actions", "Automation decisions (within the "
                                       "retention) by action and result (\"error: ...\" "
@@ -347,7 +347,7 @@ class FleetMetrics:
             triggers.add_metric(list(labels), count)
         return [actions, triggers]
 
-    def _checkpoint_families(self, db: sqlite3.Connection) -> list[Metric]:
+    def _checkpoint_families(self, db: queries.Connection) -> list[Metric]:
         """Checkpoint requests by state; nodes whose drain waits for them."""
         per_state = dict.fromkeys(CHECKPOINT_STATES, 0)
         per_state.update(queries.checkpoint_states(db))

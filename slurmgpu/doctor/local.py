@@ -148,7 +148,7 @@ def check_dirs(ctx: Context) -> Iterator[Finding]:
         yield skip("dirs", NEEDS_CONFIG)
         return
     dirs = [("dir.state", settings.paths.state_dir, "[paths] state_dir")]
-    if ctx.role == HEAD:
+    if ctx.role == HEAD and "://" not in settings.collector.db:  # (a URL: PostgreSQL, no directory)
         dirs.append(("dir.db", os.path.dirname(os.path.abspath(settings.collector.db)), "[collector] db"))
     elif expects_agent(ctx):
         dirs.append(("dir.spool", settings.agent.spool_dir, "[agent] spool_dir"))

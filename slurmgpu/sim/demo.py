@@ -560,7 +560,7 @@ def check_directory(directory: Path) -> Path:
 # ------------------------------------------------------------------------- helpers
 
 
-def ask_db(db: Path, question: Callable[[sqlite3.Connection], T]) -> T | None:
+def ask_db(db: Path, question: Callable[[queries.Connection], T]) -> T | None:
     """One of the store's named queries on the collector's database (read-only; None
     when it does not exist yet)."""
     if not db.exists():

@@ -17,20 +17,21 @@ in memory; ``AutomationRecord`` keeps it in the ``automation_*`` tables:
 * ``refresh`` reads the state back when the version moved: the collector calls it each
   loop turn (one indexed read), so it sees an operator's change without a file to poll.
 
-An operator's command changes the state inside one ``BEGIN IMMEDIATE`` transaction
-(refresh, change, save): a read-modify-write that no other writer can interleave.
+An operator's command changes the state inside one write transaction (refresh, change,
+save; ``Dialect.begin_write``: SQLite's ``BEGIN IMMEDIATE``, PostgreSQL's store-wide
+advisory lock): a read-modify-write that no other writer can interleave.
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections import Counter
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from slurmgpu.collector.store.backend import Connection, dialect_of
 from slurmgpu.collector.store.ingest import Ingest
 
 Row = tuple[Any, ...]
@@ -152,7 +153,7 @@ class AutomationRecord:
         return True
 
 
-def reset(db: sqlite3.Connection) -> None:
+def reset(db: Connection) -> None:
     """Forget the automation's state (inside the caller's transaction)."""
     for table in TABLES:
         db.execute(f"DELETE FROM {table}")
@@ -165,7 +166,7 @@ def image(state: AutomationState, nodes: Collection[str] | None = None) -> Image
     """The state as rows: the fleet-wide group and one group per node (every node the
     state names, or ``nodes``)."""
     seen = set(state.seen)
-    if nodes is None:  # (the seen ones first, in order: their rows keep that order)
+    if nodes is None:  # (the seen ones first)
         others = set().union(state.strikes, state.healthy, state.drained, state.history, state.held,
                              state.released, state.lemons) - seen
         nodes = [*dict.fromkeys(state.seen), *sorted(others)]
@@ -210,7 +211,7 @@ def _fleet_group(st: AutomationState) -> Group:
 # ---------------------------------------------------------------------- rows -> database
 
 
-def _write_group(db: sqlite3.Connection, old: Group, new: Group) -> None:
+def _write_group(db: Connection, old: Group, new: Group) -> None:
     for table, rows in new.items():
         before = old.get(table, {})
         if table == "automation_log":
@@ -232,8 +233,9 @@ def _write_group(db: sqlite3.Connection, old: Group, new: Group) -> None:
                            changed)
 
 
-def _write_log(db: sqlite3.Connection, old: Rows, new: Rows) -> None:
-    match = " AND ".join(f"{c} IS ?" for c in _LOG)
+def _write_log(db: Connection, old: Rows, new: Rows) -> None:
+    same = dialect_of(db).same  # (null-safe =)
+    match = " AND ".join(f"{c} {same} ?" for c in _LOG)
     for key in old:
         if key not in new:
             db.execute(f"DELETE FROM automation_log WHERE id = (SELECT id FROM automation_log WHERE "
@@ -244,7 +246,7 @@ def _write_log(db: sqlite3.Connection, old: Rows, new: Rows) -> None:
                        f"({', '.join('?' * len(_LOG))})", added)
 
 
-def _write_state(db: sqlite3.Connection, old: Row | None, new: Row, version: int) -> None:
+def _write_state(db: Connection, old: Row | None, new: Row, version: int) -> None:
     """The breaker and fleet row, with the new version; of a row already stored, only the
     columns this save changed."""
     if old is None:
@@ -260,7 +262,7 @@ def _write_state(db: sqlite3.Connection, old: Row | None, new: Row, version: int
 # ---------------------------------------------------------------------- database -> state
 
 
-def stored_version(db: sqlite3.Connection) -> int | None:
+def stored_version(db: Connection) -> int | None:
     """The version of the automation's state in the database; None: it holds none."""
     row = db.execute("SELECT version FROM automation_state WHERE id = 1").fetchone()
     return None if row is None else int(row[0])
@@ -271,13 +273,13 @@ def _present(keys: Iterable[str], values: Iterable[Any]) -> dict[str, Any]:
     return {k: v for k, v in zip(keys, values, strict=True) if v is not None}
 
 
-def _load(db: sqlite3.Connection) -> tuple[AutomationState, int | None]:
+def _load(db: Connection) -> tuple[AutomationState, int | None]:
     row = db.execute("SELECT version, fleet, breaker_open, breaker_since, breaker_why FROM "
                      "automation_state WHERE id = 1").fetchone()
     if row is None:
         return AutomationState(), None
     st = AutomationState(fleet=int(row[1]), breaker={"open": bool(row[2]), "since": row[3], "why": row[4]})
-    st.seen = [str(n) for (n,) in db.execute("SELECT node FROM automation_seen ORDER BY rowid")]
+    st.seen = [str(n) for (n,) in db.execute("SELECT node FROM automation_seen ORDER BY node")]
     for node, check, n in db.execute("SELECT node, check_id, strikes FROM automation_strikes"):
         st.strikes.setdefault(node, {})[check] = int(n)
     st.healthy = {node: [int(n), float(first)] for node, n, first in

@@ -1,8 +1,9 @@
-"""The collector's SQLite store: ``Store``, the one owner of the fleet database.
+"""The collector's store: ``Store``, the one owner of the fleet database.
 
-One database file (WAL, ``synchronous=NORMAL``): a crash may lose the last
-transactions that were committed but not yet checkpointed by the OS, never corrupt
-the file; the collector acknowledges a message only after its batch commits.
+SQLite (a path: one database file, WAL, ``synchronous=NORMAL``; a crash may lose the
+last transactions that were committed but not yet checkpointed by the OS, never corrupt
+the file) or PostgreSQL (a ``postgresql://`` URL; see ``backend``). Either way the
+collector acknowledges a message only after its batch commits.
 
 Its parts: ``schema`` (the migrations, the checks at open), ``ingest`` (every write),
 ``queries`` (the named reads, usable on a read-only connection too) and ``automation``
@@ -19,6 +20,7 @@ from pathlib import Path
 import slurmgpu.collector.store.queries as queries
 from slurmgpu.collector.history import Rows
 from slurmgpu.collector.store.automation import AutomationRecord, reset, stored_version
+from slurmgpu.collector.store.backend import describe, is_postgres
 from slurmgpu.collector.store.ingest import Ingest
 from slurmgpu.collector.store.schema import connect, schema_version
 
@@ -31,8 +33,14 @@ class Store(Ingest):
 
     def __init__(self, path: str | os.PathLike[str], *, timeout_s: float = 10.0,
                  sample_interval_s: float = 3600.0) -> None:
-        self.path = Path(path)
+        # A file's path, or a PostgreSQL URL (kept as given: readers open it again).
+        self.path: Path | str = str(path) if is_postgres(path) else Path(path)
         super().__init__(connect(self.path, timeout_s), sample_interval_s)
+
+    @property
+    def where(self) -> str:
+        """The database as shown in logs and messages (a URL without its password)."""
+        return describe(self.path)
 
     def schema_version(self) -> int:
         return schema_version(self.db)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sqlite3
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from typing import Any
 import msgpack
 
 from slurmgpu.collector.history import History, Rows
+from slurmgpu.collector.store.backend import Connection, dialect_of
 from slurmgpu.decision import REASON_PREFIX, reason_actor
 from slurmgpu.result import Severity
 from slurmgpu.slurm.cli import sanitize_reason
@@ -114,17 +114,17 @@ def _body_bytes(item: BatchItem) -> bytes:
 
 
 class Transaction:
-    """``with``: one write transaction (BEGIN IMMEDIATE ... COMMIT, ROLLBACK on any
+    """``with``: one write transaction (``Dialect.begin_write`` ... COMMIT, ROLLBACK on any
     exception). Inside another one it joins it: the outer one commits or rolls back."""
 
-    def __init__(self, db: sqlite3.Connection) -> None:
+    def __init__(self, db: Connection) -> None:
         self.db = db
         self.joined = False
 
-    def __enter__(self) -> sqlite3.Connection:
+    def __enter__(self) -> Connection:
         self.joined = self.db.in_transaction
         if not self.joined:
-            self.db.execute("BEGIN IMMEDIATE")
+            dialect_of(self.db).begin_write(self.db)
         return self.db
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -150,8 +150,11 @@ _UPSERT_NODES = (
     "INSERT INTO nodes (node, first_seen, last_seen, last_seq, verdict, verdict_ts, worst_check, "
     "worst_severity, worst_message, worst_gpu, reachable, unreachable_since, agent_version) "
     "VALUES (?,?,?,?,?,?,?,?,?,?,1,NULL,?) ON CONFLICT (node) DO UPDATE SET "
-    "last_seen = max(nodes.last_seen, excluded.last_seen), "
-    "last_seq = max(nodes.last_seq, excluded.last_seq), "
+    # (CASE, not SQLite's two-argument max(): PostgreSQL spells that greatest())
+    "last_seen = CASE WHEN excluded.last_seen > nodes.last_seen THEN excluded.last_seen "
+    "  ELSE nodes.last_seen END, "
+    "last_seq = CASE WHEN excluded.last_seq > nodes.last_seq THEN excluded.last_seq "
+    "  ELSE nodes.last_seq END, "
     "reachable = 1, unreachable_since = NULL, "
     "agent_version = coalesce(excluded.agent_version, nodes.agent_version), "
     # A batch that carried a verdict (a report or event) replaces the node's: the
@@ -171,7 +174,7 @@ _UPSERT_NODES = (
 class Ingest:
     """The write side of ``Store``. Not thread-safe: one owner (the collector loop)."""
 
-    def __init__(self, db: sqlite3.Connection, sample_interval_s: float) -> None:
+    def __init__(self, db: Connection, sample_interval_s: float) -> None:
         self.db = db
         self.history = History(sample_interval_s)
         self._unreachable: set[str] | None = None  # nodes marked unreachable (loaded lazily)
@@ -207,7 +210,7 @@ class Ingest:
         touched, candidates, bodies = self._candidates(batch)
         db = self.db
         states: dict[str, _State] = {}
-        db.execute("BEGIN IMMEDIATE")
+        dialect_of(db).begin_write(db)
         try:
             existing = self._existing(list(candidates)) if candidates else {}
             new = [(key, item) for key, item in candidates.items() if key not in existing]
@@ -410,12 +413,12 @@ class Ingest:
 
     def add_checkpoint(self, row: dict[str, Any]) -> int:
         cur = self.db.execute(
-            "INSERT INTO checkpoints (job_id, action, reason, trigger_node, nodes, user, requested, "
-            "deadline, state) VALUES (?,?,?,?,?,?,?,?,?)",
+            'INSERT INTO checkpoints (job_id, action, reason, trigger_node, nodes, "user", requested, '
+            "deadline, state) VALUES (?,?,?,?,?,?,?,?,?) RETURNING id",
             (row["job_id"], row["action"], text(row.get("reason")), row["trigger_node"],
              json.dumps(list(row["nodes"])), text(row.get("user")), row["requested"],
              row["deadline"], row.get("state", "open")))
-        return int(cur.lastrowid or 0)
+        return int(cur.fetchone()[0])
 
     def update_checkpoint(self, checkpoint_id: int, **fields: Any) -> None:
         allowed = {"state", "acked_at", "acked_by", "closed", "deadline", "action", "nodes"}

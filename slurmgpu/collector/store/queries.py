@@ -2,6 +2,9 @@
 connection (the store's own, or a read-only one from ``snapshot``) and returning typed
 rows. Everything outside this package that reads the database asks through here
 (``slurmgpu report``'s read model, ``slurmgpu.report.model``, keeps its own SQL).
+
+Every query is one text for both backends (``backend``): standard SQL, no bare columns
+beside an aggregate, no SQLite-only functions.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from typing import Any, NamedTuple, TypedDict, cast
 
 import msgpack
 
-from slurmgpu.collector.store.schema import expected_tables
+from slurmgpu.collector.store.backend import Connection, Cursor, dialect_of, is_postgres
+from slurmgpu.collector.store.schema import connect_postgres, expected_tables
 from slurmgpu.result import Severity
 
 # Severity ranks as the store orders them (OK < WARN < UNKNOWN < FAIL); any other
@@ -140,20 +144,27 @@ class JobEventAt(NamedTuple):
     detail: str | None
 
 
-def _dicts(cur: sqlite3.Cursor) -> list[dict[str, Any]]:
+def _dicts(cur: Cursor) -> list[dict[str, Any]]:
     """A query's rows as {column: value} dicts."""
     names = [d[0] for d in cur.description]
     return [dict(zip(names, row, strict=True)) for row in cur]
 
 
 @contextlib.contextmanager
-def snapshot(path: str | Path, timeout_s: float = 5.0) -> Iterator[sqlite3.Connection]:
-    """A read-only connection to the database at ``path`` inside one read transaction
-    (every query sees the same snapshot; WAL readers never block the collector)."""
-    uri = Path(path).resolve().as_uri() + "?mode=ro"
-    db = sqlite3.connect(uri, uri=True, timeout=timeout_s, isolation_level=None)
+def snapshot(path: str | Path, timeout_s: float = 5.0) -> Iterator[Connection]:
+    """A read-only connection to the database at ``path`` (or a ``postgresql://`` URL)
+    inside one read transaction (every query sees the same snapshot; WAL readers never
+    block the collector, nor do PostgreSQL's)."""
+    db: Connection
+    if is_postgres(path):
+        db = connect_postgres(str(path), timeout_s)
+        begin = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+    else:
+        uri = Path(path).resolve().as_uri() + "?mode=ro"
+        db = sqlite3.connect(uri, uri=True, timeout=timeout_s, isolation_level=None)
+        begin = "BEGIN"
     try:
-        db.execute("BEGIN")
+        db.execute(begin)
         yield db
     finally:
         db.close()
@@ -162,7 +173,7 @@ def snapshot(path: str | Path, timeout_s: float = 5.0) -> Iterator[sqlite3.Conne
 # ---------------------------------------------------------------------- nodes and messages
 
 
-def fleet(db: sqlite3.Connection) -> list[FleetRow]:
+def fleet(db: Connection) -> list[FleetRow]:
     """Every node the collector heard from, by name: its verdict, worst finding, reachability."""
     out = _dicts(db.execute(
         "SELECT node, verdict, first_seen, last_seen, last_seq, worst_check, worst_severity, "
@@ -172,7 +183,7 @@ def fleet(db: sqlite3.Connection) -> list[FleetRow]:
     return cast(list[FleetRow], out)
 
 
-def node_verdicts(db: sqlite3.Connection) -> list[NodeVerdict]:
+def node_verdicts(db: Connection) -> list[NodeVerdict]:
     """Every node with when it was last heard, whether it is reachable, its latest verdict."""
     return [NodeVerdict(str(node), float(last_seen), bool(reachable), verdict)
             for node, last_seen, reachable, verdict in db.execute(
@@ -180,19 +191,21 @@ def node_verdicts(db: sqlite3.Connection) -> list[NodeVerdict]:
                 "LEFT JOIN reports r ON r.node = n.node")]
 
 
-def current_findings(db: sqlite3.Connection) -> list[FindingCount]:
+def current_findings(db: Connection) -> list[FindingCount]:
     """The non-OK findings of each node's latest state change (report_history records a
     row, with its non-OK findings, only when a node's state changes), counted per node,
     GPU, check and severity."""
     return [FindingCount(node, gpu, check, severity, int(rank), int(count))
             for node, gpu, check, severity, rank, count in db.execute(
-                "WITH cur AS (SELECT node, max(seq) AS seq, ts FROM report_history GROUP BY node) "
+                "WITH latest AS (SELECT node, max(seq) AS seq FROM report_history GROUP BY node), "
+                "cur AS (SELECT h.node, h.seq, max(h.ts) AS ts FROM report_history h JOIN latest "
+                "ON h.node = latest.node AND h.seq = latest.seq GROUP BY h.node, h.seq) "
                 f"SELECT f.node, f.gpu, f.check_id, f.severity, max({_RANK_SQL}), count(*) "
                 "FROM findings f JOIN cur ON f.node = cur.node AND f.ts = cur.ts "
                 "AND f.seq = cur.seq GROUP BY f.node, f.gpu, f.check_id, f.severity")]
 
 
-def latest_report(db: sqlite3.Connection, node: str) -> LatestReport | None:
+def latest_report(db: Connection, node: str) -> LatestReport | None:
     """The node's latest report, its body decoded (facts too)."""
     row = db.execute("SELECT seq, ts, verdict, body FROM reports WHERE node = ?", (node,)).fetchone()
     if row is None:
@@ -203,21 +216,21 @@ def latest_report(db: sqlite3.Connection, node: str) -> LatestReport | None:
     return {"node": node, "seq": row[0], "ts": row[1], "verdict": row[2], "body": body}
 
 
-def hello_times(db: sqlite3.Connection) -> dict[str, float]:
+def hello_times(db: Connection) -> dict[str, float]:
     """{node: when its latest hello was stored}."""
     return {str(n): float(t) for n, t in db.execute(
         "SELECT node, max(received_at) FROM messages WHERE type = 'hello' GROUP BY node")}
 
 
-def index_sql(db: sqlite3.Connection, name: str) -> str:
+def index_sql(db: Connection, name: str) -> str:
     """The CREATE INDEX statement of one of the store's indexes (KeyError: no such index)."""
-    row = db.execute("SELECT sql FROM sqlite_master WHERE type = 'index' AND name = ?", (name,)).fetchone()
+    row = db.execute(dialect_of(db).index_sql, (name,)).fetchone()
     if row is None:
         raise KeyError(name)
     return str(row[0])
 
 
-def count(db: sqlite3.Connection, table: str) -> int:
+def count(db: Connection, table: str) -> int:
     """The rows of one of the store's tables."""
     if table not in expected_tables():
         raise ValueError(f"unknown table {table!r}")
@@ -227,7 +240,7 @@ def count(db: sqlite3.Connection, table: str) -> int:
 # ---------------------------------------------------------------------- events and decisions
 
 
-def events(db: sqlite3.Connection, node: str | None = None, since: float | None = None,
+def events(db: Connection, node: str | None = None, since: float | None = None,
            limit: int | None = None) -> list[EventRow]:
     """Events (all nodes, or one; from ``since``), oldest first, bodies decoded."""
     sql = "SELECT node, seq, ts, kind, gpu, data, verdict, body FROM events"
@@ -249,13 +262,13 @@ def events(db: sqlite3.Connection, node: str | None = None, since: float | None 
             for n, seq, ts, kind, gpu, data, verdict, body in db.execute(sql, params)]
 
 
-def event_counts(db: sqlite3.Connection) -> list[EventCount]:
+def event_counts(db: Connection) -> list[EventCount]:
     """Events stored, per kind (and XID number for XID events)."""
     return [EventCount(kind, xid, int(n)) for kind, xid, n in db.execute(
         "SELECT kind, CASE WHEN kind = 'xid' THEN data END, count(*) FROM events GROUP BY 1, 2")]
 
 
-def decisions(db: sqlite3.Connection, node: str | None = None, limit: int = 100) -> list[DecisionRow]:
+def decisions(db: Connection, node: str | None = None, limit: int = 100) -> list[DecisionRow]:
     """The latest automation decisions (all nodes, or one), oldest first."""
     sql = "SELECT id, time, node, action, reason, held, dry_run, trigger, result FROM decisions"
     params: list[Any] = []
@@ -269,21 +282,21 @@ def decisions(db: sqlite3.Connection, node: str | None = None, limit: int = 100)
     return out
 
 
-def decisions_since(db: sqlite3.Connection, node: str, since: float) -> list[DecisionRow]:
+def decisions_since(db: Connection, node: str, since: float) -> list[DecisionRow]:
     """The automation's decisions about ``node`` at or after ``since``, oldest first."""
     return _decision_rows(db.execute(
         "SELECT id, time, node, action, reason, held, dry_run, trigger, result FROM decisions "
         "WHERE node = ? AND time >= ? ORDER BY time, id", (node, since)))
 
 
-def _decision_rows(cur: sqlite3.Cursor) -> list[DecisionRow]:
+def _decision_rows(cur: Cursor) -> list[DecisionRow]:
     out = _dicts(cur)
     for item in out:
         item["held"], item["dry_run"] = bool(item["held"]), bool(item["dry_run"])
     return cast(list[DecisionRow], out)
 
 
-def decision_counts(db: sqlite3.Connection) -> list[DecisionCount]:
+def decision_counts(db: Connection) -> list[DecisionCount]:
     """Automation decisions per action, result ("error: ..." as "error") and trigger."""
     return [DecisionCount(str(action), str(result), str(trigger), int(n))
             for action, result, trigger, n in db.execute(
@@ -295,11 +308,11 @@ def decision_counts(db: sqlite3.Connection) -> list[DecisionCount]:
 # ---------------------------------------------------------------------- checkpoints and jobs
 
 
-def checkpoints(db: sqlite3.Connection, *, job_id: str | None = None, active: bool = False,
+def checkpoints(db: Connection, *, job_id: str | None = None, active: bool = False,
                 limit: int = 1000) -> list[CheckpointRow]:
     """Checkpoint requests, oldest first; ``active``: not closed yet (open, or acked /
     expired with the node's drain still to be carried out)."""
-    sql = ("SELECT id, job_id, action, reason, trigger_node, nodes, user, requested, deadline, "
+    sql = ('SELECT id, job_id, action, reason, trigger_node, nodes, "user", requested, deadline, '
            "state, acked_at, acked_by, closed FROM checkpoints")
     where: list[str] = []
     params: list[Any] = []
@@ -318,7 +331,7 @@ def checkpoints(db: sqlite3.Connection, *, job_id: str | None = None, active: bo
     return cast(list[CheckpointRow], out)
 
 
-def checkpoint_states(db: sqlite3.Connection) -> dict[str, int]:
+def checkpoint_states(db: Connection) -> dict[str, int]:
     """{state: checkpoint requests}; empty for a database without checkpoints (schema < 3)."""
     try:
         return {str(state): int(n) for state, n in
@@ -327,7 +340,7 @@ def checkpoint_states(db: sqlite3.Connection) -> dict[str, int]:
         return {}
 
 
-def pending_drains(db: sqlite3.Connection) -> list[PendingDrain]:
+def pending_drains(db: Connection) -> list[PendingDrain]:
     """Nodes whose drain waits for their jobs' checkpoints, oldest first."""
     cur = db.execute("SELECT node, action, reason, trigger, since, checkpoints "
                      "FROM pending_drains ORDER BY since, node")
@@ -335,7 +348,7 @@ def pending_drains(db: sqlite3.Connection) -> list[PendingDrain]:
              "checkpoints": json.loads(c)} for n, a, r, t, s, c in cur]
 
 
-def pending_drain_count(db: sqlite3.Connection) -> int:
+def pending_drain_count(db: Connection) -> int:
     """How many nodes' drains wait for checkpoints (0 for a database from before them)."""
     try:
         return int(db.execute("SELECT count(*) FROM pending_drains").fetchone()[0])
@@ -343,14 +356,14 @@ def pending_drain_count(db: sqlite3.Connection) -> int:
         return 0
 
 
-def job_events(db: sqlite3.Connection, job_id: str) -> list[JobEventRow]:
+def job_events(db: Connection, job_id: str) -> list[JobEventRow]:
     """A job's timeline (detected, signalled, acked, drained, requeued...), in order."""
     cur = db.execute("SELECT ts, kind, node, detail FROM job_events WHERE job_id = ? "
                      "ORDER BY ts, id", (job_id,))
     return [{"ts": ts, "kind": k, "node": n, "detail": d} for ts, k, n, d in cur]
 
 
-def first_job_event(db: sqlite3.Connection, job_id: str, kind: str) -> JobEventAt | None:
+def first_job_event(db: Connection, job_id: str, kind: str) -> JobEventAt | None:
     """The job's first ``kind`` event (when, on which node, its detail)."""
     row = db.execute("SELECT ts, node, detail FROM job_events WHERE job_id = ? AND kind = ? "
                      "ORDER BY ts, id LIMIT 1", (job_id, kind)).fetchone()

@@ -1,10 +1,13 @@
 """The fleet database's schema: the migrations that build it, and the checks that refuse
-a damaged file before anything is written.
+a damaged database before anything is written.
 
 The schema is versioned: ``schema_version`` holds the number of migrations applied and
-``MIGRATIONS`` (in order) brings any older file up to date at open (``connect``). The
+``MIGRATIONS`` (in order) brings any older database up to date at open (``connect``). The
 store owns its schema: every table is made here, and read and written only by the
 modules of this package (``ingest``, ``queries``, ``automation``).
+
+One schema and one list of migrations serve both backends (``backend``): the migrations
+are written in SQLite's DDL and ``Dialect.ddl`` turns each statement into PostgreSQL's.
 """
 
 from __future__ import annotations
@@ -14,26 +17,32 @@ import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
-from slurmgpu.errors import SlurmGpuError
+from slurmgpu.collector.store.backend import (
+    SQLITE,
+    Connection,
+    StoreError,
+    describe,
+    dialect_of,
+    is_postgres,
+)
 
-
-class StoreError(SlurmGpuError):
-    """The database is newer than this slurmgpu, or unusable."""
-
+__all__ = ["MIGRATIONS", "RECOVER", "SCHEMA_VERSION", "StoreError", "connect", "connect_postgres",
+           "expected_tables", "schema_version"]
 
 RECOVER = ("restore it from a backup, or move it aside to start an empty one "
            "(slurmgpu never wipes or rewrites a damaged database)")
 
 
-def _script(db: sqlite3.Connection, script: str) -> None:
-    """Run ``;``-separated DDL inside the caller's transaction (``executescript`` would
-    COMMIT first)."""
+def _script(db: Connection, script: str) -> None:
+    """Run ``;``-separated DDL (SQLite's, see ``Dialect.ddl``) inside the caller's
+    transaction (``executescript`` would COMMIT first)."""
+    dialect = dialect_of(db)
     for statement in script.split(";"):
         if statement.strip():
-            db.execute(statement)
+            db.execute(dialect.ddl(statement))
 
 
-def _migration_1(db: sqlite3.Connection) -> None:
+def _migration_1(db: Connection) -> None:
     _script(db, """
         CREATE TABLE nodes (
             node TEXT PRIMARY KEY,
@@ -107,7 +116,7 @@ def _migration_1(db: sqlite3.Connection) -> None:
     """)
 
 
-def _migration_2(db: sqlite3.Connection) -> None:
+def _migration_2(db: Connection) -> None:
     """The automation's decisions (``slurmgpu.collector.policy.Decision``)."""
     _script(db, """
         CREATE TABLE decisions (
@@ -125,7 +134,7 @@ def _migration_2(db: sqlite3.Connection) -> None:
     """)
 
 
-def _migration_3(db: sqlite3.Connection) -> None:
+def _migration_3(db: Connection) -> None:
     """Checkpoint coordination (``slurmgpu.collector.checkpoint``): one row per request
     to a job, the nodes waiting for their jobs before they drain, and every job's
     timeline (detected, signalled, delivered, acked, drained, requeued...)."""
@@ -137,7 +146,7 @@ def _migration_3(db: sqlite3.Connection) -> None:
             reason TEXT,
             trigger_node TEXT NOT NULL,
             nodes TEXT NOT NULL,
-            user TEXT,
+            "user" TEXT,
             requested REAL NOT NULL,
             deadline REAL NOT NULL,
             state TEXT NOT NULL,
@@ -167,7 +176,7 @@ def _migration_3(db: sqlite3.Connection) -> None:
     """)
 
 
-def _migration_4(db: sqlite3.Connection) -> None:
+def _migration_4(db: Connection) -> None:
     """History for the fleet report (``slurmgpu report``): node state transitions (drained /
     resumed from Slurm, unreachable / reachable from the collector), hourly per-node
     samples (reports, throttled reports), and GPU error counters, IB port counters and
@@ -240,7 +249,7 @@ def _migration_4(db: sqlite3.Connection) -> None:
     """)
 
 
-def _migration_5(db: sqlite3.Connection) -> None:
+def _migration_5(db: Connection) -> None:
     """Deduplication per (node, epoch, seq): a reinstalled agent (new spool, seq back at
     1) is a new epoch, not a replay. Rows from before have epoch '' (what epoch-less
     agents send). ``digest`` (of the body) tells a resend from a different message that
@@ -263,14 +272,14 @@ def _migration_5(db: sqlite3.Connection) -> None:
     """)
 
 
-def _migration_6(db: sqlite3.Connection) -> None:
+def _migration_6(db: Connection) -> None:
     """Who drained a node, recorded by the collector when its Slurm poll sees the drain
     (``node_states.drained_by``, see ``drain_actor``). Rows from before stay NULL: the
     fleet report guesses those as it always did."""
     _script(db, "ALTER TABLE node_states ADD COLUMN drained_by TEXT")
 
 
-def _migration_7(db: sqlite3.Connection) -> None:
+def _migration_7(db: Connection) -> None:
     """The automation's state (``slurmgpu.collector.store.automation``), which lived in
     ``<state_dir>/automation.json`` before: the breaker and the fleet size (one row, whose
     ``version`` counts every write, so the collector sees an operator's change), strikes,
@@ -357,13 +366,13 @@ def _migration_7(db: sqlite3.Connection) -> None:
 
 
 # Applied in order at open; the schema version is the number applied. Append only.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migration_1, _migration_2, _migration_3,
+MIGRATIONS: list[Callable[[Connection], None]] = [_migration_1, _migration_2, _migration_3,
                                                           _migration_4, _migration_5, _migration_6,
                                                           _migration_7]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
-def schema_version(db: sqlite3.Connection) -> int:
+def schema_version(db: Connection) -> int:
     row = db.execute("SELECT version FROM schema_version").fetchone()
     return int(row[0]) if row else 0
 
@@ -376,33 +385,71 @@ def expected_tables() -> frozenset[str]:
         db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
         for migration in MIGRATIONS:
             migration(db)
-        return frozenset(str(r[0]) for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-                         if not str(r[0]).startswith("sqlite_"))
+        return frozenset(SQLITE.tables(db))
     finally:
         db.close()
 
 
-def connect(path: Path, timeout_s: float) -> sqlite3.Connection:
-    """Open the database (WAL, ``synchronous=NORMAL``), refuse a damaged one (StoreError,
-    one line naming the file and what to do) and migrate an older one."""
+def connect(target: str | Path, timeout_s: float) -> Connection:
+    """Open the database (a path: SQLite; a ``postgresql://`` URL: PostgreSQL), refuse a
+    damaged one (StoreError, one line naming it and what to do) and migrate an older one."""
+    if is_postgres(target):
+        return _connect_postgres_store(str(target), timeout_s)
+    return _connect_sqlite(Path(target), timeout_s)
+
+
+def connect_postgres(url: str, timeout_s: float) -> Connection:
+    """A plain connection to a PostgreSQL database (no checks, no migration): StoreError
+    when psycopg is not installed, sqlite3.OperationalError when the server cannot be
+    reached."""
+    try:
+        from slurmgpu.collector.store.postgres import connect as pg_connect
+    except ImportError as exc:
+        raise StoreError(f"{describe(url)}: PostgreSQL needs psycopg 3 ({exc}); "
+                         "pip install 'slurmgpu[postgres]'") from None
+    return pg_connect(url, timeout_s)
+
+
+def _connect_postgres_store(url: str, timeout_s: float) -> Connection:
+    try:
+        db = connect_postgres(url, timeout_s)
+    except sqlite3.Error as exc:
+        raise StoreError(str(exc)) from None
+    return _ready(db, url, "")
+
+
+def _connect_sqlite(path: Path, timeout_s: float) -> Connection:
+    """SQLite: WAL, ``synchronous=NORMAL``; an empty or corrupt file is refused."""
     memory = str(path) == ":memory:"
     if not memory:
         path.parent.mkdir(parents=True, exist_ok=True)
         _refuse_empty_file(path)
     db = sqlite3.connect(str(path), timeout=timeout_s, isolation_level=None, check_same_thread=False)
-    try:
+
+    def pragmas() -> None:
         db.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
         if not memory:
             _check_integrity(db, path)
         db.execute("PRAGMA journal_mode = WAL")
         db.execute("PRAGMA synchronous = NORMAL")
         db.execute("PRAGMA foreign_keys = OFF")
-        _migrate(db, path)
-        _check_schema(db, path)
-    except sqlite3.DatabaseError as exc:  # not a database, or corrupt beyond the check
+
+    return _ready(db, path, f"; {RECOVER}", pragmas)
+
+
+def _ready(db: Connection, where: str | Path, advice: str,
+           prepare: Callable[[], None] | None = None) -> Connection:
+    """``db`` set up (``prepare``), migrated and checked; else closed, and a StoreError
+    (one line naming the database, and ``advice``)."""
+    try:
+        if prepare is not None:
+            prepare()
+        _migrate(db, where)
+        _check_schema(db, where)
+    except sqlite3.DatabaseError as exc:  # not a database, or corrupt beyond the checks
         db.close()
-        raise StoreError(f"{path}: not a usable database ({exc}); {RECOVER}") from None
-    except StoreError:
+        raise StoreError(f"{describe(where)}: not a usable database ({exc}){advice}") from None
+    except BaseException:
         db.close()
         raise
     return db
@@ -427,27 +474,25 @@ def _check_integrity(db: sqlite3.Connection, path: Path) -> None:
         raise StoreError(f"{path}: integrity check failed ({'; '.join(problems)[:300]}); {RECOVER}")
 
 
-def _check_schema(db: sqlite3.Connection, path: Path) -> None:
+def _check_schema(db: Connection, where: str | Path) -> None:
     """Every table the migrations make is there (a dropped table used to give a collector
     that stayed up, stored nothing and acked nothing)."""
-    have = {str(r[0]) for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    missing = sorted(expected_tables() - have)
+    missing = sorted(expected_tables() - dialect_of(db).tables(db))
     if missing:
-        raise StoreError(f"{path}: schema version {schema_version(db)} but table(s) "
+        raise StoreError(f"{describe(where)}: schema version {schema_version(db)} but table(s) "
                          f"{', '.join(missing)} missing; {RECOVER}")
 
 
-def _migrate(db: sqlite3.Connection, path: Path) -> None:
-    has_table = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
-                           "name = 'schema_version'").fetchone()
-    if has_table and schema_version(db) == SCHEMA_VERSION:
+def _migrate(db: Connection, where: str | Path) -> None:
+    dialect = dialect_of(db)
+    if "schema_version" in dialect.tables(db) and schema_version(db) == SCHEMA_VERSION:
         return  # up to date: no write transaction (readers never block the collector)
-    db.execute("BEGIN IMMEDIATE")
+    dialect.begin_write(db)  # (two collectors starting at once: the second waits, then sees it done)
     try:
         db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
         current = schema_version(db)
         if current > SCHEMA_VERSION:
-            raise StoreError(f"{path}: schema version {current} is newer than this "
+            raise StoreError(f"{describe(where)}: schema version {current} is newer than this "
                              f"slurmgpu understands ({SCHEMA_VERSION})")
         if current == 0:
             db.execute("DELETE FROM schema_version")

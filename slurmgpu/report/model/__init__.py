@@ -37,6 +37,7 @@ from slurmgpu.report.model.window import (
 )
 
 if TYPE_CHECKING:
+    from slurmgpu.collector.store.backend import Connection
     from slurmgpu.config.load import LoadedConfig
 
 __all__ = ["ReportError", "build_report", "iso", "open_db", "parse_duration", "parse_time",
@@ -45,28 +46,49 @@ __all__ = ["ReportError", "build_report", "iso", "open_db", "parse_duration", "p
 # --------------------------------------------------------------------------- database
 
 
-def open_db(path: str | Path) -> sqlite3.Connection:
-    """The fleet database, read-only; ReportError when it is missing, not a fleet
-    database or older than the report needs."""
+def _connect(path: str | Path) -> Connection:
+    """A file: SQLite, read-only. A ``postgresql://`` URL: PostgreSQL, in one read-only
+    snapshot (every query of the report sees the same data)."""
+    if "://" in str(path):
+        from slurmgpu.collector.store.schema import connect_postgres
+
+        pg = connect_postgres(str(path), 10.0)
+        pg.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        return pg
     p = Path(path)
     if not p.is_file():
         raise ReportError(f"{path}: no fleet database (is the collector running?)")
     uri = f"file:{quote(str(p.resolve()))}?mode=ro"
+    return sqlite3.connect(uri, uri=True, timeout=10.0)
+
+
+def open_db(path: str | Path) -> Connection:
+    """The fleet database, read-only; ReportError when it is missing, not a fleet
+    database or older than the report needs."""
     try:
-        db = sqlite3.connect(uri, uri=True, timeout=10.0)
+        db = _connect(path)
         row = db.execute("SELECT version FROM schema_version").fetchone()
     except sqlite3.Error as exc:
-        raise ReportError(f"{path}: not a readable slurmgpu fleet database ({exc})") from None
+        raise ReportError(f"{_shown(path)}: not a readable slurmgpu fleet database ({exc})") from None
     version = int(row[0]) if row else 0
     if version < MIN_SCHEMA_VERSION:
         db.close()
-        raise ReportError(f"{path}: schema version {version} is older than the report needs "
+        raise ReportError(f"{_shown(path)}: schema version {version} is older than the report needs "
                           f"({MIN_SCHEMA_VERSION}); start this slurmgpu's collector once to "
                           "migrate it")
     return db
 
 
-def _lemons(db: sqlite3.Connection) -> dict[str, Any]:
+def _shown(path: str | Path) -> str:
+    """The database as the report names it (a URL without its password)."""
+    if "://" not in str(path):
+        return str(path)
+    from slurmgpu.collector.store.backend import describe
+
+    return describe(str(path))
+
+
+def _lemons(db: Connection) -> dict[str, Any]:
     """The automation's lemon nodes, from its state in the database (``automation_lemons``,
     schema 7); none in a database from before it."""
     try:
@@ -145,7 +167,7 @@ def _summary(b: Builder, s: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def build_report(db: sqlite3.Connection, t0: float, t1: float, *,
+def build_report(db: Connection, t0: float, t1: float, *,
                  config: LoadedConfig | None = None, generated_at: float,
                  source: dict[str, Any] | None = None) -> dict[str, Any]:
     """The report model for the window ``(t0, t1]`` (see docs/report.md)."""
@@ -181,9 +203,9 @@ def report_from_path(path: str | Path, t0: float, t1: float, *, config: LoadedCo
     try:
         version = int(db.execute("SELECT version FROM schema_version").fetchone()[0])
         return build_report(db, t0, t1, config=config, generated_at=generated_at,
-                            source={"db": str(path), "schema_version": version,
+                            source={"db": _shown(path), "schema_version": version,
                                     "config": config.path if config is not None else None})
     except sqlite3.Error as exc:
-        raise ReportError(f"{path}: {exc}") from None
+        raise ReportError(f"{_shown(path)}: {exc}") from None
     finally:
         db.close()

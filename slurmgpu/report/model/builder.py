@@ -3,7 +3,6 @@ section by section (docs/report.md defines every number)."""
 
 from __future__ import annotations
 
-import sqlite3
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -35,13 +34,14 @@ from slurmgpu.report.model.common import (
 from slurmgpu.result import Severity
 
 if TYPE_CHECKING:
+    from slurmgpu.collector.store.backend import Connection
     from slurmgpu.config.load import LoadedConfig
     from slurmgpu.config.schema import Settings
 
 
 
 class Builder:
-    def __init__(self, db: sqlite3.Connection, t0: float, t1: float,
+    def __init__(self, db: Connection, t0: float, t1: float,
                  config: LoadedConfig | None) -> None:
         self.db = db
         self.t0, self.t1 = t0, t1
@@ -54,7 +54,7 @@ class Builder:
         return self.db.execute(sql, tuple(params)).fetchall()
 
     def columns(self, table: str) -> set[str]:
-        return {str(r[1]) for r in self.q(f"PRAGMA table_info({table})")}
+        return {str(d[0]) for d in self.db.execute(f"SELECT * FROM {table} LIMIT 0").description}
 
     @property
     def w(self) -> tuple[float, float]:
@@ -249,7 +249,8 @@ class Builder:
                         self.w)]
         total, nodes = self.q("SELECT count(*), count(DISTINCT node) FROM findings WHERE ts > ? "
                               "AND ts <= ? AND severity IN ('FAIL', 'WARN')", self.w)[0]
-        top = self.q("SELECT node, count(*), sum(severity = 'FAIL') FROM findings WHERE ts > ? "
+        top = self.q("SELECT node, count(*), sum(CASE WHEN severity = 'FAIL' THEN 1 ELSE 0 END) "
+                     "FROM findings WHERE ts > ? "
                      "AND ts <= ? AND severity IN ('FAIL', 'WARN') GROUP BY node "
                      f"ORDER BY count(*) DESC, node LIMIT {TOP_N}", self.w)
         checks: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -281,7 +282,7 @@ class Builder:
         codes = []
         for code, count, nodes, gpus in self.q(
                 "SELECT data, count(*), count(DISTINCT node), count(DISTINCT node || '/' || "
-                "coalesce(gpu, '')) FROM events WHERE kind = 'xid' AND ts > ? AND ts <= ? "
+                "coalesce(CAST(gpu AS TEXT), '')) FROM events WHERE kind = 'xid' AND ts > ? AND ts <= ? "
                 "GROUP BY data ORDER BY count(*) DESC, data", self.w):
             if code is None:
                 meaning, category, action = "XID number not recorded", "unknown", None
@@ -303,15 +304,16 @@ class Builder:
     def _at(self, table: str, key: str, columns: Sequence[str], t: float,
             *, first_after: float | None = None) -> dict[tuple[Any, ...], dict[str, Any]]:
         """{(node, key): {column: value}}: each key's last row with ts <= t (or, with
-        ``first_after``, its first row with first_after < ts <= t). SQLite takes the
-        bare columns from the row that has the max()/min()."""
+        ``first_after``, its first row with first_after < ts <= t). (Standard SQL, for both
+        backends: SQLite's bare columns beside max() are not PostgreSQL's.)"""
         agg = "min" if first_after is not None else "max"
-        cols = ", ".join(columns)
+        cols = ", ".join(f"t.{c}" for c in columns)
         where = "ts > ? AND ts <= ?" if first_after is not None else "ts <= ?"
         params = (first_after, t) if first_after is not None else (t,)
         out: dict[tuple[Any, ...], dict[str, Any]] = {}
-        for row in self.q(f"SELECT node, {key}, {agg}(ts), {cols} FROM {table} WHERE {where} "
-                          f"GROUP BY node, {key}", params):
+        for row in self.q(f"SELECT t.node, t.{key}, t.ts, {cols} FROM {table} t JOIN (SELECT node, "
+                          f"{key} AS k, {agg}(ts) AS ts FROM {table} WHERE {where} GROUP BY node, "
+                          f"{key}) m ON t.node = m.node AND t.{key} = m.k AND t.ts = m.ts", params):
             out[(row[0], row[1])] = {"ts": row[2], **dict(zip(columns, row[3:], strict=True))}
         return out
 
@@ -390,7 +392,7 @@ class Builder:
         # plus a GROUP BY b-tree over a month of hourly samples.
         rows = self.q("SELECT n.node, sum(s.reports), sum(s.hw_slowdown_reports), "
                       "sum(s.sw_thermal_reports) FROM nodes n CROSS JOIN node_samples s "
-                      "ON s.node = n.node AND s.ts > ? AND s.ts <= ? GROUP BY n.node", self.w)
+                      "WHERE s.node = n.node AND s.ts > ? AND s.ts <= ? GROUP BY n.node", self.w)
         total = sum(r[1] or 0 for r in rows)
         hw = sum(r[2] or 0 for r in rows)
         sw = sum(r[3] or 0 for r in rows)
@@ -433,8 +435,9 @@ class Builder:
     def versions(self) -> dict[tuple[Any, ...], dict[str, Any]]:
         cols = ("gpu_model", "driver", "cuda", "nccl", "vbios", "ib_firmware", "ofed", "kernel")
         out: dict[tuple[Any, ...], dict[str, Any]] = {}
-        for row in self.q(f"SELECT node, max(ts), {', '.join(cols)} FROM node_versions "
-                          "WHERE ts <= ? GROUP BY node", (self.t1,)):
+        for row in self.q(f"SELECT v.node, v.ts, {', '.join(f'v.{c}' for c in cols)} FROM node_versions v "
+                          "JOIN (SELECT node, max(ts) AS ts FROM node_versions WHERE ts <= ? GROUP BY node) "
+                          "m ON v.node = m.node AND v.ts = m.ts", (self.t1,)):
             out[(row[0],)] = dict(zip(cols, row[2:], strict=True))
         return out
 

@@ -67,6 +67,7 @@ def _by_requested(row: tuple[Any, ...]) -> float:
 def write(db_path: str | Path, sd: Recorder, fleet: list[Node], hours: int) -> dict[str, int]:
     """Write it all, in one transaction; returns each table's row count."""
     from slurmgpu.collector.store import Store, queries
+    from slurmgpu.collector.store.backend import SQLITE, dialect_of
 
     sd.states.sort(key=_by_time)
     sd.checkpoints.sort(key=_by_requested)
@@ -76,8 +77,10 @@ def write(db_path: str | Path, sd: Recorder, fleet: list[Node], hours: int) -> d
         db = store.db
         if store.count("nodes"):
             raise SeedError(f"{db_path}: the database already holds a fleet; seed an empty file")
-        db.execute("PRAGMA synchronous = OFF")
-        db.execute("PRAGMA cache_size = -262144")
+        sqlite = dialect_of(db) is SQLITE
+        if sqlite:
+            db.execute("PRAGMA synchronous = OFF")
+            db.execute("PRAGMA cache_size = -262144")
         with store.transaction():
             # Building the big table's secondary index after the rows is several times faster.
             index_sql = queries.index_sql(db, "node_samples_ts")
@@ -89,8 +92,9 @@ def write(db_path: str | Path, sd: Recorder, fleet: list[Node], hours: int) -> d
             _insert_history(db, sd)
             _insert_nodes(db, fleet, sd.start)
             _seed_automation(store, sd, len(fleet))
-        db.execute("PRAGMA synchronous = NORMAL")
-        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        if sqlite:
+            db.execute("PRAGMA synchronous = NORMAL")
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         return {t: store.count(t) for t in ("nodes", "node_samples", "report_history", "findings",
                                             "events", "decisions", "node_states", "gpu_counters",
                                             "ib_counters", "node_versions", "checkpoints", "job_events")}
@@ -127,7 +131,7 @@ def _insert_history(db: Any, sd: Recorder) -> None:
                    "excessive_buffer_overrun_errors) VALUES (?,?,?,?,?,?,?,?,?,?,?)", sd.ib)
     db.executemany("INSERT INTO node_versions (node, ts, gpu_model, driver, cuda, nccl, vbios, "
                    "ib_firmware, ofed, kernel) VALUES (?,?,?,?,?,?,?,?,?,?)", sd.versions)
-    db.executemany("INSERT INTO checkpoints (job_id, action, reason, trigger_node, nodes, user, "
+    db.executemany('INSERT INTO checkpoints (job_id, action, reason, trigger_node, nodes, "user", '
                    "requested, deadline, state, acked_at, acked_by, closed) "
                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", sd.checkpoints)
     db.executemany("INSERT INTO job_events (job_id, ts, kind, node, detail) VALUES (?,?,?,?,?)",
