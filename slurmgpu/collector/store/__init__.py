@@ -1,6 +1,8 @@
-"""The collector's SQLite store (``Store``): its schema and migrations (``schema``), its
-writes (``ingest``), its named reads (``queries``) and the automation's state
-(``automation``). docs/fleet-db.md describes every table."""
+"""The collector's store (``Store``), on SQLite or PostgreSQL (``backend``, ``postgres``):
+its schema and migrations (``schema``), its writes (``ingest``), its named reads
+(``queries``), the automation's state (``automation``) and which collector leads
+(``leader``). docs/fleet-db.md describes every table; docs/postgresql.md the second
+backend."""
 
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ from slurmgpu.collector.store.ingest import (
     MessageKey,
     Transaction,
 )
+from slurmgpu.collector.store.leader import Leadership
 from slurmgpu.collector.store.schema import MIGRATIONS, SCHEMA_VERSION, StoreError
 
 __all__ = ["DECISION_SLACK_S", "MAX_HIGH_WATER", "MIGRATIONS", "SCHEMA_VERSION", "AutomationRecord",
-           "AutomationState", "BatchItem", "Conflict", "MessageKey", "Store", "StoreError", "Transaction"]
+           "AutomationState", "BatchItem", "Conflict", "Leadership", "MessageKey", "Store", "StoreError",
+           "Transaction"]

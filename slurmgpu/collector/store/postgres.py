@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import re
 import sqlite3
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import psycopg
@@ -89,10 +89,11 @@ class _NoRows:
 class PgConnection:
     """One PostgreSQL connection (not thread-safe: one owner, as the SQLite one)."""
 
-    def __init__(self, url: str, timeout_s: float) -> None:
+    def __init__(self, url: str, timeout_s: float, params: Mapping[str, Any] | None = None) -> None:
         self.target = url
         self.timeout_s = timeout_s
-        self.raw = _open(url, timeout_s)
+        self.params = dict(params or {})
+        self.raw = _open(url, timeout_s, self.params)
         self._open_tx = False  # inside a BEGIN ... COMMIT/ROLLBACK of ours
 
     @property
@@ -137,7 +138,7 @@ class PgConnection:
 
     def _reopen(self) -> None:
         self.raw.close()
-        self.raw = _open(self.target, self.timeout_s)
+        self.raw = _open(self.target, self.timeout_s, self.params)
 
     def executemany(self, sql: str, parameters: Iterable[Any], /) -> Cursor:
         if self.raw.broken:
@@ -153,10 +154,11 @@ class PgConnection:
         self.raw.close()
 
 
-def _open(url: str, timeout_s: float) -> psycopg.Connection[Any]:
+def _open(url: str, timeout_s: float, extra: Mapping[str, Any]) -> psycopg.Connection[Any]:
     params: dict[str, Any] = dict(conninfo_to_dict(url))
-    params.setdefault("connect_timeout", max(2, round(timeout_s)))
-    params.setdefault("application_name", "slurmgpu")
+    for key, value in {"connect_timeout": max(2, round(timeout_s)), "application_name": "slurmgpu",
+                       **extra}.items():
+        params.setdefault(key, value)  # (the URL's own parameters win)
     try:
         raw = psycopg.connect(autocommit=True, **params)
     except psycopg.Error as exc:
@@ -170,8 +172,8 @@ def _open(url: str, timeout_s: float) -> psycopg.Connection[Any]:
     return raw
 
 
-def connect(url: str, timeout_s: float) -> PgConnection:
+def connect(url: str, timeout_s: float, params: Mapping[str, Any] | None = None) -> PgConnection:
     """Open ``url`` (``sqlite3.OperationalError`` naming it when that fails). Waits for a
     lock (the store's write lock, a table lock) at most ``timeout_s``, as SQLite's busy
-    timeout does."""
-    return PgConnection(url, timeout_s)
+    timeout does. ``params``: more libpq connection parameters (the URL's win)."""
+    return PgConnection(url, timeout_s, params)

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import functools
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from slurmgpu.collector.store.backend import (
     SQLITE,
@@ -398,16 +399,16 @@ def connect(target: str | Path, timeout_s: float) -> Connection:
     return _connect_sqlite(Path(target), timeout_s)
 
 
-def connect_postgres(url: str, timeout_s: float) -> Connection:
-    """A plain connection to a PostgreSQL database (no checks, no migration): StoreError
-    when psycopg is not installed, sqlite3.OperationalError when the server cannot be
-    reached."""
+def connect_postgres(url: str, timeout_s: float, params: Mapping[str, Any] | None = None) -> Connection:
+    """A plain connection to a PostgreSQL database (no checks, no migration; ``params``:
+    more libpq parameters): StoreError when psycopg is not installed,
+    sqlite3.OperationalError when the server cannot be reached."""
     try:
         from slurmgpu.collector.store.postgres import connect as pg_connect
     except ImportError as exc:
         raise StoreError(f"{describe(url)}: PostgreSQL needs psycopg 3 ({exc}); "
                          "pip install 'slurmgpu[postgres]'") from None
-    return pg_connect(url, timeout_s)
+    return pg_connect(url, timeout_s, params)
 
 
 def _connect_postgres_store(url: str, timeout_s: float) -> Connection:

@@ -1,0 +1,91 @@
+"""Which collector leads: the one that runs the automation and the checkpoint coordination
+when several collectors share one PostgreSQL database (issue 15). No home-made election:
+the leader is the collector whose database session holds a session-level advisory lock
+(``pg_try_advisory_lock``), on a connection of its own.
+
+* ``poll()`` (each loop turn): a follower tries the lock; the leader checks in
+  ``pg_locks`` that its session still holds it. True while this collector leads.
+* A leader that dies (kill -9, a crash) loses its session, and the server releases the
+  lock at once; a leader whose host vanishes (no FIN) is dropped by the server's TCP
+  keepalives, set on its session to give up within ``timeout_s``; a leader cut off from
+  the server stops leading when its own keepalives (or a query) fail, within the same
+  bound. A follower then takes the lock at its next poll.
+* A session that was lost and opened again is a new session: leadership is never
+  assumed from an old one (the check is "does *this* session hold the lock").
+
+With SQLite there is one collector per database file: it always leads.
+
+Not covered yet (the next slice): fencing the leader's writes (a leader that has not
+polled since its session was lost may still act for up to one loop turn).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from pathlib import Path
+
+from slurmgpu.collector.store.backend import WRITE_LOCK_KEY, Connection, is_postgres
+from slurmgpu.collector.store.schema import connect_postgres
+
+# The leader's lock: another advisory key than the store's write lock.
+LEADER_LOCK_KEY = WRITE_LOCK_KEY + 1
+_HELD = ("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
+         "AND pid = pg_backend_pid() AND ((classid::bigint << 32) | objid::bigint) = "
+         f"{LEADER_LOCK_KEY}")
+
+
+class Leadership:
+    """This collector's claim to lead (see the module docstring). One owner (the loop)."""
+
+    def __init__(self, target: str | Path, *, timeout_s: float = 10.0) -> None:
+        self.target = str(target)
+        self.timeout_s = max(2.0, timeout_s)
+        self.shared = is_postgres(self.target)  # False: one SQLite file, one collector
+        self.leader = not self.shared
+        self._db: Connection | None = None
+
+    def poll(self) -> bool:
+        """Try to become the leader, or check that this collector still is; True while it
+        leads. A database that cannot be reached means not leading (never an exception)."""
+        if not self.shared:
+            return True
+        try:
+            db = self._connection()
+            if self.leader:
+                self.leader = int(db.execute(_HELD).fetchone()[0]) > 0
+            if not self.leader:
+                self.leader = bool(db.execute(f"SELECT pg_try_advisory_lock({LEADER_LOCK_KEY})").fetchone()[0])
+        except sqlite3.Error:
+            self._drop()
+            self.leader = False
+        return self.leader
+
+    def release(self) -> None:
+        """Stop leading (a clean shutdown: a follower takes over at its next poll)."""
+        if self._db is not None and self.leader:
+            with contextlib.suppress(sqlite3.Error):  # (the session is gone, and the lock with it)
+                self._db.execute(f"SELECT pg_advisory_unlock({LEADER_LOCK_KEY})")
+        self._drop()
+        self.leader = not self.shared
+
+    def _connection(self) -> Connection:
+        if self._db is None:
+            self._db = connect_postgres(self.target, self.timeout_s, self._keepalives())
+        return self._db
+
+    def _keepalives(self) -> dict[str, object]:
+        """libpq parameters: this side's keepalives, and the server's for this session
+        (``options``), each giving up on a silent peer within ``timeout_s``."""
+        idle = max(1, int(self.timeout_s / 3))
+        interval = max(1, int(self.timeout_s / 6))
+        user_timeout_ms = int(self.timeout_s * 1000)
+        return {"keepalives": 1, "keepalives_idle": idle, "keepalives_interval": interval,
+                "keepalives_count": 2, "tcp_user_timeout": user_timeout_ms,
+                "options": f"-c tcp_keepalives_idle={idle} -c tcp_keepalives_interval={interval} "
+                           f"-c tcp_keepalives_count=2 -c tcp_user_timeout={user_timeout_ms}"}
+
+    def _drop(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None

@@ -1,0 +1,93 @@
+"""Issue 15: exactly one collector leads (runs the automation and the checkpoint
+coordination) on one PostgreSQL database, chosen by an advisory lock; when it dies
+another takes over."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from slurmgpu.collector.store import Store, queries
+from slurmgpu.collector.store.leader import Leadership
+
+REPO = Path(__file__).resolve().parent.parent
+
+# A collector process that leads as soon as it can, says so, and stays.
+LEADER = """
+import sys, time
+from slurmgpu.collector.store.leader import Leadership
+lead = Leadership(sys.argv[1], timeout_s=5)
+while not lead.poll():
+    time.sleep(0.05)
+print("leading", flush=True)
+time.sleep(600)
+"""
+
+
+def wait_for(poll: Leadership, want: bool, within_s: float) -> float:
+    began = time.monotonic()
+    while poll.poll() != want:
+        assert time.monotonic() - began < within_s, f"leader={not want} after {within_s} s"
+        time.sleep(0.02)
+    return time.monotonic() - began
+
+
+def test_with_sqlite_the_one_collector_leads(tmp_path: Path) -> None:
+    lead = Leadership(tmp_path / "fleet.db")
+    assert lead.poll() and lead.leader
+    lead.release()
+    assert lead.poll()
+
+
+def test_two_collectors_on_one_postgresql_one_leads(pg_url: str) -> None:
+    Store(pg_url).close()
+    a, b = Leadership(pg_url), Leadership(pg_url)
+    try:
+        assert a.poll() and not b.poll()
+        assert a.poll() and not b.poll()  # (held, not stacked: one release frees it)
+        a.release()
+        assert not a.leader
+        assert b.poll() and not a.poll()
+    finally:
+        a.release()
+        b.release()
+
+
+def test_the_leader_killed_another_takes_over(pg_url: str) -> None:
+    follower = Leadership(pg_url, timeout_s=5)
+    proc = subprocess.Popen([sys.executable, "-c", LEADER, pg_url], stdout=subprocess.PIPE, text=True,
+                            cwd=REPO)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "leading"
+        assert not follower.poll()
+        proc.kill()  # kill -9: no clean release
+        proc.wait(10)
+        assert wait_for(follower, True, 5.0) < 5.0
+    finally:
+        proc.kill()
+        proc.wait(10)
+        follower.release()
+
+
+def test_a_leader_whose_session_was_lost_does_not_lead_from_a_new_one(pg_url: str) -> None:
+    a, b = Leadership(pg_url), Leadership(pg_url)
+    try:
+        assert a.poll()
+        assert a._db is not None
+        pid = a._db.execute("SELECT pg_backend_pid()").fetchone()[0]
+        with queries.snapshot(pg_url) as db:  # the server drops the leader's session
+            db.execute("SELECT pg_terminate_backend(?)", (pid,))
+        wait_for(b, True, 5.0)  # the lock went with the session
+        assert not a.poll()  # a new session of a's does not hold it
+        b.release()
+        wait_for(a, True, 5.0)
+    finally:
+        a.release()
+        b.release()
+
+
+def test_an_unreachable_database_is_not_leading() -> None:
+    lead = Leadership("postgresql://slurmgpu@127.0.0.1:1/fleet", timeout_s=2)
+    assert not lead.poll() and not lead.leader
