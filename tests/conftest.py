@@ -9,3 +9,11 @@ from tests.slurmfixtures import *  # noqa: F403  (the real Slurm mini-cluster)
 def _private_jobs_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Hooks run by tests make per-job directories: keep them out of /run/slurmgpu/jobs."""
     monkeypatch.setenv("SLURMGPU_JOBS_DIR", str(tmp_path_factory.mktemp("jobs")))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests on the PostgreSQL server carry the ``postgresql`` mark (``store_url``'s
+    PostgreSQL case has it from its parameter)."""
+    for item in items:
+        if "pg_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.postgresql)

@@ -25,7 +25,7 @@ import contextlib
 import sqlite3
 from pathlib import Path
 
-from slurmgpu.collector.store.backend import WRITE_LOCK_KEY, Connection, is_postgres
+from slurmgpu.collector.store.backend import WRITE_LOCK_KEY, Connection, StoreError, is_postgres
 from slurmgpu.collector.store.schema import connect_postgres
 
 # The leader's lock: another advisory key than the store's write lock.
@@ -56,7 +56,7 @@ class Leadership:
                 self.leader = int(db.execute(_HELD).fetchone()[0]) > 0
             if not self.leader:
                 self.leader = bool(db.execute(f"SELECT pg_try_advisory_lock({LEADER_LOCK_KEY})").fetchone()[0])
-        except sqlite3.Error:
+        except (sqlite3.Error, StoreError):  # (StoreError: no psycopg)
             self._drop()
             self.leader = False
         return self.leader
