@@ -213,6 +213,15 @@ class Fleet:
         self.allowed = allowed
         self._automation_fleet_size()
 
+    def heard(self, nodes: set[str], now: float) -> bool:
+        """Nodes heard by heartbeat: their ``last_seen`` (and reachability) in one write."""
+        try:
+            self.store.touch(nodes, now)
+        except Exception as exc:  # the store is failing: the transport keeps them for later
+            self._store_failed(exc, len(nodes))
+            return False
+        return True
+
     def _automate(self, batch: Batch, new: list[tuple[str, int]], now: float) -> None:
         """Feed the newly stored reports and events to the automation (after the acks)."""
         automation, state = self.automation, self._state

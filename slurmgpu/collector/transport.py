@@ -10,6 +10,19 @@ envelope ``node`` or routing id differs from the key's node is rejected, so a no
 can only speak for that node. A key revoked while its connection is up is refused from
 the next allow-list reload (SIGHUP, or within 30 s).
 
+Liveness is the application's: agents send a heartbeat every ``heartbeat_s`` and the
+collector answers the nodes it heard from recently. An incoming heartbeat is an update in
+memory (``seen``, and the nodes ``heard`` since the last ``tick``, which hands them to
+``Handler.heard`` once per ``heartbeat_s``: one store write per node per interval, not one
+per heartbeat). The ROUTER sets no ZMTP heartbeats: libzmq scans its timers linearly on
+every message, so at 10,000 connections they cost more than everything else together.
+A dead connection (a node gone without closing it: a power cut, a crash) is found by TCP
+keepalive, the kernel's timers, within about two minutes. Agents let ZeroMQ pick a fresh
+routing id per connection, so a restarted agent is never locked out by its stale
+connection; an agent older than issue 12 (its node name as routing id) that crashed is
+let back in once the kernel drops the stale one. (No ``ROUTER_HANDOVER``: with it, any
+authenticated node could cut such an agent off by claiming its id.)
+
 Delivery: for each acked type (hello, report, event, command-result) the handler stores
 the batch (``Handler.commit``) and, only after the batch COMMITs, the transport acks its
 seqs; a duplicate (node, epoch, seq) is not stored again but is acked again. An ack names
@@ -70,6 +83,9 @@ TRANSPORT_MAX_FRAME = 4 * MAX_FRAME
 # send far fewer between acks.
 RCVHWM = 64
 SNDHWM = 100_000  # acks and commands: small frames, and a ROUTER drops at the limit
+# TCP keepalive on agents' connections (seconds): a peer gone without a FIN (power cut,
+# cable) is dropped by the kernel after about IDLE + INTVL * CNT, with no libzmq timer.
+TCP_KEEPALIVE_IDLE, TCP_KEEPALIVE_INTVL, TCP_KEEPALIVE_CNT = 60, 10, 6
 # A batch (one transaction, then its acks) ends after MAX_BATCH frames, after
 # MAX_BATCH_BYTES, or as soon as one peer has sent MAX_PEER_BATCH_BYTES of it: a node
 # sending frames at the size limit delays other nodes' acks by two frames' work, not a
@@ -107,6 +123,10 @@ class Handler(Protocol):
     def allow_list_changed(self, allowed: Mapping[bytes, str]) -> None:
         """The allow-list was (re)loaded: key -> node."""
 
+    def heard(self, nodes: set[str], now: float) -> bool:
+        """Nodes heard from by heartbeat since the last call (at most once per
+        ``heartbeat_s``); False: not recorded, hand them over again next time."""
+
 
 def _routing_id_ok(routing_id: bytes, node: str) -> bool:
     """A message's routing id is the node's own name (agents before issue 12 set it) or
@@ -136,6 +156,7 @@ class Transport:
         self.endpoint = ""  # once ``listen`` has bound it
         now = time.monotonic()
         self.seen: dict[str, float] = {}  # node -> wall time last heard (this process)
+        self.heard: set[str] = set()  # heard by heartbeat since the last Handler.heard
         # node -> routing id its authenticated key last spoke from: where its commands and
         # heartbeats go (a routing id is the client's claim; the key is not)
         self.routes: dict[str, bytes] = {}
@@ -145,7 +166,6 @@ class Transport:
         self._closed = False
 
     def _socket(self, public: bytes, secret: bytes) -> zmq.Socket[Any]:
-        settings = self.settings
         sock = self.ctx.socket(zmq.ROUTER)
         sock.curve_server = True
         sock.curve_publickey = public
@@ -155,11 +175,11 @@ class Transport:
         sock.setsockopt(zmq.RCVHWM, RCVHWM)
         sock.setsockopt(zmq.SNDHWM, SNDHWM)
         sock.setsockopt(zmq.LINGER, 0)
-        # ZMTP heartbeats drop dead connections, so a restarted agent (same routing id)
-        # is not locked out by its own stale connection.
-        ivl = max(100, int(settings.heartbeat_s * 1000))
-        sock.setsockopt(zmq.HEARTBEAT_IVL, ivl)
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, ivl * max(2, settings.unreachable_after))
+        # No ZMTP heartbeats (see the module's docstring): the kernel finds dead peers.
+        sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+        sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, TCP_KEEPALIVE_IDLE)
+        sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, TCP_KEEPALIVE_INTVL)
+        sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, TCP_KEEPALIVE_CNT)
         return sock
 
     def listen(self) -> str:
@@ -284,15 +304,17 @@ class Transport:
             self._send(routing_id, self._frames.heartbeat(node))
             return
         self.routes[node] = routing_id  # commands follow the authenticated key, not a claimed id
-        if env.type == HEARTBEAT:
+        if env.type == HEARTBEAT:  # in memory only: stored once per interval (tick)
             self.counters.heartbeats_received += 1
-        elif env.type not in ACKED:
+            self.seen[node] = now
+            self.heard.add(node)
+            return
+        if env.type not in ACKED:
             self._reject("unexpected_type", node=node, type=env.type)
             return
         self.seen[node] = now
         batch.append((node, env, data))
-        if env.type in ACKED:
-            to_ack.append((routing_id, node, env.epoch, env.seq, False))
+        to_ack.append((routing_id, node, env.epoch, env.seq, False))
 
     def _ack_rejected(self, env: Envelope, node: str, routing_id: bytes, to_ack: list[AckItem]) -> None:
         """Ack a message whose body was refused, if it is the authenticated node's own
@@ -351,7 +373,14 @@ class Transport:
             self.reload_allow_list(handler, force=force)
         if mono >= self._next_heartbeat:
             self._next_heartbeat = mono + self.settings.heartbeat_s
+            self._hand_over_heard(handler)
             self._heartbeat()
+
+    def _hand_over_heard(self, handler: Handler) -> None:
+        """The nodes heard by heartbeat since the last time, to the handler (kept for the
+        next time when it could not record them)."""
+        if self.heard and handler.heard(self.heard, time.time()):
+            self.heard = set()
 
     def _heartbeat(self) -> None:
         now = time.time()

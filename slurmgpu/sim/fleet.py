@@ -29,7 +29,7 @@ import zmq
 
 from slurmgpu import keys
 from slurmgpu.result import Severity
-from slurmgpu.wire import ACK, ReportFrames, WireError, decode, hello_frame, packed
+from slurmgpu.wire import ACK, ReportFrames, WireError, decode, heartbeat_frame, hello_frame, packed
 
 FDS_PER_NODE = 2
 FD_RESERVE = 64
@@ -151,7 +151,8 @@ class FleetStats:
     sent: int = 0
     acked: int = 0
     duplicate_acks: int = 0
-    heartbeats: int = 0
+    heartbeats: int = 0  # received from the collector
+    heartbeats_sent: int = 0
     elapsed_s: float = 0.0
     latencies: list[float] = field(default_factory=list)
 
@@ -173,6 +174,7 @@ class FleetStats:
         p50, p99 = self.percentile(0.50), self.percentile(0.99)
         return {"nodes": self.nodes, "connected": self.connected, "sent": self.sent,
                 "acked": self.acked, "duplicate_acks": self.duplicate_acks,
+                "heartbeats_sent": self.heartbeats_sent,
                 "elapsed_s": round(self.elapsed_s, 3), "send_rate": round(self.send_rate, 1),
                 "ack_rate": round(self.ack_rate, 1),
                 "ack_p50_ms": None if p50 is None else round(p50 * 1000, 2),
@@ -207,6 +209,7 @@ class SimFleet:
             self.poller.register(s, zmq.POLLIN)
             self.index[s] = i
         self.node_parts = [self.frames.node_part(n.name) for n in nodes]
+        self.heartbeat_frames = [heartbeat_frame(n.name) for n in nodes]
         self.seq = [0] * len(nodes)
         self.inflight: list[dict[int, float]] = [{} for _ in nodes]
 
@@ -264,6 +267,13 @@ class SimFleet:
         self.inflight[i][seq] = time.perf_counter()
         stats.sent += 1
 
+    def _heartbeat(self, i: int, stats: FleetStats) -> None:
+        try:
+            self.sockets[i].send(self.heartbeat_frames[i], zmq.NOBLOCK)
+            stats.heartbeats_sent += 1
+        except zmq.Again:  # as an agent does: a heartbeat that cannot go now is not queued
+            pass
+
     # ---------------------------------------------------------------- phases
 
     def hello(self, timeout_s: float = 60.0) -> int:
@@ -281,10 +291,12 @@ class SimFleet:
         return stats.acked
 
     def run(self, duration_s: float, rate: float | None = 1 / 15, *, window: int = 16,
-            drain_s: float = 5.0) -> FleetStats:
+            drain_s: float = 5.0, heartbeat_s: float | None = None) -> FleetStats:
         """Send reports for ``duration_s``: ``rate`` per node per second, or (``rate=None``)
-        as fast as ``window`` unacked reports per node allow. Then wait up to ``drain_s``
-        for the outstanding acks (they count; ``elapsed_s`` covers the sending only)."""
+        as fast as ``window`` unacked reports per node allow; with ``heartbeat_s``, also a
+        heartbeat from each node every ``heartbeat_s``, as agents send them. Then wait up
+        to ``drain_s`` for the outstanding acks (they count; ``elapsed_s`` covers the
+        sending only)."""
         n = len(self.nodes)
         stats = FleetStats(nodes=n, connected=n)
         credit: deque[int] | None = None
@@ -297,6 +309,10 @@ class SimFleet:
             now = time.perf_counter()
             if now >= end:
                 break
+            if heartbeat_s:
+                due_beats = int((now - start) * n / heartbeat_s) - stats.heartbeats_sent
+                for _ in range(min(due_beats, 2000)):
+                    self._heartbeat(stats.heartbeats_sent % n, stats)
             if credit is not None:
                 for _ in range(min(len(credit), 2000)):
                     self._send(credit.popleft(), stats)
