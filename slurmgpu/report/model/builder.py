@@ -370,17 +370,18 @@ class Builder:
         keys with one), every key's row at ``to`` and the rising keys' baseline rows
         (at ``from``, or the first in the window)."""
         names = ("ts", *counters, *extra)
-        now = {k: dict(zip(names, row, strict=True))
-               for k, row in self._rows_at(table, key, names[1:], self.t1).items()}
+        rows = self._rows_at(table, key, names[1:], self.t1)
+        now = {k: dict(zip(names, row, strict=True)) for k, row in rows.items()}
         base = self._rows_at(table, key, counters, self.t0)  # (baselines: the counters only)
-        changed = {k for k, row in now.items() if row["ts"] > self.t0}
+        changed = {k for k, row in rows.items() if row[0] > self.t0}
         first = self._rows_at(table, key, counters, self.t1, first_after=self.t0) \
             if any(k not in base for k in changed) else {}
         rises: dict[tuple[Any, ...], dict[str, int]] = {}
         baselines: dict[tuple[Any, ...], dict[str, Any]] = {}
+        end = len(counters) + 1
         for k in changed:
             b = base.get(k) or first.get(k)
-            if b is None:
+            if b is None or b[1:] == rows[k][1:end]:  # (no counter moved: no rise)
                 continue
             cur = now[k]
             rise = {}
