@@ -273,7 +273,7 @@ def test_scrape_body_is_what_prometheus_client_writes(tmp_path: Path) -> None:
 def test_values_are_formatted_like_prometheus_client() -> None:
     from prometheus_client.utils import floatToGoString
 
-    from slurmgpu.collector.exposition import format_value
+    from slurmgpu.collector.exposition import format_value, format_values
 
     rnd = random.Random(15)
     values: list[float] = [0, 1, 2, 3, -1, 129, 130, 10**20, True, False, 0.0, -0.0, 5e-324, 0.1,
@@ -281,6 +281,10 @@ def test_values_are_formatted_like_prometheus_client() -> None:
                            float("-inf"), float("nan")]
     values += [rnd.uniform(0, 2e6) for _ in range(2000)] + [10 ** rnd.uniform(-9, 12) for _ in range(2000)]
     assert [format_value(v) for v in values] == [floatToGoString(v) for v in values]
+    columns: list[list[float]] = [values, [0, 1, 2, 3, 1, 0], [0, 1, 500], [True, 1],
+                                  [0.0, -0.0, 1.5], [1.0, 2], [rnd.uniform(0, 3e6) for _ in range(500)], []]
+    for column in columns:
+        assert format_values(column) == [floatToGoString(v) for v in column]
 
 
 def test_chart_buckets_add_as_bucket_by_bucket() -> None:

@@ -37,7 +37,7 @@ def escape_help(text: str) -> str:
 
 
 # floatToGoString of the small integer values per-node gauges mostly carry (codes, 0/1).
-_SMALL = {i: floatToGoString(i) for i in range(-1, 130)}
+_SMALL: dict[float, str] = {i: floatToGoString(i) for i in range(-1, 130)}
 
 
 def format_value(value: float) -> str:
@@ -51,6 +51,20 @@ def format_value(value: float) -> str:
     return str(floatToGoString(value))
 
 
+def format_values(values: list[float]) -> list[str]:
+    """``format_value`` of each value; a column of small ints, or of floats, in one pass."""
+    kinds = set(map(type, values))
+    if kinds == {int}:
+        try:
+            return [_SMALL[v] for v in values]
+        except KeyError:
+            pass
+    elif kinds == {float}:
+        go = floatToGoString
+        return [repr(v) if 0.0 <= v < 1e6 else str(go(v)) for v in values]
+    return [format_value(v) for v in values]
+
+
 class NodeFamily(Metric):
     """A gauge family with many samples, written to text without ``Sample`` objects.
     Its samples are columns: ``columns[i]`` the values of ``labels[i]``, ``values`` the
@@ -58,12 +72,12 @@ class NodeFamily(Metric):
     the garbage collector to walk); ``add`` appends one sample."""
 
     def __init__(self, name: str, documentation: str, labels: Sequence[str],
-                 columns: list[list[str]] | None = None, values: list[float] | None = None) -> None:
+                 columns: Sequence[Sequence[str]] = (), values: Sequence[float] = ()) -> None:
         # (no Metric.__init__: its ``samples`` list is this class's property)
         self.name, self.documentation, self.type, self.unit = name, documentation, "gauge", ""
         self.labels = tuple(labels)
-        self.columns: list[list[str]] = [[] for _ in labels] if columns is None else columns
-        self.values: list[float] = [] if values is None else values
+        self.columns = [list(c) for c in columns] if columns else [[] for _ in labels]
+        self.values = list(values)
 
     def add(self, label_values: Sequence[str], value: float) -> None:
         for column, label_value in zip(self.columns, label_values, strict=True):
@@ -79,18 +93,18 @@ class NodeFamily(Metric):
         """The family's HELP, TYPE and sample lines, as ``generate_latest`` writes them."""
         head = (f"# HELP {self.name} {escape_help(self.documentation)}\n"
                 f"# TYPE {self.name} {self.type}\n")
-        fmt = format_value
+        values = format_values(self.values)
         order = sorted(range(len(self.labels)), key=lambda i: self.labels[i])  # by name
         columns = [self._escaped(self.columns[i]) for i in order]
         if len(columns) == 1:  # {node="..."}: the usual case, one f-string a sample
             start = f'{self.name}{{{self.labels[order[0]]}="'
-            return head + "".join([f'{start}{n}"}} {fmt(v)}\n'
-                                   for n, v in zip(columns[0], self.values, strict=True)])
+            return head + "".join([f'{start}{n}"}} {v}\n'
+                                   for n, v in zip(columns[0], values, strict=True)])
         starts = [f'{"," if k else ""}{self.labels[i]}="' for k, i in enumerate(order)]
         lines = [head]
-        for *label_values, value in zip(*columns, self.values, strict=True):
+        for *label_values, value in zip(*columns, values, strict=True):
             labels = '"'.join(s + v for s, v in zip(starts, label_values, strict=True))
-            lines.append(f'{self.name}{{{labels}"}} {fmt(value)}\n')
+            lines.append(f'{self.name}{{{labels}"}} {value}\n')
         return "".join(lines)
 
     @staticmethod

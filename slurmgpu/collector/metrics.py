@@ -238,25 +238,25 @@ class FleetMetrics:
         """Nodes: latest report's verdict, last seen, reachable; the fleet by verdict.
         (10k nodes: a list per family's column; see exposition.NodeFamily.)"""
         now = time.time()
-        rows = queries.node_verdicts(db)
-        unknown = Severity.UNKNOWN.name
-        names = [str(r.verdict).upper() if r.verdict else unknown for r in rows]
-        names = [n if n in VERDICT_CODE else unknown for n in names]
+        cols = queries.node_verdict_columns(db)
+        nodes, unknown = cols.nodes, Severity.UNKNOWN.name
+        name_of = {v: str(v).upper() if v else unknown for v in set(cols.verdicts)}
+        name_of = {v: n if n in VERDICT_CODE else unknown for v, n in name_of.items()}
         by_verdict = dict.fromkeys(VERDICT_CODE, 0)
-        by_verdict.update(Counter(names))
-        nodes = [r.node for r in rows]
+        for v, count in Counter(cols.verdicts).items():
+            by_verdict[name_of[v]] += count
+        code_of = {v: VERDICT_CODE[n] for v, n in name_of.items()}
         out: list[Metric] = [
             NodeFamily("slurmgpu_node_verdict", "Verdict of the node's latest report: 0 OK, "
                        "1 WARN, 2 FAIL, 3 UNKNOWN (or no report yet).", ["node"], [nodes],
-                       [VERDICT_CODE[n] for n in names]),
+                       [code_of[v] for v in cols.verdicts]),
             NodeFamily("slurmgpu_node_last_seen_seconds", "Seconds since the collector last "
                        "heard from the node (any message).", ["node"], [nodes],
-                       [max(0.0, now - r.last_seen) for r in rows]),
+                       [ago if (ago := now - t) > 0.0 else 0.0 for t in cols.last_seen]),
             NodeFamily("slurmgpu_node_reachable", "1 if the node is reachable, 0 once silent "
-                       "for unreachable_after heartbeats.", ["node"], [nodes],
-                       [1 if r.reachable else 0 for r in rows]),
+                       "for unreachable_after heartbeats.", ["node"], [nodes], cols.reachable),
             GaugeMetricFamily("slurmgpu_fleet_nodes", "Nodes known to the collector (heard "
-                              "from at least once).", value=len(rows))]
+                              "from at least once).", value=len(nodes))]
         fleet = GaugeMetricFamily("slurmgpu_fleet_nodes_by_verdict", "Nodes by the verdict of "
                                   "their latest report.", labels=["verdict"])
         for name, count in by_verdict.items():
