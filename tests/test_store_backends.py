@@ -224,7 +224,7 @@ def test_the_read_models_give_the_same_answers_on_both_backends(tmp_path: Path, 
 
     def answers(target: str) -> list[Any]:
         with queries.snapshot(target) as db:
-            return [queries.fleet(db), sorted(queries.node_verdicts(db)), sorted(queries.current_findings(db)),
+            return [queries.fleet(db), sorted(zip(*queries.node_verdict_columns(db), strict=True)), sorted(queries.current_findings(db)),
                     sorted(queries.event_counts(db), key=repr), sorted(queries.decision_counts(db)),
                     queries.checkpoint_states(db), queries.pending_drains(db), queries.decisions(db, limit=50),
                     queries.checkpoints(db, limit=50), queries.events(db, limit=50)]

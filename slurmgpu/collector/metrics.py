@@ -27,14 +27,15 @@ import sqlite3
 import ssl
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from slurmgpu.collector.exposition import NodeFamily, generate
 from slurmgpu.collector.store import queries
 from slurmgpu.result import Severity
 from slurmgpu.wire import EVENT_KINDS
@@ -234,43 +235,39 @@ class FleetMetrics:
                 *self._checkpoint_families(db)]
 
     def _node_families(self, db: queries.Connection, drained: set[str] | None) -> list[Metric]:
-        """Nodes: latest report's verdict, last seen, reachable; the fleet by verdict."""
+        """Nodes: latest report's verdict, last seen, reachable; the fleet by verdict.
+        (10k nodes: a list per family's column; see exposition.NodeFamily.)"""
         now = time.time()
-        verdict = GaugeMetricFamily("slurmgpu_node_verdict", "Verdict of the node's latest "
-                                    "report: 0 OK, 1 WARN, 2 FAIL, 3 UNKNOWN (or no report yet).",
-                                    labels=["node"])
-        seen = GaugeMetricFamily("slurmgpu_node_last_seen_seconds", "Seconds since the "
-                                 "collector last heard from the node (any message).",
-                                 labels=["node"])
-        reachable = GaugeMetricFamily("slurmgpu_node_reachable", "1 if the node is "
-                                      "reachable, 0 once silent for unreachable_after "
-                                      "heartbeats.", labels=["node"])
+        cols = queries.node_verdict_columns(db)
+        nodes, unknown = cols.nodes, Severity.UNKNOWN.name
+        name_of = {v: str(v).upper() if v else unknown for v in set(cols.verdicts)}
+        name_of = {v: n if n in VERDICT_CODE else unknown for v, n in name_of.items()}
         by_verdict = dict.fromkeys(VERDICT_CODE, 0)
-        nodes: list[str] = []
-        for row in queries.node_verdicts(db):
-            nodes.append(row.node)
-            name_of = str(row.verdict).upper() if row.verdict else Severity.UNKNOWN.name
-            if name_of not in VERDICT_CODE:
-                name_of = Severity.UNKNOWN.name
-            by_verdict[name_of] += 1
-            verdict.add_metric([row.node], VERDICT_CODE[name_of])
-            seen.add_metric([row.node], max(0.0, now - row.last_seen))
-            reachable.add_metric([row.node], 1 if row.reachable else 0)
-        out: list[Metric] = [verdict, seen, reachable]
-        out.append(GaugeMetricFamily("slurmgpu_fleet_nodes", "Nodes known to the collector "
-                                     "(heard from at least once).", value=len(nodes)))
+        for v, count in Counter(cols.verdicts).items():
+            by_verdict[name_of[v]] += count
+        code_of = {v: VERDICT_CODE[n] for v, n in name_of.items()}
+        out: list[Metric] = [
+            NodeFamily("slurmgpu_node_verdict", "Verdict of the node's latest report: 0 OK, "
+                       "1 WARN, 2 FAIL, 3 UNKNOWN (or no report yet).", ["node"], [nodes],
+                       [code_of[v] for v in cols.verdicts]),
+            NodeFamily("slurmgpu_node_last_seen_seconds", "Seconds since the collector last "
+                       "heard from the node (any message).", ["node"], [nodes],
+                       [ago if (ago := now - t) > 0.0 else 0.0 for t in cols.last_seen]),
+            NodeFamily("slurmgpu_node_reachable", "1 if the node is reachable, 0 once silent "
+                       "for unreachable_after heartbeats.", ["node"], [nodes], cols.reachable),
+            GaugeMetricFamily("slurmgpu_fleet_nodes", "Nodes known to the collector (heard "
+                              "from at least once).", value=len(nodes))]
         fleet = GaugeMetricFamily("slurmgpu_fleet_nodes_by_verdict", "Nodes by the verdict of "
                                   "their latest report.", labels=["verdict"])
         for name, count in by_verdict.items():
             fleet.add_metric([name], count)
         out.append(fleet)
         if drained is not None:
-            node_drained = GaugeMetricFamily("slurmgpu_node_drained", "1 if the automation "
-                                             "drained the node and has not resumed it (drains "
-                                             "by others are not known here).", labels=["node"])
-            for name in sorted(set(nodes) | drained):
-                node_drained.add_metric([name], 1 if name in drained else 0)
-            out.append(node_drained)
+            known = sorted(set(nodes) | drained)
+            out.append(NodeFamily("slurmgpu_node_drained", "1 if the automation drained the "
+                                  "node and has not resumed it (drains by others are not "
+                                  "known here).", ["node"], [known],
+                                  [1 if name in drained else 0 for name in known]))
         return out
 
     def _finding_families(self, db: queries.Connection) -> list[Metric]:
@@ -279,10 +276,9 @@ class FleetMetrics:
         findings = GaugeMetricFamily("slurmgpu_findings", "Current non-OK findings across "
                                      "the fleet (from each node's latest report), by check "
                                      "and severity.", labels=["check", "severity"])
-        gpu = GaugeMetricFamily("slurmgpu_gpu_verdict", "Worst severity of the GPU's current "
-                                "findings: 1 WARN, 2 FAIL, 3 UNKNOWN (only GPUs with a "
-                                "current non-OK finding are exported; absent = OK).",
-                                labels=["node", "gpu"])
+        gpu = NodeFamily("slurmgpu_gpu_verdict", "Worst severity of the GPU's current "
+                         "findings: 1 WARN, 2 FAIL, 3 UNKNOWN (only GPUs with a "
+                         "current non-OK finding are exported; absent = OK).", ["node", "gpu"])
         per_check: dict[tuple[str, str], int] = {}
         gpu_rank: dict[tuple[str, int], int] = {}
         for f in queries.current_findings(db):
@@ -300,7 +296,7 @@ class FleetMetrics:
         for (node, gpu_index), rank in sorted(gpu_rank.items()):
             per_node[node] = per_node.get(node, 0) + 1
             if per_node[node] <= MAX_GPU_SERIES_PER_NODE:
-                gpu.add_metric([str(node), str(gpu_index)], _RANK_CODE[rank])
+                gpu.add((str(node), str(gpu_index)), _RANK_CODE[rank])
             else:
                 self.series_dropped += 1
         return [findings, gpu]
@@ -395,7 +391,9 @@ class _Handler(WSGIRequestHandler):
 
 
 class CachedExposition:
-    """The WSGI app: ``generate_latest`` at most once per ``CACHE_S``, under a lock."""
+    """The WSGI app: the registry's text format (``exposition.generate``: prometheus-client's
+    ``generate_latest`` but for the per-node families) at most once per ``CACHE_S``, under
+    a lock."""
 
     def __init__(self, registry: CollectorRegistry, cache_s: float | None = None) -> None:
         self.registry = registry
@@ -408,7 +406,7 @@ class CachedExposition:
     def body(self) -> bytes:
         with self._lock:
             if time.monotonic() - self._at >= self.cache_s:
-                self._body = generate_latest(self.registry)
+                self._body = generate(self.registry)
                 self._at = time.monotonic()
                 self.computed += 1
             return self._body

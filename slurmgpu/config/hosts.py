@@ -6,6 +6,7 @@ its size is bounded from the text (a typo such as ``gpu-[1-99999999]`` must not 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,21 +29,61 @@ class HostSection:
     values: Tables  # validated tables this section sets
     name: str | None = None
     nodeset: Any = field(default=None, repr=False, compare=False)  # ClusterShell NodeSet
+    # The hostlist's node names, once ``names()`` expanded them.
+    expanded: frozenset[str] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def label(self) -> str:
         name = f" {self.name}" if self.name else ""
         return f"hosts[{self.index}]{name} ({self.nodes})"
 
-    def matches(self, node: str) -> bool:
+    def parsed(self) -> Any:
+        """The hostlist's NodeSet, parsed on first use."""
         nodeset = self.nodeset
         if nodeset is None:
             nodeset = parse_nodeset(self.nodes)
             object.__setattr__(self, "nodeset", nodeset)
+        return nodeset
+
+    def matches(self, node: str) -> bool:
+        nodeset = self.parsed()
         try:
             return node in nodeset
         except Exception:  # a node name that is not valid hostlist syntax matches nothing
             return False
+
+    def names(self) -> frozenset[str]:
+        """Every node name of the hostlist (at most ``MAX_HOSTLIST_NODES``), expanded
+        once and kept: for many lookups (``HostIndex``)."""
+        if self.expanded is None:
+            object.__setattr__(self, "expanded", frozenset(str(n) for n in self.parsed()))
+        assert self.expanded is not None
+        return self.expanded
+
+
+# A node name that ClusterShell reads as itself (no brackets, set operators, commas or
+# spaces): its membership in a hostlist is membership in the hostlist's expanded names.
+_PLAIN_NODE_RE = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+class HostIndex:
+    """The ``[[hosts]]`` sections matching each of many nodes (the fleet report): each
+    section's hostlist is expanded once into a set of names, where ``HostSection.matches``
+    parses the node's name into a NodeSet on every call (~60 us)."""
+
+    def __init__(self, hosts: Sequence[HostSection]) -> None:
+        self.hosts = tuple(hosts)
+        self._names: list[frozenset[str]] | None = None
+
+    def matching(self, node: str) -> list[HostSection]:
+        """The sections naming ``node``, in file order (as ``HostSection.matches``)."""
+        if not self.hosts:
+            return []
+        if not _PLAIN_NODE_RE.fullmatch(node):
+            return [h for h in self.hosts if h.matches(node)]
+        if self._names is None:
+            self._names = [h.names() for h in self.hosts]
+        return [h for h, names in zip(self.hosts, self._names, strict=True) if node in names]
 
 
 def parse_nodeset(nodes: str) -> Any:

@@ -107,13 +107,6 @@ class JobEventRow(TypedDict):
     detail: str | None
 
 
-class NodeVerdict(NamedTuple):
-    node: str
-    last_seen: float
-    reachable: bool
-    verdict: str | None  # of its latest report (None: no report yet)
-
-
 class FindingCount(NamedTuple):
     """Current non-OK findings of one (node, gpu, check, severity)."""
 
@@ -181,14 +174,6 @@ def fleet(db: Connection) -> list[FleetRow]:
     for item in out:
         item["reachable"] = bool(item["reachable"])
     return cast(list[FleetRow], out)
-
-
-def node_verdicts(db: Connection) -> list[NodeVerdict]:
-    """Every node with when it was last heard, whether it is reachable, its latest verdict."""
-    return [NodeVerdict(str(node), float(last_seen), bool(reachable), verdict)
-            for node, last_seen, reachable, verdict in db.execute(
-                "SELECT n.node, n.last_seen, n.reachable, r.verdict FROM nodes n "
-                "LEFT JOIN reports r ON r.node = n.node")]
 
 
 def current_findings(db: Connection) -> list[FindingCount]:
@@ -368,3 +353,25 @@ def first_job_event(db: Connection, job_id: str, kind: str) -> JobEventAt | None
     row = db.execute("SELECT ts, node, detail FROM job_events WHERE job_id = ? AND kind = ? "
                      "ORDER BY ts, id LIMIT 1", (job_id, kind)).fetchone()
     return None if row is None else JobEventAt(float(row[0]), row[1], row[2])
+
+
+# ---------------------------------------------------------------------- issue 15: /metrics at 10k nodes
+# Read for every node at every scrape: columns, not an object per node.
+
+
+class NodeVerdictColumns(NamedTuple):
+    """Every node (a list per column, one index per node)."""
+
+    nodes: list[str]
+    last_seen: list[float]  # when it was last heard from
+    reachable: list[int]  # 1 reachable, 0 not
+    verdicts: list[str | None]  # of its latest report (None: no report yet)
+
+
+def node_verdict_columns(db: Connection) -> NodeVerdictColumns:
+    """Every node with when it was last heard, whether it is reachable, its latest verdict."""
+    rows = db.execute("SELECT n.node, n.last_seen, n.reachable, r.verdict FROM nodes n "
+                      "LEFT JOIN reports r ON r.node = n.node").fetchall()
+    nodes, seen, reachable, verdicts = zip(*rows, strict=True) if rows else ((), (), (), ())
+    return NodeVerdictColumns([str(n) for n in nodes], [float(t) for t in seen],
+                              [1 if r else 0 for r in reachable], list(verdicts))

@@ -172,14 +172,19 @@ def build_report(db: Connection, t0: float, t1: float, *,
                  source: dict[str, Any] | None = None) -> dict[str, Any]:
     """The report model for the window ``(t0, t1]`` (see docs/report.md)."""
     b = Builder(db, t0, t1, config)
-    top = b.settings(None)
-    b.load_nodes()
-    s: dict[str, Any] = {"availability": b.availability(), "drains": b.drains(),
-                         "failures": b.failures(), "xids": b.xids(top), "ecc-trends": b.ecc(),
-                         "throttling": b.throttling(), "ib": b.ib()}
-    versions = b.versions()
-    s["pin-drift"] = b.pin_drift(versions)
-    s["jobs"] = b.jobs()
+    try:
+        b.start_throttling()  # (runs beside the sections below; its result is read last)
+        top = b.settings(None)
+        b.load_nodes()
+        s: dict[str, Any] = {"availability": b.availability(), "drains": b.drains(),
+                             "failures": b.failures(), "xids": b.xids(top), "ecc-trends": b.ecc(),
+                             "ib": b.ib()}
+        versions = b.versions()
+        s["pin-drift"] = b.pin_drift(versions)
+        s["jobs"] = b.jobs()
+        s["throttling"] = b.throttling()
+    finally:
+        b.close()
     started = Counter({n.name: sum(1 for r in n.drains if t0 < r.start <= t1)
                        for n in b.nodes.values()})
     s["service"] = _service(b, s["ecc-trends"], started, _lemons(db))

@@ -3,11 +3,15 @@ section by section (docs/report.md defines every number)."""
 
 from __future__ import annotations
 
+import os
+import sqlite3
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Sequence
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
+from slurmgpu.config.hosts import HostIndex
 from slurmgpu.report.model.common import (
     AUTOMATION_MATCH_S,
     BY_GROUPS,
@@ -21,6 +25,7 @@ from slurmgpu.report.model.common import (
     PIN_FIELDS,
     SERIES_MAX_POINTS,
     TOP_N,
+    BackgroundQuery,
     _attribute,
     _Buckets,
     _category,
@@ -30,6 +35,7 @@ from slurmgpu.report.model.common import (
     _r,
     _runs,
     _ts,
+    database_file,
 )
 from slurmgpu.result import Severity
 
@@ -39,6 +45,40 @@ if TYPE_CHECKING:
     from slurmgpu.config.schema import Settings
 
 
+# Throttling, per node over the window's hourly samples, node by node through the (node,
+# ts) primary key (~10x faster than the ts index plus a GROUP BY b-tree), for the nodes
+# in [first, stop) ({range}): a "total" row (nodes sampled, reports, hw slowdown, sw
+# thermal) and a "node" row per node with reports and any throttled (few rows: the scan
+# can run in a thread, never waiting for the GIL to hand a row over).
+THROTTLE_SQL = (
+    "WITH per AS MATERIALIZED (SELECT n.node AS node, sum(s.reports) AS reports, "
+    "sum(s.hw_slowdown_reports) AS hw, sum(s.sw_thermal_reports) AS sw FROM nodes n "
+    "CROSS JOIN node_samples s WHERE s.node = n.node AND s.ts > ? AND s.ts <= ? {range}"
+    "GROUP BY n.node) "
+    "SELECT 'total', NULL, count(*), sum(reports), sum(hw), sum(sw) FROM per UNION ALL "
+    "SELECT 'node', node, reports, hw, sw, NULL FROM per "
+    "WHERE reports <> 0 AND (hw <> 0 OR sw <> 0)")
+# The scan is split in node ranges run at once, one thread each (SQLite scans outside
+# the GIL): at most this many, and no more than CPUs.
+THROTTLE_PARTS = 4
+
+
+def _throttle_query(first: str | None, stop: str | None,
+                    window: tuple[float, float]) -> tuple[str, tuple[Any, ...]]:
+    bounds = [("n.node >= ?", first), ("n.node < ?", stop)]
+    where = " AND ".join(cond for cond, value in bounds if value is not None)
+    params = tuple(value for _, value in bounds if value is not None)
+    return THROTTLE_SQL.format(range=f"AND {where} " if where else ""), (*window, *params)
+
+
+def _sql_order(value: Any) -> tuple[int, Any]:
+    """``ORDER BY value``'s key in SQLite: NULL, then numbers, text, blobs."""
+    if value is None:
+        return (0, 0)
+    if isinstance(value, int | float):
+        return (1, value)
+    return (2, value) if isinstance(value, str) else (3, value)
+
 
 class Builder:
     def __init__(self, db: Connection, t0: float, t1: float,
@@ -46,7 +86,10 @@ class Builder:
         self.db = db
         self.t0, self.t1 = t0, t1
         self.config = config
+        self._hosts = HostIndex(config.hosts if config is not None else ())
         self._settings_cache: dict[tuple[int, ...], Settings] = {}
+        self._node_settings: dict[str, Settings] = {}
+        self._throttle: list[BackgroundQuery] = []
         self.nodes: dict[str, _Node] = {}
         self.buckets = _Buckets(t0, t1)
 
@@ -70,19 +113,23 @@ class Builder:
             if key not in self._settings_cache:
                 self._settings_cache[key] = Settings()
             return self._settings_cache[key]
-        sections = self.config.matching_sections(node) if node is not None else []
+        if node is not None and node in self._node_settings:
+            return self._node_settings[node]
+        sections = self._hosts.matching(node) if node is not None else []
         key = tuple(s.index for s in sections)
         cached = self._settings_cache.get(key)
         if cached is None:
             cached = self.config.settings_for(node, environ={})  # the file's view of that node
             self._settings_cache[key] = cached
+        if node is not None:
+            self._node_settings[node] = cached
         return cached
 
     def host_sets(self, node: str) -> list[str]:
         if self.config is None:
             return [OTHER_SET]
         names: list[str] = []
-        for s in self.config.matching_sections(node):
+        for s in self._hosts.matching(node):
             name = s.name or f"hosts[{s.index}]"
             if name not in names:
                 names.append(name)
@@ -274,16 +321,19 @@ class Builder:
 
         policy = XidPolicy(settings.xid.overrides, settings.xid.unknown_action)
         known = catalog()
-        nodes_of: dict[int | None, list[dict[str, Any]]] = defaultdict(list)
-        for code, node, count in self.q(
-                "SELECT data, node, count(*) FROM events WHERE kind = 'xid' AND ts > ? AND ts <= ? "
-                "GROUP BY data, node ORDER BY count(*) DESC, node", self.w):
-            nodes_of[code].append({"node": node, "count": count})
+        # One pass over the window's XID events, by code, node and GPU; every number below
+        # is summed from it (as its own GROUP BY over the events would count it).
+        count_of: Counter[Any] = Counter()
+        node_counts: dict[Any, Counter[str]] = defaultdict(Counter)
+        gpus_of: dict[Any, set[str]] = defaultdict(set)
+        for code, node, gpu, count in self.q(
+                "SELECT data, node, gpu, count(*) FROM events WHERE kind = 'xid' AND ts > ? AND "
+                "ts <= ? GROUP BY data, node, gpu", self.w):
+            count_of[code] += count
+            node_counts[code][node] += count
+            gpus_of[code].add(f"{node}/{'' if gpu is None else gpu}")  # node || '/' || gpu
         codes = []
-        for code, count, nodes, gpus in self.q(
-                "SELECT data, count(*), count(DISTINCT node), count(DISTINCT node || '/' || "
-                "coalesce(CAST(gpu AS TEXT), '')) FROM events WHERE kind = 'xid' AND ts > ? AND ts <= ? "
-                "GROUP BY data ORDER BY count(*) DESC, data", self.w):
+        for code in sorted(count_of, key=lambda c: (-count_of[c], _sql_order(c))):
             if code is None:
                 meaning, category, action = "XID number not recorded", "unknown", None
             else:
@@ -291,49 +341,55 @@ class Builder:
                 base = known.get(int(code))
                 meaning = base.name if base else rule.name
                 category, action = rule.category, rule.action
-            codes.append({"xid": code, "count": count, "nodes": nodes, "gpus": gpus,
-                          "meaning": meaning, "category": category, "action": action,
-                          "top_nodes": nodes_of[code][:TOP_N]})
+            top = sorted(node_counts[code].items(), key=lambda i: (-i[1], i[0]))[:TOP_N]
+            codes.append({"xid": code, "count": count_of[code], "nodes": len(node_counts[code]),
+                          "gpus": len(gpus_of[code]), "meaning": meaning, "category": category,
+                          "action": action,
+                          "top_nodes": [{"node": node, "count": count} for node, count in top]})
         return {"total": sum(c["count"] for c in codes),
-                "nodes": self.q("SELECT count(DISTINCT node) FROM events WHERE kind = 'xid' AND "
-                                "ts > ? AND ts <= ?", self.w)[0][0],
+                "nodes": len({node for counts in node_counts.values() for node in counts}),
                 "codes": codes}
 
     # ---- counters
 
-    def _at(self, table: str, key: str, columns: Sequence[str], t: float,
-            *, first_after: float | None = None) -> dict[tuple[Any, ...], dict[str, Any]]:
-        """{(node, key): {column: value}}: each key's last row with ts <= t (or, with
+    def _rows_at(self, table: str, key: str, columns: Sequence[str], t: float,
+                 *, first_after: float | None = None) -> dict[tuple[Any, ...], tuple[Any, ...]]:
+        """{(node, key): (ts, *columns)}: each key's last row with ts <= t (or, with
         ``first_after``, its first row with first_after < ts <= t). (Standard SQL, for both
         backends: SQLite's bare columns beside max() are not PostgreSQL's.)"""
         agg = "min" if first_after is not None else "max"
         cols = ", ".join(f"t.{c}" for c in columns)
         where = "ts > ? AND ts <= ?" if first_after is not None else "ts <= ?"
         params = (first_after, t) if first_after is not None else (t,)
-        out: dict[tuple[Any, ...], dict[str, Any]] = {}
-        for row in self.q(f"SELECT t.node, t.{key}, t.ts, {cols} FROM {table} t JOIN (SELECT node, "
-                          f"{key} AS k, {agg}(ts) AS ts FROM {table} WHERE {where} GROUP BY node, "
-                          f"{key}) m ON t.node = m.node AND t.{key} = m.k AND t.ts = m.ts", params):
-            out[(row[0], row[1])] = {"ts": row[2], **dict(zip(columns, row[3:], strict=True))}
-        return out
+        return {(row[0], row[1]): tuple(row[2:])
+                for row in self.q(f"SELECT t.node, t.{key}, t.ts, {cols} FROM {table} t JOIN (SELECT node, "
+                                  f"{key} AS k, {agg}(ts) AS ts FROM {table} WHERE {where} GROUP BY node, "
+                                  f"{key}) m ON t.node = m.node AND t.{key} = m.k AND t.ts = m.ts", params)}
 
     def _rises(self, table: str, key: str, counters: Sequence[str], extra: Sequence[str]
                ) -> tuple[dict[tuple[Any, ...], dict[str, int]], dict[tuple[Any, ...], dict[str, Any]],
                           dict[tuple[Any, ...], dict[str, Any]]]:
-        columns = [*counters, *extra]
-        base = self._at(table, key, columns, self.t0)
-        now = self._at(table, key, columns, self.t1)
-        changed = {k for k, row in now.items() if row["ts"] > self.t0}
-        first = self._at(table, key, columns, self.t1, first_after=self.t0) \
+        """(rises, now, baselines): each counter's rise over the window per key (only
+        keys with one), every key's row at ``to`` and the rising keys' baseline rows
+        (at ``from``, or the first in the window)."""
+        names = ("ts", *counters, *extra)
+        rows = self._rows_at(table, key, names[1:], self.t1)
+        now = {k: dict(zip(names, row, strict=True)) for k, row in rows.items()}
+        base = self._rows_at(table, key, counters, self.t0)  # (baselines: the counters only)
+        changed = {k for k, row in rows.items() if row[0] > self.t0}
+        first = self._rows_at(table, key, counters, self.t1, first_after=self.t0) \
             if any(k not in base for k in changed) else {}
         rises: dict[tuple[Any, ...], dict[str, int]] = {}
         baselines: dict[tuple[Any, ...], dict[str, Any]] = {}
+        end = len(counters) + 1
         for k in changed:
-            b = base.get(k) or first.get(k) or {}
-            baselines[k] = b
+            b = base.get(k) or first.get(k)
+            if b is None or b[1:] == rows[k][1:end]:  # (no counter moved: no rise)
+                continue
+            cur = now[k]
             rise = {}
-            for c in counters:
-                before, after = b.get(c), now[k].get(c)
+            for c, before in zip(counters, b[1:], strict=True):
+                after = cur[c]
                 if before is None or after is None:
                     continue
                 delta = after - before if after >= before else after  # went down: reset
@@ -341,6 +397,7 @@ class Builder:
                     rise[c] = int(delta)
             if rise:
                 rises[k] = rise
+                baselines[k] = dict(zip(("ts", *counters), b, strict=True))
         return rises, now, baselines
 
     def ecc(self) -> dict[str, Any]:
@@ -387,23 +444,51 @@ class Builder:
             points.append([_ts(self.t1) or 0.0, after])
         return points
 
+    def start_throttling(self) -> None:
+        """Start the throttling scan (every node's hourly samples of the window: the
+        report's longest query) beside the other sections, when the database is a file
+        (and ``db`` holds no uncommitted rows another connection would not see): in up
+        to THROTTLE_PARTS node ranges at once. (SQLite only: PostgreSQL runs its own
+        parallel scans, and its snapshot is the one connection's.)"""
+        if not isinstance(self.db, sqlite3.Connection):
+            return
+        if self._throttle or self.db.in_transaction or not database_file(self.db):
+            return
+        parts = max(1, min(THROTTLE_PARTS, os.cpu_count() or 1))
+        names = [str(r[0]) for r in self.q("SELECT node FROM nodes WHERE node IS NOT NULL "
+                                           "ORDER BY node")]
+        cuts = sorted({names[len(names) * i // parts] for i in range(1, parts)} if names else set())
+        edges: list[str | None] = [None, *cuts, None]
+        for first, stop in pairwise(edges):
+            self._throttle.append(BackgroundQuery(self.db, *_throttle_query(first, stop, self.w)))
+
+    def close(self) -> None:
+        """Stop background queries still running (the report failed before its section)."""
+        for query in self._throttle:
+            query.cancel()
+        self._throttle = []
+
     def throttling(self) -> dict[str, Any]:
-        # Node by node through the (node, ts) primary key: ~10x faster than the ts index
-        # plus a GROUP BY b-tree over a month of hourly samples.
-        rows = self.q("SELECT n.node, sum(s.reports), sum(s.hw_slowdown_reports), "
-                      "sum(s.sw_thermal_reports) FROM nodes n CROSS JOIN node_samples s "
-                      "WHERE s.node = n.node AND s.ts > ? AND s.ts <= ? GROUP BY n.node", self.w)
-        total = sum(r[1] or 0 for r in rows)
-        hw = sum(r[2] or 0 for r in rows)
-        sw = sum(r[3] or 0 for r in rows)
-        per = [{"node": node, "reports": reports, "hw_slowdown_reports": h,
-                "sw_thermal_reports": s, "hw_slowdown_pct": _pct(h, reports),
-                "sw_thermal_pct": _pct(s, reports)}
-               for node, reports, h, s in rows if reports and (h or s)]
+        if self._throttle:
+            found = [row for query in self._throttle for row in query.result()]
+            self._throttle = []
+        else:
+            found = self.q(*_throttle_query(None, None, self.w))
+        sampled = total = hw = sw = 0
+        per: list[dict[str, Any]] = []
+        for kind, node, *values in found:
+            if kind == "total":  # one per node range
+                sampled, total, hw, sw = (old + (v or 0) for old, v in
+                                          zip((sampled, total, hw, sw), values, strict=True))
+                continue
+            reports, h, s, _ = values
+            per.append({"node": node, "reports": reports, "hw_slowdown_reports": h,
+                        "sw_thermal_reports": s, "hw_slowdown_pct": _pct(h, reports),
+                        "sw_thermal_pct": _pct(s, reports)})
         return {
             "reports": total, "hw_slowdown_reports": hw, "sw_thermal_reports": sw,
             "hw_slowdown_pct": _pct(hw, total), "sw_thermal_pct": _pct(sw, total),
-            "nodes_sampled": len(rows), "nodes_throttled": len(per),
+            "nodes_sampled": sampled, "nodes_throttled": len(per),
             "leaders_hw": sorted((p for p in per if p["hw_slowdown_reports"]),
                                  key=lambda p: (-p["hw_slowdown_pct"], p["node"]))[:TOP_N],
             "leaders_sw": sorted((p for p in per if p["sw_thermal_reports"]),
@@ -446,6 +531,7 @@ class Builder:
 
         fields: dict[str, Any] = {}
         off_nodes: set[str] = set()
+        off_pin: dict[tuple[Any, tuple[str, ...]], bool] = {}  # (version, pins) -> off them
         for column, pin_key in PIN_FIELDS.items():
             counts: Counter[str] = Counter()
             off_counts: Counter[str] = Counter()
@@ -458,8 +544,11 @@ class Builder:
                     continue
                 counts[value] += 1
                 pins = list(getattr(self.settings(name).pins, pin_key))
-                parts = [p.strip() for p in str(value).split(",") if p.strip()]
-                if pins and not all(match_any(p, pins) for p in parts):
+                key = (value, tuple(pins))
+                if key not in off_pin:  # the same few versions and pins over the fleet
+                    parts = [p.strip() for p in str(value).split(",") if p.strip()]
+                    off_pin[key] = bool(pins) and not all(match_any(p, pins) for p in parts)
+                if off_pin[key]:
                     off_counts[value] += 1
                     off.append({"node": name, "version": value, "pins": pins})
                     off_nodes.add(name)

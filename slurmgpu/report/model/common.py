@@ -5,8 +5,10 @@ and who drained it (``_attribute``)."""
 from __future__ import annotations
 
 import math
+import sqlite3
+import threading
 from bisect import bisect_left
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,6 +112,56 @@ def _runs(rows: Iterable[tuple[float, str, str | None, str | None, str | None]],
     return runs
 
 
+class BackgroundQuery:
+    """One read query on a connection of its own to the same database file, run in a
+    thread: SQLite leaves the GIL while it steps, so a long scan runs beside the report's
+    other queries and Python on another core. ``result()`` waits for its rows (or raises
+    its error); ``cancel()`` interrupts it."""
+
+    def __init__(self, db: sqlite3.Connection, sql: str, params: Sequence[Any]) -> None:
+        self._rows: list[tuple[Any, ...]] = []
+        self._error: BaseException | None = None
+        self._db = connect_readonly(db)
+        self._thread = threading.Thread(target=self._run, args=(sql, tuple(params)),
+                                        name="slurmgpu-report-query", daemon=True)
+        self._thread.start()
+
+    def _run(self, sql: str, params: tuple[Any, ...]) -> None:
+        try:
+            self._rows = self._db.execute(sql, params).fetchall()
+        except BaseException as exc:  # handed to the caller by result()
+            self._error = exc
+
+    def result(self) -> list[tuple[Any, ...]]:
+        self._thread.join()
+        self._db.close()
+        if self._error is not None:
+            raise self._error
+        return self._rows
+
+    def cancel(self) -> None:
+        self._db.interrupt()
+        self._thread.join()
+        self._db.close()
+
+
+def database_file(db: sqlite3.Connection) -> str:
+    """The file of ``db``'s main database ("" for an in-memory or temporary one)."""
+    for _, name, file in db.execute("PRAGMA database_list").fetchall():
+        if name == "main":
+            return str(file or "")
+    return ""
+
+
+def connect_readonly(db: sqlite3.Connection) -> sqlite3.Connection:
+    """A second read-only connection to ``db``'s file (usable from another thread)."""
+    from pathlib import Path
+    from urllib.parse import quote
+
+    uri = f"file:{quote(str(Path(database_file(db)).resolve()))}?mode=ro"
+    return sqlite3.connect(uri, uri=True, timeout=10.0, check_same_thread=False)
+
+
 class _Buckets:
     """Fleet node-seconds per category in fixed UTC-aligned buckets (the chart)."""
 
@@ -121,11 +173,26 @@ class _Buckets:
         self.seconds = [dict.fromkeys(CATEGORIES, 0.0) for _ in range(count)]
 
     def add(self, a: float, b: float, category: str) -> None:
-        i = int((a - self.base) // self.size)
-        while a < b and i < len(self.seconds):
-            edge = min(b, self.base + (i + 1) * self.size)
-            self.seconds[i][category] += edge - a
-            a, i = edge, i + 1
+        """Add ``a``..``b`` to the buckets it spans, bucket by bucket in time order: the
+        piece in ``a``'s bucket, ``size`` to each whole one (bucket edges are whole
+        numbers: exactly ``size`` apart), the piece in ``b``'s."""
+        base, size, seconds = self.base, self.size, self.seconds  # (the report's hot loop)
+        i, last = int((a - base) // size), len(seconds)
+        if a >= b or i >= last:
+            return
+        edge = base + (i + 1) * size
+        if edge >= b or i < 0:  # within a bucket (or before the first: as it always was)
+            while a < b and i < last:
+                edge = min(b, base + (i + 1) * size)
+                seconds[i][category] += edge - a
+                a, i = edge, i + 1
+            return
+        seconds[i][category] += edge - a
+        j = min(int((b - base) // size), last)  # b's bucket
+        for bucket in seconds[i + 1:j]:
+            bucket[category] += size
+        if j < last and b > base + j * size:
+            seconds[j][category] += b - (base + j * size)
 
     def rows(self) -> list[dict[str, Any]]:
         out = []
