@@ -388,7 +388,7 @@ def breaker_release(config_file: str | None, db: str | None, as_json: bool) -> N
         try:
             released = auto.release(by=by)
         except sqlite3.Error as exc:  # e.g. locked past the busy timeout
-            raise CliError(f"{auto.store.path}: {exc}") from None
+            raise CliError(f"{auto.store.where}: {exc}") from None
         status, forecast = auto.status(), auto.forecast()
     if as_json:
         click.echo(json.dumps(dict(status, **where, released_by=by, released_now=released,
@@ -471,7 +471,7 @@ def lemon_clear(node: str, config_file: str | None, db: str | None, as_json: boo
         try:
             auto.clear_lemon(node)
         except sqlite3.Error as exc:  # e.g. locked past the busy timeout
-            raise CliError(f"{auto.store.path}: {exc}") from None
+            raise CliError(f"{auto.store.where}: {exc}") from None
     if as_json:
         click.echo(json.dumps({"node": node, "cleared": True, "since": info.get("since"),
                                "why": info.get("why")}, indent=2, sort_keys=True))

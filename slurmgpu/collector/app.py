@@ -164,7 +164,7 @@ def build_collector(settings: CollectorSettings, *, automation: AutomationSettin
         transport.listen()  # last: a connected agent is answered from the first loop turn
         undo.pop_all()
     transport.log.info("collector_listening", endpoint=transport.endpoint, nodes=len(transport.allowed),
-                       db=str(store.path), automation=auto is not None)
+                       db=store.where, automation=auto is not None)
     return Collector(transport, fleet, metrics=_metrics(settings, transport, fleet))
 
 

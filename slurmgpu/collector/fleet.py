@@ -110,11 +110,11 @@ class AutomationStateSync:
         automation = self.automation
         try:
             if automation.refresh():
-                self.log.info("automation_state_reloaded", db=str(automation.store.path),
+                self.log.info("automation_state_reloaded", db=automation.store.where,
                               breaker_open=bool(automation.state.breaker.get("open")))
         except Exception as exc:  # unreadable for now: keep the state in memory
             self.counters.automation_errors += 1
-            self.log.error("automation_state_unreadable", db=str(automation.store.path),
+            self.log.error("automation_state_unreadable", db=automation.store.where,
                            error=f"{type(exc).__name__}: {exc}")
 
 

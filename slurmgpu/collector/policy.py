@@ -151,7 +151,7 @@ class Automation:
             return
         log = get_logger(component="automation")
         if self._record.version is not None:
-            log.warning("automation_json_ignored", path=str(path), db=str(self.store.path),
+            log.warning("automation_json_ignored", path=str(path), db=self.store.where,
                         why="the database already holds the automation's state")
             return
         try:
@@ -165,7 +165,7 @@ class Automation:
         except OSError as exc:  # imported all the same: the database's state is the one used
             log.warning("automation_json_not_renamed", path=str(path), error=str(exc))
         st = self.state
-        log.info("automation_state_imported", path=str(path), db=str(self.store.path),
+        log.info("automation_state_imported", path=str(path), db=self.store.where,
                  breaker_open=bool(st.breaker.get("open")), held=len(st.held), released=len(st.released),
                  drained=len(st.drained), lemons=len(st.lemons))
 
