@@ -52,9 +52,12 @@ def reports_in_db(db: Path) -> int:
 
 
 def sender(address: str, server_key: bytes, nodes: list[simfleet.SimNode], duration: float,
-           window: int, heartbeat_s: float | None, ready: Any, go: Any, out: Any) -> None:
+           window: int, heartbeat_s: float | None, warmup_s: float, ready: Any, go: Any,
+           out: Any) -> None:
     with simfleet.SimFleet(address, server_key, nodes) as sim:
         connected = sim.hello(120)
+        if warmup_s:  # every node's first reports (history, high-water marks) before the clock
+            sim.run(warmup_s, None, window=window, drain_s=30, heartbeat_s=heartbeat_s)
         ready.put(connected)
         go.wait()
         stats = sim.run(duration, None, window=window, drain_s=10, heartbeat_s=heartbeat_s)
@@ -65,7 +68,7 @@ def sender(address: str, server_key: bytes, nodes: list[simfleet.SimNode], durat
 
 
 def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
-             profile: str | None = None) -> dict[str, Any]:
+             profile: str | None = None, warmup_s: float = 0.0) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix=f"ingest-{n}-"))
     try:
         keys.init(root / "keys")
@@ -87,7 +90,8 @@ def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
         ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
         server_key = simfleet.collector_public_key(root / "keys")
         workers = [ctx.Process(target=sender, args=(address, server_key, c, duration, window,
-                                                    heartbeat_s, ready, go, out)) for c in chunks]
+                                                    heartbeat_s, warmup_s, ready, go, out))
+                   for c in chunks]
         for w in workers:
             w.start()
         connected = sum(ready.get(timeout=300) for _ in workers)
@@ -154,6 +158,9 @@ def main() -> int:
                         help="unacked reports across the fleet (window per node = this / nodes)")
     parser.add_argument("--heartbeat-s", type=float, default=5.0,
                         help="each node also heartbeats this often, as agents do (0: none)")
+    parser.add_argument("--warmup", type=float, default=10.0, metavar="SECONDS",
+                        help="reports sent before the measurement, so that every node's first "
+                             "report (its history and high-water mark) is not what is measured")
     parser.add_argument("--profile", metavar="PREFIX",
                         help="run the collector under cProfile, stats to PREFIX.<nodes> (its main thread "
                              "only; the CPU figures then include the profiler's overhead)")
@@ -161,7 +168,8 @@ def main() -> int:
     args = parser.parse_args()
     rows = []
     for n in (int(x) for x in args.nodes.split(",")):
-        row = run_case(n, args.duration, args.inflight, args.heartbeat_s or None, args.profile)
+        row = run_case(n, args.duration, args.inflight, args.heartbeat_s or None, args.profile,
+                       args.warmup)
         rows.append(row)
         if not args.json:
             print(f"{row['nodes']:>6} nodes ({row['sender_procs']} sender procs, window {row['window']}): "
