@@ -52,9 +52,12 @@ def reports_in_db(db: Path) -> int:
 
 
 def sender(address: str, server_key: bytes, nodes: list[simfleet.SimNode], duration: float,
-           window: int, heartbeat_s: float | None, ready: Any, go: Any, out: Any) -> None:
+           window: int, heartbeat_s: float | None, warmup_s: float, ready: Any, go: Any,
+           out: Any) -> None:
     with simfleet.SimFleet(address, server_key, nodes) as sim:
         connected = sim.hello(120)
+        if warmup_s:  # every node's first reports (history, high-water marks) before the clock
+            sim.run(warmup_s, None, window=window, drain_s=30, heartbeat_s=heartbeat_s)
         ready.put(connected)
         go.wait()
         stats = sim.run(duration, None, window=window, drain_s=10, heartbeat_s=heartbeat_s)
@@ -64,7 +67,8 @@ def sender(address: str, server_key: bytes, nodes: list[simfleet.SimNode], durat
                  "latencies": lat[:: max(1, len(lat) // 20000)]})
 
 
-def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None) -> dict[str, Any]:
+def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
+             profile: str | None = None, warmup_s: float = 0.0) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix=f"ingest-{n}-"))
     try:
         keys.init(root / "keys")
@@ -72,9 +76,10 @@ def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None) 
         port = free_port()
         address = f"tcp://127.0.0.1:{port}"
         db = root / "fleet.db"
+        python = [sys.executable, "-m", "cProfile", "-o", f"{profile}.{n}", "-m", "slurmgpu", "collector"] \
+            if profile else [sys.executable, "-c", "from slurmgpu.cli.fleet_cmd import collector; collector()"]
         collector = subprocess.Popen(
-            [sys.executable, "-c", "from slurmgpu.cli.fleet_cmd import collector; collector()",
-             "--bind", address, "--db", str(db), "--keys-dir", str(root / "keys"),
+            [*python, "--bind", address, "--db", str(db), "--keys-dir", str(root / "keys"),
              "--log-level", "warning"])
         _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         per_proc = max(1, (hard - 256) // simfleet.FDS_PER_NODE)
@@ -85,17 +90,18 @@ def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None) 
         ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
         server_key = simfleet.collector_public_key(root / "keys")
         workers = [ctx.Process(target=sender, args=(address, server_key, c, duration, window,
-                                                    heartbeat_s, ready, go, out)) for c in chunks]
+                                                    heartbeat_s, warmup_s, ready, go, out))
+                   for c in chunks]
         for w in workers:
             w.start()
         connected = sum(ready.get(timeout=300) for _ in workers)
         before = reports_in_db(db)
-        cpu0 = _cpu(collector.pid)
+        cpu0, threads0 = _cpu(collector.pid), _thread_cpu(collector.pid)
         t0 = time.perf_counter()
         go.set()
         results = [out.get(timeout=duration + 120) for _ in workers]
         wall = time.perf_counter() - t0
-        cpu1 = _cpu(collector.pid)
+        cpu1, threads1 = _cpu(collector.pid), _thread_cpu(collector.pid)
         for w in workers:
             w.join()
         collector.send_signal(signal.SIGTERM)
@@ -111,7 +117,10 @@ def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None) 
                 "heartbeats": sum(r["heartbeats"] for r in results),
                 "acked_per_s": round(acked / elapsed), "stored": stored,
                 "stored_per_s": round(stored / wall), "ack_p50_ms": pct(0.5), "ack_p99_ms": pct(0.99),
-                "collector_cpu_us_per_report": round((cpu1 - cpu0) / max(1, stored) * 1e6, 1)}
+                "collector_cpu_us_per_report": round((cpu1 - cpu0) / max(1, stored) * 1e6, 1),
+                "collector_cpu_us_per_report_by_thread": {
+                    name: round((threads1.get(name, 0.0) - threads0.get(name, 0.0)) / max(1, stored) * 1e6, 1)
+                    for name in sorted(threads1)}}
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -125,6 +134,22 @@ def _cpu(pid: int) -> float:
         return float("nan")
 
 
+def _thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds per kind of thread of a process: "main" (the Python loop: decode,
+    store, acks), "zmq-io" (libzmq's I/O thread: TCP, CURVE), "other" (ZAP, metrics...)."""
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            comm = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        kind = "main" if task.name == str(pid) else ("zmq-io" if comm.startswith("ZMQbg/IO") else "other")
+        out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", default="100,1000,10000")
@@ -133,17 +158,25 @@ def main() -> int:
                         help="unacked reports across the fleet (window per node = this / nodes)")
     parser.add_argument("--heartbeat-s", type=float, default=5.0,
                         help="each node also heartbeats this often, as agents do (0: none)")
+    parser.add_argument("--warmup", type=float, default=10.0, metavar="SECONDS",
+                        help="reports sent before the measurement, so that every node's first "
+                             "report (its history and high-water mark) is not what is measured")
+    parser.add_argument("--profile", metavar="PREFIX",
+                        help="run the collector under cProfile, stats to PREFIX.<nodes> (its main thread "
+                             "only; the CPU figures then include the profiler's overhead)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     rows = []
     for n in (int(x) for x in args.nodes.split(",")):
-        row = run_case(n, args.duration, args.inflight, args.heartbeat_s or None)
+        row = run_case(n, args.duration, args.inflight, args.heartbeat_s or None, args.profile,
+                       args.warmup)
         rows.append(row)
         if not args.json:
             print(f"{row['nodes']:>6} nodes ({row['sender_procs']} sender procs, window {row['window']}): "
                   f"stored {row['stored_per_s']}/s (db), acked {row['acked_per_s']}/s, "
                   f"ack p50 {row['ack_p50_ms']} ms p99 {row['ack_p99_ms']} ms, "
-                  f"collector {row['collector_cpu_us_per_report']} us CPU/report", flush=True)
+                  f"collector {row['collector_cpu_us_per_report']} us CPU/report "
+                  f"{row['collector_cpu_us_per_report_by_thread']}", flush=True)
     if args.json:
         print(json.dumps({"cpus": os.cpu_count(), "results": rows}, indent=2))
     return 0

@@ -96,3 +96,25 @@ def test_nodes_heard_while_the_store_fails_are_kept_for_the_next_interval(
         assert transport.heard == set() and handler.recorded == [{"gpu-a", "gpu-b"}]
     finally:
         transport.close()
+
+
+def test_nodes_acked_within_the_interval_get_no_heartbeat(tmp_path: Path, keys_dir: Path) -> None:  # noqa: F811
+    """An ack is a sign of life to an agent (any frame is): a node that reports gets its
+    acks, and only a node that merely heartbeats needs the collector's heartbeat."""
+    transport = Transport(make_settings(tmp_path, keys_dir, heartbeat_s=5.0), Counters())
+    sent: list[bytes] = []
+    try:
+        transport._send = lambda route, frame: sent.append(route) or True  # type: ignore[method-assign]
+        now = time.time()
+        for node in ("gpu-a", "gpu-b"):
+            transport.seen[node], transport.routes[node] = now, node.encode()
+        transport._send_acks([(b"gpu-a", "gpu-a", "", 7, False)])  # gpu-a reported and was acked
+        sent.clear()
+        transport._heartbeat()
+        assert sent == [b"gpu-b"]
+        transport.answered["gpu-a"] -= 5.0  # an interval later, without a report
+        sent.clear()
+        transport._heartbeat()
+        assert sorted(sent) == [b"gpu-a", b"gpu-b"]
+    finally:
+        transport.close()

@@ -11,7 +11,9 @@ can only speak for that node. A key revoked while its connection is up is refuse
 the next allow-list reload (SIGHUP, or within 30 s).
 
 Liveness is the application's: agents send a heartbeat every ``heartbeat_s`` and the
-collector answers the nodes it heard from recently. An incoming heartbeat is an update in
+collector heartbeats the nodes it heard from recently, except those it acked within the
+interval (an ack is as good a sign of life to an agent; at 10,000 nodes each heartbeat
+round is 10,000 frames to build, encrypt and send). An incoming heartbeat is an update in
 memory (``seen``, and the nodes ``heard`` since the last ``tick``, which hands them to
 ``Handler.heard`` once per ``heartbeat_s``: one store write per node per interval, not one
 per heartbeat). The ROUTER sets no ZMTP heartbeats: libzmq scans its timers linearly on
@@ -157,6 +159,7 @@ class Transport:
         now = time.monotonic()
         self.seen: dict[str, float] = {}  # node -> wall time last heard (this process)
         self.heard: set[str] = set()  # heard by heartbeat since the last Handler.heard
+        self.answered: dict[str, float] = {}  # node -> monotonic time of its last ack
         # node -> routing id its authenticated key last spoke from: where its commands and
         # heartbeats go (a routing id is the client's claim; the key is not)
         self.routes: dict[str, bytes] = {}
@@ -336,10 +339,12 @@ class Transport:
             seqs = per_peer.setdefault((routing_id, epoch), (node, {}))[1]
             seqs[seq] = seqs.get(seq, True) and rejected
         ack = self._frames.ack
+        mono = time.monotonic()
         for (routing_id, epoch), (node, seqs) in per_peer.items():
             refused = [q for q, rejected in seqs.items() if rejected]
             if self._send(routing_id, ack(node, list(seqs), epoch, refused)):
                 self.counters.acks_sent += 1
+                self.answered[node] = mono
             else:
                 self.counters.acks_failed += 1
 
@@ -383,11 +388,17 @@ class Transport:
             self.heard = set()
 
     def _heartbeat(self) -> None:
-        now = time.time()
+        """Heartbeat the nodes heard from within ``unreachable_after`` intervals, but not
+        those acked within the last interval."""
+        now, mono = time.time(), time.monotonic()
         window = self.settings.unreachable_after * self.settings.heartbeat_s
+        answered = self.answered
         for node, seen in list(self.seen.items()):
             if now - seen > window:
                 del self.seen[node]
+                answered.pop(node, None)
+                continue
+            if mono - answered.get(node, -1e9) < self.settings.heartbeat_s:
                 continue
             route = self.routes.get(node)
             if route is not None and self._send(route, self._frames.heartbeat(node)):
