@@ -28,6 +28,7 @@ and every command's root import it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -163,14 +164,17 @@ def _parse(key: str, name: str, raw: str) -> Any:
     return value
 
 
+@functools.cache
 def _field_type(key: str) -> tuple[type, Range | None]:
-    from typing import Annotated, get_args, get_origin, get_type_hints
+    """The kind (str or float) and Range of setting ``key``, from the schema's annotations
+    (the validator's cached hints: parsing the config file has mostly read them already)."""
+    from typing import Annotated, get_args, get_origin
 
     from slurmgpu.config.schema import Range, Settings
+    from slurmgpu.config.validate import type_hints
 
     table, name = key.split(".", 1)
-    table_cls = type(getattr(Settings(), table))
-    hint = get_type_hints(table_cls, include_extras=True)[name]
+    hint = type_hints(type_hints(Settings)[table])[name]
     bounds = None
     if get_origin(hint) is Annotated:
         hint, *extras = get_args(hint)
