@@ -11,7 +11,13 @@ stored, deduplicated report; ``report_history`` only records changes), ack laten
 p50/p99, and the collector's CPU time per report.
 
     python bench/collector_ingest.py [--nodes 100,1000,10000] [--duration 10]
-                                     [--heartbeat-s 5] [--json]
+                                     [--heartbeat-s 5] [--db sqlite|postgresql]
+                                     [--collectors N] [--json]
+
+``--db postgresql``: a throwaway PostgreSQL server (initdb/pg_ctl in a temp dir, as the
+tests start it) instead of the SQLite file; ``--collectors N``: N collector processes on
+that one database, the nodes split evenly between them (active/active ingest). The
+PostgreSQL server's CPU per report (every ``postgres`` process) is then reported too.
 
 File descriptors: each simulated node needs ~2 fds (zmq mailbox + TCP), so a fleet
 larger than the RLIMIT_NOFILE hard limit allows is split over several sender processes.
@@ -20,6 +26,7 @@ larger than the RLIMIT_NOFILE hard limit allows is split over several sender pro
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import multiprocessing as mp
@@ -28,7 +35,6 @@ import resource
 import shutil
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -37,7 +43,9 @@ from pathlib import Path
 from typing import Any
 
 from slurmgpu import keys
+from slurmgpu.collector.store import Store, queries
 from slurmgpu.sim import fleet as simfleet
+from slurmgpu.sim.postgres import PgServer
 
 
 def free_port() -> int:
@@ -46,9 +54,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def reports_in_db(db: Path) -> int:
-    with sqlite3.connect(db, timeout=30) as conn:
+def reports_in_db(db: str) -> int:
+    with queries.snapshot(db) as conn:
         return int(conn.execute("SELECT count(*) FROM messages WHERE type = 'report'").fetchone()[0])
+
+
+def postgres_cpu() -> float:
+    """CPU seconds of every PostgreSQL server process (postmaster, backends, workers)."""
+    total = 0.0
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if (proc / "comm").read_text().strip() in ("postgres", "postmaster"):
+                    total += _cpu(int(proc.name))
+            except OSError:
+                continue
+    return total
 
 
 def sender(address: str, server_key: bytes, nodes: list[simfleet.SimNode], duration: float,
@@ -67,60 +88,75 @@ def sender(address: str, server_key: bytes, nodes: list[simfleet.SimNode], durat
                  "latencies": lat[:: max(1, len(lat) // 20000)]})
 
 
+def start_collector(root: Path, address: str, db: str, profile: str | None) -> subprocess.Popen[bytes]:
+    python = [sys.executable, "-m", "cProfile", "-o", profile, "-m", "slurmgpu", "collector"] \
+        if profile else [sys.executable, "-c", "from slurmgpu.cli.fleet_cmd import collector; collector()"]
+    return subprocess.Popen([*python, "--bind", address, "--db", db, "--keys-dir", str(root / "keys"),
+                             "--log-level", "warning"])
+
+
 def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
-             profile: str | None = None, warmup_s: float = 0.0) -> dict[str, Any]:
+             profile: str | None = None, warmup_s: float = 0.0, *, pg: PgServer | None = None,
+             collectors: int = 1) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix=f"ingest-{n}-"))
     try:
         keys.init(root / "keys")
         nodes = simfleet.make_nodes(root / "keys", n)
-        port = free_port()
-        address = f"tcp://127.0.0.1:{port}"
-        db = root / "fleet.db"
-        python = [sys.executable, "-m", "cProfile", "-o", f"{profile}.{n}", "-m", "slurmgpu", "collector"] \
-            if profile else [sys.executable, "-c", "from slurmgpu.cli.fleet_cmd import collector; collector()"]
-        collector = subprocess.Popen(
-            [*python, "--bind", address, "--db", str(db), "--keys-dir", str(root / "keys"),
-             "--log-level", "warning"])
+        addresses = [f"tcp://127.0.0.1:{free_port()}" for _ in range(collectors)]
+        db = pg.create_database() if pg is not None else str(root / "fleet.db")
+        Store(db).close()  # migrated once, before the collectors start
+        procs_of = [start_collector(root, a, db, f"{profile}.{n}.{i}" if profile else None)
+                    for i, a in enumerate(addresses)]
         _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         per_proc = max(1, (hard - 256) // simfleet.FDS_PER_NODE)
-        procs = math.ceil(n / per_proc)
+        procs = max(collectors, math.ceil(n / per_proc / collectors) * collectors)
         window = max(1, inflight // n)
         chunks = [nodes[i::procs] for i in range(procs)]
         ctx = mp.get_context("fork")
         ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
         server_key = simfleet.collector_public_key(root / "keys")
-        workers = [ctx.Process(target=sender, args=(address, server_key, c, duration, window,
-                                                    heartbeat_s, warmup_s, ready, go, out))
-                   for c in chunks]
+        workers = [ctx.Process(target=sender, args=(addresses[i % collectors], server_key, c, duration,
+                                                    window, heartbeat_s, warmup_s, ready, go, out))
+                   for i, c in enumerate(chunks)]
         for w in workers:
             w.start()
         connected = sum(ready.get(timeout=300) for _ in workers)
         before = reports_in_db(db)
-        cpu0, threads0 = _cpu(collector.pid), _thread_cpu(collector.pid)
+        cpu0 = [_cpu(c.pid) for c in procs_of]
+        threads0 = [_thread_cpu(c.pid) for c in procs_of]
+        pg0 = postgres_cpu() if pg is not None else 0.0
         t0 = time.perf_counter()
         go.set()
         results = [out.get(timeout=duration + 120) for _ in workers]
         wall = time.perf_counter() - t0
-        cpu1, threads1 = _cpu(collector.pid), _thread_cpu(collector.pid)
+        cpu1 = [_cpu(c.pid) for c in procs_of]
+        threads1 = [_thread_cpu(c.pid) for c in procs_of]
+        pg1 = postgres_cpu() if pg is not None else 0.0
         for w in workers:
             w.join()
-        collector.send_signal(signal.SIGTERM)
-        collector.wait(30)
+        for c in procs_of:
+            c.send_signal(signal.SIGTERM)
+        for c in procs_of:
+            c.wait(30)
         stored = reports_in_db(db) - before
+        threads0_sum, threads1_sum = _summed(threads0), _summed(threads1)
         acked = sum(r["acked"] for r in results)
         elapsed = max(r["elapsed"] for r in results)
         lat = sorted(x for r in results for x in r["latencies"])
         pct = (lambda p: round(lat[min(len(lat) - 1, int(p * (len(lat) - 1)))] * 1000, 1)) \
             if lat else (lambda p: None)
-        return {"nodes": n, "sender_procs": procs, "window": window, "connected": connected,
+        return {"nodes": n, "db": "postgresql" if pg is not None else "sqlite", "collectors": collectors,
+                "sender_procs": procs, "window": window, "connected": connected,
                 "sent": sum(r["sent"] for r in results), "acked": acked,
                 "heartbeats": sum(r["heartbeats"] for r in results),
                 "acked_per_s": round(acked / elapsed), "stored": stored,
                 "stored_per_s": round(stored / wall), "ack_p50_ms": pct(0.5), "ack_p99_ms": pct(0.99),
-                "collector_cpu_us_per_report": round((cpu1 - cpu0) / max(1, stored) * 1e6, 1),
+                "collector_cpu_us_per_report": round((sum(cpu1) - sum(cpu0)) / max(1, stored) * 1e6, 1),
                 "collector_cpu_us_per_report_by_thread": {
-                    name: round((threads1.get(name, 0.0) - threads0.get(name, 0.0)) / max(1, stored) * 1e6, 1)
-                    for name in sorted(threads1)}}
+                    name: round((threads1_sum.get(name, 0.0) - threads0_sum.get(name, 0.0)) / max(1, stored)
+                                * 1e6, 1)
+                    for name in sorted(threads1_sum)},
+                "postgres_cpu_us_per_report": round((pg1 - pg0) / max(1, stored) * 1e6, 1) if pg else None}
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -132,6 +168,14 @@ def _cpu(pid: int) -> float:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except OSError:
         return float("nan")
+
+
+def _summed(per_process: list[dict[str, float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for threads in per_process:
+        for name, seconds in threads.items():
+            out[name] = out.get(name, 0.0) + seconds
+    return out
 
 
 def _thread_cpu(pid: int) -> dict[str, float]:
@@ -164,22 +208,38 @@ def main() -> int:
     parser.add_argument("--profile", metavar="PREFIX",
                         help="run the collector under cProfile, stats to PREFIX.<nodes> (its main thread "
                              "only; the CPU figures then include the profiler's overhead)")
+    parser.add_argument("--db", choices=("sqlite", "postgresql"), default="sqlite")
+    parser.add_argument("--collectors", type=int, default=1,
+                        help="collector processes on the one database (PostgreSQL for more than one)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    rows = []
-    for n in (int(x) for x in args.nodes.split(",")):
-        row = run_case(n, args.duration, args.inflight, args.heartbeat_s or None, args.profile,
-                       args.warmup)
-        rows.append(row)
-        if not args.json:
-            print(f"{row['nodes']:>6} nodes ({row['sender_procs']} sender procs, window {row['window']}): "
-                  f"stored {row['stored_per_s']}/s (db), acked {row['acked_per_s']}/s, "
-                  f"ack p50 {row['ack_p50_ms']} ms p99 {row['ack_p99_ms']} ms, "
-                  f"collector {row['collector_cpu_us_per_report']} us CPU/report "
-                  f"{row['collector_cpu_us_per_report_by_thread']}", flush=True)
+    if args.collectors > 1 and args.db != "postgresql":
+        parser.error("--collectors > 1 needs --db postgresql (one SQLite file has one collector)")
+    with contextlib.ExitStack() as stack:
+        pg = None
+        if args.db == "postgresql":
+            pg = PgServer()
+            pg.up()
+            stack.callback(pg.down)
+        rows = [_case(n, args, pg) for n in (int(x) for x in args.nodes.split(","))]
     if args.json:
         print(json.dumps({"cpus": os.cpu_count(), "results": rows}, indent=2))
     return 0
+
+
+def _case(n: int, args: argparse.Namespace, pg: PgServer | None) -> dict[str, Any]:
+    row = run_case(n, args.duration, args.inflight, args.heartbeat_s or None, args.profile,
+                   args.warmup, pg=pg, collectors=args.collectors)
+    if not args.json:
+        server = (f", postgres {row['postgres_cpu_us_per_report']} us CPU/report"
+                  if row["postgres_cpu_us_per_report"] is not None else "")
+        print(f"{row['nodes']:>6} nodes, {row['db']} x{row['collectors']} "
+              f"({row['sender_procs']} sender procs, window {row['window']}): "
+              f"stored {row['stored_per_s']}/s (db), acked {row['acked_per_s']}/s, "
+              f"ack p50 {row['ack_p50_ms']} ms p99 {row['ack_p99_ms']} ms, "
+              f"collector {row['collector_cpu_us_per_report']} us CPU/report "
+              f"{row['collector_cpu_us_per_report_by_thread']}{server}", flush=True)
+    return row
 
 
 if __name__ == "__main__":

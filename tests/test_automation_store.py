@@ -34,11 +34,15 @@ def fail(check: str = "ecc.uncorrected") -> list[Any]:
     return [decode_finding(dict(ECC, check=check))]
 
 
+# The tables of the migrations after 7 (schema 8: several collectors on one database).
+LATER_TABLES = ("leader_inbox", "command_outbox")
+
+
 def schema_6_database(target: str) -> None:
     """A fleet database as a slurmgpu before schema 7 left it (no automation tables), with
     a drain that waits for its jobs' checkpoints."""
     with contextlib.closing(Store(target)) as store, store.transaction() as db:
-        for table in TABLES:
+        for table in (*TABLES, *LATER_TABLES):
             db.execute(f"DROP TABLE {table}")
         db.execute("UPDATE schema_version SET version = 6")
         db.execute("INSERT INTO pending_drains (node, action, reason, trigger, since, checkpoints) "
@@ -78,8 +82,8 @@ def test_an_old_database_and_its_automation_json_upgrade(tmp_path: Path, store_u
     state_dir = tmp_path / "state"
     state_dir.mkdir()
     (state_dir / LEGACY_STATE_FILE).write_text(json.dumps(LEGACY))
-    store = Store(path)  # the collector's start: migration 7
-    assert store.schema_version() == SCHEMA_VERSION == 7 and store.automation_version() is None
+    store = Store(path)  # the collector's start: migrations 7 and on
+    assert store.schema_version() == SCHEMA_VERSION and store.automation_version() is None
     client = FakeSlurmClient(NODES)
     auto = Automation(AutomationSettings(), client, state_dir, FakeClock(now=100.0), store=store)
     assert not (state_dir / LEGACY_STATE_FILE).exists()

@@ -15,17 +15,19 @@ from __future__ import annotations
 import contextlib
 import functools
 import signal
+import sqlite3
 import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slurmgpu.collector.checkpoint import Checkpoints
+from slurmgpu.collector.checkpoint import Checkpoints, SendCommand
+from slurmgpu.collector.coordination import Coordination
 from slurmgpu.collector.counters import Counters
 from slurmgpu.collector.fleet import Fleet, SlurmPoller
 from slurmgpu.collector.policy import Automation, Clock
-from slurmgpu.collector.store import Store
+from slurmgpu.collector.store import Leadership, Store
 from slurmgpu.collector.transport import MAX_BATCH, CollectorError, Transport
 from slurmgpu.config.schema import AutomationSettings, CollectorSettings
 from slurmgpu.log import get_logger
@@ -104,7 +106,16 @@ class Collector:
             self.metrics_server.sample()  # at most once a second, cheap
         self.transport.tick(self.fleet)
         self.fleet.tick()
+        if self.fleet.coordination is not None:
+            self._deliver(self.fleet.coordination)
         return handled
+
+    def _deliver(self, coordination: Coordination) -> None:
+        """Commands another collector (the leader) queued for the agents connected here."""
+        try:
+            coordination.deliver(self.transport.send_command, self.transport.routes)
+        except sqlite3.Error as exc:
+            self.log.error("command_outbox_failed", error=str(exc))
 
     def request_reload(self) -> None:
         """Reload the allow-list at the next loop turn (signal-safe)."""
@@ -144,12 +155,17 @@ def build_collector(settings: CollectorSettings, *, automation: AutomationSettin
         if store is None:
             store = Store(settings.db, sample_interval_s=settings.sample_interval_s)
             undo.callback(store.close)
+        coordination = None
+        send: SendCommand = transport.send_command
+        if store.shared:  # PostgreSQL: maybe one of several collectors
+            coordination = Coordination(store, Leadership(store.path, timeout_s=settings.leader_timeout_s))
+            undo.callback(coordination.close)
+            send = coordination.sender(transport.send_command)
         auto = None
         if automation is not None:
             if slurm is None or state_dir is None:
                 raise ValueError("automation needs a Slurm client and a state directory")
-            make_checkpoints = functools.partial(Checkpoints, store, slurm, automation,
-                                                 send=transport.send_command,
+            make_checkpoints = functools.partial(Checkpoints, store, slurm, automation, send=send,
                                                  clock=clock.time if clock is not None else time.time)
             auto = Automation(automation, slurm, state_dir, clock, store=store,
                               checkpoints=make_checkpoints)
@@ -160,7 +176,7 @@ def build_collector(settings: CollectorSettings, *, automation: AutomationSettin
             undo.callback(poller.stop)
         fleet = Fleet(settings, store, counters, allowed=transport.allowed, automation=auto,
                       checkpoints=auto.checkpoints if auto is not None else None, poller=poller,
-                      own_store=own_store)
+                      own_store=own_store, coordination=coordination)
         transport.listen()  # last: a connected agent is answered from the first loop turn
         undo.pop_all()
     transport.log.info("collector_listening", endpoint=transport.endpoint, nodes=len(transport.allowed),

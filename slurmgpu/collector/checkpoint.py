@@ -81,9 +81,15 @@ class Checkpoints:
         self.clock = clock
         self.drain_node = drain_node
         self.log = get_logger(component="checkpoints")
-        self._open: dict[int, dict[str, Any]] = {
-            c["id"]: dict(c) for c in store.checkpoints(active=True, limit=1_000_000)}
-        self._pending: dict[str, dict[str, Any]] = {p["node"]: dict(p) for p in store.pending_drains()}
+        self._open: dict[int, dict[str, Any]] = {}
+        self._pending: dict[str, dict[str, Any]] = {}
+        self.reload()
+
+    def reload(self) -> None:
+        """Take the open requests and pending drains from the database: at start, and when
+        this collector becomes the leader of several (its predecessor's are continued)."""
+        self._open = {c["id"]: dict(c) for c in self.store.checkpoints(active=True, limit=1_000_000)}
+        self._pending = {p["node"]: dict(p) for p in self.store.pending_drains()}
         if self._open or self._pending:
             self.log.info("checkpoints_resumed", open=len(self._open), pending_drains=len(self._pending))
 

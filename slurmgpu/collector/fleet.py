@@ -25,15 +25,19 @@ import sqlite3
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from slurmgpu.collector.coordination import INBOX_CHUNK, Coordination
 from slurmgpu.collector.counters import Counters, LimitedLog
 from slurmgpu.collector.store import Store
+from slurmgpu.collector.store.coordination import InboxRow
 from slurmgpu.collector.transport import Batch, Stored
 from slurmgpu.config.schema import CollectorSettings
 from slurmgpu.log import get_logger
+from slurmgpu.result import Finding
 from slurmgpu.slurm import NodeState, SlurmClient
-from slurmgpu.wire import COMMAND_RESULT, EVENT, REPORT, decode_severity
+from slurmgpu.wire import COMMAND_RESULT, EVENT, REPORT, decode_finding, decode_severity
 
 if TYPE_CHECKING:
     from slurmgpu.collector.checkpoint import Checkpoints
@@ -41,6 +45,41 @@ if TYPE_CHECKING:
 
 PRUNE_EVERY_S = 3600.0
 STATS_EVERY_S = 60.0
+
+
+@dataclass(frozen=True)
+class Fresh:
+    """A newly stored message the automation or the checkpoints must see: from this
+    collector's batch, or (several collectors) from the leader's inbox."""
+
+    node: str
+    seq: int
+    type: str
+    body: dict[str, Any]
+    decoded: tuple[Finding, ...] | None = None  # the findings, when already decoded
+
+    def findings(self) -> tuple[Finding, ...]:
+        if self.decoded is not None:
+            return self.decoded
+        return tuple(decode_finding(f, self.type) for f in self.body.get("findings", ()))
+
+
+def _fresh(batch: Batch, new: list[tuple[str, int]]) -> list[Fresh]:
+    """The batch's newly stored messages, in batch order (a seq repeated within the batch
+    counts once)."""
+    fresh = set(new)
+    items = []
+    for node, env, _data in batch:
+        if (node, env.seq) not in fresh:
+            continue
+        fresh.discard((node, env.seq))
+        body = env.body if isinstance(env.body, dict) else {}
+        items.append(Fresh(node, env.seq, env.type, body, env.findings))
+    return items
+
+
+def _from_inbox(row: InboxRow) -> Fresh:
+    return Fresh(row.node, row.seq, row.type, row.body)
 
 
 def _message_fault(exc: BaseException) -> bool:
@@ -125,10 +164,14 @@ class Fleet:
     def __init__(self, settings: CollectorSettings, store: Store, counters: Counters, *,
                  allowed: Mapping[bytes, str], automation: Automation | None = None,
                  checkpoints: Checkpoints | None = None, poller: SlurmPoller | None = None,
-                 own_store: bool = False) -> None:
-        """``own_store``: ``close`` closes the store."""
+                 own_store: bool = False, coordination: Coordination | None = None) -> None:
+        """``own_store``: ``close`` closes the store. ``coordination``: one of several
+        collectors on a shared database (None: the only one, always leading)."""
         self.settings = settings
         self.store, self._own_store = store, own_store
+        self.coordination = coordination
+        if coordination is not None and (automation is not None or checkpoints is not None):
+            store.inbox = True  # the leader (maybe another collector) must see our messages
         self.counters = counters
         self.automation, self.checkpoints = automation, checkpoints
         self.poller = poller
@@ -146,6 +189,8 @@ class Fleet:
     def close(self) -> None:
         if self.poller is not None:
             self.poller.stop()
+        if self.coordination is not None:
+            self.coordination.close()
         if self._own_store:
             self.store.close()
 
@@ -203,11 +248,41 @@ class Fleet:
     # ------------------------------------------------------------------ after the acks
 
     def acked(self, batch: Batch, new: list[tuple[str, int]], now: float) -> None:
-        """The newly stored messages of an acked batch: automation, then checkpoints."""
+        """The newly stored messages of an acked batch: automation, then checkpoints. With
+        several collectors they go through the leader's inbox (this batch's rows included),
+        so the leader, whichever collector it is, sees every collector's messages once."""
+        if self.automation is None and self.checkpoints is None:
+            return
+        if self.coordination is not None:
+            if self.coordination.leader:
+                self._handle_inbox()
+            return
+        self._handle(_fresh(batch, new), now)
+
+    def _handle(self, items: list[Fresh], now: float) -> None:
         if self.automation is not None:
-            self._automate(batch, new, now)
+            self._automate(items, now)
         if self.checkpoints is not None:
-            self._checkpoint_messages(batch, new, now)
+            self._checkpoint_messages(items, now)
+
+    def _handle_inbox(self) -> None:
+        """The leader: every message any collector stored for the automation since, in
+        chunks, each deleted once handled."""
+        coordination = self.coordination
+        assert coordination is not None
+        while True:
+            try:
+                rows = coordination.inbox()
+                if not rows:
+                    return
+                self._handle([_from_inbox(row) for row in rows], time.time())
+                coordination.handled(rows)
+            except sqlite3.Error as exc:  # the database is failing: the rows wait for the next turn
+                self.counters.store_errors += 1
+                self.log.error("leader_inbox_failed", error=str(exc))
+                return
+            if len(rows) < INBOX_CHUNK:
+                return
 
     def allow_list_changed(self, allowed: Mapping[bytes, str]) -> None:
         self.allowed = allowed
@@ -222,45 +297,40 @@ class Fleet:
             return False
         return True
 
-    def _automate(self, batch: Batch, new: list[tuple[str, int]], now: float) -> None:
+    def _automate(self, items: list[Fresh], now: float) -> None:
         """Feed the newly stored reports and events to the automation (after the acks)."""
         automation, state = self.automation, self._state
         assert automation is not None and state is not None
         state.sync()
         self._automation_released()  # before new reports: they may trip the breaker again
-        fresh = set(new)
         decisions: list[Decision] = []
-        for node, env, _data in batch:
-            if env.type not in (REPORT, EVENT) or (node, env.seq) not in fresh:
+        for item in items:
+            if item.type not in (REPORT, EVENT):
                 continue
-            fresh.discard((node, env.seq))  # a seq repeated within the batch counts once
             try:
-                verdict = decode_severity(env.body["verdict"])  # (a str: decode validated it)
-                decisions.extend(automation.on_report(node, verdict, env.findings, now))
+                verdict = decode_severity(item.body["verdict"])  # (a str: decode validated it)
+                decisions.extend(automation.on_report(item.node, verdict, item.findings(), now))
             except Exception as exc:  # a policy bug must not take the collector down
                 self.counters.automation_errors += 1
-                self.log.error("automation_failed", node=node, seq=env.seq,
+                self.log.error("automation_failed", node=item.node, seq=item.seq,
                                error=f"{type(exc).__name__}: {exc}")
         self._record_decisions(decisions)
 
-    def _checkpoint_messages(self, batch: Batch, new: list[tuple[str, int]], now: float) -> None:
+    def _checkpoint_messages(self, items: list[Fresh], now: float) -> None:
         """Acks of checkpoint requests (command results) and agents' local fallbacks."""
         checkpoints = self.checkpoints
         assert checkpoints is not None
-        fresh = set(new)
         decisions: list[Decision] = []
-        for node, env, _data in batch:
-            body = env.body if isinstance(env.body, dict) else {}
-            if (node, env.seq) not in fresh:
-                continue
+        for item in items:
+            body = item.body
             try:
-                if env.type == COMMAND_RESULT:
-                    decisions += checkpoints.on_result(node, body, now)
-                elif env.type == EVENT and body.get("kind") == "local_checkpoint":
-                    checkpoints.on_local(node, body, now)
+                if item.type == COMMAND_RESULT:
+                    decisions += checkpoints.on_result(item.node, body, now)
+                elif item.type == EVENT and body.get("kind") == "local_checkpoint":
+                    checkpoints.on_local(item.node, body, now)
             except Exception as exc:
                 self.counters.automation_errors += 1
-                self.log.error("checkpoint_message_failed", node=node, seq=env.seq,
+                self.log.error("checkpoint_message_failed", node=item.node, seq=item.seq,
                                error=f"{type(exc).__name__}: {exc}")
         self._record_decisions(decisions)
 
@@ -277,7 +347,7 @@ class Fleet:
             self.log.error("decisions_store_failed", error=str(exc), decisions=len(decisions))
 
     def _automation_fleet_size(self) -> None:
-        if self.automation is None or self._state is None:
+        if self.automation is None or self._state is None or not self._lead:
             return
         self._state.sync()
         try:
@@ -308,9 +378,45 @@ class Fleet:
         """Every loop turn: released drains, checkpoint deadlines, Slurm's node states; when
         due: unreachable nodes, pruning, the stats line."""
         mono = time.monotonic()
+        if self._leading():
+            self._leader_tick(mono)
+        elif self.poller is not None:
+            self.poller.take()  # the leader records Slurm's states
+        if mono >= self._next_stats:
+            self._next_stats = mono + STATS_EVERY_S
+            self.log.info("collector_stats", **self.counters.snapshot())
+
+    @property
+    def _lead(self) -> bool:
+        return self.coordination is None or self.coordination.leader
+
+    def _leading(self) -> bool:
+        """Whether this collector runs the automation now (always, alone on its database).
+        A collector that just became the leader takes the automation's state and pending
+        checkpoints from the database, as its predecessor left them."""
+        if self.coordination is None:
+            return True
+        leading, became = self.coordination.leading()
+        if became:
+            self._take_over()
+        return leading
+
+    def _take_over(self) -> None:
+        self._automation_fleet_size()  # (reads the automation's state back first)
+        if self.checkpoints is None:
+            return
+        try:
+            self.checkpoints.reload()
+        except sqlite3.Error as exc:
+            self.counters.store_errors += 1
+            self.log.error("checkpoints_reload_failed", error=str(exc))
+
+    def _leader_tick(self, mono: float) -> None:
         if self._state is not None:
             self._state.sync()
             self._automation_released()
+        if self.coordination is not None and (self.automation is not None or self.checkpoints is not None):
+            self._handle_inbox()
         self._checkpoint_tick()
         self._slurm_states()
         if mono >= self._next_unreachable:
@@ -318,15 +424,17 @@ class Fleet:
             self._mark_unreachable()
         if mono >= self._next_prune:
             self._next_prune = mono + PRUNE_EVERY_S
-            try:
-                deleted = self.store.prune(self.settings.retention_days)
-                if deleted:
-                    self.log.info("pruned", rows=deleted, retention_days=self.settings.retention_days)
-            except sqlite3.Error as exc:
-                self.log.error("prune_failed", error=str(exc))
-        if mono >= self._next_stats:
-            self._next_stats = mono + STATS_EVERY_S
-            self.log.info("collector_stats", **self.counters.snapshot())
+            self._prune()
+
+    def _prune(self) -> None:
+        try:
+            deleted = self.store.prune(self.settings.retention_days)
+            if self.coordination is not None:
+                deleted += self.coordination.prune(time.time())
+            if deleted:
+                self.log.info("pruned", rows=deleted, retention_days=self.settings.retention_days)
+        except sqlite3.Error as exc:
+            self.log.error("prune_failed", error=str(exc))
 
     def _checkpoint_tick(self) -> None:
         if self.checkpoints is None:

@@ -355,10 +355,11 @@ class Transport:
         except zmq.ZMQError:  # EHOSTUNREACH (gone) or EAGAIN (its queue is full)
             return False
 
-    def send_command(self, node: str, command: str, args: dict[str, Any] | None = None) -> str:
+    def send_command(self, node: str, command: str, args: dict[str, Any] | None = None, *,
+                     command_id: str | None = None) -> str:
         """Send a command to a connected node; returns the command id (the envelope id,
-        echoed as ``command_id`` in the command-result)."""
-        command_id = uuid.uuid4().hex
+        echoed as ``command_id`` in the command-result; a new one unless given)."""
+        command_id = command_id or uuid.uuid4().hex
         route = self.routes.get(node)
         if route is None or not self._send(route, command_frame(node, command, args, id=command_id)):
             raise CollectorError(f"node {node} is not connected (or its queue is full)")

@@ -360,6 +360,9 @@ class CollectorSettings:
     # Ask Slurm for drained/resumed nodes this often (the report's drain history); 0 = never.
     # Otherwise at least 1 s, so "almost off" cannot hammer slurmctld.
     slurm_poll_s: Annotated[float, Range(1, DAY, off=0)] = 60.0
+    # Several collectors on one PostgreSQL database: a leader (the one running the
+    # automation) that died or was cut off is replaced within this many seconds.
+    leader_timeout_s: Annotated[float, Range(2, 600)] = 10.0
 
 
 AutomationAction = Literal["none", "warn", "checkpoint", "drain", "drain-now", "reboot"]

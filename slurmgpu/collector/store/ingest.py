@@ -113,6 +113,17 @@ def _body_bytes(item: BatchItem) -> bytes:
     return packed
 
 
+def _inbox_body(env: Envelope, packed: bytes) -> bytes:
+    """What the leader's automation needs of a message (``leader_inbox.body``): a report's
+    verdict and non-OK findings (not its facts), an event's or command result's body."""
+    if env.type != REPORT:
+        return packed
+    body = env.body
+    inbox: bytes = msgpack.packb({"verdict": body.get("verdict"), "findings": body.get("findings", [])},
+                                 use_bin_type=True)
+    return inbox
+
+
 class Transaction:
     """``with``: one write transaction (``Dialect.begin_write`` ... COMMIT, ROLLBACK on any
     exception). Inside another one it joins it: the outer one commits or rolls back."""
@@ -142,6 +153,7 @@ class _BatchRows:
     findings: list[tuple[Any, ...]] = field(default_factory=list)
     events: list[tuple[Any, ...]] = field(default_factory=list)
     results: list[tuple[Any, ...]] = field(default_factory=list)
+    inbox: list[tuple[Any, ...]] = field(default_factory=list)
     samples: Rows = field(default_factory=Rows)
     latest_report: dict[str, tuple[Envelope, bytes]] = field(default_factory=dict)  # node -> (report, body)
 
@@ -186,6 +198,12 @@ class Ingest:
         self.conflicts: list[Conflict] = []
         # node -> state of the last report written to report_history (this process)
         self._last_state: dict[str, _State] = {}
+        # PostgreSQL: other collectors may write the same nodes' messages (active/active),
+        # so what memory says was stored is only a hint (``_existing``).
+        self.shared = dialect_of(db).name != "sqlite"
+        # Also write what the automation must see to ``leader_inbox`` (set by the collector
+        # when it runs the automation on a shared database: the leader may be another one).
+        self.inbox = False
 
     def transaction(self) -> Transaction:
         """``with store.transaction():`` one write transaction (BEGIN IMMEDIATE ... COMMIT,
@@ -275,6 +293,8 @@ class Ingest:
         above its (node, epoch) high-water mark (the largest stored seq, kept in memory)
         and needs no query; only resends at or below it cost an indexed point lookup.
         """
+        if self.shared:
+            return self._existing_shared(keys)
         found: dict[MessageKey, bytes | None] = {}
         for key in keys:
             node, epoch, seq = key
@@ -285,6 +305,18 @@ class Ingest:
             if row is not None:
                 found[key] = row[0]
         return found
+
+    def _existing_shared(self, keys: list[MessageKey]) -> dict[MessageKey, bytes | None]:
+        """``_existing`` on a database other collectors write too: every key is looked up,
+        in one query (the write lock is held, so nothing is stored between this lookup
+        and the batch's inserts)."""
+        nodes, epochs, seqs = (list(column) for column in zip(*keys, strict=True))
+        rows = self.db.execute(
+            "SELECT m.node, m.epoch, m.seq, m.digest FROM messages m "
+            "JOIN unnest(?::text[], ?::text[], ?::bigint[]) AS k(node, epoch, seq) "
+            "ON m.node = k.node AND m.epoch = k.epoch AND m.seq = k.seq", (nodes, epochs, seqs))
+        return {(str(node), str(epoch), int(seq)): (bytes(digest) if digest is not None else None)
+                for node, epoch, seq, digest in rows}
 
     def _high_water(self, node: str, epoch: str) -> int:
         high = self._high.get((node, epoch))
@@ -316,6 +348,8 @@ class Ingest:
                 rows.results.append((node, seq, env.ts, text(body.get("command_id")),
                                      int(bool(body.get("ok"))),
                                      msgpack.packb(body.get("result"), use_bin_type=True)))
+            if self.inbox and env.type != HELLO:
+                rows.inbox.append((node, seq, env.type, now, _inbox_body(env, packed)))
         self._insert(rows, touched, now)
 
     def _verdict(self, rows: _BatchRows, node: str, env: Envelope, packed: bytes, now: float,
@@ -376,6 +410,9 @@ class Ingest:
         if rows.results:
             db.executemany("INSERT INTO command_results (node, seq, ts, command_id, ok, result) "
                            "VALUES (?,?,?,?,?,?)", rows.results)
+        if rows.inbox:
+            db.executemany("INSERT INTO leader_inbox (node, seq, type, received_at, body) VALUES (?,?,?,?,?)",
+                           rows.inbox)
         if rows.latest_report:
             db.executemany(
                 "INSERT INTO reports (node, seq, ts, verdict, body) VALUES (?,?,?,?,?) "

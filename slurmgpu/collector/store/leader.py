@@ -15,8 +15,9 @@ the leader is the collector whose database session holds a session-level advisor
 
 With SQLite there is one collector per database file: it always leads.
 
-Not covered yet (the next slice): fencing the leader's writes (a leader that has not
-polled since its session was lost may still act for up to one loop turn).
+The collector polls it through ``slurmgpu.collector.coordination`` (every second). Not
+covered: fencing the leader's writes (a leader that has not polled since its session was
+lost may still act until its next poll).
 """
 
 from __future__ import annotations

@@ -366,10 +366,41 @@ def _migration_7(db: Connection) -> None:
     """)
 
 
+def _migration_8(db: Connection) -> None:
+    """Several collectors on one PostgreSQL database (``slurmgpu.collector.coordination``).
+    ``leader_inbox``: what every collector stored that the automation must see (a report's
+    verdict and findings, an event, a command result), in commit order (writers are
+    serialised, so ids grow with commits); the leading collector handles each row once and
+    deletes it. ``command_outbox``: commands (a checkpoint request) the leader could not send
+    itself, because the node's agent is connected to another collector; the collector the
+    agent is connected to sends them and marks them sent."""
+    _script(db, """
+        CREATE TABLE leader_inbox (
+            id INTEGER PRIMARY KEY,
+            node TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            type TEXT NOT NULL,
+            received_at REAL NOT NULL,
+            body BLOB NOT NULL
+        );
+        CREATE TABLE command_outbox (
+            id INTEGER PRIMARY KEY,
+            node TEXT NOT NULL,
+            command_id TEXT NOT NULL,
+            command TEXT NOT NULL,
+            args BLOB NOT NULL,
+            created REAL NOT NULL,
+            sent_at REAL,
+            sent_by TEXT
+        );
+        CREATE INDEX command_outbox_unsent ON command_outbox (sent_at, node)
+    """)
+
+
 # Applied in order at open; the schema version is the number applied. Append only.
 MIGRATIONS: list[Callable[[Connection], None]] = [_migration_1, _migration_2, _migration_3,
                                                           _migration_4, _migration_5, _migration_6,
-                                                          _migration_7]
+                                                          _migration_7, _migration_8]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
