@@ -12,7 +12,7 @@ p50/p99, and the collector's CPU time per report.
 
     python bench/collector_ingest.py [--nodes 100,1000,10000] [--duration 10]
                                      [--heartbeat-s 5] [--db sqlite|postgresql]
-                                     [--collectors N] [--json]
+                                     [--collectors N] [--full-every N] [--json]
 
 ``--db postgresql``: a throwaway PostgreSQL server (initdb/pg_ctl in a temp dir, as the
 tests start it) instead of the SQLite file; ``--collectors N``: N collector processes on
@@ -73,9 +73,9 @@ def postgres_cpu() -> float:
 
 
 def sender(address: str, server_key: bytes, nodes: list[simfleet.SimNode], duration: float,
-           window: int, heartbeat_s: float | None, warmup_s: float, ready: Any, go: Any,
+           window: int, heartbeat_s: float | None, warmup_s: float, full_every: int, ready: Any, go: Any,
            out: Any) -> None:
-    with simfleet.SimFleet(address, server_key, nodes) as sim:
+    with simfleet.SimFleet(address, server_key, nodes, full_every=full_every) as sim:
         connected = sim.hello(120)
         if warmup_s:  # every node's first reports (history, high-water marks) before the clock
             sim.run(warmup_s, None, window=window, drain_s=30, heartbeat_s=heartbeat_s)
@@ -97,7 +97,7 @@ def start_collector(root: Path, address: str, db: str, profile: str | None) -> s
 
 def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
              profile: str | None = None, warmup_s: float = 0.0, *, pg: PgServer | None = None,
-             collectors: int = 1) -> dict[str, Any]:
+             collectors: int = 1, full_every: int = 1) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix=f"ingest-{n}-"))
     try:
         keys.init(root / "keys")
@@ -116,7 +116,8 @@ def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
         ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
         server_key = simfleet.collector_public_key(root / "keys")
         workers = [ctx.Process(target=sender, args=(addresses[i % collectors], server_key, c, duration,
-                                                    window, heartbeat_s, warmup_s, ready, go, out))
+                                                    window, heartbeat_s, warmup_s, full_every, ready, go,
+                                                    out))
                    for i, c in enumerate(chunks)]
         for w in workers:
             w.start()
@@ -146,6 +147,7 @@ def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
         pct = (lambda p: round(lat[min(len(lat) - 1, int(p * (len(lat) - 1)))] * 1000, 1)) \
             if lat else (lambda p: None)
         return {"nodes": n, "db": "postgresql" if pg is not None else "sqlite", "collectors": collectors,
+                "full_every": full_every,
                 "sender_procs": procs, "window": window, "connected": connected,
                 "sent": sum(r["sent"] for r in results), "acked": acked,
                 "heartbeats": sum(r["heartbeats"] for r in results),
@@ -211,6 +213,9 @@ def main() -> int:
     parser.add_argument("--db", choices=("sqlite", "postgresql"), default="sqlite")
     parser.add_argument("--collectors", type=int, default=1,
                         help="collector processes on the one database (PostgreSQL for more than one)")
+    parser.add_argument("--full-every", type=int, default=1, metavar="N",
+                        help="one report in N carries the node's facts, as agents send them "
+                             "([agent] full_report_s / interval_s: 600 / 15 = 40); 1: all")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.collectors > 1 and args.db != "postgresql":
@@ -229,11 +234,11 @@ def main() -> int:
 
 def _case(n: int, args: argparse.Namespace, pg: PgServer | None) -> dict[str, Any]:
     row = run_case(n, args.duration, args.inflight, args.heartbeat_s or None, args.profile,
-                   args.warmup, pg=pg, collectors=args.collectors)
+                   args.warmup, pg=pg, collectors=args.collectors, full_every=args.full_every)
     if not args.json:
         server = (f", postgres {row['postgres_cpu_us_per_report']} us CPU/report"
                   if row["postgres_cpu_us_per_report"] is not None else "")
-        print(f"{row['nodes']:>6} nodes, {row['db']} x{row['collectors']} "
+        print(f"{row['nodes']:>6} nodes, {row['db']} x{row['collectors']}, 1/{row['full_every']} full "
               f"({row['sender_procs']} sender procs, window {row['window']}): "
               f"stored {row['stored_per_s']}/s (db), acked {row['acked_per_s']}/s, "
               f"ack p50 {row['ack_p50_ms']} ms p99 {row['ack_p99_ms']} ms, "

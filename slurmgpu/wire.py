@@ -25,7 +25,9 @@ A frame is one msgpack map:
 Message types (body fields):
     hello           {"version": str, "gpus": int, "interval_s": float}
     report          {"verdict": str, "findings": [non-OK finding...], "ok_checks": [check id...],
-                     "facts": {...} or msgpack bytes of it,
+                     "facts": {...} or msgpack bytes of it (optional: sent every
+                     [agent] full_report_s, on a new connection and when the verdict
+                     changes; the collector keeps the last ones it got),
                      "throttle": int, "summary": msgpack bytes (slurmgpu.summary: counters and
                      versions for the fleet history)}
     event           {"kind": "xid"|"ecc_dbe"|"ecc_sbe_storm"|"dram_retirement"|

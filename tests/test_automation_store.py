@@ -34,8 +34,10 @@ def fail(check: str = "ecc.uncorrected") -> list[Any]:
     return [decode_finding(dict(ECC, check=check))]
 
 
-# The tables of the migrations after 7 (schema 8: several collectors on one database).
+# What the migrations after 7 add (schema 8: several collectors on one database; 9: the
+# reports' facts kept apart).
 LATER_TABLES = ("leader_inbox", "command_outbox")
+LATER_COLUMNS = (("reports", "facts"), ("reports", "facts_ts"))
 
 
 def schema_6_database(target: str) -> None:
@@ -44,6 +46,8 @@ def schema_6_database(target: str) -> None:
     with contextlib.closing(Store(target)) as store, store.transaction() as db:
         for table in (*TABLES, *LATER_TABLES):
             db.execute(f"DROP TABLE {table}")
+        for table, column in LATER_COLUMNS:
+            db.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
         db.execute("UPDATE schema_version SET version = 6")
         db.execute("INSERT INTO pending_drains (node, action, reason, trigger, since, checkpoints) "
                    "VALUES ('gpu-004', 'checkpoint', 'slurmgpu: mem.row_remap', 'mem.row_remap', 50.0, '[1]')")

@@ -107,6 +107,8 @@ class Agent:
         self._gpu_at: dict[int, float] = {}  # monotonic time each GPU's facts were read
         self._versions: SoftwareVersions | None = None
         self._versions_at = 0.0
+        self._full_at: float | None = None  # monotonic time of the last report with facts
+        self._full_verdict: Severity | None = None  # the verdict of the last report sent
         self._xids: list[XidEvent] = []
         self._agent_findings: list[Finding] = []
         self._refresh_ids: list[str] = []
@@ -196,16 +198,30 @@ class Agent:
             self.polls += 1
         return facts, verdict
 
-    def report_body(self, facts: NodeFacts, verdict: Verdict) -> dict[str, Any]:
+    def report_body(self, facts: NodeFacts, verdict: Verdict, *, full: bool = True) -> dict[str, Any]:
         """Problems in full; checks that found nothing wrong by id only (the collector
-        keeps non-OK findings, and OK findings were most of a report's bytes)."""
+        keeps non-OK findings, and OK findings were most of a report's bytes). ``full``:
+        with the node's facts (``_full_report_due``); the collector keeps the last ones."""
         problems = [f for f in verdict.findings if f.severity is not Severity.OK]
         bad = {f.check for f in problems}
         ok_checks = sorted({f.check for f in verdict.findings} - bad)
-        return {"verdict": verdict.severity.name, "findings": wire.encode_findings(problems),
-                "ok_checks": ok_checks, **report_fields(facts),
-                # Pre-packed: the collector keeps them as bytes (no 13 KB decode per report).
-                "facts": wire.packed(wire.plain(facts.to_json()))}
+        body = {"verdict": verdict.severity.name, "findings": wire.encode_findings(problems),
+                "ok_checks": ok_checks, **report_fields(facts)}
+        if full:  # pre-packed: the collector keeps them as bytes (no 13 KB decode per report)
+            body["facts"] = wire.packed(wire.plain(facts.to_json()))
+        return body
+
+    def _full_report_due(self, verdict: Verdict) -> bool:
+        """Facts go with the first report, every ``full_report_s``, and whenever the verdict
+        changes (the collector then keeps the facts that go with the problem)."""
+        every = self.settings.agent.full_report_s
+        now = self.clock.monotonic()
+        due = (not every or self._full_at is None or now - self._full_at >= every
+               or verdict.severity is not self._full_verdict)
+        self._full_verdict = verdict.severity
+        if due:
+            self._full_at = now
+        return due
 
     def poll_and_report(self) -> None:
         try:
@@ -213,7 +229,7 @@ class Agent:
         except Exception as exc:  # a broken source must not stop the loop
             self.log.exception("poll_failed", error=f"{type(exc).__name__}: {exc}")
             return
-        self.submit(wire.REPORT, self.report_body(facts, verdict))
+        self.submit(wire.REPORT, self.report_body(facts, verdict, full=self._full_report_due(verdict)))
         self.log.info("poll", verdict=verdict.severity.name,
                       problems=len(verdict.problems()), duration_ms=round(verdict.duration_ms, 1))
         self.forward_gate_log()
@@ -436,6 +452,7 @@ class Agent:
 
     def on_connected(self) -> None:
         self.submit(wire.HELLO, self.hello_body())
+        self._full_at = None  # a new collector (or a new database) gets the facts at the next report
 
     def handle_command(self, message: wire.Envelope) -> None:
         command = message.body.get("command")

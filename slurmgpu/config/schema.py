@@ -311,6 +311,10 @@ class AgentSettings:
     interval_s: Annotated[float, Range(1, 3600)] = 15.0
     # Software versions (NCCL, CUDA, OFED) change rarely and cost more: refreshed this often.
     versions_interval_s: Annotated[float, Range(1, DAY)] = 300.0
+    # Reports carry the node's full facts (~13 KB for 8 GPUs) this often, and whenever the
+    # verdict changes; the others carry the verdict, findings and summary (~1 KB) and the
+    # collector keeps the last facts. 0: facts in every report.
+    full_report_s: Annotated[float, Range(1, DAY, off=0)] = 600.0
     # Local query socket for the prolog/epilog (root and slurm_user only).
     socket: str = "/run/slurmgpu/agent.sock"
     slurm_user: str = "slurm"

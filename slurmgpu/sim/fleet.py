@@ -106,8 +106,10 @@ def _summary(gpus: int) -> dict[str, Any]:
     return report_fields(make_facts(gpus=gpus))
 
 
-def report_body(rng: random.Random, gpus: int = 8, *, problem: bool = False) -> dict[str, Any]:
-    """A report body shaped like the agent's: non-OK findings, passing check ids, facts."""
+def report_body(rng: random.Random, gpus: int = 8, *, problem: bool = False,
+                facts: bool = True) -> dict[str, Any]:
+    """A report body shaped like the agent's: non-OK findings, passing check ids, facts
+    (``facts``: a full report; else one of those sent between, ``[agent] full_report_s``)."""
     findings: list[dict[str, Any]] = []
     for g in range(gpus):
         for check in _CHECKS:
@@ -119,29 +121,35 @@ def report_body(rng: random.Random, gpus: int = 8, *, problem: bool = False) -> 
         f["severity"] = rng.choice(_PROBLEM_SEVERITIES)
         f["message"] = f"GPU {f['gpu']}: {f['check']} out of range"
         verdict = f["severity"]
-    facts = _facts_blob(gpus)
     # As the real agent sends it: problems in full, the checks that passed by id.
     problems = [f for f in findings if f["severity"] != Severity.OK.name]
     ok_checks = sorted({f["check"] for f in findings} - {f["check"] for f in problems})
-    return {"verdict": verdict, "findings": problems, "ok_checks": ok_checks, "facts": facts,
-            **_summary(gpus)}
+    body = {"verdict": verdict, "findings": problems, "ok_checks": ok_checks, **_summary(gpus)}
+    if facts:
+        body["facts"] = _facts_blob(gpus)
+    return body
 
 
 class FrameMaker:
     """Report frames without re-packing the body (``wire.ReportFrames``): each of
     ``variants`` bodies is packed once."""
 
-    def __init__(self, seed: int = 0, variants: int = 16) -> None:
+    def __init__(self, seed: int = 0, variants: int = 16, *, full_every: int = 1) -> None:
+        """``full_every``: one report in this many carries the facts (an agent's
+        ``full_report_s`` over its ``interval_s``: 600 / 15 = 40); 1: every one."""
         rng = random.Random(seed)
         self._frames = ReportFrames()
+        self.full_every = max(1, full_every)
         self.bodies = [packed(report_body(rng, problem=i % 8 == 7)) for i in range(variants)]
+        self.deltas = [packed(report_body(rng, problem=i % 8 == 7, facts=False)) for i in range(variants)]
 
     def node_part(self, name: str) -> bytes:
         return ReportFrames.node_part(name)
 
     def report(self, node_part: bytes, index: int, seq: int, ts: float) -> bytes:
+        bodies = self.bodies if seq % self.full_every == 1 % self.full_every else self.deltas
         return self._frames.report(node_part, f"{index:08x}{seq:024x}", seq, ts,
-                                   self.bodies[seq % len(self.bodies)])
+                                   bodies[seq % len(bodies)])
 
 
 @dataclass
@@ -185,12 +193,12 @@ class SimFleet:
     """N simulated agents sharing one zmq context (one I/O thread) in this process."""
 
     def __init__(self, address: str, collector_public: bytes, nodes: list[SimNode], *,
-                 seed: int = 0, max_inflight: int = 1000) -> None:
+                 seed: int = 0, max_inflight: int = 1000, full_every: int = 1) -> None:
         raise_fd_limit(FDS_PER_NODE * len(nodes) + FD_RESERVE)
         self.nodes = nodes
         self.ctx = zmq.Context()
         self.ctx.set(zmq.MAX_SOCKETS, len(nodes) + 64)
-        self.frames = FrameMaker(seed)
+        self.frames = FrameMaker(seed, full_every=full_every)
         self.max_inflight = max_inflight
         self.sockets: list[zmq.Socket[Any]] = []
         self.poller = zmq.Poller()

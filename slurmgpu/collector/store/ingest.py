@@ -124,6 +124,28 @@ def _inbox_body(env: Envelope, packed: bytes) -> bytes:
     return inbox
 
 
+# A report without facts keeps the node's last ones (see ``_report_row``).
+_UPSERT_REPORT = (
+    "INSERT INTO reports (node, seq, ts, verdict, body, facts, facts_ts) VALUES (?,?,?,?,?,?,?) "
+    "ON CONFLICT (node) DO UPDATE SET seq = excluded.seq, ts = excluded.ts, "
+    "verdict = excluded.verdict, body = excluded.body, "
+    "facts = coalesce(excluded.facts, reports.facts), facts_ts = coalesce(excluded.facts_ts, reports.facts_ts)")
+
+
+def _report_row(node: str, env: Envelope, packed: bytes) -> tuple[Any, ...]:
+    """A node's latest report as ``reports`` keeps it: the body as received, but a full
+    report's facts go to their own column (kept until the next full report)."""
+    body = env.body
+    verdict = text(body.get("verdict")) or _UNKNOWN
+    facts = body.get("facts")
+    if facts is None:
+        return (node, env.seq, env.ts, verdict, packed, None, None)
+    if not isinstance(facts, bytes):  # (agents pre-pack them; a dict from older senders)
+        facts = msgpack.packb(facts, use_bin_type=True)
+    rest = msgpack.packb({k: v for k, v in body.items() if k != "facts"}, use_bin_type=True)
+    return (node, env.seq, env.ts, verdict, rest, facts, env.ts)
+
+
 class Transaction:
     """``with``: one write transaction (``Dialect.begin_write`` ... COMMIT, ROLLBACK on any
     exception). Inside another one it joins it: the outer one commits or rolls back."""
@@ -414,12 +436,8 @@ class Ingest:
             db.executemany("INSERT INTO leader_inbox (node, seq, type, received_at, body) VALUES (?,?,?,?,?)",
                            rows.inbox)
         if rows.latest_report:
-            db.executemany(
-                "INSERT INTO reports (node, seq, ts, verdict, body) VALUES (?,?,?,?,?) "
-                "ON CONFLICT (node) DO UPDATE SET seq = excluded.seq, ts = excluded.ts, "
-                "verdict = excluded.verdict, body = excluded.body",
-                [(node, env.seq, env.ts, text(env.body.get("verdict")) or _UNKNOWN, packed)
-                 for node, (env, packed) in rows.latest_report.items()])
+            db.executemany(_UPSERT_REPORT, [_report_row(node, env, packed)
+                                            for node, (env, packed) in rows.latest_report.items()])
         nodes = []
         for node, (last_seq, verdict_ts, verdict, worst, version) in rows.nodes.items():
             w = worst or {}

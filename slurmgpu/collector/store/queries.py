@@ -73,6 +73,7 @@ class LatestReport(TypedDict):
     ts: float
     verdict: str
     body: Any
+    facts_ts: float | None  # the report time of its facts (None: in the body, or none)
 
 
 class CheckpointRow(TypedDict):
@@ -191,14 +192,20 @@ def current_findings(db: Connection) -> list[FindingCount]:
 
 
 def latest_report(db: Connection, node: str) -> LatestReport | None:
-    """The node's latest report, its body decoded (facts too)."""
-    row = db.execute("SELECT seq, ts, verdict, body FROM reports WHERE node = ?", (node,)).fetchone()
+    """The node's latest report, its body decoded, with the node's last facts (agents
+    send them every ``full_report_s``: ``facts_ts`` says from when; None: in the body, or
+    none yet)."""
+    row = db.execute("SELECT seq, ts, verdict, body, facts, facts_ts FROM reports WHERE node = ?",
+                     (node,)).fetchone()
     if row is None:
         return None
     body = msgpack.unpackb(row[3], raw=False)
+    if row[4] is not None:
+        body["facts"] = bytes(row[4])
     if isinstance(body.get("facts"), bytes):  # agents send facts pre-packed
         body["facts"] = msgpack.unpackb(body["facts"], raw=False)
-    return {"node": node, "seq": row[0], "ts": row[1], "verdict": row[2], "body": body}
+    return {"node": node, "seq": row[0], "ts": row[1], "verdict": row[2], "body": body,
+            "facts_ts": row[5]}
 
 
 def hello_times(db: Connection) -> dict[str, float]:

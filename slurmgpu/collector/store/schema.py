@@ -397,10 +397,22 @@ def _migration_8(db: Connection) -> None:
     """)
 
 
+def _migration_9(db: Connection) -> None:
+    """Reports without facts (issue 15: agents send their facts every ``full_report_s``
+    and when the verdict changes, ~1 KB reports in between): ``reports.facts`` keeps the
+    node's last facts (msgpack) and ``facts_ts`` the report time they came with; ``body``
+    is the latest report without them. Rows from before keep their facts in ``body``
+    (NULL here), which the readers still take."""
+    _script(db, """
+        ALTER TABLE reports ADD COLUMN facts BLOB;
+        ALTER TABLE reports ADD COLUMN facts_ts REAL
+    """)
+
+
 # Applied in order at open; the schema version is the number applied. Append only.
 MIGRATIONS: list[Callable[[Connection], None]] = [_migration_1, _migration_2, _migration_3,
                                                           _migration_4, _migration_5, _migration_6,
-                                                          _migration_7, _migration_8]
+                                                          _migration_7, _migration_8, _migration_9]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
