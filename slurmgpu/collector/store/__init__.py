@@ -1,7 +1,8 @@
 """The collector's store (``Store``), on SQLite or PostgreSQL (``backend``, ``postgres``):
 its schema and migrations (``schema``), its writes (``ingest``), its named reads
-(``queries``), the automation's state (``automation``) and which collector leads
-(``leader``). docs/fleet-db.md describes every table; docs/postgresql.md the second
+(``queries``), the automation's state (``automation``), which collector leads
+(``leader``) and the copy of a SQLite database into PostgreSQL (``copy``, `slurmgpu db
+copy`). docs/fleet-db.md describes every table; docs/postgresql.md the second
 backend."""
 
 from __future__ import annotations
