@@ -43,6 +43,7 @@ COMMANDS: dict[str, LazyCommand] = {
                     "Run the fleet collector until SIGTERM/SIGINT (SIGHUP reloads the allow-list)."),
     "config": _C("slurmgpu.cli.config_cmd", "config",
                  "Validate the config file and show the effective settings for a node."),
+    "db": _C("slurmgpu.cli.db_cmd", "db", "The fleet database: copy a SQLite one into PostgreSQL."),
     "demo": _C("slurmgpu.cli.demo_cmd", "demo",
                "Show the whole product in one command: a Slurm mini-cluster, GPU jobs, live "
                "faults, the automation and the fleet report."),

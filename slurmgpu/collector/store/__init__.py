@@ -1,7 +1,9 @@
 """The collector's store (``Store``), on SQLite or PostgreSQL (``backend``, ``postgres``):
 its schema and migrations (``schema``), its writes (``ingest``), its named reads
 (``queries``), the automation's state (``automation``), which collector leads
-(``leader``) and the tables several collectors share (``coordination``). docs/fleet-db.md describes every table; docs/postgresql.md the second
+(``leader``), the tables several collectors share (``coordination``) and the copy of
+a SQLite database into PostgreSQL (``copy``, `slurmgpu db copy`). docs/fleet-db.md
+describes every table; docs/postgresql.md the second
 backend."""
 
 from __future__ import annotations

@@ -73,7 +73,10 @@ def describe(target: object) -> str:
     text = str(target)
     if not is_postgres(text):
         return text
-    parts = urlsplit(text)
+    try:
+        parts = urlsplit(text)
+    except ValueError:  # not a URL urllib can parse (libpq will say why): mask what may be a password
+        return re.sub(r"(//[^/@:]*:)[^/@]*@", r"\1***@", text)
     if parts.password is None:
         return text
     netloc = parts.netloc.rpartition("@")

@@ -155,7 +155,11 @@ class PgConnection:
 
 
 def _open(url: str, timeout_s: float, extra: Mapping[str, Any]) -> psycopg.Connection[Any]:
-    params: dict[str, Any] = dict(conninfo_to_dict(url))
+    try:
+        params: dict[str, Any] = dict(conninfo_to_dict(url))
+    except psycopg.Error as exc:  # (libpq quotes the URL: never its password)
+        why = " ".join(str(exc).replace(url, describe(url)).split())
+        raise sqlite3.OperationalError(f"{describe(url)}: not a valid PostgreSQL URL ({why})") from exc
     for key, value in {"connect_timeout": max(2, round(timeout_s)), "application_name": "slurmgpu",
                        **extra}.items():
         params.setdefault(key, value)  # (the URL's own parameters win)
