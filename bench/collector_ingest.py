@@ -12,7 +12,8 @@ p50/p99, and the collector's CPU time per report.
 
     python bench/collector_ingest.py [--nodes 100,1000,10000] [--duration 10]
                                      [--heartbeat-s 5] [--db sqlite|postgresql]
-                                     [--collectors N] [--full-every N] [--json]
+                                     [--collectors N] [--full-every N]
+                                     [--live-nodes N [--live-interval S]] [--json]
 
 ``--db postgresql``: a throwaway PostgreSQL server (initdb/pg_ctl in a temp dir, as the
 tests start it) instead of the SQLite file; ``--collectors N``: N collector processes on
@@ -95,13 +96,71 @@ def start_collector(root: Path, address: str, db: str, profile: str | None) -> s
                              "--log-level", "warning"])
 
 
+def live_sender(address: str, server_key: bytes, nodes: list[simfleet.SimNode], duration: float,
+                interval_s: float, go: Any, out: Any) -> None:
+    """Nodes that are not draining a backlog: each sends an event every ``interval_s``
+    (an XID as the agent sends it, not windowed) while the others saturate the collector.
+    Their ack latency is what a fresh fault waits for during a backlog drain."""
+    import zmq
+
+    from slurmgpu.wire import ACK, EVENT, Envelope, decode, encode
+
+    ctx = zmq.Context()
+    socks = []
+    for node in nodes:
+        sock = ctx.socket(zmq.DEALER)
+        sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = node.public, node.secret, server_key
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(address)
+        socks.append(sock)
+    poller = zmq.Poller()
+    for sock in socks:
+        poller.register(sock, zmq.POLLIN)
+    sent: dict[tuple[int, int], float] = {}
+    latencies: list[float] = []
+    go.wait()
+    start = time.perf_counter()
+    seq, next_at = 0, start
+    body = {"kind": "xid", "gpu": 3, "data": 79, "verdict": "FAIL", "findings": [], "coalesced": 0}
+    while time.perf_counter() < start + duration + 5:
+        now = time.perf_counter()
+        if now >= next_at and now < start + duration:
+            seq += 1
+            next_at += interval_s
+            for i, (node, sock) in enumerate(zip(nodes, socks, strict=True)):
+                sock.send(encode(Envelope(type=EVENT, node=node.name, seq=seq, body=body, epoch="live")))
+                sent[(i, seq)] = time.perf_counter()
+        for sock, _ in poller.poll(10):
+            i = socks.index(sock)
+            env = decode(sock.recv())
+            if env.type == ACK:
+                for acked in env.body["seqs"]:
+                    at = sent.pop((i, acked), None)
+                    if at is not None:
+                        latencies.append(time.perf_counter() - at)
+    out.put({"live_sent": len(latencies) + len(sent), "live_unacked": len(sent), "live_latencies": latencies})
+    ctx.destroy(linger=0)
+
+
+def _rss_kb(pid: int) -> dict[str, int]:
+    """The collector's resident memory now and at its peak (kB, /proc/<pid>/status)."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            out[key] = int(value.split()[0])
+    return out
+
+
 def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
              profile: str | None = None, warmup_s: float = 0.0, *, pg: PgServer | None = None,
-             collectors: int = 1, full_every: int = 1) -> dict[str, Any]:
+             collectors: int = 1, full_every: int = 1, live_nodes: int = 0,
+             live_interval_s: float = 1.0) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix=f"ingest-{n}-"))
     try:
         keys.init(root / "keys")
         nodes = simfleet.make_nodes(root / "keys", n)
+        live = simfleet.make_nodes(root / "keys", live_nodes, prefix="live") if live_nodes else []
         addresses = [f"tcp://127.0.0.1:{free_port()}" for _ in range(collectors)]
         db = pg.create_database() if pg is not None else str(root / "fleet.db")
         Store(db).close()  # migrated once, before the collectors start
@@ -119,7 +178,10 @@ def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
                                                     window, heartbeat_s, warmup_s, full_every, ready, go,
                                                     out))
                    for i, c in enumerate(chunks)]
-        for w in workers:
+        live_out = ctx.Queue()
+        live_workers = [ctx.Process(target=live_sender, args=(addresses[0], server_key, live, duration,
+                                                             live_interval_s, go, live_out))] if live else []
+        for w in workers + live_workers:
             w.start()
         connected = sum(ready.get(timeout=300) for _ in workers)
         before = reports_in_db(db)
@@ -130,10 +192,12 @@ def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
         go.set()
         results = [out.get(timeout=duration + 120) for _ in workers]
         wall = time.perf_counter() - t0
+        live_result = live_out.get(timeout=60) if live_workers else None
+        rss = _rss_kb(procs_of[0].pid)
         cpu1 = [_cpu(c.pid) for c in procs_of]
         threads1 = [_thread_cpu(c.pid) for c in procs_of]
         pg1 = postgres_cpu() if pg is not None else 0.0
-        for w in workers:
+        for w in workers + live_workers:
             w.join()
         for c in procs_of:
             c.send_signal(signal.SIGTERM)
@@ -158,7 +222,10 @@ def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
                     name: round((threads1_sum.get(name, 0.0) - threads0_sum.get(name, 0.0)) / max(1, stored)
                                 * 1e6, 1)
                     for name in sorted(threads1_sum)},
-                "postgres_cpu_us_per_report": round((pg1 - pg0) / max(1, stored) * 1e6, 1) if pg else None}
+                "postgres_cpu_us_per_report": round((pg1 - pg0) / max(1, stored) * 1e6, 1) if pg else None,
+                "collector_rss_mb": round(rss.get("VmRSS", 0) / 1024, 1),
+                "collector_peak_rss_mb": round(rss.get("VmHWM", 0) / 1024, 1),
+                **_live_summary(live_result)}
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -170,6 +237,15 @@ def _cpu(pid: int) -> float:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except OSError:
         return float("nan")
+
+
+def _live_summary(result: dict[str, Any] | None) -> dict[str, Any]:
+    if result is None:
+        return {}
+    lat = sorted(result["live_latencies"])
+    pct = (lambda p: round(lat[min(len(lat) - 1, int(p * (len(lat) - 1)))] * 1000, 1)) if lat else (lambda p: None)
+    return {"live_events": result["live_sent"], "live_unacked": result["live_unacked"],
+            "live_ack_p50_ms": pct(0.5), "live_ack_p99_ms": pct(0.99)}
 
 
 def _summed(per_process: list[dict[str, float]]) -> dict[str, float]:
@@ -216,6 +292,10 @@ def main() -> int:
     parser.add_argument("--full-every", type=int, default=1, metavar="N",
                         help="one report in N carries the node's facts, as agents send them "
                              "([agent] full_report_s / interval_s: 600 / 15 = 40); 1: all")
+    parser.add_argument("--live-nodes", type=int, default=0, metavar="N",
+                        help="N more nodes, not saturating: each sends an event every --live-interval "
+                             "(their ack latency: a fresh fault during a backlog drain)")
+    parser.add_argument("--live-interval", type=float, default=1.0, metavar="SECONDS")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.collectors > 1 and args.db != "postgresql":
@@ -234,10 +314,15 @@ def main() -> int:
 
 def _case(n: int, args: argparse.Namespace, pg: PgServer | None) -> dict[str, Any]:
     row = run_case(n, args.duration, args.inflight, args.heartbeat_s or None, args.profile,
-                   args.warmup, pg=pg, collectors=args.collectors, full_every=args.full_every)
+                   args.warmup, pg=pg, collectors=args.collectors, full_every=args.full_every,
+                   live_nodes=args.live_nodes, live_interval_s=args.live_interval)
     if not args.json:
         server = (f", postgres {row['postgres_cpu_us_per_report']} us CPU/report"
                   if row["postgres_cpu_us_per_report"] is not None else "")
+        server += f", RSS {row['collector_rss_mb']} MB (peak {row['collector_peak_rss_mb']})"
+        if "live_events" in row:
+            server += (f", live events: {row['live_events']} ack p50 {row['live_ack_p50_ms']} ms "
+                       f"p99 {row['live_ack_p99_ms']} ms ({row['live_unacked']} unacked)")
         print(f"{row['nodes']:>6} nodes, {row['db']} x{row['collectors']}, 1/{row['full_every']} full "
               f"({row['sender_procs']} sender procs, window {row['window']}): "
               f"stored {row['stored_per_s']}/s (db), acked {row['acked_per_s']}/s, "

@@ -64,6 +64,8 @@ from slurmgpu.errors import SlurmGpuError
 from slurmgpu.log import get_logger
 from slurmgpu.wire import (
     ACKED,
+    COMMAND_RESULT,
+    EVENT,
     HEARTBEAT,
     MAX_FRAME,
     BodyError,
@@ -94,6 +96,11 @@ TCP_KEEPALIVE_IDLE, TCP_KEEPALIVE_INTVL, TCP_KEEPALIVE_CNT = 60, 10, 6
 # thousand, while normal reports (~16 KB, a few per node) still batch by the thousand.
 MAX_BATCH_BYTES = 32 * MAX_FRAME
 MAX_PEER_BATCH_BYTES = 2 * MAX_FRAME
+# Events first: a batch also ends right after an event or a command result (a fault, a
+# job's checkpoint ack), so it is stored and acked without waiting for a thousand spooled
+# reports behind it; at most once per URGENT_EVERY_S, so an event storm still batches.
+URGENT = frozenset({EVENT, COMMAND_RESULT})
+URGENT_EVERY_S = 0.02
 
 # An acked-type message to acknowledge: (routing id, node, epoch, seq, rejected).
 AckItem = tuple[bytes, str, str, int, bool]
@@ -163,6 +170,7 @@ class Transport:
         # node -> routing id its authenticated key last spoke from: where its commands and
         # heartbeats go (a routing id is the client's claim; the key is not)
         self.routes: dict[str, bytes] = {}
+        self._next_urgent = 0.0  # (monotonic) when a batch may end early for an event again
         self._next_heartbeat = now + settings.heartbeat_s
         self._next_reload = now + ALLOW_LIST_RELOAD_S
         self._reload_requested = False
@@ -240,12 +248,13 @@ class Transport:
             except zmq.Again:
                 break
             handled += 1
+            accepted = len(batch)
             self._accept(parts, batch, to_ack, now)
             frame_size = len(parts[-1])
             size += frame_size
             peer = parts[0].bytes
             peer_size = per_peer[peer] = per_peer.get(peer, 0) + frame_size
-            if peer_size >= MAX_PEER_BATCH_BYTES:
+            if peer_size >= MAX_PEER_BATCH_BYTES or (len(batch) > accepted and self._urgent(batch[-1][1])):
                 break
         if not batch:
             self._send_acks(to_ack)  # rejected messages only
@@ -263,6 +272,16 @@ class Transport:
         if new:
             handler.acked(batch, new, now)
         return handled
+
+    def _urgent(self, env: Envelope) -> bool:
+        """Whether the batch ends after this message (``URGENT``)."""
+        if env.type not in URGENT:
+            return False
+        mono = time.monotonic()
+        if mono < self._next_urgent:
+            return False
+        self._next_urgent = mono + URGENT_EVERY_S
+        return True
 
     def _accept(self, parts: list[Any], batch: Batch, to_ack: list[AckItem], now: float) -> None:
         self.counters.received += 1
