@@ -178,13 +178,16 @@ def test_schema_5_database_gets_drained_by(tmp_path: Path) -> None:
 
     from slurmgpu.collector.store import SCHEMA_VERSION
     from slurmgpu.collector.store.automation import TABLES as AUTOMATION_TABLES
+    from tests.test_automation_store import LATER_COLUMNS, LATER_TABLES
 
     path = tmp_path / "f.db"
     Store(path).close()
     db = sqlite3.connect(path, isolation_level=None)
     db.execute("ALTER TABLE node_states DROP COLUMN drained_by")
-    for table in AUTOMATION_TABLES:  # (schema 7's)
+    for table in (*AUTOMATION_TABLES, *LATER_TABLES):  # (schema 7's and later)
         db.execute(f"DROP TABLE {table}")
+    for table, column in LATER_COLUMNS:
+        db.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
     db.execute("UPDATE schema_version SET version = 5")
     db.execute("INSERT INTO node_states (node, ts, kind, reason, actor) VALUES "
                "('gpu-n1', 1.0, 'drained', 'slurmgpu: x', 'root')")

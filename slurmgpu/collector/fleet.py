@@ -64,10 +64,10 @@ class Fresh:
         return tuple(decode_finding(f, self.type) for f in self.body.get("findings", ()))
 
 
-def _fresh(batch: Batch, new: list[tuple[str, int]]) -> list[Fresh]:
+def _fresh(batch: Batch, new: list[tuple[str, int]], stale: set[tuple[str, int]]) -> list[Fresh]:
     """The batch's newly stored messages, in batch order (a seq repeated within the batch
-    counts once)."""
-    fresh = set(new)
+    counts once), less the ``stale`` reports (older than their node's state: history)."""
+    fresh = set(new) - stale
     items = []
     for node, env, _data in batch:
         if (node, env.seq) not in fresh:
@@ -170,6 +170,7 @@ class Fleet:
         self.settings = settings
         self.store, self._own_store = store, own_store
         self.coordination = coordination
+        self._stale: set[tuple[str, int]] = set()  # the last batch's stale reports (store.stale)
         if coordination is not None and (automation is not None or checkpoints is not None):
             store.inbox = True  # the leader (maybe another collector) must see our messages
         self.counters = counters
@@ -210,15 +211,18 @@ class Fleet:
             return self._store_each(batch, now)
         self.counters.store_failing = 0
         self._note_conflicts()
+        self._stale = set(self.store.stale)
         return Stored(new, set())
 
     def _store_each(self, batch: Batch, now: float) -> Stored | None:
         new: list[tuple[str, int]] = []
         bad: set[tuple[str, str, int]] = set()
+        self._stale = set()
         for item in batch:
             node, env = item[0], item[1]
             try:
                 new += self.store.store_batch([item], received_at=now)
+                self._stale |= self.store.stale
             except Exception as exc:
                 if not _message_fault(exc):
                     self._store_failed(exc, len(batch))
@@ -257,7 +261,7 @@ class Fleet:
             if self.coordination.leader:
                 self._handle_inbox()
             return
-        self._handle(_fresh(batch, new), now)
+        self._handle(_fresh(batch, new, self._stale), now)
 
     def _handle(self, items: list[Fresh], now: float) -> None:
         if self.automation is not None:

@@ -125,11 +125,13 @@ def _inbox_body(env: Envelope, packed: bytes) -> bytes:
 
 
 # A report without facts keeps the node's last ones (see ``_report_row``).
+# (The WHERE: another collector may have stored a newer report of the node meanwhile.)
 _UPSERT_REPORT = (
-    "INSERT INTO reports (node, seq, ts, verdict, body, facts, facts_ts) VALUES (?,?,?,?,?,?,?) "
+    "INSERT INTO reports (node, seq, ts, verdict, body, facts, facts_ts, epoch) VALUES (?,?,?,?,?,?,?,?) "
     "ON CONFLICT (node) DO UPDATE SET seq = excluded.seq, ts = excluded.ts, "
-    "verdict = excluded.verdict, body = excluded.body, "
-    "facts = coalesce(excluded.facts, reports.facts), facts_ts = coalesce(excluded.facts_ts, reports.facts_ts)")
+    "verdict = excluded.verdict, body = excluded.body, epoch = excluded.epoch, "
+    "facts = coalesce(excluded.facts, reports.facts), facts_ts = coalesce(excluded.facts_ts, reports.facts_ts) "
+    "WHERE reports.epoch IS NULL OR excluded.epoch <> reports.epoch OR excluded.seq > reports.seq")
 
 
 def _report_row(node: str, env: Envelope, packed: bytes) -> tuple[Any, ...]:
@@ -139,11 +141,11 @@ def _report_row(node: str, env: Envelope, packed: bytes) -> tuple[Any, ...]:
     verdict = text(body.get("verdict")) or _UNKNOWN
     facts = body.get("facts")
     if facts is None:
-        return (node, env.seq, env.ts, verdict, packed, None, None)
+        return (node, env.seq, env.ts, verdict, packed, None, None, env.epoch)
     if not isinstance(facts, bytes):  # (agents pre-pack them; a dict from older senders)
         facts = msgpack.packb(facts, use_bin_type=True)
     rest = msgpack.packb({k: v for k, v in body.items() if k != "facts"}, use_bin_type=True)
-    return (node, env.seq, env.ts, verdict, rest, facts, env.ts)
+    return (node, env.seq, env.ts, verdict, rest, facts, env.ts, env.epoch)
 
 
 class Transaction:
@@ -169,7 +171,8 @@ class Transaction:
 class _BatchRows:
     """What one batch writes, table by table."""
 
-    nodes: dict[str, list[Any]]  # node -> [last_seq, verdict_ts, verdict, worst finding, agent_version]
+    # node -> [last_seq, verdict_ts, verdict, worst finding, agent_version, (epoch, seq) of the verdict]
+    nodes: dict[str, list[Any]]
     messages: list[tuple[Any, ...]] = field(default_factory=list)
     history: list[tuple[Any, ...]] = field(default_factory=list)
     findings: list[tuple[Any, ...]] = field(default_factory=list)
@@ -180,10 +183,18 @@ class _BatchRows:
     latest_report: dict[str, tuple[Envelope, bytes]] = field(default_factory=dict)  # node -> (report, body)
 
 
+# A batch that carried a verdict (a report or event) replaces the node's if its message is
+# newer (by seq within the agent's spool epoch; another epoch is a reinstalled agent):
+# an older message arriving later (events are sent ahead of spooled reports) is history.
+_NEWER = ("excluded.verdict IS NOT NULL AND (nodes.verdict_seq IS NULL "
+          "OR excluded.verdict_epoch <> nodes.verdict_epoch OR excluded.verdict_seq > nodes.verdict_seq)")
+_VERDICT_COLUMNS = ("verdict", "worst_check", "worst_severity", "worst_message", "worst_gpu", "verdict_ts",
+                    "verdict_epoch", "verdict_seq")
 _UPSERT_NODES = (
     "INSERT INTO nodes (node, first_seen, last_seen, last_seq, verdict, verdict_ts, worst_check, "
-    "worst_severity, worst_message, worst_gpu, reachable, unreachable_since, agent_version) "
-    "VALUES (?,?,?,?,?,?,?,?,?,?,1,NULL,?) ON CONFLICT (node) DO UPDATE SET "
+    "worst_severity, worst_message, worst_gpu, reachable, unreachable_since, agent_version, "
+    "verdict_epoch, verdict_seq) "
+    "VALUES (?,?,?,?,?,?,?,?,?,?,1,NULL,?,?,?) ON CONFLICT (node) DO UPDATE SET "
     # (CASE, not SQLite's two-argument max(): PostgreSQL spells that greatest())
     "last_seen = CASE WHEN excluded.last_seen > nodes.last_seen THEN excluded.last_seen "
     "  ELSE nodes.last_seen END, "
@@ -191,18 +202,7 @@ _UPSERT_NODES = (
     "  ELSE nodes.last_seq END, "
     "reachable = 1, unreachable_since = NULL, "
     "agent_version = coalesce(excluded.agent_version, nodes.agent_version), "
-    # A batch that carried a verdict (a report or event) replaces the node's: the
-    # newest to arrive (verdict_ts is when the collector received it).
-    "verdict = CASE WHEN excluded.verdict IS NOT NULL THEN excluded.verdict ELSE nodes.verdict END, "
-    "worst_check = CASE WHEN excluded.verdict IS NOT NULL "
-    "  THEN excluded.worst_check ELSE nodes.worst_check END, "
-    "worst_severity = CASE WHEN excluded.verdict IS NOT NULL "
-    "  THEN excluded.worst_severity ELSE nodes.worst_severity END, "
-    "worst_message = CASE WHEN excluded.verdict IS NOT NULL "
-    "  THEN excluded.worst_message ELSE nodes.worst_message END, "
-    "worst_gpu = CASE WHEN excluded.verdict IS NOT NULL "
-    "  THEN excluded.worst_gpu ELSE nodes.worst_gpu END, "
-    "verdict_ts = coalesce(excluded.verdict_ts, nodes.verdict_ts)")
+    + ", ".join(f"{c} = CASE WHEN {_NEWER} THEN excluded.{c} ELSE nodes.{c} END" for c in _VERDICT_COLUMNS))
 
 
 class Ingest:
@@ -218,6 +218,11 @@ class Ingest:
         self._high: dict[tuple[str, str], int] = {}
         # Duplicates whose body differed, found by the last ``store_batch`` call.
         self.conflicts: list[Conflict] = []
+        # Reports the last ``store_batch`` stored as history only: older (by seq) than the
+        # message that holds their node's state (they arrived after a newer event).
+        self.stale: set[tuple[str, int]] = set()
+        # node -> (epoch, seq) of the message that holds its state (read once per node)
+        self._current: dict[str, tuple[str, int] | None] = {}
         # node -> state of the last report written to report_history (this process)
         self._last_state: dict[str, _State] = {}
         # PostgreSQL: other collectors may write the same nodes' messages (active/active),
@@ -244,6 +249,7 @@ class Ingest:
         An item may carry the frame its message was decoded from (see ``BatchItem``).
         """
         self.conflicts = []
+        self.stale = set()
         if not batch:
             return []
         now = time.time() if received_at is None else received_at
@@ -255,13 +261,14 @@ class Ingest:
             existing = self._existing(list(candidates)) if candidates else {}
             new = [(key, item) for key, item in candidates.items() if key not in existing]
             self._check_duplicates(existing, candidates, bodies)
-            self._write(new, bodies, touched, now, states)
+            rows = self._write(new, bodies, touched, now, states)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             self._forget_uncommitted(touched)
             raise
         self._last_state.update(states)  # only what is committed
+        self._current.update((node, row[5]) for node, row in rows.nodes.items() if row[5] is not None)
         high = self._high
         for node, epoch, seq in (key for key, _ in new):
             # (only marks loaded from the database are raised: one missing because the map
@@ -305,6 +312,7 @@ class Ingest:
         """After a ROLLBACK: drop what memory says about rows that were not written, so
         the next batch writes them (what is stored is what counts)."""
         self._high.clear()
+        self._current.clear()
         self._unreachable = None
         self.history.forget(touched)
 
@@ -351,8 +359,8 @@ class Ingest:
         return high
 
     def _write(self, new: list[tuple[MessageKey, BatchItem]], bodies: dict[MessageKey, _Body],
-               touched: set[str], now: float, states: dict[str, _State]) -> None:
-        rows = _BatchRows({node: [0, None, None, None, None] for node in touched})
+               touched: set[str], now: float, states: dict[str, _State]) -> _BatchRows:
+        rows = _BatchRows({node: [0, None, None, None, None, None] for node in touched})
         for key, item in new:
             node, epoch, seq = key
             env = item[1]
@@ -370,9 +378,10 @@ class Ingest:
                 rows.results.append((node, seq, env.ts, text(body.get("command_id")),
                                      int(bool(body.get("ok"))),
                                      msgpack.packb(body.get("result"), use_bin_type=True)))
-            if self.inbox and env.type != HELLO:
+            if self.inbox and env.type != HELLO and (node, seq) not in self.stale:
                 rows.inbox.append((node, seq, env.type, now, _inbox_body(env, packed)))
         self._insert(rows, touched, now)
+        return rows
 
     def _verdict(self, rows: _BatchRows, node: str, env: Envelope, packed: bytes, now: float,
                  states: dict[str, _State]) -> None:
@@ -395,10 +404,14 @@ class Ingest:
             rank = _RANK.get(severity, _RANK[_UNKNOWN])
             if rank > worst_rank:
                 worst, worst_rank = f, rank
-        # The node's latest word is the last to arrive (a node's messages arrive in seq
-        # order, resends are deduplicated): its clock is data, never the order.
+        # The node's state is its newest message by seq (within its spool epoch), whatever
+        # the arrival order (events overtake spooled reports); its clock is data, never the order.
         row = rows.nodes[node]
-        row[1], row[2], row[3] = now, verdict, worst
+        current = self._newest(node, env.epoch, seq, row[5])
+        if current:
+            row[1], row[2], row[3], row[5] = now, verdict, worst, (env.epoch, seq)
+        elif env.type == REPORT:
+            self.stale.add((node, seq))
         if env.type == REPORT:
             self.history.observe(node, env.ts, verdict, body.get("throttle"), body.get("summary"),
                                  rows.samples)
@@ -407,11 +420,28 @@ class Ingest:
                 states[node] = state
                 rows.history.append((node, seq, env.ts, verdict))
                 rows.findings.extend((node, seq, env.ts, *b) for b in bad)
-            rows.latest_report[node] = (env, packed)  # arrival order, as above
+            held = rows.latest_report.get(node)  # (the SQL keeps a newer stored one)
+            if held is None or env.epoch != held[0].epoch or seq > held[0].seq:
+                rows.latest_report[node] = (env, packed)
         else:
             rows.findings.extend((node, seq, env.ts, *b) for b in bad)
             rows.events.append((node, seq, env.ts, text(body.get("kind")), _int(body.get("gpu")),
                                 _int(body.get("data")), verdict, packed))
+
+    def _newest(self, node: str, epoch: str, seq: int, held: tuple[str, int] | None) -> bool:
+        """Whether (epoch, seq) is newer than the message that holds the node's state: the
+        batch's (``held``), else the stored one (kept in memory, read once per node)."""
+        if held is None:
+            held = self._held(node)
+        return held is None or epoch != held[0] or seq > held[1]
+
+    def _held(self, node: str) -> tuple[str, int] | None:
+        if node in self._current:
+            return self._current[node]
+        row = self.db.execute("SELECT verdict_epoch, verdict_seq FROM nodes WHERE node = ?", (node,)).fetchone()
+        held = (str(row[0]), int(row[1])) if row is not None and row[1] is not None else None
+        self._current[node] = held
+        return held
 
     def _insert(self, rows: _BatchRows, touched: set[str], now: float) -> None:
         db = self.db
@@ -439,10 +469,12 @@ class Ingest:
             db.executemany(_UPSERT_REPORT, [_report_row(node, env, packed)
                                             for node, (env, packed) in rows.latest_report.items()])
         nodes = []
-        for node, (last_seq, verdict_ts, verdict, worst, version) in rows.nodes.items():
+        for node, (last_seq, verdict_ts, verdict, worst, version, held_by) in rows.nodes.items():
             w = worst or {}
+            epoch, seq = held_by or (None, None)
             nodes.append((node, now, now, last_seq, verdict, verdict_ts, text(w.get("check")),
-                          text(w.get("severity")), text(w.get("message")), _int(w.get("gpu")), version))
+                          text(w.get("severity")), text(w.get("message")), _int(w.get("gpu")), version,
+                          epoch, seq))
         db.executemany(_UPSERT_NODES, nodes)
 
     def touch(self, nodes: Iterable[str], now: float | None = None) -> None:

@@ -402,10 +402,19 @@ def _migration_9(db: Connection) -> None:
     and when the verdict changes, ~1 KB reports in between): ``reports.facts`` keeps the
     node's last facts (msgpack) and ``facts_ts`` the report time they came with; ``body``
     is the latest report without them. Rows from before keep their facts in ``body``
-    (NULL here), which the readers still take."""
+    (NULL here), which the readers still take.
+
+    Events first (agents send a fresh event ahead of their spooled reports): a node's
+    current state is its newest message by seq, not the last to arrive.
+    ``reports.epoch`` and ``nodes.verdict_epoch``/``verdict_seq`` say which message holds
+    it; an older one arriving later is history, not the node's state (NULL: rows from
+    before, replaced by the next message)."""
     _script(db, """
         ALTER TABLE reports ADD COLUMN facts BLOB;
-        ALTER TABLE reports ADD COLUMN facts_ts REAL
+        ALTER TABLE reports ADD COLUMN facts_ts REAL;
+        ALTER TABLE reports ADD COLUMN epoch TEXT;
+        ALTER TABLE nodes ADD COLUMN verdict_epoch TEXT;
+        ALTER TABLE nodes ADD COLUMN verdict_seq INTEGER
     """)
 
 
@@ -513,7 +522,10 @@ def _refuse_empty_file(path: Path) -> None:
 def _check_integrity(db: sqlite3.Connection, path: Path) -> None:
     """``PRAGMA quick_check`` before anything is written: a corrupt file is refused with
     one line, never written to, never wiped."""
-    problems = [str(row[0]) for row in db.execute("PRAGMA quick_check(5)")]
+    try:
+        problems = [str(row[0]) for row in db.execute("PRAGMA quick_check(5)")]
+    except UnicodeDecodeError:  # a damaged schema page: SQLite's own error text is not UTF-8
+        problems = ["the schema is damaged (unreadable text)"]
     if problems != ["ok"]:
         raise StoreError(f"{path}: integrity check failed ({'; '.join(problems)[:300]}); {RECOVER}")
 
