@@ -29,6 +29,17 @@ _RANK_SQL = ("CASE f.severity " + " ".join(f"WHEN '{s.name}' THEN {s.rank}" for 
              + f" ELSE {Severity.UNKNOWN.rank} END")
 
 
+# Each node's latest state change (its highest seq; the latest ts of that seq), from the
+# index report_history_node_seq_ts alone, and that change's findings.
+CURRENT_FINDINGS_SQL = (
+    "WITH latest AS (SELECT node, max(seq) AS seq FROM report_history GROUP BY node), "
+    "cur AS (SELECT h.node, h.seq, max(h.ts) AS ts FROM report_history h JOIN latest "
+    "ON h.node = latest.node AND h.seq = latest.seq GROUP BY h.node, h.seq) "
+    f"SELECT f.node, f.gpu, f.check_id, f.severity, max({_RANK_SQL}), count(*) "
+    "FROM findings f JOIN cur ON f.node = cur.node AND f.ts = cur.ts "
+    "AND f.seq = cur.seq GROUP BY f.node, f.gpu, f.check_id, f.severity")
+
+
 class FleetRow(TypedDict):
     node: str
     verdict: str | None
@@ -181,13 +192,7 @@ def current_findings(db: Connection) -> list[FindingCount]:
     row, with its non-OK findings, only when a node's state changes), counted per node,
     GPU, check and severity."""
     return [FindingCount(node, gpu, check, severity, int(rank), int(count))
-            for node, gpu, check, severity, rank, count in db.execute(
-                "WITH latest AS (SELECT node, max(seq) AS seq FROM report_history GROUP BY node), "
-                "cur AS (SELECT h.node, h.seq, max(h.ts) AS ts FROM report_history h JOIN latest "
-                "ON h.node = latest.node AND h.seq = latest.seq GROUP BY h.node, h.seq) "
-                f"SELECT f.node, f.gpu, f.check_id, f.severity, max({_RANK_SQL}), count(*) "
-                "FROM findings f JOIN cur ON f.node = cur.node AND f.ts = cur.ts "
-                "AND f.seq = cur.seq GROUP BY f.node, f.gpu, f.check_id, f.severity")]
+            for node, gpu, check, severity, rank, count in db.execute(CURRENT_FINDINGS_SQL)]
 
 
 def latest_report(db: Connection, node: str) -> LatestReport | None:
