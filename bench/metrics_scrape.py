@@ -16,7 +16,8 @@ scrape (p50: the collector's server thread and this client; not the PostgreSQL
 server's); and the response size and sample count.
 
 ``--db postgresql``: the store on a throwaway PostgreSQL server (``slurmgpu.sim.postgres``:
-initdb + pg_ctl, a unix socket; a new database per fleet size) instead of a SQLite file.
+initdb + pg_ctl, a unix socket; a new database per fleet size, ANALYZEd once seeded)
+instead of a SQLite file.
 
     python bench/metrics_scrape.py [--nodes 1000,10000] [--changes 3] [--scrapes 20]
                                    [--db sqlite|postgresql] [--json]
@@ -116,6 +117,8 @@ def run(nodes: int, changes: int, scrapes: int, pg: PgServer | None = None) -> d
             t0 = time.perf_counter()
             seed(collector, nodes, changes)
             seed_s = time.perf_counter() - t0
+            if pg is not None:  # the statistics autovacuum keeps on a live database
+                collector.store.db.execute("ANALYZE")
             assert collector.metrics_server is not None
             url = collector.metrics_server.url
             counts = {t: collector.store.count(t) for t in ("nodes", "report_history", "findings", "events")}

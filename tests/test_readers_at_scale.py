@@ -233,6 +233,10 @@ def test_label_values_are_escaped() -> None:
     assert parsed.documentation == family.documentation
     assert [(s.labels["node"], s.labels["gpu"]) for s in parsed.samples] == \
         [(n, str(i)) for i, n in enumerate(odd)]
+    three = NodeFamily("slurmgpu_y", "Three labels.", ["node", "gpu", "check"])  # (the general case)
+    for i, name in enumerate(odd):
+        three.add((name, str(i), odd[-1 - i]), values[i % len(values)])
+    assert generate(_Families([three])) == generate_latest(_Families([_as_prometheus_client(three)]))
 
 
 def test_scrape_body_is_what_prometheus_client_writes(tmp_path: Path) -> None:

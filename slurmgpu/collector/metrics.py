@@ -309,7 +309,10 @@ class FleetMetrics:
             fleet.add_metric([name], count)
         out.append(fleet)
         if drained is not None:
-            known = sorted(set(nodes) | drained)
+            # (``nodes`` holds no name twice and often comes in order: sorting it as it is,
+            # not a set of it, is a merge of its runs)
+            gone = drained.difference(nodes)
+            known = sorted([*nodes, *gone] if gone else nodes)
             out.append(NodeFamily("slurmgpu_node_drained", "1 if the automation drained the "
                                   "node and has not resumed it (drains by others are not "
                                   "known here).", ["node"], [known],
@@ -322,30 +325,39 @@ class FleetMetrics:
         findings = GaugeMetricFamily("slurmgpu_findings", "Current non-OK findings across "
                                      "the fleet (from each node's latest report), by check "
                                      "and severity.", labels=["check", "severity"])
-        gpu = NodeFamily("slurmgpu_gpu_verdict", "Worst severity of the GPU's current "
-                         "findings: 1 WARN, 2 FAIL, 3 UNKNOWN (only GPUs with a "
-                         "current non-OK finding are exported; absent = OK).", ["node", "gpu"])
         per_check: dict[tuple[str, str], int] = {}
         gpu_rank: dict[tuple[str, int], int] = {}
-        for f in current:
-            key = (str(f.check), str(f.severity))
-            per_check[key] = per_check.get(key, 0) + f.n
-            if f.gpu is not None and f.rank > gpu_rank.get((f.node, f.gpu), 0):
-                gpu_rank[(f.node, f.gpu)] = f.rank
+        for node, gpu_index, check, severity, rank, n in current:
+            key = (str(check), str(severity))
+            per_check[key] = per_check.get(key, 0) + n
+            if gpu_index is not None and rank > gpu_rank.get((node, gpu_index), 0):
+                gpu_rank[(node, gpu_index)] = rank
         capped: dict[tuple[str, str], int] = {}
         for (check, severity), count in per_check.items():
             key = (check if check in known_checks() else OTHER, severity if severity in VERDICT_CODE else OTHER)
             capped[key] = capped.get(key, 0) + count
         for (check, severity), count in sorted(capped.items()):
             findings.add_metric([check, severity], count)
+        return [findings, self._gpu_family(gpu_rank)]
+
+    def _gpu_family(self, gpu_rank: dict[tuple[str, int], int]) -> NodeFamily:
+        """Per GPU with a current non-OK finding, its worst severity's code (by node, GPU)."""
+        nodes: list[str] = []
+        gpus: list[str] = []
+        codes: list[int] = []
         per_node: dict[str, int] = {}
         for (node, gpu_index), rank in sorted(gpu_rank.items()):
             per_node[node] = per_node.get(node, 0) + 1
             if per_node[node] <= MAX_GPU_SERIES_PER_NODE:
-                gpu.add((str(node), str(gpu_index)), _RANK_CODE[rank])
+                nodes.append(str(node))
+                gpus.append(str(gpu_index))
+                codes.append(_RANK_CODE[rank])
             else:
                 self.series_dropped += 1
-        return [findings, gpu]
+        return NodeFamily("slurmgpu_gpu_verdict", "Worst severity of the GPU's current "
+                          "findings: 1 WARN, 2 FAIL, 3 UNKNOWN (only GPUs with a "
+                          "current non-OK finding are exported; absent = OK).", ["node", "gpu"],
+                          [nodes, gpus], codes)
 
     def _event_families(self, counts: list[queries.EventCount]) -> list[Metric]:
         """Events (history within the retention): by kind, XIDs by code."""
