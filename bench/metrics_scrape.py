@@ -7,11 +7,20 @@ For each fleet size: a fresh DB seeded through ``Store.store_batch`` / ``add_dec
 nodes FAIL with two GPU findings, 10% WARN; one XID event per 10 nodes; a decision per
 failing node; a few checkpoint rows), a real ``Collector`` (CURVE keys, no agents) with
 ``metrics_bind = 127.0.0.1:0`` and an Automation, then ``--scrapes`` HTTP GETs of
-/metrics, each one computed (the 1 s scrape cache is off). Reported: scrape wall time
-p50/p99/max (HTTP, parse not included), the process CPU time per scrape (p50: the
-collector's server thread and this client), the response size and sample count.
+/metrics, each one computed (the 1 s scrape cache is off), twice: of the fleet as seeded
+("unchanged": a scrape may reuse the last one's store reads, nothing was committed since)
+and with one node's state change committed before each GET ("changed": every scrape
+reads the store; what a fleet that reports all the time costs). Reported for each:
+scrape wall time p50/p99/max (HTTP, parse not included), the process CPU time per
+scrape (p50: the collector's server thread and this client; not the PostgreSQL
+server's); and the response size and sample count.
 
-    python bench/metrics_scrape.py [--nodes 1000,10000] [--changes 3] [--scrapes 20] [--json]
+``--db postgresql``: the store on a throwaway PostgreSQL server (``slurmgpu.sim.postgres``:
+initdb + pg_ctl, a unix socket; a new database per fleet size, ANALYZEd once seeded)
+instead of a SQLite file.
+
+    python bench/metrics_scrape.py [--nodes 1000,10000] [--changes 3] [--scrapes 20]
+                                   [--db sqlite|postgresql] [--json]
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import statistics
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +41,7 @@ from slurmgpu.collector.app import Collector, build_collector
 from slurmgpu.collector.policy import Automation, Decision
 from slurmgpu.collector.store import Store
 from slurmgpu.config.schema import AutomationSettings, CollectorSettings
+from slurmgpu.sim.postgres import PgServer
 from slurmgpu.testing import FakeSlurmClient
 from slurmgpu.wire import EVENT, HELLO, REPORT, Envelope
 
@@ -85,12 +96,13 @@ def seed(collector: Collector, nodes: int, changes: int) -> None:
                                   "state": ("open", "acked", "done")[j % 3]})
 
 
-def run(nodes: int, changes: int, scrapes: int) -> dict[str, Any]:
+def run(nodes: int, changes: int, scrapes: int, pg: PgServer | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="slurmgpu-metrics-bench-") as tmp:
         root = Path(tmp)
         keys.init(root / "keys")
+        db = str(root / "fleet.db") if pg is None else pg.create_database(f"metrics_{nodes}")
         cfg = CollectorSettings(address="tcp://127.0.0.1:0", bind="tcp://127.0.0.1:*",
-                                db=str(root / "fleet.db"), keys_dir=str(root / "keys"),
+                                db=db, keys_dir=str(root / "keys"),
                                 metrics_bind="127.0.0.1:0")
         client = FakeSlurmClient([])
         store = Store(cfg.db)
@@ -105,29 +117,51 @@ def run(nodes: int, changes: int, scrapes: int) -> dict[str, Any]:
             t0 = time.perf_counter()
             seed(collector, nodes, changes)
             seed_s = time.perf_counter() - t0
+            if pg is not None:  # the statistics autovacuum keeps on a live database
+                collector.store.db.execute("ANALYZE")
             assert collector.metrics_server is not None
             url = collector.metrics_server.url
-            times: list[float] = []
-            cpu: list[float] = []
-            body = b""
-            for _ in range(scrapes + 1):
-                t, c = time.perf_counter(), time.process_time()
-                with urllib.request.urlopen(url, timeout=60) as resp:
-                    body = resp.read()
-                times.append(time.perf_counter() - t)
-                cpu.append(time.process_time() - c)
-            times = sorted(times[1:])  # the first one warms the page cache
-            samples = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
             counts = {t: collector.store.count(t) for t in ("nodes", "report_history", "findings", "events")}
+            unchanged, body = scrape(url, scrapes)
+            changed, _ = scrape(url, scrapes, lambda i: change(collector, i))
+            samples = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
         finally:
             collector.close()
             store.close()
-    return {"nodes": nodes, "changes": changes, "seed_s": round(seed_s, 2),
+    if pg is not None:
+        pg.drop_database(f"metrics_{nodes}")
+    return {"nodes": nodes, "changes": changes, "db": "sqlite" if pg is None else "postgresql",
+            "seed_s": round(seed_s, 2),
             "rows": counts, "bytes": len(body), "samples": samples,
-            "p50_ms": round(statistics.median(times) * 1000, 1),
+            "unchanged": unchanged, "changed": changed}
+
+
+def change(collector: Collector, i: int) -> None:
+    """One node's state change (FAIL, then OK, then FAIL...), committed."""
+    node = f"gpu-{i % 7:05d}"
+    env = _report(node, 1000 + i, time.time(), "FAIL" if i % 2 else "OK")
+    collector.store.store_batch([(node, env)], received_at=time.time())
+
+
+def scrape(url: str, scrapes: int, before: Callable[[int], None] | None = None) -> tuple[dict[str, float], bytes]:
+    """``scrapes`` timed GETs (after one more that warms the page cache): their wall and
+    CPU time (ms), and the last body. ``before(i)`` runs before each, untimed."""
+    times: list[float] = []
+    cpu: list[float] = []
+    body = b""
+    for i in range(scrapes + 1):
+        if before is not None:
+            before(i)
+        t, c = time.perf_counter(), time.process_time()
+        with urllib.request.urlopen(url, timeout=60) as resp:
+            body = resp.read()
+        times.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
+    times = sorted(times[1:])
+    return {"p50_ms": round(statistics.median(times) * 1000, 1),
             "p99_ms": round(times[min(len(times) - 1, int(len(times) * 0.99))] * 1000, 1),
             "max_ms": round(times[-1] * 1000, 1),
-            "cpu_p50_ms": round(statistics.median(cpu[1:]) * 1000, 1)}
+            "cpu_p50_ms": round(statistics.median(cpu[1:]) * 1000, 1)}, body
 
 
 def main() -> None:
@@ -136,17 +170,28 @@ def main() -> None:
     parser.add_argument("--changes", type=int, default=3,
                         help="state changes (report_history rows) per node")
     parser.add_argument("--scrapes", type=int, default=20)
+    parser.add_argument("--db", choices=("sqlite", "postgresql"), default="sqlite",
+                        help="the store's backend (postgresql: a throwaway local server)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    results = [run(int(n), args.changes, args.scrapes) for n in args.nodes.split(",")]
+    pg = PgServer() if args.db == "postgresql" else None
+    try:
+        if pg is not None:
+            pg.up()
+        results = [run(int(n), args.changes, args.scrapes, pg) for n in args.nodes.split(",")]
+    finally:
+        if pg is not None:
+            pg.down()
     if args.json:
         print(json.dumps(results, indent=2))
         return
     for r in results:
-        print(f"{r['nodes']:>6} nodes, {r['rows']['report_history']:>7} history rows: "
-              f"scrape p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, max {r['max_ms']} ms, "
-              f"CPU p50 {r['cpu_p50_ms']} ms "
+        print(f"{r['db']}: {r['nodes']:>6} nodes, {r['rows']['report_history']:>7} history rows "
               f"({r['samples']} samples, {r['bytes'] // 1024} KiB; seeded in {r['seed_s']} s)")
+        for mode in ("unchanged", "changed"):
+            m = r[mode]
+            print(f"    {mode:>9}: scrape p50 {m['p50_ms']} ms, p99 {m['p99_ms']} ms, "
+                  f"max {m['max_ms']} ms, CPU p50 {m['cpu_p50_ms']} ms")
 
 
 if __name__ == "__main__":

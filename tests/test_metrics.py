@@ -378,7 +378,7 @@ def test_scrapes_are_cached_bounded_and_time_out(tmp_path: Path, keys_dir: Path)
 def test_one_node_cannot_grow_metric_label_cardinality(tmp_path: Path) -> None:
     """Issue 12 item 9: check ids, event kinds and XID codes a node invents become "other";
     at most MAX_GPU_SERIES_PER_NODE per-GPU series per node."""
-    from slurmgpu.collector.metrics import MAX_GPU_SERIES_PER_NODE, FleetMetrics
+    from slurmgpu.collector.metrics import MAX_GPU_SERIES_PER_NODE, FleetMetrics, StoreReads
 
     store = Store(tmp_path / "m.db")
     findings = [{"check": f"made.up{i}", "severity": "WARN", "gpu": i % 1000, "message": "x"} for i in range(600)]
@@ -388,7 +388,7 @@ def test_one_node_cannot_grow_metric_label_cardinality(tmp_path: Path) -> None:
         "kind": kind, "gpu": 0, "data": data, "verdict": "WARN", "findings": []}))
         for i, (kind, data) in enumerate([(f"kind{i}", 1) for i in range(50)] + [("xid", 10**12), ("xid", 79)])])
     metrics = FleetMetrics(None)  # type: ignore[arg-type]
-    families = {f.name: f for f in metrics._families(store.db, None)}
+    families = {f.name: f for f in metrics._families(StoreReads.read(store.db), None)}
     checks = {s.labels["check"] for s in families["slurmgpu_findings"].samples}
     assert checks == {"other"}
     assert len(families["slurmgpu_gpu_verdict"].samples) == MAX_GPU_SERIES_PER_NODE
@@ -433,3 +433,66 @@ def test_metrics_over_tls_and_client_certificates(tmp_path: Path, keys_dir: Path
                          metrics_tls_cert=str(server_crt))
     with pytest.raises(CollectorError, match="set both or neither"):
         build_collector(half)
+
+
+def _verdicts(fleet: Any) -> dict[str, float]:
+    """slurmgpu_node_verdict of one scrape computed by ``fleet`` (a FleetMetrics)."""
+    families = {f.name: f for f in fleet.collect()}
+    return {s.labels["node"]: s.value for s in families["slurmgpu_node_verdict"].samples}
+
+
+def test_a_scrape_reads_the_store_again_only_after_a_commit(store_url: str) -> None:
+    """Issue 15: a scrape reuses the last scrape's store reads only when nothing was
+    committed since that scrape's snapshot; whatever was committed before a scrape began
+    is in it. The scrapes' connection stays open between scrapes; a lost one is opened
+    again."""
+    import types
+
+    from slurmgpu.collector.counters import Counters
+    from slurmgpu.collector.metrics import FleetMetrics
+
+    store = Store(store_url)
+    now = time.time()
+    report = {"verdict": "OK", "findings": [finding("ecc.volatile", "OK", 0)]}
+    store.store_batch([("n1", Envelope(type=REPORT, node="n1", seq=1, ts=now, body=report))])
+    fleet = FleetMetrics(types.SimpleNamespace(counters=Counters(), allowed={}, store=store,  # type: ignore[arg-type]
+                                               log=None, automation=None))
+    try:
+        assert _verdicts(fleet) == {"n1": 0} and fleet.store_reads == 1
+        for _ in range(5):  # (PostgreSQL: a commit anywhere on the server, autovacuum's too, reads again)
+            reads = fleet.store_reads
+            assert _verdicts(fleet) == {"n1": 0}
+            if fleet.store_reads == reads:
+                break
+        else:
+            raise AssertionError("every scrape of an unchanged store read it again")
+        report = {"verdict": "FAIL", "findings": [finding("ecc.uncorrected", "FAIL", 1)]}
+        store.store_batch([("n1", Envelope(type=REPORT, node="n1", seq=2, ts=now, body=report))])
+        reads = fleet.store_reads
+        assert _verdicts(fleet) == {"n1": 2} and fleet.store_reads == reads + 1
+        assert fleet._reader is not None
+        fleet._reader.close()  # lost (a restart, a failover): the next scrape opens another
+        assert _verdicts(fleet) == {"n1": 2} and fleet.store_reads == reads + 2
+        assert fleet._reader.opened == 2
+    finally:
+        fleet.close()
+        store.close()
+
+
+def test_the_garbage_collector_is_paused_only_while_a_scrape_is_computed() -> None:
+    """It is switched back on after the scrape only if it was on before (the collector loop
+    pauses it around its batches as well)."""
+    import gc
+
+    from slurmgpu.collector.metrics import gc_paused
+
+    assert gc.isenabled()
+    with gc_paused():
+        assert not gc.isenabled()
+        with gc_paused():  # (the loop's pause inside a scrape's)
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with contextlib.suppress(ValueError), gc_paused():
+        raise ValueError
+    assert gc.isenabled()

@@ -101,6 +101,10 @@ class NodeFamily(Metric):
             return head + "".join([f'{start}{n}"}} {v}\n'
                                    for n, v in zip(columns[0], values, strict=True)])
         starts = [f'{"," if k else ""}{self.labels[i]}="' for k, i in enumerate(order)]
+        if len(columns) == 2:  # {gpu="...",node="..."}: one f-string a sample as well
+            first, second = f"{self.name}{{{starts[0]}", f'"{starts[1]}'
+            return head + "".join([f'{first}{a}{second}{b}"}} {v}\n'
+                                   for a, b, v in zip(*columns, values, strict=True)])
         lines = [head]
         for *label_values, value in zip(*columns, values, strict=True):
             labels = '"'.join(s + v for s, v in zip(starts, label_values, strict=True))

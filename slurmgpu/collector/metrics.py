@@ -2,11 +2,12 @@
 
 Everything is computed at scrape time, in the HTTP server's thread, from:
 
-* the store: a read-only SQLite connection of its own to the store's file, opened per
-  scrape (the collector's connection belongs to the collector loop's thread). All
+* the store: a read-only connection of its own (``queries.Reader``: kept open between
+  scrapes; the collector's connection belongs to the collector loop's thread). All
   queries (named queries of ``slurmgpu.collector.store.queries``) run in one read
-  transaction (one consistent snapshot; WAL readers never block the collector's writes)
-  and are single aggregate queries (``GROUP BY``), so a scrape stays cheap at 10k nodes;
+  transaction (one consistent snapshot; WAL readers never block the collector's writes,
+  nor do PostgreSQL's). When nothing was committed since the last scrape's snapshot
+  (``queries.data_version``), the scrape shows that scrape's rows again without querying;
 * the collector's ``Counters`` (plain ints read without a lock: a scrape may see one
   batch's counters half-updated, never a torn value);
 * the automation's ``status()``, when the collector has one.
@@ -21,7 +22,9 @@ one) and served by a small threading HTTP server; see docs/metrics.md for every 
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import socket
 import sqlite3
 import ssl
@@ -29,7 +32,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
@@ -97,6 +100,23 @@ class IngestRate:
         return 0.0
 
 
+class StoreReads(NamedTuple):
+    """What the store's families show, read in one snapshot."""
+
+    nodes: queries.NodeVerdictColumns
+    findings: list[queries.FindingCount]
+    events: list[queries.EventCount]
+    decisions: list[queries.DecisionCount]
+    checkpoint_states: dict[str, int]
+    pending_drains: int
+
+    @classmethod
+    def read(cls, db: queries.Connection) -> StoreReads:
+        return cls(queries.node_verdict_columns(db), queries.current_findings(db),
+                   queries.event_counts(db), queries.decision_counts(db),
+                   queries.checkpoint_states(db), queries.pending_drain_count(db))
+
+
 class FleetMetrics:
     """The prometheus_client collector: ``collect()`` builds every family per scrape."""
 
@@ -106,6 +126,10 @@ class FleetMetrics:
         self.started = time.time()
         self.store_errors = 0
         self.series_dropped = 0
+        self.store_reads = 0  # scrapes that read the store (not the last scrape's reads)
+        self._store_lock = threading.Lock()
+        self._reader: queries.Reader | None = None
+        self._reads: tuple[tuple[int, str], StoreReads] | None = None  # (data version, reads)
 
     def sample(self) -> None:
         """From the collector loop (cheap; at most one sample a second)."""
@@ -223,22 +247,44 @@ class FleetMetrics:
 
     def _store(self, drained: set[str] | None) -> list[Metric] | None:
         """The store's families; None for an in-memory store (no file to read)."""
+        reads = self._store_reads()
+        return None if reads is None else self._families(reads, drained)
+
+    def _store_reads(self) -> StoreReads | None:
+        """The store's rows, read in one snapshot on the scrapes' own read-only connection;
+        the last scrape's rows again when nothing was committed since its snapshot
+        (``queries.data_version``), so a scrape always shows what was committed before it
+        began. None for an in-memory store (no file to read)."""
         path = self.collector.store.path
         if str(path) == ":memory:":
             return None
-        with queries.snapshot(path) as db:  # one snapshot for every query below
-            return self._families(db, drained)
+        with self._store_lock:
+            reader = self._reader = self._reader or queries.Reader(path)
+            with reader.snapshot() as db:
+                version = (reader.opened, queries.data_version(db))  # (first: takes the snapshot)
+                if self._reads is not None and self._reads[0] == version:
+                    return self._reads[1]
+                reads = StoreReads.read(db)
+            self._reads = (version, reads)
+            self.store_reads += 1
+            return reads
 
-    def _families(self, db: queries.Connection, drained: set[str] | None) -> list[Metric]:
-        return [*self._node_families(db, drained), *self._finding_families(db),
-                *self._event_families(db), *self._decision_families(db),
-                *self._checkpoint_families(db)]
+    def close(self) -> None:
+        """Close the scrapes' connection (after the scrape reading it, if any)."""
+        with self._store_lock:
+            if self._reader is not None:
+                self._reader.close()
+            self._reader, self._reads = None, None
 
-    def _node_families(self, db: queries.Connection, drained: set[str] | None) -> list[Metric]:
+    def _families(self, reads: StoreReads, drained: set[str] | None) -> list[Metric]:
+        return [*self._node_families(reads.nodes, drained), *self._finding_families(reads.findings),
+                *self._event_families(reads.events), *self._decision_families(reads.decisions),
+                *self._checkpoint_families(reads.checkpoint_states, reads.pending_drains)]
+
+    def _node_families(self, cols: queries.NodeVerdictColumns, drained: set[str] | None) -> list[Metric]:
         """Nodes: latest report's verdict, last seen, reachable; the fleet by verdict.
         (10k nodes: a list per family's column; see exposition.NodeFamily.)"""
         now = time.time()
-        cols = queries.node_verdict_columns(db)
         nodes, unknown = cols.nodes, Severity.UNKNOWN.name
         name_of = {v: str(v).upper() if v else unknown for v in set(cols.verdicts)}
         name_of = {v: n if n in VERDICT_CODE else unknown for v, n in name_of.items()}
@@ -263,45 +309,57 @@ class FleetMetrics:
             fleet.add_metric([name], count)
         out.append(fleet)
         if drained is not None:
-            known = sorted(set(nodes) | drained)
+            # (``nodes`` holds no name twice and often comes in order: sorting it as it is,
+            # not a set of it, is a merge of its runs)
+            gone = drained.difference(nodes)
+            known = sorted([*nodes, *gone] if gone else nodes)
             out.append(NodeFamily("slurmgpu_node_drained", "1 if the automation drained the "
                                   "node and has not resumed it (drains by others are not "
                                   "known here).", ["node"], [known],
                                   [1 if name in drained else 0 for name in known]))
         return out
 
-    def _finding_families(self, db: queries.Connection) -> list[Metric]:
+    def _finding_families(self, current: list[queries.FindingCount]) -> list[Metric]:
         """Current findings (each node's latest state change) by check and severity, and
         per GPU its worst severity."""
         findings = GaugeMetricFamily("slurmgpu_findings", "Current non-OK findings across "
                                      "the fleet (from each node's latest report), by check "
                                      "and severity.", labels=["check", "severity"])
-        gpu = NodeFamily("slurmgpu_gpu_verdict", "Worst severity of the GPU's current "
-                         "findings: 1 WARN, 2 FAIL, 3 UNKNOWN (only GPUs with a "
-                         "current non-OK finding are exported; absent = OK).", ["node", "gpu"])
         per_check: dict[tuple[str, str], int] = {}
         gpu_rank: dict[tuple[str, int], int] = {}
-        for f in queries.current_findings(db):
-            key = (str(f.check), str(f.severity))
-            per_check[key] = per_check.get(key, 0) + f.n
-            if f.gpu is not None and f.rank > gpu_rank.get((f.node, f.gpu), 0):
-                gpu_rank[(f.node, f.gpu)] = f.rank
+        for node, gpu_index, check, severity, rank, n in current:
+            key = (str(check), str(severity))
+            per_check[key] = per_check.get(key, 0) + n
+            if gpu_index is not None and rank > gpu_rank.get((node, gpu_index), 0):
+                gpu_rank[(node, gpu_index)] = rank
         capped: dict[tuple[str, str], int] = {}
         for (check, severity), count in per_check.items():
             key = (check if check in known_checks() else OTHER, severity if severity in VERDICT_CODE else OTHER)
             capped[key] = capped.get(key, 0) + count
         for (check, severity), count in sorted(capped.items()):
             findings.add_metric([check, severity], count)
+        return [findings, self._gpu_family(gpu_rank)]
+
+    def _gpu_family(self, gpu_rank: dict[tuple[str, int], int]) -> NodeFamily:
+        """Per GPU with a current non-OK finding, its worst severity's code (by node, GPU)."""
+        nodes: list[str] = []
+        gpus: list[str] = []
+        codes: list[int] = []
         per_node: dict[str, int] = {}
         for (node, gpu_index), rank in sorted(gpu_rank.items()):
             per_node[node] = per_node.get(node, 0) + 1
             if per_node[node] <= MAX_GPU_SERIES_PER_NODE:
-                gpu.add((str(node), str(gpu_index)), _RANK_CODE[rank])
+                nodes.append(str(node))
+                gpus.append(str(gpu_index))
+                codes.append(_RANK_CODE[rank])
             else:
                 self.series_dropped += 1
-        return [findings, gpu]
+        return NodeFamily("slurmgpu_gpu_verdict", "Worst severity of the GPU's current "
+                          "findings: 1 WARN, 2 FAIL, 3 UNKNOWN (only GPUs with a "
+                          "current non-OK finding are exported; absent = OK).", ["node", "gpu"],
+                          [nodes, gpus], codes)
 
-    def _event_families(self, db: queries.Connection) -> list[Metric]:
+    def _event_families(self, counts: list[queries.EventCount]) -> list[Metric]:
         """Events (history within the retention): by kind, XIDs by code."""
         events = CounterMetricFamily("slurmgpu_events", "Events stored (within the retention), "
                                      "by kind.", labels=["kind"])
@@ -309,7 +367,7 @@ class FleetMetrics:
                                    "retention), by XID code.", labels=["xid"])
         per_kind: dict[str, int] = {}
         per_xid: dict[str, int] = {}
-        for kind, xid, count in queries.event_counts(db):
+        for kind, xid, count in counts:
             label = str(kind) if kind in EVENT_KINDS else OTHER
             per_kind[label] = per_kind.get(label, 0) + count
             if kind == "xid":
@@ -322,7 +380,7 @@ class FleetMetrics:
             events.add_metric([kind], count)
         return [events, xids]
 
-    def _decision_families(self, db: queries.Connection) -> list[Metric]:
+    def _decision_families(self, counts: list[queries.DecisionCount]) -> list[Metric]:
         """Automation decisions (history within the retention) by result and by trigger."""
         actions = CounterMetricFamily("slurmgpu_actions", "Automation decisions (within the "
                                       "retention) by action and result (\"error: ...\" "
@@ -333,7 +391,7 @@ class FleetMetrics:
                                        labels=["action", "trigger"])
         per_result: dict[tuple[str, str], int] = {}
         per_trigger: dict[tuple[str, str], int] = {}
-        for action, result, trigger, count in queries.decision_counts(db):
+        for action, result, trigger, count in counts:
             rk, tk = (action, result), (action, trigger)
             per_result[rk] = per_result.get(rk, 0) + count
             per_trigger[tk] = per_trigger.get(tk, 0) + count
@@ -343,17 +401,17 @@ class FleetMetrics:
             triggers.add_metric(list(labels), count)
         return [actions, triggers]
 
-    def _checkpoint_families(self, db: queries.Connection) -> list[Metric]:
+    def _checkpoint_families(self, counts: dict[str, int], pending_drains: int) -> list[Metric]:
         """Checkpoint requests by state; nodes whose drain waits for them."""
         per_state = dict.fromkeys(CHECKPOINT_STATES, 0)
-        per_state.update(queries.checkpoint_states(db))
+        per_state.update(counts)
         states = GaugeMetricFamily("slurmgpu_checkpoints", "Checkpoint requests (within "
                                    "the retention) by state; a gauge: requests move between "
                                    "states.", labels=["state"])
         for state, count in sorted(per_state.items()):
             states.add_metric([state], count)
         pending = GaugeMetricFamily("slurmgpu_pending_drains", "Nodes whose drain waits for "
-                                    "their jobs' checkpoints.", value=queries.pending_drain_count(db))
+                                    "their jobs' checkpoints.", value=pending_drains)
         open_ = GaugeMetricFamily("slurmgpu_checkpoints_pending", "Checkpoint requests "
                                   "still open (not acked, expired or done).", value=per_state["open"])
         return [open_, states, pending]
@@ -383,6 +441,23 @@ MAX_WORKERS = 4
 CACHE_S = 1.0
 
 
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off while a scrape is computed. A 10,000-node scrape
+    allocates ~100k objects that live until its body is written (rows, columns, lines)
+    and form no cycles: reference counting frees them, and the collector would only
+    traverse them again and again (~15 % of the scrape). The collector loop does the same
+    around a batch (``transport.receive``); each re-enables it only if it found it on, so
+    the two overlapping leave it on."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 class _Handler(WSGIRequestHandler):
     timeout = REQUEST_TIMEOUT_S
 
@@ -406,7 +481,8 @@ class CachedExposition:
     def body(self) -> bytes:
         with self._lock:
             if time.monotonic() - self._at >= self.cache_s:
-                self._body = generate(self.registry)
+                with gc_paused():
+                    self._body = generate(self.registry)
                 self._at = time.monotonic()
                 self.computed += 1
             return self._body
@@ -477,6 +553,7 @@ class MetricsServer:
         self.httpd.shutdown()
         self.httpd.server_close()
         self.thread.join(5)
+        self.metrics.close()
 
     close = shutdown
 

@@ -116,6 +116,9 @@ class Dialect:
     tables_sql: str
     # one index's CREATE INDEX statement, by name
     index_sql: str
+    # as the first statement of a read transaction: a value that two read transactions of
+    # one connection see equal only if nothing was committed between their snapshots
+    data_version_sql: str
 
     def ddl(self, statement: str) -> str:
         """A migration's statement (written in SQLite's DDL) in this dialect."""
@@ -144,12 +147,17 @@ class Dialect:
 SQLITE = Dialect(
     name="sqlite", same="IS",
     tables_sql="SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite%'",
-    index_sql="SELECT sql FROM sqlite_master WHERE type = 'index' AND name = ?")
+    index_sql="SELECT sql FROM sqlite_master WHERE type = 'index' AND name = ?",
+    # (per connection: it changes when another connection commits)
+    data_version_sql="PRAGMA data_version")
 POSTGRES = Dialect(
     name="postgresql", same="IS NOT DISTINCT FROM",
     tables_sql="SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() "
                "AND table_type = 'BASE TABLE'",
-    index_sql="SELECT indexdef FROM pg_indexes WHERE schemaname = current_schema() AND indexname = ?")
+    index_sql="SELECT indexdef FROM pg_indexes WHERE schemaname = current_schema() AND indexname = ?",
+    # the transaction's snapshot (xmin:xmax:running xids): a transaction that wrote
+    # changes it when it ends, in whichever database of the server
+    data_version_sql="SELECT txid_current_snapshot()::text")
 
 
 def dialect_of(db: Connection) -> Dialect:

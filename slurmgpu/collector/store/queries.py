@@ -29,6 +29,17 @@ _RANK_SQL = ("CASE f.severity " + " ".join(f"WHEN '{s.name}' THEN {s.rank}" for 
              + f" ELSE {Severity.UNKNOWN.rank} END")
 
 
+# Each node's latest state change (its highest seq; the latest ts of that seq), from the
+# index report_history_node_seq_ts alone, and that change's findings.
+CURRENT_FINDINGS_SQL = (
+    "WITH latest AS (SELECT node, max(seq) AS seq FROM report_history GROUP BY node), "
+    "cur AS (SELECT h.node, h.seq, max(h.ts) AS ts FROM report_history h JOIN latest "
+    "ON h.node = latest.node AND h.seq = latest.seq GROUP BY h.node, h.seq) "
+    f"SELECT f.node, f.gpu, f.check_id, f.severity, max({_RANK_SQL}), count(*) "
+    "FROM findings f JOIN cur ON f.node = cur.node AND f.ts = cur.ts "
+    "AND f.seq = cur.seq GROUP BY f.node, f.gpu, f.check_id, f.severity")
+
+
 class FleetRow(TypedDict):
     node: str
     verdict: str | None
@@ -144,24 +155,70 @@ def _dicts(cur: Cursor) -> list[dict[str, Any]]:
     return [dict(zip(names, row, strict=True)) for row in cur]
 
 
+_BEGIN_PG = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+
+
+def _open_read_only(path: str | Path, timeout_s: float, *, any_thread: bool = False) -> Connection:
+    """A read-only connection to the database at ``path`` (or a ``postgresql://`` URL);
+    ``any_thread``: a SQLite one usable from another thread than its opener's."""
+    if is_postgres(path):
+        return connect_postgres(str(path), timeout_s)
+    uri = Path(path).resolve().as_uri() + "?mode=ro"
+    return sqlite3.connect(uri, uri=True, timeout=timeout_s, isolation_level=None,
+                           check_same_thread=not any_thread)
+
+
 @contextlib.contextmanager
 def snapshot(path: str | Path, timeout_s: float = 5.0) -> Iterator[Connection]:
     """A read-only connection to the database at ``path`` (or a ``postgresql://`` URL)
     inside one read transaction (every query sees the same snapshot; WAL readers never
     block the collector, nor do PostgreSQL's)."""
-    db: Connection
-    if is_postgres(path):
-        db = connect_postgres(str(path), timeout_s)
-        begin = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
-    else:
-        uri = Path(path).resolve().as_uri() + "?mode=ro"
-        db = sqlite3.connect(uri, uri=True, timeout=timeout_s, isolation_level=None)
-        begin = "BEGIN"
+    db = _open_read_only(path, timeout_s)
     try:
-        db.execute(begin)
+        db.execute(_BEGIN_PG if is_postgres(path) else "BEGIN")
         yield db
     finally:
         db.close()
+
+
+class Reader:
+    """``snapshot`` on one read-only connection kept open between read transactions (the
+    ``/metrics`` scrape's: a PostgreSQL connection is a server process, ~10 ms to open).
+    A transaction that fails closes the connection; the next ``snapshot`` opens another
+    (``opened`` counts them). One user at a time: the caller serialises."""
+
+    def __init__(self, path: str | Path, timeout_s: float = 5.0) -> None:
+        self.path = path
+        self.timeout_s = timeout_s
+        self.opened = 0
+        self._db: Connection | None = None
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[Connection]:
+        if self._db is None:
+            self._db = _open_read_only(self.path, self.timeout_s, any_thread=True)
+            self.opened += 1
+        db = self._db
+        try:
+            db.execute(_BEGIN_PG if is_postgres(self.path) else "BEGIN")
+            yield db
+            db.execute("COMMIT")  # (a read transaction: nothing to commit, its snapshot let go)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        db, self._db = self._db, None
+        if db is not None:
+            with contextlib.suppress(sqlite3.Error):
+                db.close()
+
+
+def data_version(db: Connection) -> str:
+    """As the first statement of a read transaction (it takes the snapshot): a marker that
+    two read transactions of the same connection see equal only if nothing was committed
+    to the database between their snapshots (``Dialect.data_version_sql``)."""
+    return str(db.execute(dialect_of(db).data_version_sql).fetchone()[0])
 
 
 # ---------------------------------------------------------------------- nodes and messages
@@ -182,13 +239,7 @@ def current_findings(db: Connection) -> list[FindingCount]:
     row, with its non-OK findings, only when a node's state changes), counted per node,
     GPU, check and severity."""
     return [FindingCount(node, gpu, check, severity, int(rank), int(count))
-            for node, gpu, check, severity, rank, count in db.execute(
-                "WITH latest AS (SELECT node, max(seq) AS seq FROM report_history GROUP BY node), "
-                "cur AS (SELECT h.node, h.seq, max(h.ts) AS ts FROM report_history h JOIN latest "
-                "ON h.node = latest.node AND h.seq = latest.seq GROUP BY h.node, h.seq) "
-                f"SELECT f.node, f.gpu, f.check_id, f.severity, max({_RANK_SQL}), count(*) "
-                "FROM findings f JOIN cur ON f.node = cur.node AND f.ts = cur.ts "
-                "AND f.seq = cur.seq GROUP BY f.node, f.gpu, f.check_id, f.severity")]
+            for node, gpu, check, severity, rank, count in db.execute(CURRENT_FINDINGS_SQL)]
 
 
 def latest_report(db: Connection, node: str) -> LatestReport | None:

@@ -418,10 +418,21 @@ def _migration_9(db: Connection) -> None:
     """)
 
 
+def _migration_10(db: Connection) -> None:
+    """Each node's latest state change, for every ``/metrics`` scrape
+    (``queries.current_findings``): an index on ``report_history (node, seq, ts)`` answers
+    "the node's highest seq, and its latest ts" from the index alone, where
+    ``report_history_node_ts`` made the query read every history row. Written only with
+    a history row (a state change), not per report. (IF NOT EXISTS: the tests' "older"
+    databases are made by winding a new one's version back.)"""
+    _script(db, "CREATE INDEX IF NOT EXISTS report_history_node_seq_ts ON report_history (node, seq, ts)")
+
+
 # Applied in order at open; the schema version is the number applied. Append only.
 MIGRATIONS: list[Callable[[Connection], None]] = [_migration_1, _migration_2, _migration_3,
                                                           _migration_4, _migration_5, _migration_6,
-                                                          _migration_7, _migration_8, _migration_9]
+                                                          _migration_7, _migration_8, _migration_9,
+                                                          _migration_10]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
