@@ -496,3 +496,49 @@ def test_the_garbage_collector_is_paused_only_while_a_scrape_is_computed() -> No
     with contextlib.suppress(ValueError), gc_paused():
         raise ValueError
     assert gc.isenabled()
+
+
+def test_a_scrape_reuses_current_findings_until_the_history_changes(store_url: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 15: ``history_version`` (schema 11) is bumped by every write of
+    report_history/findings rows; a scrape after other commits (a report with the same
+    state: only nodes/reports/messages change) reuses the last current findings, a
+    scrape after a state change (or a prune) reads them again."""
+    import types
+
+    from slurmgpu.collector.counters import Counters
+    from slurmgpu.collector.metrics import FleetMetrics
+    from slurmgpu.collector.store import queries
+
+    calls = []
+    real = queries.current_findings
+    monkeypatch.setattr(queries, "current_findings", lambda db: calls.append(1) or real(db))
+    store = Store(store_url)
+    now = time.time()
+
+    def send(seq: int, severity: str) -> None:
+        body = {"verdict": severity, "findings": [finding("ecc.uncorrected", severity, 1)] if severity != "OK"
+                else []}
+        store.store_batch([("n1", Envelope(type=REPORT, node="n1", seq=seq, ts=now + seq, body=body))])
+
+    def findings() -> dict[str, float]:
+        families = {f.name: f for f in fleet.collect()}
+        return {s.labels["check"]: s.value for s in families["slurmgpu_findings"].samples}
+
+    fleet = FleetMetrics(types.SimpleNamespace(counters=Counters(), allowed={}, store=store,  # type: ignore[arg-type]
+                                               log=None, automation=None))
+    try:
+        send(1, "FAIL")
+        assert findings() == {"ecc.uncorrected": 1} and len(calls) == 1
+        send(2, "FAIL")  # the same state: no history row
+        before = fleet.store_reads
+        assert findings() == {"ecc.uncorrected": 1}
+        assert fleet.store_reads > before and len(calls) == 1  # read the store, not the findings
+        send(3, "OK")  # a state change
+        assert findings() == {} and len(calls) == 2
+        assert store.prune(0.0, now=now + 10 + 86400) > 0  # (pruning deletes history rows too)
+        findings()
+        assert len(calls) == 3
+    finally:
+        fleet.close()
+        store.close()

@@ -110,11 +110,18 @@ class StoreReads(NamedTuple):
     checkpoint_states: dict[str, int]
     pending_drains: int
 
+    history_version: int = -1  # (queries.history_version when ``findings`` were read)
+
     @classmethod
-    def read(cls, db: queries.Connection) -> StoreReads:
-        return cls(queries.node_verdict_columns(db), queries.current_findings(db),
+    def read(cls, db: queries.Connection, last: StoreReads | None = None) -> StoreReads:
+        """``last``: the previous scrape's reads, whose findings are reused while the
+        history they come from is unchanged (``queries.history_version``)."""
+        version = queries.history_version(db)
+        findings = (last.findings if last is not None and version >= 0 and last.history_version == version
+                    else queries.current_findings(db))
+        return cls(queries.node_verdict_columns(db), findings,
                    queries.event_counts(db), queries.decision_counts(db),
-                   queries.checkpoint_states(db), queries.pending_drain_count(db))
+                   queries.checkpoint_states(db), queries.pending_drain_count(db), version)
 
 
 class FleetMetrics:
@@ -264,7 +271,7 @@ class FleetMetrics:
                 version = (reader.opened, queries.data_version(db))  # (first: takes the snapshot)
                 if self._reads is not None and self._reads[0] == version:
                     return self._reads[1]
-                reads = StoreReads.read(db)
+                reads = StoreReads.read(db, self._reads[1] if self._reads is not None else None)
             self._reads = (version, reads)
             self.store_reads += 1
             return reads

@@ -37,7 +37,7 @@ from slurmgpu.collector.store.backend import (
     is_postgres,
 )
 from slurmgpu.collector.store.queries import snapshot
-from slurmgpu.collector.store.schema import SCHEMA_VERSION, connect, schema_version
+from slurmgpu.collector.store.schema import SCHEMA_VERSION, connect, schema_version, seeded_tables
 
 # The rows fetched from the source at a time (each batch then streams into the COPY).
 BATCH_ROWS = 10_000
@@ -239,6 +239,9 @@ def _secondary_indexes(dst: Connection, table: str) -> dict[str, str]:
 def _make_room(dst: Connection, replace: bool, tables: list[str]) -> bool:
     """Refuse a destination with rows (DestinationNotEmpty), or empty it (``replace``:
     True when it held rows)."""
+    seeded = [t for t in tables if t in seeded_tables()]  # (their rows come from the source)
+    if seeded:
+        dst.execute(f"TRUNCATE {', '.join(_quote(t) for t in seeded)}")
     occupied = [t for t in tables if dst.execute(f"SELECT EXISTS (SELECT 1 FROM {_quote(t)})").fetchone()[0]]
     if not occupied:
         return False

@@ -148,6 +148,10 @@ def _report_row(node: str, env: Envelope, packed: bytes) -> tuple[Any, ...]:
     return (node, env.seq, env.ts, verdict, rest, facts, env.ts, env.epoch)
 
 
+# Every transaction that adds or deletes report_history/findings rows runs this (schema 11).
+BUMP_HISTORY_VERSION = "UPDATE history_version SET version = version + 1"
+
+
 class Transaction:
     """``with``: one write transaction (``Dialect.begin_write`` ... COMMIT, ROLLBACK on any
     exception). Inside another one it joins it: the outer one commits or rolls back."""
@@ -451,6 +455,8 @@ class Ingest:
         if rows.history:
             db.executemany("INSERT INTO report_history (node, seq, ts, verdict) VALUES (?,?,?,?)",
                            rows.history)
+        if rows.history or rows.findings:
+            db.execute(BUMP_HISTORY_VERSION)
         if rows.findings:
             db.executemany("INSERT INTO findings (node, seq, ts, check_id, severity, gpu, subject, message) "
                            "VALUES (?,?,?,?,?,?,?,?)", rows.findings)
@@ -639,6 +645,8 @@ class Ingest:
                 deleted += self.db.execute(f"DELETE FROM {table} WHERE {column} < ?", (cutoff,)).rowcount
             deleted += self.db.execute("DELETE FROM checkpoints WHERE state != 'open' AND requested < ?",
                                        (cutoff,)).rowcount
+            if deleted:
+                self.db.execute(BUMP_HISTORY_VERSION)
         # The next report of every node is recorded again, so a node whose state has not
         # changed for longer than the retention still has its current state in the history.
         self._last_state.clear()

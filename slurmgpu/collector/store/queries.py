@@ -221,6 +221,16 @@ def data_version(db: Connection) -> str:
     return str(db.execute(dialect_of(db).data_version_sql).fetchone()[0])
 
 
+def history_version(db: Connection) -> int:
+    """The ``history_version`` counter (schema 11): unchanged, no ``report_history`` or
+    ``findings`` row was added or deleted (-1 on a database without it: always read)."""
+    try:
+        row = db.execute("SELECT version FROM history_version WHERE id = 1").fetchone()
+    except sqlite3.OperationalError:  # (an older database a reader opened as it is)
+        return -1
+    return int(row[0]) if row is not None else -1
+
+
 # ---------------------------------------------------------------------- nodes and messages
 
 

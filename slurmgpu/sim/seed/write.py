@@ -113,6 +113,7 @@ def _seed_automation(store: Any, sd: Recorder, fleet: int) -> None:
 
 
 def _insert_history(db: Any, sd: Recorder) -> None:
+    db.execute("UPDATE history_version SET version = version + 1")  # (as the collector's ingest does)
     db.executemany("INSERT INTO report_history (node, seq, ts, verdict) VALUES (?,?,?,?)",
                    sd.history)
     db.executemany("INSERT INTO findings (node, seq, ts, check_id, severity, gpu, subject, "
