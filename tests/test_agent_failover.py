@@ -10,6 +10,7 @@ empty); none sleeps and then looks.
 
 from __future__ import annotations
 
+import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,6 +86,7 @@ class Recorder:
         self.lines: list[tuple[str, str, dict[str, Any]]] = []
 
     def __getattr__(self, level: str) -> Any:
+        # (not positional-only: like structlog's, a field named "event" is a TypeError)
         def record(event: str, **fields: Any) -> None:
             self.lines.append((level, event, fields))
         return record
@@ -250,6 +252,30 @@ def test_a_hung_collector_is_left_and_its_unacked_messages_go_to_the_next(
     wait_until(lambda: spool.count() == 0, timeout=BOUND_S, what="B's acks to empty the spool")
     assert not stuck & a.stored(spool.epoch)  # A stored none of them: B's resend was the one
     assert link.address == b.address
+
+
+def test_a_collector_that_refuses_the_key_is_left_for_the_next(
+        tmp_path: Path, keys_dir: Path, pair: tuple[Serving, Serving], spool: Spool,
+        make_link: Any) -> None:
+    """The first collector has the same keypair but an allow-list without this node (not
+    synced after `keys add-node`): every handshake fails, and the link moves on to B
+    (a failed handshake once killed the link thread: a log call with a field named
+    "event", structlog's own argument)."""
+    _, b = pair
+    unsynced = tmp_path / "unsynced-keys"
+    (unsynced / "nodes").mkdir(parents=True, mode=0o700)
+    for name in ("collector.key", "collector.key_secret"):
+        shutil.copy2(keys_dir / name, unsynced / name)
+    refusing = Serving(_settings(tmp_path, unsynced, "refusing")).start()
+    b.start()
+    try:
+        link = make_link(refusing.address, b.address)
+        wait_stored(b, spool, {report(spool, link) for _ in range(5)}, "B to store the reports")
+        assert link.is_alive()
+        assert link.log.events("collector_handshake_failed")
+        assert link.log.events("collector_failover")[0]["from"] == refusing.address
+    finally:
+        refusing.close()
 
 
 def test_the_first_address_down_at_start_and_round_robin_back(

@@ -221,7 +221,7 @@ class Link(threading.Thread):
                     self.log.info("collector_disconnected", address=self.address)
                 self._up = False
             else:
-                self.log.error("collector_handshake_failed", address=self.address, event=int(kind),
+                self.log.error("collector_handshake_failed", address=self.address, zmq_event=int(kind),
                                hint="check the CURVE keys (node keypair allowed, collector.key)")
 
     def _send(self, frame: bytes) -> bool:
