@@ -492,7 +492,7 @@ def test_link_connected_follows_the_collector(tmp_path: Path) -> None:
     keys_dir, collector_secret = make_bundle(tmp_path)
     port = free_port()
     spool = Spool(tmp_path / "spool")
-    link = Link(address=f"tcp://127.0.0.1:{port}", node="n1", keys=load_client_keys(str(keys_dir)),
+    link = Link(addresses=[f"tcp://127.0.0.1:{port}"], node="n1", keys=load_client_keys(str(keys_dir)),
                 spool=spool, heartbeat_s=0.2, on_command=lambda m: None)
     link.start()
     collector = FakeCollector(port, collector_secret)

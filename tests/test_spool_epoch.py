@@ -61,7 +61,7 @@ def agent_run(spool_dir: Path, keys_dir: Path, address: str) -> Iterator[Agent]:
     agent = Agent(settings, NODE, sources=Sources(FakeNvmlSource(facts.nvml), FakeIbSource(facts.ib),
                                                   FakeVersionSource(facts.versions), clock), clock=clock)
     spool = agent.open_spool()
-    link = Link(address=address, node=NODE, keys=keys.client_keys(keys_dir / "bundles" / NODE),
+    link = Link(addresses=[address], node=NODE, keys=keys.client_keys(keys_dir / "bundles" / NODE),
                 spool=spool, heartbeat_s=0.5, on_command=lambda _m: None)
     agent.link = link
     link.start()
@@ -213,7 +213,7 @@ def test_legacy_spool_file_gets_an_epoch_and_keeps_its_seqs(tmp_path: Path) -> N
 def test_ack_for_another_epoch_deletes_nothing(tmp_path: Path) -> None:
     spool = Spool(tmp_path)
     seq = spool.append("event", lambda s: b"x").seq
-    link = Link(address="tcp://127.0.0.1:1", node=NODE, keys=(b"", b"", b""), spool=spool,
+    link = Link(addresses=["tcp://127.0.0.1:1"], node=NODE, keys=(b"", b"", b""), spool=spool,
                 heartbeat_s=1.0, on_command=lambda _m: None)
     link._ack(wire.Envelope(type=wire.ACK, node=NODE, seq=0, epoch="old-spool", body={"seqs": [seq]}))
     assert spool.count() == 1 and link.stale_acks == 1

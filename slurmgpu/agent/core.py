@@ -495,7 +495,7 @@ class Agent:
                            error=f"{type(exc).__name__}: {exc}", retry_s=KEYS_RETRY_S,
                            note="running locally; messages are spooled")
             return False
-        self.link = Link(address=self.settings.collector.address, node=self.node, keys=keys,
+        self.link = Link(addresses=self.settings.collector.addresses, node=self.node, keys=keys,
                          spool=self.open_spool(), heartbeat_s=self.settings.agent.heartbeat_s,
                          on_command=self.handle_command, on_connected=self.on_connected)
         self.link.start()

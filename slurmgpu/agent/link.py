@@ -6,7 +6,13 @@ this connection, in seq order, straight from the spool. A completed CURVE handsh
 (socket monitor) starts a fresh pass over the whole spool, so a restarted collector
 or a new socket gets every unacked message again. ``IMMEDIATE`` keeps zmq from
 queueing messages for a peer that is not there. A collector silent for
-``SILENT_HEARTBEATS`` heartbeats gets a new socket (close + connect). An ack deletes
+``SILENT_HEARTBEATS`` heartbeats (or one whose handshake fails or that stays
+disconnected that long) gets a new socket (close + connect): to the next of several
+collector addresses, round-robin (failover), or to the same one if there is only one.
+The link starts at the first address and stays on whichever one works: no move back to
+the first while the current one answers, so a restarted collector is not flapped to.
+The new socket's handshake resends the whole spool; the collectors deduplicate by
+(node, epoch, seq), so what the old one stored is acked as a duplicate. An ack deletes
 its seqs from the spool only if it is for this spool's epoch; seqs it lists as
 ``rejected`` are dropped and logged (the collector refused them for good).
 """
@@ -18,7 +24,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import zmq
@@ -38,11 +44,14 @@ CommandHandler = Callable[[wire.Envelope], None]
 
 
 class Link(threading.Thread):
-    def __init__(self, *, address: str, node: str, keys: tuple[bytes, bytes, bytes], spool: Spool,
-                 heartbeat_s: float, on_command: CommandHandler,
+    def __init__(self, *, addresses: Sequence[str], node: str, keys: tuple[bytes, bytes, bytes],
+                 spool: Spool, heartbeat_s: float, on_command: CommandHandler,
                  on_connected: Callable[[], None] | None = None) -> None:
         super().__init__(name="slurmgpu-link", daemon=True)
-        self.address = address
+        if not addresses:
+            raise ValueError("a link needs at least one collector address")
+        self.addresses = list(addresses)
+        self._at = 0  # index in addresses of the collector this link is on
         self.node = node
         self.public, self.secret, self.server = keys
         self.spool = spool
@@ -59,6 +68,7 @@ class Link(threading.Thread):
         self._up = False
         self.sent_upto = 0
         self.reconnects = 0
+        self.failovers = 0
         self.received = 0
         self.bad_frames = 0
         self.rejected = 0  # messages the collector refused for good (dropped)
@@ -70,6 +80,11 @@ class Link(threading.Thread):
         self._blocked = False
 
     # ------------------------------------------------------------ other threads
+
+    @property
+    def address(self) -> str:
+        """The collector this link is on (or trying)."""
+        return self.addresses[self._at]
 
     @property
     def connected(self) -> bool:
@@ -162,11 +177,7 @@ class Link(threading.Thread):
                 self._receive()
             now = time.monotonic()
             if now - self._last_rx > SILENT_HEARTBEATS * self.heartbeat_s:
-                self.log.info("collector_silent_reconnecting", address=self.address,
-                              silent_s=round(now - self._last_rx, 1), connected=self._up)
-                self._close()
-                self._open()
-                self.reconnects += 1
+                self._reconnect(silent_s=round(now - self._last_rx, 1))
                 continue
             if self._up:
                 self._flush()
@@ -174,6 +185,21 @@ class Link(threading.Thread):
                 next_heartbeat = now + self.heartbeat_s
                 if self._up:
                     self._send(wire.heartbeat_frame(self.node))
+
+    def _reconnect(self, silent_s: float) -> None:
+        """A new socket, to the next collector when there are several (one log line)."""
+        if len(self.addresses) == 1:
+            self.log.info("collector_silent_reconnecting", address=self.address,
+                          silent_s=silent_s, connected=self._up)
+        else:
+            was = self.address
+            self._at = (self._at + 1) % len(self.addresses)
+            self.failovers += 1
+            self.log.warning("collector_failover", **{"from": was}, to=self.address,
+                             silent_s=silent_s, connected=self._up)
+        self._close()
+        self._open()
+        self.reconnects += 1
 
     def _monitor_events(self) -> None:
         assert self._monitor is not None
@@ -195,7 +221,7 @@ class Link(threading.Thread):
                     self.log.info("collector_disconnected", address=self.address)
                 self._up = False
             else:
-                self.log.error("collector_handshake_failed", address=self.address, event=int(kind),
+                self.log.error("collector_handshake_failed", address=self.address, zmq_event=int(kind),
                                hint="check the CURVE keys (node keypair allowed, collector.key)")
 
     def _send(self, frame: bytes) -> bool:

@@ -229,7 +229,7 @@ def fleet_sim(config_file: str | None, count: int, rate: float, window: int, dur
     click.echo(f"allow-listed {count} simulated nodes in {settings.keys_dir}/nodes "
                "(a running collector needs SIGHUP or up to 30 s)", err=True)
     server_key = simfleet.collector_public_key(settings.keys_dir)
-    with simfleet.SimFleet(settings.address, server_key, nodes) as agents:
+    with simfleet.SimFleet(settings.addresses[0], server_key, nodes) as agents:
         connected = agents.hello(connect_timeout)
         if connected < count:
             click.echo(f"only {connected}/{count} nodes connected within {connect_timeout}s", err=True)

@@ -341,8 +341,12 @@ class AgentSettings:
 
 @dataclass
 class CollectorSettings:
-    # Where agents connect (the head node), and what the collector binds.
-    address: str = "tcp://localhost:7150"
+    # Where agents connect (the head node), and what the collector binds. ``address``: one
+    # endpoint, or a list of them for two or more collectors sharing one PostgreSQL
+    # database and one keys_dir (one server key). An agent connects to the first and moves
+    # to the next, round-robin, when the one it is on is silent for three heartbeats; it
+    # stays on the one that works (docs/postgresql.md, "Two or more collectors").
+    address: str | list[str] = "tcp://localhost:7150"
     bind: str = "tcp://*:7150"
     db: str = "/var/lib/slurmgpu/fleet.db"
     # CURVE keys: collector keypair, node keypairs, allow-list (see `slurmgpu keys`).
@@ -367,6 +371,11 @@ class CollectorSettings:
     # Several collectors on one PostgreSQL database: a leader (the one running the
     # automation) that died or was cut off is replaced within this many seconds.
     leader_timeout_s: Annotated[float, Range(2, 600)] = 10.0
+
+    @property
+    def addresses(self) -> list[str]:
+        """``address`` as a list: the collectors an agent tries, in order."""
+        return [self.address] if isinstance(self.address, str) else list(self.address)
 
 
 AutomationAction = Literal["none", "warn", "checkpoint", "drain", "drain-now", "reboot"]

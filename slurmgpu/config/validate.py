@@ -52,6 +52,10 @@ _IB_DEVICE_RE = re.compile(r"[^/\s]+(?:/[0-9*?\[\]!-]+)?")
 # ib.hw_counters_delta_max keys: file names under ports/<n>/hw_counters.
 _HW_COUNTER_RE = re.compile(r"[A-Za-z0-9_]+")
 
+# [collector] address entries: what an agent's DEALER can connect to.
+_TCP_RE = re.compile(r"tcp://(?:[A-Za-z0-9_.-]+|\[[0-9A-Za-z:.%]+\]):([0-9]{1,5})")
+_IPC_RE = re.compile(r"ipc://\S+")
+
 # The bound for a numeric setting the schema gave no Range (a test requires one for each):
 # finite, not negative, and small enough for the int64 columns of the store.
 _FALLBACK_RANGE = Range(0, 2**63 - 1)
@@ -218,7 +222,8 @@ class Validator:
                 try:
                     return self.value(value, option, key, setting, bounds)
                 except ConfigError:
-                    pass
+                    if isinstance(value, list) and get_origin(option) is list:
+                        raise  # an array where one may be: what is wrong inside it
             raise self.error(key, f"expected {type_name(tp)}, got {describe(value)}")
         if origin is Literal:
             allowed = get_args(tp)
@@ -296,11 +301,26 @@ class Validator:
                 err = _ib_device_error(pattern)
                 if err:
                     raise self.error(key if single else (*key, i), err)
+        elif setting == "collector.address":
+            self.addresses(key, [value] if single else value, single)
         elif setting == "ib.hw_counters_delta_max":
             for k in value:
                 if not _HW_COUNTER_RE.fullmatch(k):
                     raise self.error((*key, DictKey(k)), "not a hw_counters file name "
                                      '(letters, digits and "_", e.g. "local_ack_timeout_err")')
+
+    def addresses(self, key: KeyPath, entries: list[str], single: bool) -> None:
+        """``[collector] address``: at least one endpoint, each usable, none twice."""
+        if not entries:
+            raise self.error(key, 'no collector address: write one, e.g. "tcp://slurm-head:7150", '
+                             'or a list of them')
+        for i, entry in enumerate(entries):
+            where = key if single else (*key, i)
+            err = endpoint_error(entry)
+            if err:
+                raise self.error(where, err)
+            if entry in entries[:i]:
+                raise self.error(where, f"{quote(entry)} is listed twice")
 
     def check_ids(self, key: KeyPath, patterns: list[str], single: bool) -> None:
         import fnmatch
@@ -342,6 +362,21 @@ def _plugin_pattern(pattern: str) -> bool:
 def _shown_number(value: float) -> str:
     shown = format_value(value)
     return shown if len(shown) <= 40 else f"{shown[:20]}... ({len(shown)} digits)"
+
+
+def endpoint_error(address: str) -> str | None:
+    """Why a collector address is not a ZeroMQ endpoint an agent can connect to, or None:
+    ``tcp://HOST:PORT`` (HOST a name, an IPv4 address or a bracketed IPv6 one) or
+    ``ipc://PATH``."""
+    if _IPC_RE.fullmatch(address):
+        return None
+    found = _TCP_RE.fullmatch(address)
+    if found is None:
+        return (f"not a collector endpoint: {quote(address)}; write \"tcp://HOST:PORT\", "
+                'e.g. "tcp://slurm-head:7150"')
+    if not 1 <= int(found.group(1)) <= 65535:
+        return f"port out of range in {quote(address)} (1 to 65535)"
+    return None
 
 
 def _ib_device_error(pattern: str) -> str | None:

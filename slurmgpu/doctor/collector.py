@@ -63,7 +63,7 @@ def check_collector(ctx: Context) -> Iterator[Finding]:
     if settings is None:
         yield skip("collector", NEEDS_CONFIG)
     elif ctx.role == HEAD:
-        yield listening(settings.collector.address)
+        yield listening(settings.collector.addresses[0])
     elif not expects_agent(ctx):
         yield skip("collector", "no collector configured (no [collector] address, no node bundle)")
     else:
@@ -99,7 +99,7 @@ def probe(ctx: Context) -> Finding:
         node_keys = keys.client_keys(ctx.keys_dir)
     except keys.KeyFileError:
         return skip("collector", "needs this node's keys (see the keys line)")
-    address = ctx.settings.collector.address
+    address = ctx.settings.collector.addresses[0]
     fp = keys.fingerprint(node_keys[0])
     outcome, reply = _exchange(ctx, address, node_keys)
     if reply is not None:
