@@ -36,6 +36,14 @@ from slurmgpu.log import get_logger
 
 SILENT_HEARTBEATS = 3
 BATCH = 200
+# Frames sent on this connection and not acked yet, at most: a backlog (the spool after
+# an outage) goes out as acks come back, not all at once into zmq's queue, so a fresh
+# event (sent first, URGENT) waits behind at most this many of its own node's frames.
+WINDOW = 128
+URGENT = (wire.EVENT, wire.COMMAND_RESULT)
+# A full window and no ack for this many heartbeats (an ack lost while the collector
+# still heartbeats): everything unacked is sent again (the collector dedupes).
+STALL_HEARTBEATS = 6
 MONITOR_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
                   | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                   | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
@@ -77,7 +85,9 @@ class Link(threading.Thread):
         self._sock: zmq.Socket[Any] | None = None
         self._monitor: zmq.Socket[Any] | None = None
         self._last_rx = 0.0
+        self._last_ack = 0.0
         self._blocked = False
+        self._inflight: set[int] = set()  # seqs sent on this connection, not acked yet
 
     # ------------------------------------------------------------ other threads
 
@@ -138,8 +148,7 @@ class Link(threading.Thread):
         sock.connect(self.address)
         self._sock = sock
         self._up = False
-        self._blocked = False
-        self.sent_upto = 0
+        self._resend_all()
         self._last_rx = time.monotonic()
 
     def _close(self) -> None:
@@ -212,7 +221,7 @@ class Link(threading.Thread):
             if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.log.info("collector_connected", address=self.address)
                 self._up = True
-                self.sent_upto = 0
+                self._resend_all()
                 self._last_rx = time.monotonic()
                 if self.on_connected is not None:
                     self.on_connected()  # spools a hello; _flush sends it with the backlog
@@ -232,6 +241,13 @@ class Link(threading.Thread):
             return False
         return True
 
+    def _resend_all(self) -> None:
+        """A new connection (or a stalled one): every unacked message goes out again."""
+        self._blocked = False
+        self.sent_upto = 0
+        self._inflight.clear()
+        self._last_ack = time.monotonic()
+
     def _flush(self) -> None:
         with self._lock:
             volatile = list(self._volatile)
@@ -239,15 +255,33 @@ class Link(threading.Thread):
         self._blocked = False
         for frame in volatile:
             self._send(frame)
-        while True:
-            rows = self.spool.pending(self.sent_upto, BATCH)
-            for seq, frame in rows:
-                if not self._send(frame):
-                    self._blocked = True  # poll for POLLOUT, then go on from sent_upto
-                    return
-                self.sent_upto = seq
-            if len(rows) < BATCH:
+        if len(self._inflight) >= WINDOW and time.monotonic() - self._last_ack > STALL_HEARTBEATS * self.heartbeat_s:
+            self.log.warning("acks_stalled_resending", unacked=len(self._inflight))
+            self._resend_all()
+        # Events and command results first (a fault, a job's checkpoint ack), then the rest
+        # in seq order: the collector keeps a node's state by seq, whatever the order.
+        if not self._send_rows(self.spool.pending(self.sent_upto, WINDOW, types=URGENT)):
+            return
+        while (room := WINDOW - len(self._inflight)) > 0:
+            rows = self.spool.pending(self.sent_upto, min(BATCH, room))
+            if not self._send_rows(rows, advance=True) or len(rows) < min(BATCH, room):
                 return
+
+    def _send_rows(self, rows: list[tuple[int, bytes]], *, advance: bool = False) -> bool:
+        """Send the rows not sent yet on this connection, while the window has room;
+        ``advance``: they are the next in seq order (``sent_upto`` moves past them).
+        False: zmq's queue is full (poll for POLLOUT, then go on)."""
+        for seq, frame in rows:
+            if seq not in self._inflight:
+                if len(self._inflight) >= WINDOW:
+                    return True
+                if not self._send(frame):
+                    self._blocked = True
+                    return False
+                self._inflight.add(seq)
+            if advance:
+                self.sent_upto = seq
+        return True
 
     def _receive(self) -> None:
         assert self._sock is not None
@@ -279,6 +313,8 @@ class Link(threading.Thread):
             self.stale_acks += 1
             self.log.info("ack_for_other_epoch", epoch=message.epoch, spool_epoch=self.spool.epoch)
             return
+        self._inflight.difference_update(message.body["seqs"])
+        self._last_ack = time.monotonic()
         rejected = message.body.get("rejected") or []
         if rejected:
             # The collector refused these for good (malformed, or unstorable): resending

@@ -28,7 +28,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -204,15 +204,21 @@ class Spool:
 
     # ------------------------------------------------------------------ reads
 
-    def pending(self, after: int = 0, limit: int = 100) -> list[tuple[int, bytes]]:
-        """Unacked rows with seq > ``after``, in seq order."""
+    def pending(self, after: int = 0, limit: int = 100, *,
+                types: Sequence[str] | None = None) -> list[tuple[int, bytes]]:
+        """Unacked rows with seq > ``after``, in seq order (``types``: of these types only)."""
+        where = "seq > ?"
+        params: list[object] = [after]
+        if types is not None:
+            where += f" AND type IN ({', '.join('?' for _ in types)})"
+            params += list(types)
         with self._lock:
             if self._conn is None:
                 return []
             try:
                 rows = self._conn.execute(
-                    "SELECT seq, frame FROM messages WHERE seq > ? ORDER BY seq LIMIT ?",
-                    (after, limit)).fetchall()
+                    f"SELECT seq, frame FROM messages WHERE {where} ORDER BY seq LIMIT ?",
+                    (*params, limit)).fetchall()
             except sqlite3.Error as exc:
                 self._fail(f"spool read failed: {exc}")
                 return []
