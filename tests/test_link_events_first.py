@@ -45,7 +45,9 @@ def test_the_event_goes_ahead_of_the_backlog(pair: tuple[Serving, Serving], spoo
     when = dict(rows)
     # stored in a batch of its own, before any report of the backlog
     assert all(when[seq] > when[fault] for seq in backlog), sorted(when.items(), key=lambda kv: kv[1])[:5]
-    assert link._inflight == set() and spool.pending() == []
+    # every ack back (the link drops acked seqs from its window, then from the spool)
+    wait_until(lambda: spool.pending() == [], timeout=BOUND_S, what="every ack back")
+    assert link._inflight == set()
 
 
 def test_no_more_than_a_window_unacked(pair: tuple[Serving, Serving], spool: Spool,  # noqa: F811
