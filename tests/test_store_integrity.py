@@ -118,3 +118,35 @@ def test_the_collector_refuses_an_unreachable_postgresql_with_one_line(tmp_path:
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "127.0.0.1:1" in lines[0] and "Traceback" not in proc.stderr, proc.stderr
     assert "s3cret" not in proc.stderr
+
+
+def test_the_collector_checkpoints_the_wal_in_a_thread_of_its_own(tmp_path: Path) -> None:
+    """Issue 15: WAL checkpoints (and their fsyncs) happen in a background thread, not in
+    the collector's commits; the writer's own automatic checkpoint stays as a backstop."""
+    import os
+    import time
+
+    from slurmgpu.collector.store.walcheckpoint import BACKSTOP_PAGES
+    from slurmgpu.wire import EVENT, Envelope
+
+    store = Store(tmp_path / "fleet.db")
+    try:
+        assert int(store.db.execute("PRAGMA wal_autocheckpoint").fetchone()[0]) == 1000  # readers: default
+        store.checkpoint_in_background()
+        checkpointer = store._checkpointer
+        assert checkpointer is not None and checkpointer.is_alive()
+        assert int(store.db.execute("PRAGMA wal_autocheckpoint").fetchone()[0]) == BACKSTOP_PAGES
+        body = {"verdict": "OK", "findings": [], "kind": "xid", "gpu": 0, "data": 13, "pad": "x" * 4000}
+        for batch in range(20):
+            store.store_batch([(f"n{i}", Envelope(type=EVENT, node=f"n{i}", seq=batch + 1, body=body))
+                               for i in range(100)])
+        wal = tmp_path / "fleet.db-wal"
+        deadline = time.monotonic() + 30
+        while checkpointer.checkpoints < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert checkpointer.checkpoints >= 2
+        # the WAL's frames were copied into the database file (it has grown to hold them)
+        assert os.path.getsize(tmp_path / "fleet.db") > 20 * 100 * 4000 and wal.exists()
+    finally:
+        store.close()
+    assert not checkpointer.is_alive()

@@ -155,6 +155,7 @@ def build_collector(settings: CollectorSettings, *, automation: AutomationSettin
         if store is None:
             store = Store(settings.db, sample_interval_s=settings.sample_interval_s)
             undo.callback(store.close)
+            store.checkpoint_in_background()
         coordination = None
         send: SendCommand = transport.send_command
         if store.shared:  # PostgreSQL: maybe one of several collectors

@@ -23,6 +23,7 @@ from slurmgpu.collector.store.automation import AutomationRecord, reset, stored_
 from slurmgpu.collector.store.backend import describe, is_postgres
 from slurmgpu.collector.store.ingest import Ingest
 from slurmgpu.collector.store.schema import connect, schema_version
+from slurmgpu.collector.store.walcheckpoint import WalCheckpointer
 
 # What the automation left besides its state: forgotten with it by ``reset_automation``.
 _AUTOMATION_TRACES = ("pending_drains", "checkpoints", "job_events", "decisions")
@@ -36,6 +37,7 @@ class Store(Ingest):
         # A file's path, or a PostgreSQL URL (kept as given: readers open it again).
         self.path: Path | str = str(path) if is_postgres(path) else Path(path)
         super().__init__(connect(self.path, timeout_s), sample_interval_s)
+        self._checkpointer: WalCheckpointer | None = None
 
     @property
     def where(self) -> str:
@@ -45,8 +47,18 @@ class Store(Ingest):
     def schema_version(self) -> int:
         return schema_version(self.db)
 
+    def checkpoint_in_background(self) -> None:
+        """SQLite: WAL checkpoints in a thread of their own, not inside the collector's
+        commits (``walcheckpoint``). The collector calls it; short-lived readers do not."""
+        if isinstance(self.path, Path) and str(self.path) != ":memory:" and self._checkpointer is None:
+            self._checkpointer = WalCheckpointer(self.path, self.db)
+            self._checkpointer.start()
+
     def close(self) -> None:
         """Write the partial hourly samples, then close."""
+        if self._checkpointer is not None:
+            self._checkpointer.stop()
+            self._checkpointer = None
         rows = Rows()
         self.history.flush(time.time(), rows)
         if rows.samples and str(self.path) != ":memory:":
