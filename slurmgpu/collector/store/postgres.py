@@ -22,7 +22,8 @@ from __future__ import annotations
 import functools
 import re
 import sqlite3
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -86,6 +87,63 @@ class _NoRows:
         return iter(())
 
 
+_INSERT = re.compile(r"^\s*INSERT INTO (\w+) \(([^)]*)\)\s*VALUES\s*\(([^)]*)\)(.*)$", re.S | re.I)
+_CONFLICT = re.compile(r"\bON CONFLICT \(([^)]*)\)", re.I)
+
+
+@dataclass(frozen=True)
+class _Unnest:
+    """``INSERT INTO t (a, b, c) VALUES (?, ?, 1) ...`` for many rows as one statement:
+    ``INSERT INTO t (a, b, c) SELECT u.c0, u.c1, 1 FROM unnest(%s::text[], %s::bigint[])
+    AS u(c0, c1) WHERE true ...``, each column's values one array. One round trip and one
+    plan per batch, where psycopg's executemany sent a statement per row (~4 per stored
+    message: most of the collector's CPU on PostgreSQL). An upsert whose rows repeat a
+    conflict key cannot be one statement (PostgreSQL refuses to update a row twice in one):
+    those batches go row by row, as before (``fits``)."""
+
+    sql: str
+    width: int  # parameters per row
+    keys: tuple[int, ...]  # the conflict key's positions among them (upserts)
+
+    @classmethod
+    def of(cls, sql: str, column_types: Callable[[str], dict[str, str]]) -> _Unnest | None:
+        match = _INSERT.match(sql)
+        if match is None:
+            return None
+        table, rest = match.group(1), match.group(4)
+        columns = [c.strip() for c in match.group(2).split(",")]
+        values = [v.strip() for v in match.group(3).split(",")]
+        types = column_types(table)
+        params = [c for c, v in zip(columns, values, strict=False) if v == "?"]
+        if len(columns) != len(values) or "?" in rest or any(c not in types for c in params):
+            return None
+        conflict = _CONFLICT.search(rest)
+        keys = tuple(params.index(k.strip()) for k in conflict.group(1).split(",")) if conflict else ()
+        if conflict and any(k.strip() not in params for k in conflict.group(1).split(",")):
+            return None
+        names, select, n = [], [], 0
+        for value in values:
+            if value == "?":
+                names.append(f"c{n}")
+                select.append(f"u.c{n}")
+                n += 1
+            else:
+                select.append(value)
+        arrays = ", ".join(f"%s::{types[c]}[]" for c in params)
+        return cls(f"INSERT INTO {table} ({', '.join(columns)}) SELECT {', '.join(select)} "
+                   f"FROM unnest({arrays}) AS u({', '.join(names)}) WHERE true{_pg_sql(rest)}", n, keys)
+
+    def fits(self, rows: list[Any]) -> bool:
+        if any(len(row) != self.width for row in rows):
+            return False
+        if not self.keys:
+            return True
+        return len({tuple(row[k] for k in self.keys) for row in rows}) == len(rows)
+
+    def arrays(self, rows: list[Any]) -> list[list[Any]]:
+        return [list(column) for column in zip(*rows, strict=True)]
+
+
 class PgConnection:
     """One PostgreSQL connection (not thread-safe: one owner, as the SQLite one)."""
 
@@ -95,6 +153,8 @@ class PgConnection:
         self.params = dict(params or {})
         self.raw = _open(url, timeout_s, self.params)
         self._open_tx = False  # inside a BEGIN ... COMMIT/ROLLBACK of ours
+        self._plans: dict[str, _Unnest | None] = {}  # executemany's SQL -> its one-statement form
+        self._types: dict[str, dict[str, str]] = {}  # table -> column -> type (for the arrays)
 
     @property
     def in_transaction(self) -> bool:
@@ -141,14 +201,33 @@ class PgConnection:
         self.raw = _open(self.target, self.timeout_s, self.params)
 
     def executemany(self, sql: str, parameters: Iterable[Any], /) -> Cursor:
+        """Many rows: an INSERT of many rows is one statement over arrays (``_Unnest``),
+        anything else a statement per row (psycopg's pipeline)."""
         if self.raw.broken:
             self._lost("")
+        rows = parameters if isinstance(parameters, list) else list(parameters)
         cur = self.raw.cursor()
         try:
-            cur.executemany(_pg_sql(sql), parameters)
+            plan = self._unnest(sql) if len(rows) > 1 else None
+            if plan is not None and plan.fits(rows):
+                cur.execute(plan.sql, plan.arrays(rows))
+            else:
+                cur.executemany(_pg_sql(sql), rows)
         except psycopg.Error as exc:
             raise translate(exc) from exc
         return cur
+
+    def _unnest(self, sql: str) -> _Unnest | None:
+        if sql not in self._plans:
+            self._plans[sql] = _Unnest.of(sql, self._column_types)
+        return self._plans[sql]
+
+    def _column_types(self, table: str) -> dict[str, str]:
+        if table not in self._types:
+            self._types[table] = {str(name): str(kind) for name, kind in self.raw.execute(
+                "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+                "WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped", (table,))}
+        return self._types[table]
 
     def close(self) -> None:
         self.raw.close()
