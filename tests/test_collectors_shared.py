@@ -337,3 +337,29 @@ def test_inbox_body_is_small(pg_url: str) -> None:
         assert size < 40 and msgpack.packb({"verdict": "OK", "findings": []}) is not None
     finally:
         store.close()
+
+
+def test_only_a_node_not_connected_here_goes_to_the_outbox(pg_url: str) -> None:
+    """The leader's send queues a command for another collector only when the node is not
+    connected here; any other failure (a bad command) is the caller's error, not queued."""
+    from slurmgpu.collector.coordination import Coordination
+    from slurmgpu.collector.store import Leadership
+    from slurmgpu.collector.transport import CollectorError
+
+    store = Store(pg_url)
+    coordination = Coordination(store, Leadership(pg_url))
+    try:
+        def not_here(node: str, command: str, args: dict[str, Any], *, command_id: str) -> str:
+            raise CollectorError(f"node {node} is not connected")
+
+        def broken(node: str, command: str, args: dict[str, Any], *, command_id: str) -> str:
+            raise ValueError("not a valid command")
+
+        command_id = coordination.sender(not_here)("n1", "checkpoint", {"job_id": "7"})
+        assert rows(pg_url, "SELECT node, command_id FROM command_outbox") == [("n1", command_id)]
+        with pytest.raises(ValueError):
+            coordination.sender(broken)("n2", "checkpoint", {"job_id": "8"})
+        assert rows(pg_url, "SELECT count(*) FROM command_outbox") == [(1,)]
+    finally:
+        coordination.close()
+        store.close()

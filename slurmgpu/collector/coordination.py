@@ -35,6 +35,7 @@ from typing import Any
 import slurmgpu.collector.store.coordination as tables
 from slurmgpu.collector.store import Leadership, Store
 from slurmgpu.collector.store.coordination import InboxRow
+from slurmgpu.collector.transport import CollectorError
 from slurmgpu.log import get_logger
 
 # Inbox rows handed to the automation per chunk (each chunk is deleted once handled).
@@ -98,7 +99,7 @@ class Coordination:
             command_id = uuid.uuid4().hex
             try:
                 return send_local(node, command, args, command_id=command_id)
-            except Exception:  # not connected here: maybe to another collector
+            except CollectorError:  # not connected here: maybe to another collector
                 tables.outbox_add(self.store.db, node, command_id, command, args, time.time())
                 self.log.info("command_queued", node=node, command=command, command_id=command_id)
                 return command_id
@@ -114,7 +115,7 @@ class Coordination:
         for row in tables.outbox_due(self.store.db, connected):
             try:
                 send_local(row.node, row.command, row.args, command_id=row.command_id)
-            except Exception:  # gone meanwhile: left for the collector it moves to
+            except CollectorError:  # gone meanwhile: left for the collector it moves to
                 continue
             sent.append(row.id)
         if sent:
