@@ -13,7 +13,13 @@ p50/p99, and the collector's CPU time per report.
     python bench/collector_ingest.py [--nodes 100,1000,10000] [--duration 10]
                                      [--heartbeat-s 5] [--db sqlite|postgresql]
                                      [--collectors N] [--full-every N]
-                                     [--live-nodes N [--live-interval S]] [--json]
+                                     [--live-nodes N [--live-interval S]] [--no-events-port]
+                                     [--json]
+
+``--live-nodes N``: N more nodes that do not saturate; each sends an XID event every
+``--live-interval`` seconds, to the collector's events port (``[collector] events_port``,
+as agents do; ``--no-events-port``: collectors without one, the events go with the
+reports). Their ack latency is what a fresh fault waits for during a backlog drain.
 
 ``--db postgresql``: a throwaway PostgreSQL server (initdb/pg_ctl in a temp dir, as the
 tests start it) instead of the SQLite file; ``--collectors N``: N collector processes on
@@ -45,6 +51,7 @@ from typing import Any
 
 from slurmgpu import keys
 from slurmgpu.collector.store import Store, queries
+from slurmgpu.config.schema import with_port
 from slurmgpu.sim import fleet as simfleet
 from slurmgpu.sim.postgres import PgServer
 
@@ -89,11 +96,12 @@ def sender(address: str, server_key: bytes, nodes: list[simfleet.SimNode], durat
                  "latencies": lat[:: max(1, len(lat) // 20000)]})
 
 
-def start_collector(root: Path, address: str, db: str, profile: str | None) -> subprocess.Popen[bytes]:
+def start_collector(root: Path, address: str, db: str, profile: str | None,
+                    events_port: int) -> subprocess.Popen[bytes]:
     python = [sys.executable, "-m", "cProfile", "-o", profile, "-m", "slurmgpu", "collector"] \
         if profile else [sys.executable, "-c", "from slurmgpu.cli.fleet_cmd import collector; collector()"]
-    return subprocess.Popen([*python, "--bind", address, "--db", db, "--keys-dir", str(root / "keys"),
-                             "--log-level", "warning"])
+    return subprocess.Popen([*python, "--bind", address, "--events-port", str(events_port), "--db", db,
+                             "--keys-dir", str(root / "keys"), "--log-level", "warning"])
 
 
 def live_sender(address: str, server_key: bytes, nodes: list[simfleet.SimNode], duration: float,
@@ -155,7 +163,7 @@ def _rss_kb(pid: int) -> dict[str, int]:
 def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
              profile: str | None = None, warmup_s: float = 0.0, *, pg: PgServer | None = None,
              collectors: int = 1, full_every: int = 1, live_nodes: int = 0,
-             live_interval_s: float = 1.0) -> dict[str, Any]:
+             live_interval_s: float = 1.0, events: bool = True) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix=f"ingest-{n}-"))
     try:
         keys.init(root / "keys")
@@ -164,8 +172,11 @@ def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
         addresses = [f"tcp://127.0.0.1:{free_port()}" for _ in range(collectors)]
         db = pg.create_database() if pg is not None else str(root / "fleet.db")
         Store(db).close()  # migrated once, before the collectors start
-        procs_of = [start_collector(root, a, db, f"{profile}.{n}.{i}" if profile else None)
-                    for i, a in enumerate(addresses)]
+        events_ports = [free_port() if events else 0 for _ in addresses]
+        procs_of = [start_collector(root, a, db, f"{profile}.{n}.{i}" if profile else None, port)
+                    for i, (a, port) in enumerate(zip(addresses, events_ports, strict=True))]
+        # live nodes send their events where agents do: the events port when there is one
+        live_address = (with_port(addresses[0], events_ports[0]) if events else None) or addresses[0]
         _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         per_proc = max(1, (hard - 256) // simfleet.FDS_PER_NODE)
         procs = max(collectors, math.ceil(n / per_proc / collectors) * collectors)
@@ -179,7 +190,7 @@ def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
                                                     out))
                    for i, c in enumerate(chunks)]
         live_out = ctx.Queue()
-        live_workers = [ctx.Process(target=live_sender, args=(addresses[0], server_key, live, duration,
+        live_workers = [ctx.Process(target=live_sender, args=(live_address, server_key, live, duration,
                                                              live_interval_s, go, live_out))] if live else []
         for w in workers + live_workers:
             w.start()
@@ -211,6 +222,7 @@ def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
         pct = (lambda p: round(lat[min(len(lat) - 1, int(p * (len(lat) - 1)))] * 1000, 1)) \
             if lat else (lambda p: None)
         return {"nodes": n, "db": "postgresql" if pg is not None else "sqlite", "collectors": collectors,
+                "events_port": events,
                 "full_every": full_every,
                 "sender_procs": procs, "window": window, "connected": connected,
                 "sent": sum(r["sent"] for r in results), "acked": acked,
@@ -296,6 +308,8 @@ def main() -> int:
                         help="N more nodes, not saturating: each sends an event every --live-interval "
                              "(their ack latency: a fresh fault during a backlog drain)")
     parser.add_argument("--live-interval", type=float, default=1.0, metavar="SECONDS")
+    parser.add_argument("--no-events-port", action="store_true",
+                        help="collectors without [collector] events_port: live events queue with the reports")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.collectors > 1 and args.db != "postgresql":
@@ -315,7 +329,8 @@ def main() -> int:
 def _case(n: int, args: argparse.Namespace, pg: PgServer | None) -> dict[str, Any]:
     row = run_case(n, args.duration, args.inflight, args.heartbeat_s or None, args.profile,
                    args.warmup, pg=pg, collectors=args.collectors, full_every=args.full_every,
-                   live_nodes=args.live_nodes, live_interval_s=args.live_interval)
+                   live_nodes=args.live_nodes, live_interval_s=args.live_interval,
+                   events=not args.no_events_port)
     if not args.json:
         server = (f", postgres {row['postgres_cpu_us_per_report']} us CPU/report"
                   if row["postgres_cpu_us_per_report"] is not None else "")
@@ -323,7 +338,8 @@ def _case(n: int, args: argparse.Namespace, pg: PgServer | None) -> dict[str, An
         if "live_events" in row:
             server += (f", live events: {row['live_events']} ack p50 {row['live_ack_p50_ms']} ms "
                        f"p99 {row['live_ack_p99_ms']} ms ({row['live_unacked']} unacked)")
-        print(f"{row['nodes']:>6} nodes, {row['db']} x{row['collectors']}, 1/{row['full_every']} full "
+        print(f"{row['nodes']:>6} nodes, {row['db']} x{row['collectors']}, 1/{row['full_every']} full, "
+              f"events port {'on' if row['events_port'] else 'off'} "
               f"({row['sender_procs']} sender procs, window {row['window']}): "
               f"stored {row['stored_per_s']}/s (db), acked {row['acked_per_s']}/s, "
               f"ack p50 {row['ack_p50_ms']} ms p99 {row['ack_p99_ms']} ms, "

@@ -132,9 +132,10 @@ def spool(tmp_path: Path) -> Iterator[Spool]:
 def make_link(keys_dir: Path, spool: Spool) -> Iterator[Any]:
     links: list[Link] = []
 
-    def make(*addresses: str) -> Link:
+    def make(*addresses: str, events_port: int = 0) -> Link:
         link = Link(addresses=addresses, node=NODE, keys=keys.client_keys(keys_dir / "bundles" / NODE),
-                    spool=spool, heartbeat_s=LINK_HEARTBEAT_S, on_command=lambda _m: None)
+                    spool=spool, heartbeat_s=LINK_HEARTBEAT_S, on_command=lambda _m: None,
+                    events_port=events_port)
         link.log = Recorder()
         links.append(link)
         link.start()

@@ -104,11 +104,11 @@ def test_nodes_acked_within_the_interval_get_no_heartbeat(tmp_path: Path, keys_d
     transport = Transport(make_settings(tmp_path, keys_dir, heartbeat_s=5.0), Counters())
     sent: list[bytes] = []
     try:
-        transport._send = lambda route, frame: sent.append(route) or True  # type: ignore[method-assign]
+        transport._send = lambda route, frame, sock=None: sent.append(route) or True  # type: ignore[method-assign]
         now = time.time()
         for node in ("gpu-a", "gpu-b"):
             transport.seen[node], transport.routes[node] = now, node.encode()
-        transport._send_acks([(b"gpu-a", "gpu-a", "", 7, False)])  # gpu-a reported and was acked
+        transport._send_acks([(transport.sock, b"gpu-a", "gpu-a", "", 7, False)])  # gpu-a reported and was acked
         sent.clear()
         transport._heartbeat()
         assert sent == [b"gpu-b"]

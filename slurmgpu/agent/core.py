@@ -497,7 +497,8 @@ class Agent:
             return False
         self.link = Link(addresses=self.settings.collector.addresses, node=self.node, keys=keys,
                          spool=self.open_spool(), heartbeat_s=self.settings.agent.heartbeat_s,
-                         on_command=self.handle_command, on_connected=self.on_connected)
+                         on_command=self.handle_command, on_connected=self.on_connected,
+                         events_port=self.settings.collector.events_port)
         self.link.start()
         return True
 

@@ -15,6 +15,14 @@ The new socket's handshake resends the whole spool; the collectors deduplicate b
 (node, epoch, seq), so what the old one stored is acked as a duplicate. An ack deletes
 its seqs from the spool only if it is for this spool's epoch; seqs it lists as
 ``rejected`` are dropped and logged (the collector refused them for good).
+
+Events and command results also have a socket of their own, to the same collector's
+``[collector] events_port``: once its handshake is done they go there (at most
+EVENTS_WINDOW unacked), so a fault is not queued at the collector behind the reports of
+a fleet flushing its spools. The main connection sends them as before when that socket
+is not up, and takes back the ones it had in flight when it drops or goes unacked for
+STALL_HEARTBEATS heartbeats (all unacked messages are then resent on the main socket,
+and the events socket reconnects).
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from slurmgpu import wire
 from slurmgpu.agent.spool import Spool
+from slurmgpu.config.schema import with_port
 from slurmgpu.log import get_logger
 
 SILENT_HEARTBEATS = 3
@@ -44,6 +53,8 @@ URGENT = (wire.EVENT, wire.COMMAND_RESULT)
 # A full window and no ack for this many heartbeats (an ack lost while the collector
 # still heartbeats): everything unacked is sent again (the collector dedupes).
 STALL_HEARTBEATS = 6
+# Events and command results unacked on the events socket, at most.
+EVENTS_WINDOW = 32
 MONITOR_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
                   | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                   | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
@@ -54,7 +65,7 @@ CommandHandler = Callable[[wire.Envelope], None]
 class Link(threading.Thread):
     def __init__(self, *, addresses: Sequence[str], node: str, keys: tuple[bytes, bytes, bytes],
                  spool: Spool, heartbeat_s: float, on_command: CommandHandler,
-                 on_connected: Callable[[], None] | None = None) -> None:
+                 on_connected: Callable[[], None] | None = None, events_port: int = 0) -> None:
         super().__init__(name="slurmgpu-link", daemon=True)
         if not addresses:
             raise ValueError("a link needs at least one collector address")
@@ -66,6 +77,7 @@ class Link(threading.Thread):
         self.heartbeat_s = heartbeat_s
         self.on_command = on_command
         self.on_connected = on_connected
+        self.events_port = events_port  # 0: no events socket
         self.log = get_logger(component="link", node=node)
         self._halt = threading.Event()
         self._rfd, self._wfd = os.pipe()
@@ -88,6 +100,12 @@ class Link(threading.Thread):
         self._last_ack = 0.0
         self._blocked = False
         self._inflight: set[int] = set()  # seqs sent on this connection, not acked yet
+        self._esock: zmq.Socket[Any] | None = None  # the events socket
+        self._emonitor: zmq.Socket[Any] | None = None
+        self._eup = False  # its handshake is done
+        self._einflight: dict[int, float] = {}  # seq -> monotonic time sent on it, not acked yet
+        self.events_sent = 0  # messages sent on the events socket
+        self.events_fallbacks = 0  # times its unacked messages went back to the main socket
 
     # ------------------------------------------------------------ other threads
 
@@ -101,6 +119,11 @@ class Link(threading.Thread):
         """The CURVE handshake is done and the collector was heard from (any frame, its
         heartbeats included) within SILENT_HEARTBEATS heartbeat intervals."""
         return self._up and time.monotonic() - self._last_rx <= SILENT_HEARTBEATS * self.heartbeat_s
+
+    @property
+    def events_up(self) -> bool:
+        """The events socket's handshake is done: events and command results go there."""
+        return self._eup
 
     def wake(self) -> None:
         with contextlib.suppress(BlockingIOError, OSError):
@@ -132,35 +155,61 @@ class Link(threading.Thread):
                     os.close(fd)
 
     def _open(self) -> None:
-        assert self._ctx is not None
-        sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.IMMEDIATE, 1)
         # No ROUTING_ID: the collector's ROUTER gives each connection its own, and routes
         # to this node by its authenticated key. (A name chosen here could be claimed by
         # another node's key first and lock this one out.)
-        sock.setsockopt(zmq.RECONNECT_IVL, 200)
-        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)
-        sock.curve_publickey = self.public
-        sock.curve_secretkey = self.secret
-        sock.curve_serverkey = self.server
+        sock = self._dealer()
         self._monitor = sock.get_monitor_socket(MONITOR_EVENTS)
         sock.connect(self.address)
         self._sock = sock
         self._up = False
         self._resend_all()
         self._last_rx = time.monotonic()
+        self._open_events()
+
+    def _dealer(self) -> zmq.Socket[Any]:
+        assert self._ctx is not None
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IMMEDIATE, 1)
+        sock.setsockopt(zmq.RECONNECT_IVL, 200)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)
+        sock.curve_publickey = self.public
+        sock.curve_secretkey = self.secret
+        sock.curve_serverkey = self.server
+        return sock
+
+    def _open_events(self) -> None:
+        """The events socket, to the events port of the collector this link is on (none
+        without an events port, or for an ipc:// address)."""
+        endpoint = with_port(self.address, self.events_port) if self.events_port else None
+        if endpoint is None:
+            return
+        sock = self._dealer()
+        self._emonitor = sock.get_monitor_socket(MONITOR_EVENTS)
+        sock.connect(endpoint)
+        self._esock = sock
+        self._eup = False
+
+    def _close_events(self) -> None:
+        _close_monitored(self._esock, self._emonitor)
+        self._esock = self._emonitor = None
+        self._eup = False
+        self._events_back()
+
+    def _events_back(self) -> None:
+        """The events socket's unacked messages go back to the main socket (all unacked
+        messages are resent there: they were skipped while in flight on the other one)."""
+        if self._einflight:
+            self._einflight.clear()
+            self.events_fallbacks += 1
+            self._resend_all()
 
     def _close(self) -> None:
-        if self._sock is not None:
-            with contextlib.suppress(zmq.ZMQError):
-                self._sock.disable_monitor()
-            self._sock.close(linger=0)
-            self._sock = None
-        if self._monitor is not None:
-            self._monitor.close(linger=0)
-            self._monitor = None
+        _close_monitored(self._sock, self._monitor)
+        self._sock = self._monitor = None
         self._up = False
+        self._close_events()
 
     def _main(self) -> None:
         self._open()
@@ -171,6 +220,9 @@ class Link(threading.Thread):
             poller.register(self._sock, zmq.POLLIN | (zmq.POLLOUT if self._blocked else 0))
             poller.register(self._monitor, zmq.POLLIN)
             poller.register(self._rfd, zmq.POLLIN)
+            if self._esock is not None and self._emonitor is not None:
+                poller.register(self._esock, zmq.POLLIN)
+                poller.register(self._emonitor, zmq.POLLIN)
             now = time.monotonic()
             timeout = max(0.0, min(next_heartbeat, self._last_rx + SILENT_HEARTBEATS * self.heartbeat_s)
                           - now)
@@ -184,10 +236,16 @@ class Link(threading.Thread):
                 self._monitor_events()
             if ready.get(self._sock, 0) & zmq.POLLIN:
                 self._receive()
+            if self._emonitor is not None and self._emonitor in ready:
+                self._events_monitor()
+            if self._esock is not None and ready.get(self._esock, 0) & zmq.POLLIN:
+                self._receive_events()
             now = time.monotonic()
             if now - self._last_rx > SILENT_HEARTBEATS * self.heartbeat_s:
                 self._reconnect(silent_s=round(now - self._last_rx, 1))
                 continue
+            if self._eup:
+                self._send_events()  # first: the main socket skips what is in flight there
             if self._up:
                 self._flush()
             if now >= next_heartbeat:
@@ -233,6 +291,24 @@ class Link(threading.Thread):
                 self.log.error("collector_handshake_failed", address=self.address, zmq_event=int(kind),
                                hint="check the CURVE keys (node keypair allowed, collector.key)")
 
+    def _events_monitor(self) -> None:
+        assert self._emonitor is not None
+        while True:
+            try:
+                event = recv_monitor_message(self._emonitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            kind = event["event"]
+            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._eup = True
+                self.log.info("collector_events_connected", port=self.events_port)
+            elif kind == zmq.EVENT_DISCONNECTED:
+                self._eup = False
+                self._events_back()
+            else:  # a collector without the events port behind it: stay on the main socket
+                self._eup = False
+                self._events_back()
+
     def _send(self, frame: bytes) -> bool:
         assert self._sock is not None
         try:
@@ -267,12 +343,39 @@ class Link(threading.Thread):
             if not self._send_rows(rows, advance=True) or len(rows) < min(BATCH, room):
                 return
 
+    def _send_events(self) -> None:
+        """Events and command results not in flight yet, on the events socket (its window
+        full, or its queue: the rest wait, or go on the main socket)."""
+        assert self._esock is not None
+        now = time.monotonic()
+        if self._einflight and now - min(self._einflight.values()) > STALL_HEARTBEATS * self.heartbeat_s:
+            self.log.warning("event_acks_stalled", unacked=len(self._einflight),
+                             note="resending on the main connection; reconnecting the events socket")
+            self._close_events()
+            self._open_events()
+            return
+        room = EVENTS_WINDOW - len(self._einflight)
+        if room <= 0:
+            return
+        for seq, frame in self.spool.pending(0, EVENTS_WINDOW + len(self._inflight), types=URGENT):
+            if seq in self._einflight or seq in self._inflight:
+                continue
+            try:
+                self._esock.send(frame, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._einflight[seq] = now
+            self.events_sent += 1
+            room -= 1
+            if room == 0:
+                return
+
     def _send_rows(self, rows: list[tuple[int, bytes]], *, advance: bool = False) -> bool:
         """Send the rows not sent yet on this connection, while the window has room;
         ``advance``: they are the next in seq order (``sent_upto`` moves past them).
         False: zmq's queue is full (poll for POLLOUT, then go on)."""
         for seq, frame in rows:
-            if seq not in self._inflight:
+            if seq not in self._inflight and seq not in self._einflight:
                 if len(self._inflight) >= WINDOW:
                     return True
                 if not self._send(frame):
@@ -282,6 +385,26 @@ class Link(threading.Thread):
             if advance:
                 self.sent_upto = seq
         return True
+
+    def _receive_events(self) -> None:
+        """The events socket: acks only."""
+        assert self._esock is not None
+        while True:
+            try:
+                frame = self._esock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self.received += 1
+            try:
+                message = wire.decode(frame)
+            except wire.WireError as exc:
+                self.bad_frames += 1
+                self.log.warning("bad_frame_from_collector", error=str(exc), socket="events")
+                continue
+            if message.type == wire.ACK:
+                self._ack(message, main=False)
+            else:
+                self.log.warning("unexpected_message", type=message.type, socket="events")
 
     def _receive(self) -> None:
         assert self._sock is not None
@@ -305,16 +428,22 @@ class Link(threading.Thread):
             elif message.type != wire.HEARTBEAT:
                 self.log.warning("unexpected_message", type=message.type)
 
-    def _ack(self, message: wire.Envelope) -> None:
+    def _ack(self, message: wire.Envelope, *, main: bool = True) -> None:
         """Drop the acked rows. An ack for another spool epoch (sent for a previous
         spool of this node, e.g. before a reinstall) must not delete this spool's rows
-        under the same seqs; an ack without an epoch is from an epoch-less collector."""
+        under the same seqs; an ack without an epoch is from an epoch-less collector.
+        ``main``: it came on the main socket (an events socket ack says nothing of the
+        main connection's stalls)."""
         if message.epoch and message.epoch != self.spool.epoch:
             self.stale_acks += 1
             self.log.info("ack_for_other_epoch", epoch=message.epoch, spool_epoch=self.spool.epoch)
             return
-        self._inflight.difference_update(message.body["seqs"])
-        self._last_ack = time.monotonic()
+        seqs = message.body["seqs"]
+        self._inflight.difference_update(seqs)
+        for seq in seqs:
+            self._einflight.pop(seq, None)
+        if main:
+            self._last_ack = time.monotonic()
         rejected = message.body.get("rejected") or []
         if rejected:
             # The collector refused these for good (malformed, or unstorable): resending
@@ -322,3 +451,13 @@ class Link(threading.Thread):
             self.rejected += len(rejected)
             self.log.error("messages_rejected_by_collector", seqs=rejected[:20], count=len(rejected))
         self.spool.delete(message.body["seqs"])
+
+
+def _close_monitored(sock: zmq.Socket[Any] | None, monitor: zmq.Socket[Any] | None) -> None:
+    """Close a socket and its monitor socket (either may be None)."""
+    if sock is not None:
+        with contextlib.suppress(zmq.ZMQError):
+            sock.disable_monitor()
+        sock.close(linger=0)
+    if monitor is not None:
+        monitor.close(linger=0)

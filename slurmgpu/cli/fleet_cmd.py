@@ -81,6 +81,8 @@ def _collector_args(settings: Settings, *, dry_run: bool = False) -> dict[str, A
 @click.command("collector")
 @config_option
 @click.option("--bind", default=None, help="ZeroMQ endpoint to bind (collector.bind).")
+@click.option("--events-port", type=int, default=None,
+              help="Port for events and command results, 0 = none (collector.events_port).")
 @click.option("--db", default=None, help="SQLite database (collector.db; $SLURMGPU_DB).")
 @click.option("--keys-dir", default=None,
               help="CURVE keys and allow-list (collector.keys_dir; $SLURMGPU_KEYS_DIR).")
@@ -88,8 +90,8 @@ def _collector_args(settings: Settings, *, dry_run: bool = False) -> dict[str, A
               type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--dry-run", is_flag=True,
               help="With [automation] enabled: record every decision, make no Slurm call.")
-def collector(config_file: str | None, bind: str | None, db: str | None, keys_dir: str | None,
-              log_level: str, dry_run: bool) -> None:
+def collector(config_file: str | None, bind: str | None, events_port: int | None, db: str | None,
+              keys_dir: str | None, log_level: str, dry_run: bool) -> None:
     """Run the fleet collector until SIGTERM/SIGINT (SIGHUP reloads the allow-list).
 
     With ``[automation] enabled = true`` it also drains and resumes nodes from their
@@ -98,8 +100,8 @@ def collector(config_file: str | None, bind: str | None, db: str | None, keys_di
     from slurmgpu.collector.app import build_collector
 
     log.configure(log_level, json=True)
-    full = load_settings(config_file, flags={"collector.bind": bind, "collector.db": db,
-                                             "collector.keys_dir": keys_dir}).settings
+    full = load_settings(config_file, flags={"collector.bind": bind, "collector.events_port": events_port,
+                                             "collector.db": db, "collector.keys_dir": keys_dir}).settings
     settings = full.collector
     if dry_run and not full.automation.enabled:
         click.echo("--dry-run has no effect: [automation] enabled is false", err=True)

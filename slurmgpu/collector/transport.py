@@ -38,7 +38,19 @@ forever. When the store itself fails (disk full, I/O error, locked, corrupt: the
 returns None) nothing is acked, so agents keep their messages spooled and resend them.
 
 Fairness: a batch (one ``Handler.commit``, then its acks) ends after ``max_batch``
-frames, after MAX_BATCH_BYTES, or as soon as one peer has sent MAX_PEER_BATCH_BYTES of it.
+frames, after MAX_BATCH_BYTES, after MAX_BATCH_READ_S of reading, or as soon as one peer
+has sent MAX_PEER_BATCH_BYTES of it.
+
+Events first: a second ROUTER on ``[collector] events_port`` takes only events and
+command results (a fault, a job's checkpoint ack). A ROUTER reads its connections in
+turn, one message each, so on the main socket a live node's event waits behind one
+queued report of every other connection: after an outage, 10,000 nodes flushing their
+spools is seconds of work. The events socket is read before every batch and every
+EVENTS_POLL_EVERY frames within one; a batch that took an event ends there, so the event
+is stored and acked within one short batch. It has an I/O thread of its own (affinity),
+so its CURVE work is not queued behind the reports' either. Its messages are acked on it;
+commands and heartbeats stay on the main socket. Not bindable (port in use): logged, and
+the collector runs without it (agents then send events with their reports).
 
 Single-threaded (plus libzmq's I/O thread and the ZAP thread): every method, and
 ``send_command``, is called from the thread that runs the collector loop.
@@ -101,9 +113,18 @@ MAX_PEER_BATCH_BYTES = 2 * MAX_FRAME
 # reports behind it; at most once per URGENT_EVERY_S, so an event storm still batches.
 URGENT = frozenset({EVENT, COMMAND_RESULT})
 URGENT_EVERY_S = 0.02
+# A batch stops reading after this long: its commit then takes about as long again, and an
+# event arriving meanwhile (on the events socket) waits for both.
+MAX_BATCH_READ_S = 0.01
+# Within a batch, the events socket is looked at every this many frames.
+EVENTS_POLL_EVERY = 16
+# At most this many events socket frames per batch, so a flood there cannot starve reports.
+MAX_EVENTS_PER_BATCH = 256
+# zmq I/O threads: the main socket's connections on the first, the events socket's on the second.
+MAIN_IO, EVENTS_IO = 1, 2
 
-# An acked-type message to acknowledge: (routing id, node, epoch, seq, rejected).
-AckItem = tuple[bytes, str, str, int, bool]
+# An acked-type message to acknowledge: (socket, routing id, node, epoch, seq, rejected).
+AckItem = tuple["zmq.Socket[Any]", bytes, str, str, int, bool]
 # The accepted messages of one batch: (authenticated node, envelope, frame bytes).
 Batch = list[tuple[str, Envelope, bytes]]
 
@@ -157,12 +178,18 @@ class Transport:
         self.allowed: dict[bytes, str] = keys.allowed_nodes(self.keys_dir)
         self._frames = ReplyFrames()
         self._allow_stamp = self._nodes_dir_stamp()
-        self.ctx = zmq.Context()
+        self.ctx = zmq.Context(io_threads=2)
         self.auth = ThreadAuthenticator(self.ctx)
         self.auth.start()
         self.auth.configure_curve(domain="*", location=str(self.keys_dir / keys.NODES_DIR))
-        self.sock = self._socket(public, secret)
+        self.sock = self._socket(public, secret, MAIN_IO)
         self.endpoint = ""  # once ``listen`` has bound it
+        # The events socket, once ``listen`` has bound it (None: off, or not bindable).
+        self.events_sock: zmq.Socket[Any] | None = None
+        self.events_endpoint = ""
+        self._keys = (public, secret)
+        self._poller = zmq.Poller()
+        self._poller.register(self.sock, zmq.POLLIN)
         now = time.monotonic()
         self.seen: dict[str, float] = {}  # node -> wall time last heard (this process)
         self.heard: set[str] = set()  # heard by heartbeat since the last Handler.heard
@@ -176,8 +203,9 @@ class Transport:
         self._reload_requested = False
         self._closed = False
 
-    def _socket(self, public: bytes, secret: bytes) -> zmq.Socket[Any]:
+    def _socket(self, public: bytes, secret: bytes, io_thread: int) -> zmq.Socket[Any]:
         sock = self.ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.AFFINITY, io_thread)
         sock.curve_server = True
         sock.curve_publickey = public
         sock.curve_secretkey = secret
@@ -203,13 +231,35 @@ class Transport:
             self.close()
             raise CollectorError(f"cannot bind {self.settings.bind}: {exc}") from None
         self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._listen_events()
         return self.endpoint
+
+    def _listen_events(self) -> None:
+        """Bind the events socket, if there is one to bind; a failure is logged, not fatal:
+        events then come with the reports, later but not lost."""
+        bind = self.settings.events_endpoint(self.settings.bind)
+        if bind is None:
+            return
+        sock = self._socket(*self._keys, EVENTS_IO)
+        try:
+            sock.bind(bind)
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            self.log.warning("events_port_unavailable", bind=bind, error=str(exc),
+                             hint="events and command results go with the reports (slower "
+                                  "during a backlog); free the port or set [collector] events_port")
+            return
+        self.events_sock = sock
+        self.events_endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._poller.register(sock, zmq.POLLIN)
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         self.sock.close(linger=0)
+        if self.events_sock is not None:
+            self.events_sock.close(linger=0)
         self.auth.stop()
         self.ctx.term()
 
@@ -222,7 +272,7 @@ class Transport:
     def receive(self, handler: Handler, timeout_ms: int = 0) -> int:
         """Wait up to ``timeout_ms`` for frames, handle up to ``max_batch`` of them (one
         ``handler.commit``, then the acks, then ``handler.acked``). Returns frames handled."""
-        if not self.sock.poll(timeout_ms, zmq.POLLIN):
+        if not self._poller.poll(timeout_ms):
             return 0
         # A batch is ~100k short-lived, acyclic objects (decoded msgpack): the cyclic GC
         # would traverse them over and over (it nearly halves throughput). Reference
@@ -238,11 +288,14 @@ class Transport:
     def _drain_batch(self, handler: Handler) -> int:
         batch: Batch = []
         to_ack: list[AckItem] = []
-        handled = size = 0
+        size = 0
         per_peer: dict[bytes, int] = {}
         sock = self.sock
         now = time.time()
-        while handled < self.max_batch and size < MAX_BATCH_BYTES:
+        # Events waiting: this batch is them alone, committed and acked at once.
+        events = handled = self._take_events(batch, to_ack, now)
+        read_until = time.monotonic() + MAX_BATCH_READ_S
+        while not events and handled < self.max_batch and size < MAX_BATCH_BYTES:
             try:
                 parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
@@ -256,6 +309,11 @@ class Transport:
             peer_size = per_peer[peer] = per_peer.get(peer, 0) + frame_size
             if peer_size >= MAX_PEER_BATCH_BYTES or (len(batch) > accepted and self._urgent(batch[-1][1])):
                 break
+            if handled % EVENTS_POLL_EVERY == 0:
+                events = self._take_events(batch, to_ack, now)
+                handled += events
+                if events or time.monotonic() >= read_until:
+                    break
         if not batch:
             self._send_acks(to_ack)  # rejected messages only
             return handled
@@ -265,13 +323,29 @@ class Transport:
             return handled  # the store failed: nothing is acked, the agents resend
         new, refused = stored
         if refused:
-            to_ack[:] = [(r, n, e, q, rej or (n, e, q) in refused) for r, n, e, q, rej in to_ack]
+            to_ack[:] = [(s, r, n, e, q, rej or (n, e, q) in refused) for s, r, n, e, q, rej in to_ack]
         self.counters.stored += len(new)
-        self.counters.duplicates += sum(1 for item in to_ack if not item[4]) - len(new)
+        self.counters.duplicates += sum(1 for item in to_ack if not item[5]) - len(new)
         self._send_acks(to_ack)
         if new:
             handler.acked(batch, new, now)
         return handled
+
+    def _take_events(self, batch: Batch, to_ack: list[AckItem], now: float) -> int:
+        """Read what the events socket has (at most MAX_EVENTS_PER_BATCH frames) into the
+        batch; returns the number of frames read."""
+        sock = self.events_sock
+        if sock is None:
+            return 0
+        taken = 0
+        while taken < MAX_EVENTS_PER_BATCH:
+            try:
+                parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            taken += 1
+            self._accept(parts, batch, to_ack, now, sock)
+        return taken
 
     def _urgent(self, env: Envelope) -> bool:
         """Whether the batch ends after this message (``URGENT``)."""
@@ -283,7 +357,10 @@ class Transport:
         self._next_urgent = mono + URGENT_EVERY_S
         return True
 
-    def _accept(self, parts: list[Any], batch: Batch, to_ack: list[AckItem], now: float) -> None:
+    def _accept(self, parts: list[Any], batch: Batch, to_ack: list[AckItem], now: float,
+                sock: zmq.Socket[Any] | None = None) -> None:
+        """Check and decode one received message into ``batch`` (and ``to_ack``); ``sock``:
+        the events socket it came from (None: the main socket)."""
         self.counters.received += 1
         if len(parts) != 2:
             self._reject("frames", frames=len(parts))
@@ -306,7 +383,7 @@ class Transport:
             env = decode(data)
         except BodyError as exc:
             self._reject("malformed", node=node, error=str(exc))
-            self._ack_rejected(exc.envelope, node, routing_id, to_ack)
+            self._ack_rejected(exc.envelope, node, routing_id, to_ack, sock or self.sock)
             return
         except WireError as exc:
             reason = "version" if "protocol version" in str(exc) else "malformed"
@@ -318,6 +395,14 @@ class Transport:
         if not _routing_id_ok(routing_id, node):
             self._reject("routing_mismatch", node=node,
                          routing_id=routing_id.decode("utf-8", "replace")[:64])
+            return
+        if sock is not None:
+            if env.type not in URGENT:  # not acked: the agent sends it again on the main socket
+                self._reject("unexpected_type", node=node, type=env.type, socket="events")
+                return
+            self.seen[node] = now
+            batch.append((node, env, data))
+            to_ack.append((sock, routing_id, node, env.epoch, env.seq, False))
             return
         if env.type == HEARTBEAT and env.body.get("probe") is True:
             # `slurmgpu doctor` checking this node's key from another socket: answer at once,
@@ -336,13 +421,14 @@ class Transport:
             return
         self.seen[node] = now
         batch.append((node, env, data))
-        to_ack.append((routing_id, node, env.epoch, env.seq, False))
+        to_ack.append((self.sock, routing_id, node, env.epoch, env.seq, False))
 
-    def _ack_rejected(self, env: Envelope, node: str, routing_id: bytes, to_ack: list[AckItem]) -> None:
+    def _ack_rejected(self, env: Envelope, node: str, routing_id: bytes, to_ack: list[AckItem],
+                      sock: zmq.Socket[Any]) -> None:
         """Ack a message whose body was refused, if it is the authenticated node's own
         acked-type message: the agent drops it instead of resending it forever."""
         if env.node == node and _routing_id_ok(routing_id, node) and env.type in ACKED:
-            to_ack.append((routing_id, node, env.epoch, env.seq, True))
+            to_ack.append((sock, routing_id, node, env.epoch, env.seq, True))
 
     def _reject(self, reason: str, **detail: Any) -> None:
         self.counters.rejected[reason] += 1
@@ -353,23 +439,24 @@ class Transport:
     def _send_acks(self, to_ack: list[AckItem]) -> None:
         """One ack per peer and epoch. A seq both rejected and stored in this batch (a
         bad copy and a good one) is acked as stored."""
-        per_peer: dict[tuple[bytes, str], tuple[str, dict[int, bool]]] = {}
-        for routing_id, node, epoch, seq, rejected in to_ack:
-            seqs = per_peer.setdefault((routing_id, epoch), (node, {}))[1]
+        per_peer: dict[tuple[zmq.Socket[Any], bytes, str], tuple[str, dict[int, bool]]] = {}
+        for sock, routing_id, node, epoch, seq, rejected in to_ack:
+            seqs = per_peer.setdefault((sock, routing_id, epoch), (node, {}))[1]
             seqs[seq] = seqs.get(seq, True) and rejected
         ack = self._frames.ack
         mono = time.monotonic()
-        for (routing_id, epoch), (node, seqs) in per_peer.items():
+        for (sock, routing_id, epoch), (node, seqs) in per_peer.items():
             refused = [q for q, rejected in seqs.items() if rejected]
-            if self._send(routing_id, ack(node, list(seqs), epoch, refused)):
+            if self._send(routing_id, ack(node, list(seqs), epoch, refused), sock):
                 self.counters.acks_sent += 1
-                self.answered[node] = mono
+                if sock is self.sock:  # a sign of life on the agent's main connection
+                    self.answered[node] = mono
             else:
                 self.counters.acks_failed += 1
 
-    def _send(self, routing_id: bytes, frame: bytes) -> bool:
+    def _send(self, routing_id: bytes, frame: bytes, sock: zmq.Socket[Any] | None = None) -> bool:
         try:
-            self.sock.send_multipart([routing_id, frame], zmq.NOBLOCK)
+            (sock or self.sock).send_multipart([routing_id, frame], zmq.NOBLOCK)
             return True
         except zmq.ZMQError:  # EHOSTUNREACH (gone) or EAGAIN (its queue is full)
             return False

@@ -371,11 +371,30 @@ class CollectorSettings:
     # Several collectors on one PostgreSQL database: a leader (the one running the
     # automation) that died or was cut off is replaced within this many seconds.
     leader_timeout_s: Annotated[float, Range(2, 600)] = 10.0
+    # A second port, on the same hosts as address/bind, for events and command results only
+    # (a fault, a job's checkpoint ack): they are not queued behind the reports thousands
+    # of agents send at once after an outage. 0 = off (they go with the reports). The
+    # collector runs without it (logged) when it cannot bind it; agents send there only
+    # once connected, so a closed port costs nothing but the latency it was meant to save.
+    events_port: Annotated[int, Range(0, 65535)] = 7151
 
     @property
     def addresses(self) -> list[str]:
         """``address`` as a list: the collectors an agent tries, in order."""
         return [self.address] if isinstance(self.address, str) else list(self.address)
+
+    def events_endpoint(self, endpoint: str) -> str | None:
+        """``endpoint`` (an address or the bind) with ``events_port`` for its port; None when
+        there is no events port (0) or the endpoint has no port to replace (ipc://)."""
+        return with_port(endpoint, self.events_port) if self.events_port else None
+
+
+def with_port(endpoint: str, port: int) -> str | None:
+    """``tcp://HOST:PORT`` with another port; None for any other endpoint."""
+    head, sep, old = endpoint.rpartition(":")
+    if not endpoint.startswith("tcp://") or not sep or not (old.isdigit() or old == "*"):
+        return None
+    return f"{head}:{port}"
 
 
 AutomationAction = Literal["none", "warn", "checkpoint", "drain", "drain-now", "reboot"]

@@ -1,0 +1,225 @@
+"""Issue 15, live events during a backlog drain: events and command results have a
+socket of their own (``[collector] events_port``). The collector reads it before every
+batch, so an event is stored and acked in a batch of its own however many reports the
+fleet has queued on the main socket; the agent's link falls back to the main socket
+when the events socket is not there, drops, or does not ack.
+
+Real ZeroMQ, real CURVE keys, real collectors (``build_collector``) on SQLite files;
+every wait polls for the effect itself (rows, the spool, a counter bumped before it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from slurmgpu import keys, wire
+from slurmgpu.agent.link import STALL_HEARTBEATS
+from slurmgpu.agent.spool import Spool
+from slurmgpu.collector.app import build_collector
+from slurmgpu.config.load import load_config
+from slurmgpu.config.schema import CollectorSettings, with_port
+from slurmgpu.errors import ConfigError
+from tests.agenthelpers import free_port, query_db, wait_until
+from tests.test_agent_failover import (  # noqa: F401
+    BOUND_S,
+    LINK_HEARTBEAT_S,
+    NODE,
+    Serving,
+    keys_dir,
+    make_link,
+    report,
+    spool,
+)
+from tests.test_link_events_first import event
+
+OTHER = "n2"  # a second node whose reports fill the main socket's queue
+
+
+def _settings(tmp_path: Path, keys_dir: Path, *, events_port: int) -> CollectorSettings:  # noqa: F811
+    port = free_port()
+    return CollectorSettings(address=f"tcp://127.0.0.1:{port}", bind=f"tcp://127.0.0.1:{port}",
+                             db=str(tmp_path / "fleet.db"), keys_dir=str(keys_dir), heartbeat_s=0.2,
+                             events_port=events_port)
+
+
+@pytest.fixture
+def settings(tmp_path: Path, keys_dir: Path) -> CollectorSettings:  # noqa: F811
+    return _settings(tmp_path, keys_dir, events_port=free_port())
+
+
+@pytest.fixture
+def links(make_link: Any) -> Any:  # noqa: F811
+    return lambda address, events_port: make_link(address, events_port=events_port)
+
+
+def stored(settings: CollectorSettings, node: str, epoch: str | None = None) -> dict[int, str]:
+    """seq -> type of ``node``'s stored messages (hellos left out)."""
+    if not Path(settings.db).exists():
+        return {}
+    rows = query_db(Path(settings.db), "SELECT seq, type, epoch FROM messages WHERE node = ? AND type != 'hello'",
+                    node)
+    return {int(seq): mtype for seq, mtype, ep in rows if epoch is None or ep == epoch}
+
+
+def flood(keys_dir: Path, address: str, count: int) -> zmq.Socket[Any]:  # noqa: F811
+    """Another node's DEALER (``OTHER``, allow-listed) with ``count`` reports queued for
+    the collector's main socket."""
+    public, secret, server = keys.client_keys(keys_dir / "bundles" / OTHER)
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = public, secret, server
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 10 * count)
+    sock.connect(address)
+    body = {"verdict": "OK", "findings": [], "facts": {}}
+    for seq in range(1, count + 1):
+        sock.send(wire.message_frame(wire.REPORT, OTHER, seq, body, epoch="flood"))
+    return sock
+
+
+def test_the_event_is_acked_in_a_batch_of_its_own_ahead_of_the_queue(
+        settings: CollectorSettings, keys_dir: Path, spool: Spool, links: Any) -> None:  # noqa: F811
+    """Reports queued on the main socket, an event on the events socket: the collector's
+    next batch is the event alone, stored and acked before any of the reports."""
+    keys.add_node(keys_dir, OTHER)
+    collector = build_collector(settings)
+    backlog = flood(keys_dir, settings.addresses[0], 300)
+    try:
+        assert collector.transport.events_sock is not None
+        wait_until(lambda: collector.transport.sock.poll(0), timeout=BOUND_S, what="reports queued")
+        link = links(settings.addresses[0], settings.events_port)
+        fault = event(spool)
+        link.wake()
+        wait_until(lambda: link.events_sent == 1, timeout=BOUND_S, what="the event sent on the events socket")
+        wait_until(lambda: collector.transport.events_sock.poll(0), timeout=BOUND_S,  # type: ignore[union-attr]
+                   what="the event queued at the collector")
+        assert collector.serve_once(0) == 1  # the event alone
+        assert stored(settings, NODE, spool.epoch) == {fault: "event"}
+        assert stored(settings, OTHER) == {}
+        wait_until(lambda: spool.pending() == [] and spool.count() == 0, timeout=BOUND_S,
+                   what="the event's ack, on the events socket")
+        deadline = time.monotonic() + BOUND_S
+        while len(stored(settings, OTHER)) < 300 and time.monotonic() < deadline:
+            collector.serve_once(50)
+        assert len(stored(settings, OTHER)) == 300  # then the reports, every one
+        assert link.events_fallbacks == 0
+    finally:
+        backlog.close(linger=0)
+        collector.close()
+
+
+def test_reports_on_the_events_socket_are_refused_not_acked(
+        settings: CollectorSettings, keys_dir: Path) -> None:  # noqa: F811
+    """Only events and command results belong there: anything else is counted as
+    ``unexpected_type`` and not acked, so the agent still has it for the main socket."""
+    collector = build_collector(settings)
+    public, secret, server = keys.client_keys(keys_dir / "bundles" / NODE)
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = public, secret, server
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        endpoint = settings.events_endpoint(settings.addresses[0])
+        assert endpoint is not None
+        sock.connect(endpoint)
+        body = {"verdict": "OK", "findings": [], "facts": {}}
+        sock.send(wire.message_frame(wire.REPORT, NODE, 1, body, epoch="e"))
+        deadline = time.monotonic() + BOUND_S
+        while collector.counters.rejected["unexpected_type"] == 0 and time.monotonic() < deadline:
+            collector.serve_once(50)
+        assert collector.counters.rejected["unexpected_type"] == 1
+        assert stored(settings, NODE) == {}
+        assert collector.counters.acks_sent == 0 and not sock.poll(200)
+    finally:
+        sock.close(linger=0)
+        collector.close()
+
+
+def test_no_events_port_at_the_collector_events_go_with_the_reports(
+        tmp_path: Path, keys_dir: Path, spool: Spool, links: Any) -> None:  # noqa: F811
+    """An older collector, or events_port = 0 there: the link's events socket never
+    connects, and events are sent and acked on the main socket."""
+    settings = _settings(tmp_path, keys_dir, events_port=0)
+    serving = Serving(settings).start()
+    try:
+        assert serving.collector is not None and serving.collector.transport.events_sock is None
+        link = links(settings.addresses[0], free_port())  # nothing listens there
+        seqs = {report(spool, link), event(spool), report(spool, link)}
+        link.wake()
+        wait_until(lambda: set(stored(settings, NODE, spool.epoch)) == seqs, timeout=BOUND_S,
+                   what="all stored through the main socket")
+        wait_until(lambda: spool.count() == 0, timeout=BOUND_S, what="every ack back")
+        assert link.events_sent == 0 and not link.events_up
+    finally:
+        serving.close()
+
+
+def test_events_unacked_on_the_events_socket_go_on_the_main_one(
+        settings: CollectorSettings, spool: Spool, links: Any) -> None:  # noqa: F811
+    """The events socket connects but its messages are never acked (a collector that does
+    not read it): after STALL_HEARTBEATS heartbeats the link sends them on the main
+    socket, where they are stored and acked."""
+    serving = Serving(settings)
+    collector = serving.start().collector
+    assert collector is not None
+    collector.transport._take_events = lambda *_args: 0  # type: ignore[method-assign]
+    try:
+        link = links(settings.addresses[0], settings.events_port)
+        wait_until(lambda: link.connected and link.events_up, timeout=BOUND_S, what="both sockets up")
+        fault = event(spool)
+        link.wake()
+        wait_until(lambda: link.events_sent == 1, timeout=BOUND_S, what="sent on the events socket")
+        sent_at = time.monotonic()
+        wait_until(lambda: fault in stored(settings, NODE, spool.epoch), timeout=BOUND_S + STALL_HEARTBEATS,
+                   what="the event stored through the main socket")
+        assert time.monotonic() - sent_at >= STALL_HEARTBEATS * LINK_HEARTBEAT_S * 0.9
+        assert link.events_fallbacks == 1
+        wait_until(lambda: spool.count() == 0, timeout=BOUND_S, what="its ack")
+    finally:
+        serving.close()
+
+
+def test_a_collector_without_its_events_port_runs(tmp_path: Path, keys_dir: Path,  # noqa: F811
+                                                   spool: Spool, links: Any) -> None:  # noqa: F811
+    """The events port taken by another process: logged, and the collector serves (events
+    come with the reports)."""
+    taken = zmq.Context.instance().socket(zmq.ROUTER)
+    port = taken.bind_to_random_port("tcp://127.0.0.1")
+    settings = _settings(tmp_path, keys_dir, events_port=port)
+    serving = Serving(settings).start()
+    try:
+        assert serving.collector is not None and serving.collector.transport.events_sock is None
+        link = links(settings.addresses[0], port)
+        fault = event(spool)
+        link.wake()
+        wait_until(lambda: fault in stored(settings, NODE, spool.epoch), timeout=BOUND_S, what="stored")
+    finally:
+        serving.close()
+        taken.close(linger=0)
+
+
+@pytest.mark.parametrize(("endpoint", "expected"), [
+    ("tcp://head:7150", "tcp://head:7151"),
+    ("tcp://*:7150", "tcp://*:7151"),
+    ("tcp://[fd00::2]:7150", "tcp://[fd00::2]:7151"),
+    ("tcp://127.0.0.1:*", "tcp://127.0.0.1:7151"),
+    ("ipc:///run/slurmgpu/collector.sock", None),
+])
+def test_the_events_endpoint_is_the_address_with_events_port(endpoint: str, expected: str | None) -> None:
+    assert with_port(endpoint, 7151) == expected
+    assert dataclasses.replace(CollectorSettings(), events_port=0).events_endpoint(endpoint) is None
+
+
+def test_events_port_in_the_config(tmp_path: Path) -> None:
+    path = tmp_path / "slurmgpu.toml"
+    path.write_text("[collector]\nevents_port = 0\n", encoding="utf-8")
+    assert load_config(str(path), environ={}).settings_for("gpu-001").collector.events_port == 0
+    assert CollectorSettings().events_port == 7151
+    path.write_text("[collector]\nevents_port = 70000\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"slurmgpu\.toml:.*events_port") as info:
+        load_config(str(path), environ={})
+    assert "\n" not in str(info.value)
