@@ -69,47 +69,55 @@ class NodeFamily(Metric):
     """A gauge family with many samples, written to text without ``Sample`` objects.
     Its samples are columns: ``columns[i]`` the values of ``labels[i]``, ``values`` the
     samples' values (no object per sample: a 10k-node scrape allocates no 40k tuples for
-    the garbage collector to walk); ``add`` appends one sample."""
+    the garbage collector to walk); ``add`` appends one sample. ``prefixes``: each
+    sample's line up to its value, as ``prefixes()`` writes them (kept by a caller that
+    writes the same samples, their values aside, scrape after scrape)."""
 
     def __init__(self, name: str, documentation: str, labels: Sequence[str],
-                 columns: Sequence[Sequence[str]] = (), values: Sequence[float] = ()) -> None:
+                 columns: Sequence[Sequence[str]] = (), values: Sequence[float] = (),
+                 prefixes: list[str] | None = None) -> None:
         # (no Metric.__init__: its ``samples`` list is this class's property)
         self.name, self.documentation, self.type, self.unit = name, documentation, "gauge", ""
         self.labels = tuple(labels)
         self.columns = [list(c) for c in columns] if columns else [[] for _ in labels]
         self.values = list(values)
+        self._prefixes = prefixes
 
     def add(self, label_values: Sequence[str], value: float) -> None:
         for column, label_value in zip(self.columns, label_values, strict=True):
             column.append(label_value)
         self.values.append(value)
+        self._prefixes = None
 
     @property
     def samples(self) -> list[Sample]:  # type: ignore[override]
         return [Sample(self.name, dict(zip(self.labels, label_values, strict=True)), value, None, None)
                 for *label_values, value in zip(*self.columns, self.values, strict=True)]
 
+    def prefixes(self) -> list[str]:
+        """Each sample's line up to its value: ``name{label="value",...} ``, labels in
+        name order, label values escaped."""
+        order = sorted(range(len(self.labels)), key=lambda i: self.labels[i])  # by name
+        columns = [self._escaped(self.columns[i]) for i in order]
+        if len(columns) == 1:  # {node="..."}: the usual case
+            start = f'{self.name}{{{self.labels[order[0]]}="'
+            return [f'{start}{n}"}} ' for n in columns[0]]
+        starts = [f'{"," if k else ""}{self.labels[i]}="' for k, i in enumerate(order)]
+        if len(columns) == 2:  # {gpu="...",node="..."}
+            first, second = f"{self.name}{{{starts[0]}", f'"{starts[1]}'
+            return [f'{first}{a}{second}{b}"}} ' for a, b in zip(*columns, strict=True)]
+        if not columns:
+            return [f'{self.name}{{"}} '] * len(self.values)
+        quote = '"'
+        return [f'{self.name}{{{quote.join(s + v for s, v in zip(starts, label_values, strict=True))}"}} '
+                for label_values in zip(*columns, strict=True)]
+
     def text(self) -> str:
         """The family's HELP, TYPE and sample lines, as ``generate_latest`` writes them."""
         head = (f"# HELP {self.name} {escape_help(self.documentation)}\n"
                 f"# TYPE {self.name} {self.type}\n")
-        values = format_values(self.values)
-        order = sorted(range(len(self.labels)), key=lambda i: self.labels[i])  # by name
-        columns = [self._escaped(self.columns[i]) for i in order]
-        if len(columns) == 1:  # {node="..."}: the usual case, one f-string a sample
-            start = f'{self.name}{{{self.labels[order[0]]}="'
-            return head + "".join([f'{start}{n}"}} {v}\n'
-                                   for n, v in zip(columns[0], values, strict=True)])
-        starts = [f'{"," if k else ""}{self.labels[i]}="' for k, i in enumerate(order)]
-        if len(columns) == 2:  # {gpu="...",node="..."}: one f-string a sample as well
-            first, second = f"{self.name}{{{starts[0]}", f'"{starts[1]}'
-            return head + "".join([f'{first}{a}{second}{b}"}} {v}\n'
-                                   for a, b, v in zip(*columns, values, strict=True)])
-        lines = [head]
-        for *label_values, value in zip(*columns, values, strict=True):
-            labels = '"'.join(s + v for s, v in zip(starts, label_values, strict=True))
-            lines.append(f'{self.name}{{{labels}"}} {value}\n')
-        return "".join(lines)
+        prefixes = self.prefixes() if self._prefixes is None else self._prefixes
+        return head + "".join([f"{p}{v}\n" for p, v in zip(prefixes, format_values(self.values), strict=True)])
 
     @staticmethod
     def _escaped(column: list[str]) -> list[str]:

@@ -8,6 +8,8 @@ Everything is computed at scrape time, in the HTTP server's thread, from:
   transaction (one consistent snapshot; WAL readers never block the collector's writes,
   nor do PostgreSQL's). When nothing was committed since the last scrape's snapshot
   (``queries.data_version``), the scrape shows that scrape's rows again without querying;
+  after a commit it reads only the nodes written since (``NodeView``, schema 12's
+  ``node_version``) and keeps the rest, and the label part of every per-node line;
 * the collector's ``Counters`` (plain ints read without a lock: a scrape may see one
   batch's counters half-updated, never a torn value);
 * the automation's ``status()``, when the collector has one.
@@ -39,18 +41,20 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from slurmgpu.collector.exposition import NodeFamily, generate
+from slurmgpu.collector.nodeview import (
+    MAX_GPU_SERIES_PER_NODE,
+    RANK_CODE,
+    VERDICT_CODE,
+    NodeView,
+    verdict_name,
+)
 from slurmgpu.collector.store import queries
-from slurmgpu.result import Severity
 from slurmgpu.wire import EVENT_KINDS
 
 if TYPE_CHECKING:
     from slurmgpu.collector.counters import MetricsSource
 
 CONFIG_KEY = "collector.metrics_bind"
-# Gauge value of a verdict / a finding's severity (its exit code: OK 0, WARN 1, FAIL 2, UNKNOWN 3).
-VERDICT_CODE = {s.name: s.exit_code for s in Severity}
-# A severity's rank (as the store orders them: OK < WARN < UNKNOWN < FAIL) -> its code.
-_RANK_CODE = {s.rank: s.exit_code for s in Severity}
 # The collector's reject reasons (transport.py): exported at 0 before the first one.
 REJECT_REASONS = ("frames", "unknown_key", "oversized", "version", "malformed", "node_mismatch",
                   "routing_mismatch", "unexpected_type")
@@ -124,6 +128,20 @@ class StoreReads(NamedTuple):
                    queries.checkpoint_states(db), queries.pending_drain_count(db), version)
 
 
+class SmallReads(NamedTuple):
+    """The store's aggregate families (a few rows each), read whole at every store read."""
+
+    events: list[queries.EventCount]
+    decisions: list[queries.DecisionCount]
+    checkpoint_states: dict[str, int]
+    pending_drains: int
+
+    @classmethod
+    def read(cls, db: queries.Connection) -> SmallReads:
+        return cls(queries.event_counts(db), queries.decision_counts(db),
+                   queries.checkpoint_states(db), queries.pending_drain_count(db))
+
+
 class FleetMetrics:
     """The prometheus_client collector: ``collect()`` builds every family per scrape."""
 
@@ -136,7 +154,8 @@ class FleetMetrics:
         self.store_reads = 0  # scrapes that read the store (not the last scrape's reads)
         self._store_lock = threading.Lock()
         self._reader: queries.Reader | None = None
-        self._reads: tuple[tuple[int, str], StoreReads] | None = None  # (data version, reads)
+        self._reads: tuple[tuple[int, str], SmallReads] | None = None  # (data version, reads)
+        self._view = NodeView()
 
     def sample(self) -> None:
         """From the collector loop (cheap; at most one sample a second)."""
@@ -253,15 +272,12 @@ class FleetMetrics:
     # ------------------------------------------------------------------ the store
 
     def _store(self, drained: set[str] | None) -> list[Metric] | None:
-        """The store's families; None for an in-memory store (no file to read)."""
-        reads = self._store_reads()
-        return None if reads is None else self._families(reads, drained)
-
-    def _store_reads(self) -> StoreReads | None:
-        """The store's rows, read in one snapshot on the scrapes' own read-only connection;
-        the last scrape's rows again when nothing was committed since its snapshot
-        (``queries.data_version``), so a scrape always shows what was committed before it
-        began. None for an in-memory store (no file to read)."""
+        """The store's families, read in one snapshot on the scrapes' own read-only
+        connection: the per-node ones from ``NodeView`` (brought up to date with the nodes
+        written since the last read), the others read whole; nothing read again when
+        nothing was committed since the last read's snapshot (``queries.data_version``),
+        so a scrape always shows what was committed before it began. None for an
+        in-memory store (no file to read)."""
         path = self.collector.store.path
         if str(path) == ":memory:":
             return None
@@ -269,12 +285,45 @@ class FleetMetrics:
             reader = self._reader = self._reader or queries.Reader(path)
             with reader.snapshot() as db:
                 version = (reader.opened, queries.data_version(db))  # (first: takes the snapshot)
-                if self._reads is not None and self._reads[0] == version:
-                    return self._reads[1]
-                reads = StoreReads.read(db, self._reads[1] if self._reads is not None else None)
-            self._reads = (version, reads)
-            self.store_reads += 1
-            return reads
+                if self._reads is None or self._reads[0] != version:
+                    try:
+                        self._view.refresh(db, reader.opened)
+                        reads = SmallReads.read(db)
+                    except BaseException:
+                        self._view.reset()
+                        self._reads = None
+                        raise
+                    self._reads = (version, reads)
+                    self.store_reads += 1
+            reads = self._reads[1]
+            return [*self._view_families(time.time(), drained), *self._small_families(reads)]
+
+    def _view_families(self, now: float, drained: set[str] | None) -> list[Metric]:
+        """``_node_families`` and ``_finding_families`` (the same bytes) from the view."""
+        view = self._view
+        nodes = view.order
+        out: list[Metric] = [
+            NodeFamily("slurmgpu_node_verdict", NODE_VERDICT_HELP, ["node"], [nodes], view.codes,
+                       view.prefixes("slurmgpu_node_verdict")),
+            NodeFamily("slurmgpu_node_last_seen_seconds", LAST_SEEN_HELP, ["node"], [nodes],
+                       [ago if (ago := now - t) > 0.0 else 0.0 for t in view.last_seen],
+                       view.prefixes("slurmgpu_node_last_seen_seconds")),
+            NodeFamily("slurmgpu_node_reachable", REACHABLE_HELP, ["node"], [nodes], view.reachable,
+                       view.prefixes("slurmgpu_node_reachable")),
+            GaugeMetricFamily("slurmgpu_fleet_nodes", FLEET_NODES_HELP, value=len(nodes))]
+        fleet = GaugeMetricFamily("slurmgpu_fleet_nodes_by_verdict", BY_VERDICT_HELP, labels=["verdict"])
+        for name, count in view.by_verdict.items():
+            fleet.add_metric([name], count)
+        out.append(fleet)
+        if drained is not None:
+            known, values, prefixes = view.drained(drained)
+            out.append(NodeFamily("slurmgpu_node_drained", DRAINED_HELP, ["node"], [known], values, prefixes))
+        out.append(self._findings_family(view.per_check))
+        gpu_nodes, gpus, codes, prefixes = view.gpu_family()
+        self.series_dropped += view.dropped
+        out.append(NodeFamily("slurmgpu_gpu_verdict", GPU_VERDICT_HELP, ["node", "gpu"],
+                              [gpu_nodes, gpus], codes, prefixes))
+        return out
 
     def close(self) -> None:
         """Close the scrapes' connection (after the scrape reading it, if any)."""
@@ -284,34 +333,35 @@ class FleetMetrics:
             self._reader, self._reads = None, None
 
     def _families(self, reads: StoreReads, drained: set[str] | None) -> list[Metric]:
+        """The store's families from one whole reading (what ``_store`` writes from its
+        ``NodeView``, byte for byte: the tests hold the two to it)."""
         return [*self._node_families(reads.nodes, drained), *self._finding_families(reads.findings),
-                *self._event_families(reads.events), *self._decision_families(reads.decisions),
+                *self._small_families(SmallReads(reads.events, reads.decisions, reads.checkpoint_states,
+                                                 reads.pending_drains))]
+
+    def _small_families(self, reads: SmallReads) -> list[Metric]:
+        return [*self._event_families(reads.events), *self._decision_families(reads.decisions),
                 *self._checkpoint_families(reads.checkpoint_states, reads.pending_drains)]
 
-    def _node_families(self, cols: queries.NodeVerdictColumns, drained: set[str] | None) -> list[Metric]:
+    def _node_families(self, cols: queries.NodeVerdictColumns, drained: set[str] | None,
+                       now: float | None = None) -> list[Metric]:
         """Nodes: latest report's verdict, last seen, reachable; the fleet by verdict.
         (10k nodes: a list per family's column; see exposition.NodeFamily.)"""
-        now = time.time()
-        nodes, unknown = cols.nodes, Severity.UNKNOWN.name
-        name_of = {v: str(v).upper() if v else unknown for v in set(cols.verdicts)}
-        name_of = {v: n if n in VERDICT_CODE else unknown for v, n in name_of.items()}
+        now = time.time() if now is None else now
+        nodes = cols.nodes
+        name_of = {v: verdict_name(v) for v in set(cols.verdicts)}
         by_verdict = dict.fromkeys(VERDICT_CODE, 0)
         for v, count in Counter(cols.verdicts).items():
             by_verdict[name_of[v]] += count
         code_of = {v: VERDICT_CODE[n] for v, n in name_of.items()}
         out: list[Metric] = [
-            NodeFamily("slurmgpu_node_verdict", "Verdict of the node's latest report: 0 OK, "
-                       "1 WARN, 2 FAIL, 3 UNKNOWN (or no report yet).", ["node"], [nodes],
+            NodeFamily("slurmgpu_node_verdict", NODE_VERDICT_HELP, ["node"], [nodes],
                        [code_of[v] for v in cols.verdicts]),
-            NodeFamily("slurmgpu_node_last_seen_seconds", "Seconds since the collector last "
-                       "heard from the node (any message).", ["node"], [nodes],
+            NodeFamily("slurmgpu_node_last_seen_seconds", LAST_SEEN_HELP, ["node"], [nodes],
                        [ago if (ago := now - t) > 0.0 else 0.0 for t in cols.last_seen]),
-            NodeFamily("slurmgpu_node_reachable", "1 if the node is reachable, 0 once silent "
-                       "for unreachable_after heartbeats.", ["node"], [nodes], cols.reachable),
-            GaugeMetricFamily("slurmgpu_fleet_nodes", "Nodes known to the collector (heard "
-                              "from at least once).", value=len(nodes))]
-        fleet = GaugeMetricFamily("slurmgpu_fleet_nodes_by_verdict", "Nodes by the verdict of "
-                                  "their latest report.", labels=["verdict"])
+            NodeFamily("slurmgpu_node_reachable", REACHABLE_HELP, ["node"], [nodes], cols.reachable),
+            GaugeMetricFamily("slurmgpu_fleet_nodes", FLEET_NODES_HELP, value=len(nodes))]
+        fleet = GaugeMetricFamily("slurmgpu_fleet_nodes_by_verdict", BY_VERDICT_HELP, labels=["verdict"])
         for name, count in by_verdict.items():
             fleet.add_metric([name], count)
         out.append(fleet)
@@ -320,18 +370,13 @@ class FleetMetrics:
             # not a set of it, is a merge of its runs)
             gone = drained.difference(nodes)
             known = sorted([*nodes, *gone] if gone else nodes)
-            out.append(NodeFamily("slurmgpu_node_drained", "1 if the automation drained the "
-                                  "node and has not resumed it (drains by others are not "
-                                  "known here).", ["node"], [known],
+            out.append(NodeFamily("slurmgpu_node_drained", DRAINED_HELP, ["node"], [known],
                                   [1 if name in drained else 0 for name in known]))
         return out
 
     def _finding_families(self, current: list[queries.FindingCount]) -> list[Metric]:
         """Current findings (each node's latest state change) by check and severity, and
         per GPU its worst severity."""
-        findings = GaugeMetricFamily("slurmgpu_findings", "Current non-OK findings across "
-                                     "the fleet (from each node's latest report), by check "
-                                     "and severity.", labels=["check", "severity"])
         per_check: dict[tuple[str, str], int] = {}
         gpu_rank: dict[tuple[str, int], int] = {}
         for node, gpu_index, check, severity, rank, n in current:
@@ -339,13 +384,19 @@ class FleetMetrics:
             per_check[key] = per_check.get(key, 0) + n
             if gpu_index is not None and rank > gpu_rank.get((node, gpu_index), 0):
                 gpu_rank[(node, gpu_index)] = rank
+        return [self._findings_family(per_check), self._gpu_family(gpu_rank)]
+
+    @staticmethod
+    def _findings_family(per_check: dict[tuple[str, str], int]) -> Metric:
+        """Current non-OK findings by (check, severity), unknown ones as "other"."""
+        findings = GaugeMetricFamily("slurmgpu_findings", FINDINGS_HELP, labels=["check", "severity"])
         capped: dict[tuple[str, str], int] = {}
         for (check, severity), count in per_check.items():
             key = (check if check in known_checks() else OTHER, severity if severity in VERDICT_CODE else OTHER)
             capped[key] = capped.get(key, 0) + count
         for (check, severity), count in sorted(capped.items()):
             findings.add_metric([check, severity], count)
-        return [findings, self._gpu_family(gpu_rank)]
+        return findings
 
     def _gpu_family(self, gpu_rank: dict[tuple[str, int], int]) -> NodeFamily:
         """Per GPU with a current non-OK finding, its worst severity's code (by node, GPU)."""
@@ -358,13 +409,10 @@ class FleetMetrics:
             if per_node[node] <= MAX_GPU_SERIES_PER_NODE:
                 nodes.append(str(node))
                 gpus.append(str(gpu_index))
-                codes.append(_RANK_CODE[rank])
+                codes.append(RANK_CODE[rank])
             else:
                 self.series_dropped += 1
-        return NodeFamily("slurmgpu_gpu_verdict", "Worst severity of the GPU's current "
-                          "findings: 1 WARN, 2 FAIL, 3 UNKNOWN (only GPUs with a "
-                          "current non-OK finding are exported; absent = OK).", ["node", "gpu"],
-                          [nodes, gpus], codes)
+        return NodeFamily("slurmgpu_gpu_verdict", GPU_VERDICT_HELP, ["node", "gpu"], [nodes, gpus], codes)
 
     def _event_families(self, counts: list[queries.EventCount]) -> list[Metric]:
         """Events (history within the retention): by kind, XIDs by code."""
@@ -424,10 +472,22 @@ class FleetMetrics:
         return [open_, states, pending]
 
 
+NODE_VERDICT_HELP = ("Verdict of the node's latest report: 0 OK, 1 WARN, 2 FAIL, 3 UNKNOWN "
+                     "(or no report yet).")
+LAST_SEEN_HELP = "Seconds since the collector last heard from the node (any message)."
+REACHABLE_HELP = "1 if the node is reachable, 0 once silent for unreachable_after heartbeats."
+FLEET_NODES_HELP = "Nodes known to the collector (heard from at least once)."
+BY_VERDICT_HELP = "Nodes by the verdict of their latest report."
+DRAINED_HELP = ("1 if the automation drained the node and has not resumed it (drains by others "
+                "are not known here).")
+FINDINGS_HELP = ("Current non-OK findings across the fleet (from each node's latest report), by "
+                 "check and severity.")
+GPU_VERDICT_HELP = ("Worst severity of the GPU's current findings: 1 WARN, 2 FAIL, 3 UNKNOWN (only "
+                    "GPUs with a current non-OK finding are exported; absent = OK).")
+
 # Label cardinality from what nodes send: check ids, event kinds and XID codes outside the
 # known sets become "other"; at most this many per-GPU series per node.
 OTHER = "other"
-MAX_GPU_SERIES_PER_NODE = 128
 MAX_XID_LABEL = 1023
 
 

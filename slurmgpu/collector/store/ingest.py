@@ -150,6 +150,8 @@ def _report_row(node: str, env: Envelope, packed: bytes) -> tuple[Any, ...]:
 
 # Every transaction that adds or deletes report_history/findings rows runs this (schema 11).
 BUMP_HISTORY_VERSION = "UPDATE history_version SET version = version + 1"
+# Every transaction that writes nodes rows runs this, and sets their ``changed`` (schema 12).
+BUMP_NODE_VERSION = "UPDATE node_version SET version = version + 1 RETURNING version"
 
 
 class Transaction:
@@ -197,8 +199,12 @@ _VERDICT_COLUMNS = ("verdict", "worst_check", "worst_severity", "worst_message",
 _UPSERT_NODES = (
     "INSERT INTO nodes (node, first_seen, last_seen, last_seq, verdict, verdict_ts, worst_check, "
     "worst_severity, worst_message, worst_gpu, reachable, unreachable_since, agent_version, "
-    "verdict_epoch, verdict_seq) "
-    "VALUES (?,?,?,?,?,?,?,?,?,?,1,NULL,?,?,?) ON CONFLICT (node) DO UPDATE SET "
+    "verdict_epoch, verdict_seq, changed, history_changed) "
+    "VALUES (?,?,?,?,?,?,?,?,?,?,1,NULL,?,?,?,?,?) ON CONFLICT (node) DO UPDATE SET "
+    # (``node_version`` only grows: a batch's value is above any stored one)
+    "changed = excluded.changed, "
+    "history_changed = CASE WHEN excluded.history_changed > nodes.history_changed "
+    "  THEN excluded.history_changed ELSE nodes.history_changed END, "
     # (CASE, not SQLite's two-argument max(): PostgreSQL spells that greatest())
     "last_seen = CASE WHEN excluded.last_seen > nodes.last_seen THEN excluded.last_seen "
     "  ELSE nodes.last_seen END, "
@@ -474,13 +480,16 @@ class Ingest:
         if rows.latest_report:
             db.executemany(_UPSERT_REPORT, [_report_row(node, env, packed)
                                             for node, (env, packed) in rows.latest_report.items()])
+        changed = int(db.execute(BUMP_NODE_VERSION).fetchone()[0])
+        history = {r[0] for r in rows.history}
+        history.update(r[0] for r in rows.findings)
         nodes = []
         for node, (last_seq, verdict_ts, verdict, worst, version, held_by) in rows.nodes.items():
             w = worst or {}
             epoch, seq = held_by or (None, None)
             nodes.append((node, now, now, last_seq, verdict, verdict_ts, text(w.get("check")),
                           text(w.get("severity")), text(w.get("message")), _int(w.get("gpu")), version,
-                          epoch, seq))
+                          epoch, seq, changed, changed if node in history else 0))
         db.executemany(_UPSERT_NODES, nodes)
 
     def touch(self, nodes: Iterable[str], now: float | None = None) -> None:
@@ -549,8 +558,11 @@ class Ingest:
         unreachable = self._unreachable_nodes()
         with self.transaction():
             rows = self.db.execute(
-                "UPDATE nodes SET reachable = 0, unreachable_since = ? "
+                "UPDATE nodes SET reachable = 0, unreachable_since = ?, "
+                "changed = (SELECT version + 1 FROM node_version WHERE id = 1) "
                 "WHERE reachable = 1 AND last_seen < ? RETURNING node", (now, now - after_s)).fetchall()
+            if rows:  # (the value the rows were given: writers take turns)
+                self.db.execute(BUMP_NODE_VERSION).fetchone()
             gone = sorted(str(r[0]) for r in rows)
             self.db.executemany(
                 "INSERT INTO node_states (node, ts, kind, reason, actor) VALUES (?,?,?,?,?)",
@@ -639,14 +651,19 @@ class Ingest:
         """Delete history older than the retention; returns the rows deleted.
         The latest report and the node rows are kept whatever their age."""
         cutoff = (time.time() if now is None else now) - retention_days * 86400.0
-        deleted = 0
+        deleted = history = 0
         with self.transaction():
             for table, column in _PRUNED:
-                deleted += self.db.execute(f"DELETE FROM {table} WHERE {column} < ?", (cutoff,)).rowcount
+                n = self.db.execute(f"DELETE FROM {table} WHERE {column} < ?", (cutoff,)).rowcount
+                deleted += n
+                history += n if table in ("report_history", "findings") else 0
             deleted += self.db.execute("DELETE FROM checkpoints WHERE state != 'open' AND requested < ?",
                                        (cutoff,)).rowcount
             if deleted:
                 self.db.execute(BUMP_HISTORY_VERSION)
+            if history:  # any node's current state may be gone: a scrape reads every node again
+                changed = int(self.db.execute(BUMP_NODE_VERSION).fetchone()[0])
+                self.db.execute("UPDATE nodes SET changed = ?, history_changed = ?", (changed, changed))
         # The next report of every node is recorded again, so a node whose state has not
         # changed for longer than the retention still has its current state in the history.
         self._last_state.clear()

@@ -38,6 +38,17 @@ CURRENT_FINDINGS_SQL = (
     f"SELECT f.node, f.gpu, f.check_id, f.severity, max({_RANK_SQL}), count(*) "
     "FROM findings f JOIN cur ON f.node = cur.node AND f.ts = cur.ts "
     "AND f.seq = cur.seq GROUP BY f.node, f.gpu, f.check_id, f.severity")
+# The same, of the nodes whose history changed since a ``node_version`` (schema 12): scalar
+# subqueries per node and a CROSS JOIN (SQLite keeps its order; PostgreSQL plans as ever)
+# lead from those nodes' rows, where joins let SQLite scan all of report_history or findings.
+CURRENT_FINDINGS_SINCE_SQL = (
+    "WITH latest AS (SELECT n.node, (SELECT max(h.seq) FROM report_history h WHERE h.node = n.node) "
+    "AS seq FROM nodes n WHERE n.history_changed > ?), "
+    "cur AS (SELECT l.node, l.seq, (SELECT max(h.ts) FROM report_history h WHERE h.node = l.node "
+    "AND h.seq = l.seq) AS ts FROM latest l) "
+    f"SELECT f.node, f.gpu, f.check_id, f.severity, max({_RANK_SQL}), count(*) "
+    "FROM cur CROSS JOIN findings f WHERE f.node = cur.node AND f.ts = cur.ts "
+    "AND f.seq = cur.seq GROUP BY f.node, f.gpu, f.check_id, f.severity")
 
 
 class FleetRow(TypedDict):
@@ -231,6 +242,16 @@ def history_version(db: Connection) -> int:
     return int(row[0]) if row is not None else -1
 
 
+def node_version(db: Connection) -> int:
+    """The ``node_version`` counter (schema 12): every transaction that writes ``nodes``
+    rows bumps it and sets their ``changed`` to it (-1 on a database without it)."""
+    try:
+        row = db.execute("SELECT version FROM node_version WHERE id = 1").fetchone()
+    except sqlite3.OperationalError:  # (an older database a reader opened as it is)
+        return -1
+    return int(row[0]) if row is not None else -1
+
+
 # ---------------------------------------------------------------------- nodes and messages
 
 
@@ -250,6 +271,13 @@ def current_findings(db: Connection) -> list[FindingCount]:
     GPU, check and severity."""
     return [FindingCount(node, gpu, check, severity, int(rank), int(count))
             for node, gpu, check, severity, rank, count in db.execute(CURRENT_FINDINGS_SQL)]
+
+
+def current_findings_since(db: Connection, version: int) -> list[FindingCount]:
+    """``current_findings`` of the nodes whose history was written since ``version`` (a
+    ``node_version``: ``nodes.history_changed`` above it)."""
+    return [FindingCount(node, gpu, check, severity, int(rank), int(count))
+            for node, gpu, check, severity, rank, count in db.execute(CURRENT_FINDINGS_SINCE_SQL, (version,))]
 
 
 def latest_report(db: Connection, node: str) -> LatestReport | None:
@@ -443,3 +471,30 @@ def node_verdict_columns(db: Connection) -> NodeVerdictColumns:
     nodes, seen, reachable, verdicts = zip(*rows, strict=True) if rows else ((), (), (), ())
     return NodeVerdictColumns([str(n) for n in nodes], [float(t) for t in seen],
                               [1 if r else 0 for r in reachable], list(verdicts))
+
+
+class NodeChanges(NamedTuple):
+    """The nodes written since a ``node_version`` (``node_changes``)."""
+
+    columns: NodeVerdictColumns  # their rows
+    keys: list[Any]  # their place in ``node_verdict_columns``' order (SQLite: rowid; PostgreSQL: name)
+    history: list[str]  # those whose history was written as well (``nodes.history_changed``)
+    total: int  # every node in the table
+
+
+def node_changes(db: Connection, version: int) -> NodeChanges:
+    """``node_verdict_columns`` of the nodes written since ``version`` (a ``node_version``:
+    ``nodes.changed`` above it; -1: every node), which of them had history written, and
+    how many nodes there are (one scan of ``nodes``, one statement). The keys: SQLite
+    returns ``nodes`` in rowid order (the order of first sight), PostgreSQL in its heap's
+    (not kept across updates): by name instead."""
+    key = "n.rowid" if dialect_of(db).name == "sqlite" else "n.node"
+    rows = db.execute(
+        f"SELECT n.node, n.last_seen, n.reachable, r.verdict, n.history_changed, {key} FROM nodes n "
+        "LEFT JOIN reports r ON r.node = n.node WHERE n.changed > ? "
+        "UNION ALL SELECT NULL, count(*), NULL, NULL, NULL, NULL FROM nodes", (version,)).fetchall()
+    total = next(int(row[1]) for row in rows if row[0] is None)
+    rows = [row for row in rows if row[0] is not None]
+    return NodeChanges(NodeVerdictColumns([str(r[0]) for r in rows], [float(r[1]) for r in rows],
+                                          [1 if r[2] else 0 for r in rows], [r[3] for r in rows]),
+                       [r[5] for r in rows], [str(r[0]) for r in rows if r[4] > version], total)

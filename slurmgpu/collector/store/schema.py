@@ -442,11 +442,32 @@ def _migration_11(db: Connection) -> None:
     """)
 
 
+def _migration_12(db: Connection) -> None:
+    """Incremental ``/metrics`` scrapes (issue 15): ``node_version``, one counter bumped by
+    every transaction that writes ``nodes`` rows (a batch, the marking of silent nodes, the
+    pruning); ``nodes.changed`` is its value at the node's last write (its row or its
+    latest report), ``nodes.history_changed`` at the node's last write of
+    ``report_history``/``findings`` rows (the pruning sets both on every node). A scrape
+    reads again only the nodes changed since the counter its last reading saw (a scan of
+    ``nodes`` with no index: no index to keep up on every write). Rows written before
+    (0) are read by a scrape's first, full reading."""
+    _script(db, """
+        CREATE TABLE node_version (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            version INTEGER NOT NULL
+        );
+        INSERT INTO node_version (id, version) VALUES (1, 0);
+        ALTER TABLE nodes ADD COLUMN changed INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE nodes ADD COLUMN history_changed INTEGER NOT NULL DEFAULT 0
+    """)
+
+
 # Applied in order at open; the schema version is the number applied. Append only.
 MIGRATIONS: list[Callable[[Connection], None]] = [_migration_1, _migration_2, _migration_3,
                                                           _migration_4, _migration_5, _migration_6,
                                                           _migration_7, _migration_8, _migration_9,
-                                                          _migration_10, _migration_11]
+                                                          _migration_10, _migration_11,
+                                                          _migration_12]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -567,7 +588,8 @@ def _check_integrity(db: sqlite3.Connection, path: Path) -> None:
     except UnicodeDecodeError:  # a damaged schema page: SQLite's own error text is not UTF-8
         problems = ["the schema is damaged (unreadable text)"]
     if problems != ["ok"]:
-        raise StoreError(f"{path}: integrity check failed ({'; '.join(problems)[:300]}); {RECOVER}")
+        found = "; ".join(problems).replace("\n", "; ")  # (one row may hold several lines)
+        raise StoreError(f"{path}: integrity check failed ({found[:300]}); {RECOVER}")
 
 
 def _check_schema(db: Connection, where: str | Path) -> None:
