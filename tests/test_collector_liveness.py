@@ -15,7 +15,7 @@ import zmq
 
 from slurmgpu.collector import transport as transport_mod
 from slurmgpu.collector.counters import Counters
-from slurmgpu.collector.transport import Transport
+from slurmgpu.collector.transport import HEARD_PER_TURN, HEARTBEATS_PER_TURN, Transport
 from slurmgpu.wire import HEARTBEAT
 from tests.agenthelpers import wait_until
 from tests.test_collector import Agent, ctx, db_rows, keys_dir, make_settings, running  # noqa: F401
@@ -110,10 +110,12 @@ def test_nodes_acked_within_the_interval_get_no_heartbeat(tmp_path: Path, keys_d
             transport.seen[node], transport.routes[node] = now, node.encode()
         transport._send_acks([(transport.sock, b"gpu-a", "gpu-a", "", 7, False)])  # gpu-a reported and was acked
         sent.clear()
+        transport._due = transport._heartbeats_due()
         transport._heartbeat()
         assert sent == [b"gpu-b"]
         transport.answered["gpu-a"] -= 5.0  # an interval later, without a report
         sent.clear()
+        transport._due = transport._heartbeats_due()
         transport._heartbeat()
         assert sorted(sent) == [b"gpu-a", b"gpu-b"]
     finally:
@@ -148,3 +150,32 @@ def test_a_batch_ends_after_an_event(tmp_path: Path, keys_dir: Path, ctx: zmq.Co
         assert any(a[-1] == 41 for a in acks)
     finally:
         collector.close()
+
+
+def test_the_intervals_work_is_spread_over_loop_turns(tmp_path: Path, keys_dir: Path) -> None:  # noqa: F811
+    """At 10,000 nodes one interval's heartbeat bookkeeping at once held the loop (and an
+    event's batch behind it) for ~180 ms: each turn records at most HEARD_PER_TURN heard
+    nodes and sends at most HEARTBEATS_PER_TURN heartbeats, and the interval's work is
+    done in as many turns as that takes, every node once."""
+    transport = Transport(make_settings(tmp_path, keys_dir, heartbeat_s=60.0), Counters())
+    sent: list[bytes] = []
+    try:
+        transport._send = lambda route, frame, sock=None: sent.append(route) or True  # type: ignore[method-assign]
+        nodes = [f"gpu-{i:04d}" for i in range(2 * HEARTBEATS_PER_TURN + 10)]
+        now = time.time()
+        for node in nodes:
+            transport.seen[node], transport.routes[node] = now, node.encode()
+        transport.heard.update(nodes)
+        handler = _Handler(failures=0)
+        transport._next_heartbeat = 0.0  # the interval is due
+        turns = 0
+        while transport._due or transport._handing or turns == 0:
+            transport.tick(handler)  # type: ignore[arg-type]
+            turns += 1
+            assert len(handler.recorded[-1]) <= HEARD_PER_TURN
+            assert len(sent) <= turns * HEARTBEATS_PER_TURN
+        assert turns == -(-len(nodes) // HEARD_PER_TURN)  # ceil: the heard nodes took longest
+        assert set().union(*handler.recorded) == set(nodes) and transport.heard == set()
+        assert sorted(sent) == sorted(n.encode() for n in nodes)  # each heartbeated once
+    finally:
+        transport.close()
