@@ -59,6 +59,7 @@ class Install:
     slurm_conf: Path
     bin_dir: Path  # a Slurm client whose `scontrol ping` answers UP
     port: int
+    events_port: int
     # A node with the agent: its config names the collector and its keys directory holds
     # the bundle. Without: the hooks-only install (no agent/collector checks, no waits).
     agent_node: bool = False
@@ -69,6 +70,7 @@ class Install:
         collector = f"""
 [collector]
 address = "tcp://127.0.0.1:{self.port}"
+events_port = {self.events_port}
 heartbeat_s = {HEARTBEAT_S}
 keys_dir = "{self.bundle}"
 """ if self.agent_node else f'[collector]\nkeys_dir = "{self.root / "no-keys"}"\n'
@@ -125,7 +127,7 @@ def install(short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Install:
     scontrol.write_text('#!/bin/sh\n[ "$1" = ping ] && echo "Slurmctld(primary) at head is UP" && exit 0\nexit 1\n')
     scontrol.chmod(0o755)
     return Install(root=short_dir, keys_root=keys_root, bundle=bundle, config=short_dir / "slurmgpu.toml",
-                   slurm_conf=short_dir / "slurm.conf", bin_dir=bin_dir, port=free_port(),
+                   slurm_conf=short_dir / "slurm.conf", bin_dir=bin_dir, port=free_port(), events_port=free_port(),
                    slurm_lines={"Prolog": str(REPO / "prolog" / "slurmgpu-prolog"),
                                 "Epilog": str(REPO / "epilog" / "slurmgpu-epilog"),
                                 "PrologFlags": "Alloc,Contain",
@@ -170,6 +172,7 @@ def agent_socket(install: Install) -> Iterator[Path]:
 
 def collector_settings(install: Install, **kw: Any) -> Any:
     install.agent_node = True
+    kw.setdefault("events_port", install.events_port)
     return make_settings(install.root, install.keys_root, port=install.port, heartbeat_s=HEARTBEAT_S, **kw)
 
 
@@ -185,6 +188,8 @@ def test_healthy_node_is_all_ok_and_exits_0(install: Install, agent_socket: Path
     assert not [line for line in lines if line.startswith(("FAIL", "WARN"))], result.output
     by_check = {line.split()[1]: line for line in lines[1:-1]}
     assert "accepted key" in by_check["collector"] and f"answered {NODE}'s heartbeat" in by_check["collector"]
+    assert by_check["collector.events"].startswith("OK") and \
+        f"tcp://127.0.0.1:{install.events_port} accepted key" in by_check["collector.events"]
     assert by_check["clock"].startswith("OK")
     assert by_check["agent"].startswith("OK") and f"{NODE} OK" in by_check["agent"]
     assert "exports SLURMGPU_CHECKPOINT_FILE" in by_check["slurm.task_prolog"]
@@ -307,6 +312,21 @@ def test_no_collector_listening(install: Install) -> None:
     assert "systemctl start slurmgpu-collector" in rows["collector"]["fix"]
 
 
+def test_an_events_port_without_a_collector_is_a_warning(install: Install) -> None:
+    """The collector answers on its main port but not on the events port (a firewall, a
+    collector that could not bind it): events still arrive, later; a WARN that says so."""
+    with running(collector_settings(install, events_port=0)):
+        code, rows = install.findings()
+    assert rows["collector"]["severity"] == "OK"
+    events = rows["collector.events"]
+    assert events["severity"] == "WARN", events
+    assert events["message"].startswith(f"no CURVE handshake at tcp://127.0.0.1:{install.events_port} "
+                                         "([collector] events_port)")
+    assert "go with the reports" in events["message"]
+    assert f"open TCP port {install.events_port}" in events["fix"] and "events_port = 0" in events["fix"]
+    assert code >= 1
+
+
 def test_head_role_checks_the_collector_keys_and_port(install: Install) -> None:
     install.bundle = install.keys_root  # the head node's config names its own keys directory
     with running(collector_settings(install)):
@@ -315,6 +335,8 @@ def test_head_role_checks_the_collector_keys_and_port(install: Install) -> None:
     assert rows["keys"]["severity"] == "OK" and "1 node allow-listed" in rows["keys"]["message"]
     assert rows["collector"] == {"check": "collector", "severity": "OK", "fix": None,
                                  "message": f"listening at tcp://127.0.0.1:{install.port}"}
+    assert rows["collector.events"] == {"check": "collector.events", "severity": "OK", "fix": None,
+                                        "message": f"listening at tcp://127.0.0.1:{install.events_port}"}
     assert rows["nvml"]["severity"] == rows["agent"]["severity"] == rows["clock"]["severity"] == "SKIP"
     assert "the programs are checked on the GPU nodes" in rows["slurm.prolog"]["message"]
     assert "dir.db" in rows and "dir.spool" not in rows

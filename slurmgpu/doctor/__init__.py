@@ -16,7 +16,12 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from slurmgpu.doctor.collector import check_clock, check_collector, collector_budget_s
+from slurmgpu.doctor.collector import (
+    check_clock,
+    check_collector,
+    check_events_port,
+    collector_budget_s,
+)
 from slurmgpu.doctor.local import check_agent, check_config, check_dirs, check_keys, check_nvml
 from slurmgpu.doctor.model import (
     HEAD,
@@ -54,6 +59,7 @@ CHECKS = (
                                        "slowly: `nvidia-smi -pm 1`"),
     Check("agent", check_agent),
     Check("collector", check_collector, collector_budget_s),
+    Check("collector.events", check_events_port),
     Check("dirs", check_dirs),
     Check("clock", check_clock),
 )

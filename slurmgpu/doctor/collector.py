@@ -78,9 +78,9 @@ def listening(address: str) -> Finding:
     where = urlsplit(address)
     if where.scheme != "tcp" or where.port is None:
         return skip("collector", f"[collector] address {address} is not tcp://HOST:PORT; not probed")
-    host = "127.0.0.1" if where.hostname in (None, "*") else where.hostname
+    host, port = _host_port(address)
     try:
-        with socket.create_connection((host, where.port), timeout=STEP_TIMEOUT_S):
+        with socket.create_connection((host, port), timeout=STEP_TIMEOUT_S):
             pass
     except OSError as exc:
         return fail("collector", f"nothing accepts connections at {address}: {exc.strerror or exc}",
@@ -112,6 +112,16 @@ def probe(ctx: Context) -> Finding:
 def _exchange(ctx: Context, address: str,
               node_keys: tuple[bytes, bytes, bytes]) -> tuple[str, CollectorReply | None]:
     """("ok", the reply) or (what went wrong, None)."""
+    with _connected(address, node_keys) as (outcome, sock):
+        if outcome != "ok":
+            return outcome, None
+        return _heartbeat(ctx, sock)
+
+
+@contextlib.contextmanager
+def _connected(address: str, node_keys: tuple[bytes, bytes, bytes]) -> Iterator[tuple[str, Any]]:
+    """A DEALER with the node's keys connected to ``address``: (the handshake's outcome,
+    see ``_handshake``, or "address:<error>"; the socket), closed on exit."""
     import zmq
 
     zctx = zmq.Context()
@@ -124,11 +134,9 @@ def _exchange(ctx: Context, address: str,
         try:
             sock.connect(address)
         except zmq.ZMQError as exc:
-            return f"address:{exc}", None
-        outcome = _handshake(monitor, time.monotonic() + STEP_TIMEOUT_S)
-        if outcome != "ok":
-            return outcome, None
-        return _heartbeat(ctx, sock)
+            yield f"address:{exc}", sock
+            return
+        yield _handshake(monitor, time.monotonic() + STEP_TIMEOUT_S), sock
     finally:
         if monitor is not None:
             with contextlib.suppress(zmq.ZMQError):
@@ -219,6 +227,67 @@ def _failed(ctx: Context, address: str, fp: str, outcome: str) -> Finding:
     return fail("collector", f"no connection to {address}{unset} in {STEP_TIMEOUT_S:g} s",
                 f"start the collector (systemctl start {COLLECTOR_UNIT} on the head node), open its "
                 f"port, or set [collector] address in {ctx.config_path}")
+
+
+# --------------------------------------------------------------------------- the events port
+
+
+def check_events_port(ctx: Context) -> Iterator[Finding]:
+    """``[collector] events_port``: a WARN at most, since events still reach the
+    collector without it (with the reports, behind any backlog)."""
+    settings = ctx.settings
+    if settings is None:
+        yield skip(EVENTS_CHECK, NEEDS_CONFIG)
+        return
+    address = settings.collector.addresses[0]
+    endpoint = settings.collector.events_endpoint(address)
+    if endpoint is None:
+        yield skip(EVENTS_CHECK, "no events port ([collector] events_port = 0, or an ipc:// address): "
+                                 "events and command results go with the reports")
+    elif ctx.role == HEAD:
+        yield _events_listening(endpoint)
+    elif ctx.collector_reply is None:
+        yield skip(EVENTS_CHECK, "the collector did not answer (see the collector line)")
+    else:
+        yield _events_probe(ctx, endpoint)
+
+
+EVENTS_CHECK = "collector.events"
+_EVENTS_WHY = "events and command results go with the reports, behind any backlog after an outage"
+
+
+def _events_listening(endpoint: str) -> Finding:
+    host, port = _host_port(endpoint)
+    try:
+        with socket.create_connection((host, port), timeout=STEP_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        return warn(EVENTS_CHECK, f"nothing accepts connections at {endpoint} ([collector] events_port): "
+                                  f"{exc.strerror or exc}; {_EVENTS_WHY}",
+                    f"`journalctl -u {COLLECTOR_UNIT}` shows events_port_unavailable if the port is taken; "
+                    "free it or choose another [collector] events_port (the same on every node)")
+    return ok(EVENTS_CHECK, f"listening at {endpoint}")
+
+
+def _events_probe(ctx: Context, endpoint: str) -> Finding:
+    from slurmgpu import keys
+
+    node_keys = keys.client_keys(ctx.keys_dir)  # (the collector line read them)
+    with _connected(endpoint, node_keys) as (outcome, _):
+        if outcome == "ok":
+            return ok(EVENTS_CHECK, f"{endpoint} accepted key {keys.fingerprint(node_keys[0])}: events "
+                                    "and command results go there")
+    port = endpoint.rpartition(":")[2]
+    return warn(EVENTS_CHECK, f"no CURVE handshake at {endpoint} ([collector] events_port) in "
+                              f"{STEP_TIMEOUT_S:g} s ({outcome}); {_EVENTS_WHY}",
+                f"open TCP port {port} from the nodes to the head node (as 7150), or set "
+                f"[collector] events_port = 0 in {ctx.config_path}")
+
+
+def _host_port(endpoint: str) -> tuple[str, int]:
+    where = urlsplit(endpoint)
+    host = "127.0.0.1" if where.hostname in (None, "*") else where.hostname
+    return host, int(where.port or 0)
 
 
 # --------------------------------------------------------------------------- clock
