@@ -411,9 +411,13 @@ class _BoundedStrSet:
         self.items.add(value)
 
 
-# Node names and spool epochs that passed their checks.
-_GOOD_NODES = _BoundedStrSet(100_000)
-_GOOD_EPOCHS = _BoundedStrSet(100_000)
+# Node names and spool epochs that passed their checks (each of its own field: the limits
+# differ). A node may send any name in a frame (it is refused after decoding when it is
+# not the node's own), so each set is bounded: at most ~7 MB of names and ~5 MB of epochs
+# however many a node invents; a fleet of more than 32,768 nodes re-checks some of its
+# names now and then.
+_GOOD_NODES = _BoundedStrSet(32_768)
+_GOOD_EPOCHS = _BoundedStrSet(32_768)
 
 
 def _short(value: Any) -> str:
