@@ -7,8 +7,7 @@ crosses it, so the collector's one loop waited ~20 ms per commit on the disk, re
 nothing meanwhile. Here a thread with its own connection runs a PASSIVE checkpoint every
 ``every_s`` (it never blocks the writer, and the writer never waits for it), and the
 writer's own automatic checkpoint is kept only as a backstop, at ``BACKSTOP_PAGES`` (a
-thread that falls behind or dies cannot let the WAL grow without bound). The writer also
-gets a larger page cache (``WRITER_CACHE_KIB``).
+thread that falls behind or dies cannot let the WAL grow without bound).
 """
 
 from __future__ import annotations
@@ -23,11 +22,6 @@ from slurmgpu.log import get_logger
 
 # The writer checkpoints itself past this many WAL pages (256 MB with 4 KB pages).
 BACKSTOP_PAGES = 65_536
-# The writer's page cache (SQLite's default: 2 MB). A batch touches a few pages per node
-# (its ``messages`` leaf, its ``reports`` row and the facts' overflow pages, its ``nodes``
-# row): with 2 MB most were read back from the OS every batch. 64 MB: ~15 us less main
-# thread CPU per report at 1,000 and 10,000 nodes, for at most 64 MB more memory.
-WRITER_CACHE_KIB = 65_536
 
 
 class WalCheckpointer(threading.Thread):
@@ -39,7 +33,6 @@ class WalCheckpointer(threading.Thread):
         self._halt = threading.Event()
         self.log = get_logger(component="store")
         writer.execute(f"PRAGMA wal_autocheckpoint = {BACKSTOP_PAGES}")
-        writer.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
 
     def run(self) -> None:
         failing = False
