@@ -66,6 +66,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
+import struct
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -221,7 +222,8 @@ class ReplyFrames:
     """The collector's acks and heartbeat replies, on its hot path: a msgpack map is its
     header followed by its packed keys and values, so the constant parts are packed once.
     Message ids are unique per builder (``prefix``, random by default, and a counter),
-    cheaper than a uuid4 each. Exactly ``encode_unchecked`` of the same envelope."""
+    cheaper than a uuid4 each. Exactly ``encode_unchecked`` of the same envelope. One
+    builder is used by one thread (it keeps a msgpack packer)."""
 
     def __init__(self, *, prefix: str | None = None, clock: Callable[[], float] = time.time) -> None:
         # (the map header, 0x87 = 7 keys, is prepended per frame: 8 with an epoch)
@@ -233,9 +235,12 @@ class ReplyFrames:
         self._epoch_key = packed("epoch")
         self._heartbeat_tail = packed("type") + packed(HEARTBEAT) + packed("body") + packed({})
         self._prefix = uuid.uuid4().hex[:16] if prefix is None else prefix
+        # An id is the prefix and 16 hex digits: its packed header and prefix, once.
+        self._id_head = packed(self._prefix + "0" * 16)[:-16]
         self._counter = itertools.count(1)
         self._clock = clock
         self._nodes: dict[str, bytes] = {}
+        self._pack = msgpack.Packer(use_bin_type=True).pack  # (packb makes a Packer per call)
 
     def _start(self, node: str, keys: int = 7) -> bytes:
         part = self._nodes.get(node)
@@ -243,19 +248,30 @@ class ReplyFrames:
             if len(self._nodes) > 1_000_000:
                 self._nodes.clear()
             part = self._nodes[node] = self._node_key + packed(node) + self._mid
-        return (bytes((0x80 | keys,)) + self._head
-                + packed(f"{self._prefix}{next(self._counter):016x}") + part + packed(self._clock()))
+        n = next(self._counter)
+        mid = self._id_head + b"%016x" % n if n < _ID_COUNTER_END else packed(f"{self._prefix}{n:016x}")
+        ts = self._clock()
+        return b"".join((_MAP_HEADERS[keys], self._head, mid, part,
+                         b"\xcb" + _pack_double(ts) if type(ts) is float else packed(ts)))
 
     def ack(self, node: str, seqs: list[int], epoch: str = "", rejected: list[int] | None = None) -> bytes:
         """An ack of ``seqs`` of ``epoch``'s spool; ``rejected``: those refused for good."""
-        body = (b"\x82" + self._seqs_key + packed(seqs) + self._rejected_key + packed(rejected)
-                if rejected else b"\x81" + self._seqs_key + packed(seqs))
-        frame = self._start(node, 8 if epoch else 7) + self._ack_tail + body
-        return frame + self._epoch_key + packed(epoch) if epoch else frame
+        pack = self._pack
+        body = (b"\x82" + self._seqs_key + pack(seqs) + self._rejected_key + pack(rejected)
+                if rejected else b"\x81" + self._seqs_key + pack(seqs))
+        if epoch:
+            return b"".join((self._start(node, 8), self._ack_tail, body, self._epoch_key, pack(epoch)))
+        return self._start(node, 7) + self._ack_tail + body
 
     def heartbeat(self, node: str) -> bytes:
         """A heartbeat to ``node`` (or the answer to `slurmgpu doctor`'s probe)."""
         return self._start(node) + self._heartbeat_tail
+
+
+# (msgpack: a fixmap header per key count; a float is 0xcb and its big-endian double)
+_MAP_HEADERS = [bytes((0x80 | keys,)) for keys in range(16)]
+_pack_double = struct.Struct(">d").pack
+_ID_COUNTER_END = 1 << 64  # 16 hex digits
 
 
 class ReportFrames:
@@ -277,6 +293,27 @@ class ReportFrames:
                          self._tail, body))
 
 
+_EPOCH_KEY = packed("epoch")
+
+
+def body_bytes(frame: bytes, body: dict[str, Any], epoch: str,
+               pack: Callable[[Any], bytes] = packed) -> bytes:
+    """The packed bytes of the ``body`` of a frame ``decode`` accepted (``body``,
+    ``epoch``: its decoded fields): the bytes as received. Every sender of this package
+    packs the envelope's keys in ``Envelope.to_dict``'s order (body last, but for the
+    epoch) with msgpack's canonical encoding, so ``body`` re-packed is what the frame
+    ends with (one pack and one comparison, ~1 us for a report); a frame packed another
+    way is sliced (``raw_body``). Either way the bytes unpack to ``body``."""
+    again = pack(body)
+    if epoch:
+        tail = _EPOCH_KEY + pack(epoch)
+        if frame.endswith(tail) and frame.endswith(again, 0, len(frame) - len(tail)):
+            return again
+    elif frame.endswith(again):
+        return again
+    return raw_body(frame) or again
+
+
 def raw_body(frame: bytes) -> bytes | None:
     """The packed bytes of the ``body`` value of a frame ``decode`` accepted, sliced out
     of the frame (no re-packing: unpacking them gives the decoded body); None if not found.
@@ -296,45 +333,91 @@ def raw_body(frame: bytes) -> bytes | None:
 
 
 def decode(frame: bytes) -> Envelope:
-    """Parse and validate one frame; any problem is a WireError."""
+    """Parse and validate one frame; any problem is a WireError.
+
+    (The collector's hot path, ~5,000 frames a second: the checks are written out inline,
+    with ``type(x) is T`` where msgpack gives exact types, and node names and epochs that
+    passed are remembered, so a valid frame costs its unpacking and a few comparisons.)"""
     if len(frame) > MAX_FRAME:
         raise WireError(f"frame of {len(frame)} bytes exceeds {MAX_FRAME}")
     try:
-        data = msgpack.unpackb(frame, raw=False, strict_map_key=True)
+        data = _unpackb(frame, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types
         raise WireError(f"not a msgpack frame: {type(exc).__name__}") from None
     if not isinstance(data, dict):
         raise WireError("frame is not a map")
-    version = data.get("v")
+    get = data.get
+    version = get("v")
     # (True == 1 and 1.0 == 1 in Python: insist on a real int)
     if type(version) is not int or version != PROTOCOL_VERSION:
         raise WireError(f"unsupported protocol version {_short(version)} "
                         f"(this side speaks {PROTOCOL_VERSION})")
-    mtype, node, seq, body = data.get("type"), data.get("node"), data.get("seq"), data.get("body")
-    mid, ts, epoch = data.get("id"), data.get("ts"), data.get("epoch", "")
-    if not isinstance(mtype, str) or mtype not in TYPES:  # (a list is unhashable)
+    mtype, node, seq, body = get("type"), get("node"), get("seq"), get("body")
+    mid, ts, epoch = get("id"), get("ts"), get("epoch", "")
+    if type(mtype) is not str or mtype not in TYPES:  # (a list is unhashable)
         raise WireError(f"unknown message type {_short(mtype)}")
-    if not isinstance(node, str) or not 0 < len(node) <= MAX_NODE_NAME \
-            or not _NODE_RE.fullmatch(node):
-        raise WireError("bad node name")
-    if not _is_int(seq, 0, MAX_SEQ):
+    if type(node) is not str or node not in _GOOD_NODES.items:
+        if not isinstance(node, str) or not 0 < len(node) <= MAX_NODE_NAME \
+                or not _NODE_RE.fullmatch(node):
+            raise WireError("bad node name")
+        _GOOD_NODES.add(node)
+    if type(seq) is not int or not 0 <= seq <= MAX_SEQ:
         raise WireError("bad sequence number")
-    if not isinstance(mid, str) or not 0 < len(mid) <= MAX_ID:
+    if type(mid) is not str or not 0 < len(mid) <= MAX_ID:
         raise WireError("bad message id")
-    if not _is_number(ts, 0, MAX_TS):
+    if type(ts) is float:
+        if not (0 <= ts <= MAX_TS and math.isfinite(ts)):
+            raise WireError("bad timestamp")
+    elif type(ts) is int and 0 <= ts <= MAX_TS:
+        ts = float(ts)
+    else:
         raise WireError("bad timestamp")
-    if not isinstance(epoch, str) or len(epoch) > MAX_EPOCH or \
-            (epoch and not _EPOCH_RE.fullmatch(epoch)):
+    if epoch and (type(epoch) is not str or epoch not in _GOOD_EPOCHS.items):
+        if not isinstance(epoch, str) or len(epoch) > MAX_EPOCH or not _EPOCH_RE.fullmatch(epoch):
+            raise WireError("bad epoch")
+        _GOOD_EPOCHS.add(epoch)
+    elif type(epoch) is not str:  # (a falsy non-string: 0, [], None)
         raise WireError("bad epoch")
-    if not isinstance(body, dict):
+    if type(body) is not dict:
         raise WireError("body is not a map")
     try:
-        findings = _validate_body(mtype, body)
+        findings = _VALIDATORS[mtype](body) or ()
     except WireError as exc:
         raise BodyError(str(exc), Envelope(type=mtype, node=node, seq=seq, body=body, id=mid,
-                                           ts=float(ts), v=version, epoch=epoch)) from None
-    return Envelope(type=mtype, node=node, seq=seq, body=body, id=mid, ts=float(ts), v=version,
-                    epoch=epoch, findings=findings)
+                                           ts=ts, v=version, epoch=epoch)) from None
+    # (an Envelope without its dataclass __init__: the fields set at once, ~1.5 us less)
+    env = _new_envelope(Envelope)
+    _set_attr(env, "__dict__", {"type": mtype, "node": node, "seq": seq, "body": body, "id": mid, "ts": ts,
+                                "v": version, "epoch": epoch, "findings": findings})
+    return env
+
+
+_unpackb = msgpack.unpackb
+_new_envelope = object.__new__
+_set_attr = object.__setattr__
+
+
+class _BoundedStrSet:
+    """Strings that passed a check (node names, epochs), at most ``limit``; emptied when
+    full, so names a node invents cost re-checking, never memory."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.items: set[str] = set()
+
+    def add(self, value: str) -> None:
+        if len(self.items) >= self.limit:
+            self.items.clear()
+        self.items.add(value)
+
+
+# Node names and spool epochs that passed their checks (each of its own field: the limits
+# differ). A node may send any name in a frame (it is refused after decoding when it is
+# not the node's own), so each set is bounded: at most ~7 MB of names and ~5 MB of epochs
+# however many a node invents; a fleet of more than 32,768 nodes re-checks some of its
+# names now and then.
+_GOOD_NODES = _BoundedStrSet(32_768)
+_GOOD_EPOCHS = _BoundedStrSet(32_768)
 
 
 def _short(value: Any) -> str:
@@ -470,6 +553,36 @@ def _is_str(value: Any, limit: int, *, optional: bool = False) -> bool:
 
 
 def _report(body: dict[str, Any]) -> tuple[Finding, ...]:
+    """A report's body: the common case (every field of the right type, no finding) is
+    checked inline in a few comparisons; anything else goes through ``_report_checked``,
+    which accepts exactly the same bodies and says what is wrong with the others."""
+    get = body.get
+    verdict, findings, ok_checks = get("verdict"), get("findings"), get("ok_checks")
+    facts, summary, throttle = get("facts"), get("summary"), get("throttle")
+    if type(verdict) is not str or len(verdict) > MAX_SEVERITY or type(findings) is not list \
+            or (facts is not None and type(facts) is not bytes and type(facts) is not dict) \
+            or (summary is not None and type(summary) is not bytes and type(summary) is not dict) \
+            or (throttle is not None and (type(throttle) is not int or not 0 <= throttle <= MAX_THROTTLE)) \
+            or (ok_checks is not None and type(ok_checks) is not list):
+        return _report_checked(body)
+    # (set of the item types, built in C: ~25 ids per report)
+    if ok_checks and (len(ok_checks) > MAX_CHECKS or not set(map(type, ok_checks)) <= _STR_TYPE
+                      or max(map(len, ok_checks)) > MAX_CHECK_NAME):
+        return _report_checked(body)
+    decoded: tuple[Finding, ...] = ()
+    if findings:  # (in _report_checked's order: findings, then the summary)
+        if len(findings) > MAX_FINDINGS:
+            return _report_checked(body)
+        decoded = tuple([decode_finding(f, REPORT) for f in findings])
+    if summary is not None:
+        validate_summary(summary)
+    return decoded
+
+
+_STR_TYPE = {str}
+
+
+def _report_checked(body: dict[str, Any]) -> tuple[Finding, ...]:
     findings = _verdict_findings(REPORT, body)
     # facts: a map, or (as the agent sends them) that map pre-packed as msgpack bytes,
     # which the collector stores as they are instead of decoding ~13 KB per report.

@@ -257,3 +257,77 @@ def test_mutated_frames(mtype: str, data: st.DataObject) -> None:
     i = data.draw(st.integers(min_value=0, max_value=len(raw) - 1))
     raw[i] = data.draw(st.integers(min_value=0, max_value=255))
     _decodes_or_wire_error(bytes(raw))
+
+
+# ---------------------------------------------------------------- the collector's fast paths
+
+REPORT_FIELDS = {"verdict": st.just("WARN") | st.text(max_size=20) | values,
+                 "findings": st.just([]) | st.just([FINDING]) | st.lists(values, max_size=2) | values,
+                 "ok_checks": st.just(["gpu.ecc", "gpu.temp"]) | st.lists(st.text(max_size=130), max_size=3)
+                 | values,
+                 "facts": st.just(b"\x80") | st.just({"a": 1}) | values,
+                 "summary": st.just(wire.packed({"gpus": [[0, 1, 2.5]], "versions": ["550"]}))
+                 | st.just({"gpus": [[0, "x" * 300]]}) | st.just(b"\xc1") | values,
+                 "throttle": st.just(0) | st.integers(min_value=-2, max_value=2**33) | values}
+
+
+def _outcome(validate: Any, body: dict[str, Any]) -> Any:
+    try:
+        return validate(body)
+    except WireError as exc:
+        return f"WireError: {exc}"
+
+
+@FUZZ
+@given(st.fixed_dictionaries({}, optional=REPORT_FIELDS))
+def test_report_fast_path_is_the_checked_one(body: dict[str, Any]) -> None:
+    """``_report`` checks the common case inline and hands everything else to
+    ``_report_checked``: the same bodies pass, with the same findings, the same error."""
+    assert _outcome(wire._report, body) == _outcome(wire._report_checked, body)
+
+
+def test_checked_names_are_remembered_per_field() -> None:
+    """Node names and epochs that passed are remembered, each for its own field: a node
+    name too long for an epoch is still refused as one."""
+    long = "n" * (wire.MAX_EPOCH + 1)
+    assert decode(frame(node=long)).node == long
+    with pytest.raises(WireError, match="bad epoch"):
+        decode(frame(node=long, epoch=long))
+    assert decode(frame(epoch="e1")).epoch == "e1"
+    with pytest.raises(WireError, match="bad epoch"):
+        decode(frame(epoch=0))
+
+
+def _pairs_frame(pairs: list[tuple[Any, Any]], header: bytes | None = None) -> bytes:
+    """A map frame packed pair by pair (any key order, any encoding of the values)."""
+    packer = msgpack.Packer(use_bin_type=True)
+    out = header if header is not None else packer.pack_map_header(len(pairs))
+    for key, value in pairs:
+        out += packer.pack(key) + (value if isinstance(value, bytes) else packer.pack(value))
+    return out
+
+
+@pytest.mark.parametrize("layout", ["encode", "epoch", "body_first", "epoch_before_body", "str8_body",
+                                    "float32_ts_after_body"])
+def test_body_bytes_are_the_bytes_received(layout: str) -> None:
+    """``body_bytes`` gives the body's bytes as they are in the frame, whatever the key
+    order and encoding (re-packed only where that gives the same bytes)."""
+    body = {"verdict": "OK", "findings": [], "summary": wire.packed({"versions": ["550.54"] * 8})}
+    canonical = wire.packed(body)
+    str8 = b"\x83" + b"\xd9\x07verdict" + b"\xd9\x02OK" + canonical[1 + 8 + 3:]  # same map, other bytes
+    head = [("v", 1), ("id", "a" * 32), ("node", "n1"), ("seq", 3), ("ts", 1.5), ("type", "report")]
+    raw = {"encode": lambda: encode(Envelope(type="report", node="n1", seq=3, body=body, ts=1.5)),
+           "epoch": lambda: encode(Envelope(type="report", node="n1", seq=3, body=body, ts=1.5, epoch="e1")),
+           "body_first": lambda: _pairs_frame([("body", canonical), *head]),
+           "epoch_before_body": lambda: _pairs_frame([*head, ("epoch", "e1"), ("body", canonical)]),
+           "str8_body": lambda: _pairs_frame([*head, ("body", str8), ("epoch", "e1")]),
+           "float32_ts_after_body": lambda: _pairs_frame([*head[:4], ("type", "report"), ("body", canonical),
+                                                          ("ts", b"\xca" + bytes.fromhex("3fc00000"))]),
+           }[layout]()
+    env = decode(raw)
+    assert env.body == body
+    got = wire.body_bytes(raw, env.body, env.epoch)
+    assert got == wire.raw_body(raw)
+    assert msgpack.unpackb(got, raw=False) == body
+    if layout == "str8_body":
+        assert got == str8

@@ -32,7 +32,7 @@ from slurmgpu.collector.store.backend import Connection, dialect_of
 from slurmgpu.decision import REASON_PREFIX, reason_actor
 from slurmgpu.result import Severity
 from slurmgpu.slurm.cli import sanitize_reason
-from slurmgpu.wire import COMMAND_RESULT, EVENT, HEARTBEAT, HELLO, REPORT, Envelope, raw_body
+from slurmgpu.wire import COMMAND_RESULT, EVENT, HEARTBEAT, HELLO, REPORT, Envelope, body_bytes
 
 # Severity names as the wire carries them, ranked as slurmgpu.result does (others: UNKNOWN).
 _RANK = {s.name: s.rank for s in Severity}
@@ -88,8 +88,11 @@ def _digest(body: bytes) -> bytes:
     """What tells a resend (same body bytes) from another message under the same key.
     (SHA-256, cut to 8 bytes: ~10 us for a 14 KB report body, half of BLAKE2b's time
     where the CPU has SHA instructions; a node cannot hide a reused seq behind a
-    collision.)"""
-    return hashlib.sha256(body).digest()[:8]
+    collision.) ``_candidates`` computes it inline."""
+    return _sha256(body).digest()[:8]
+
+
+_sha256 = hashlib.sha256
 
 
 @dataclass(frozen=True)
@@ -103,13 +106,19 @@ class Conflict:
     type: str
 
 
-def _body_bytes(item: BatchItem) -> bytes:
-    """The packed body: sliced from the frame when the item carries it, else re-packed."""
+def _body_bytes(item: BatchItem, pack: Any = None) -> bytes:
+    """The packed body: as received when the item carries its frame (``wire.body_bytes``),
+    else packed. ``pack``: a ``msgpack.Packer(use_bin_type=True).pack`` to reuse."""
+    pack = pack or _packb
+    env = item[1]
     if len(item) > 2:
-        data = raw_body(item[2])
-        if data is not None:
-            return data
-    packed: bytes = msgpack.packb(item[1].body, use_bin_type=True)
+        return body_bytes(item[2], env.body, env.epoch, pack)
+    packed: bytes = pack(env.body)
+    return packed
+
+
+def _packb(value: Any) -> bytes:
+    packed: bytes = msgpack.packb(value, use_bin_type=True)
     return packed
 
 
@@ -138,7 +147,8 @@ def _report_row(node: str, env: Envelope, packed: bytes) -> tuple[Any, ...]:
     """A node's latest report as ``reports`` keeps it: the body as received, but a full
     report's facts go to their own column (kept until the next full report)."""
     body = env.body
-    verdict = text(body.get("verdict")) or _UNKNOWN
+    verdict = body.get("verdict")
+    verdict = (verdict if type(verdict) is str and len(verdict) <= _MAX_TEXT else text(verdict)) or _UNKNOWN
     facts = body.get("facts")
     if facts is None:
         return (node, env.seq, env.ts, verdict, packed, None, None, env.epoch)
@@ -241,6 +251,7 @@ class Ingest:
         # Also write what the automation must see to ``leader_inbox`` (set by the collector
         # when it runs the automation on a shared database: the leader may be another one).
         self.inbox = False
+        self._pack = msgpack.Packer(use_bin_type=True).pack  # (packb makes a Packer per call)
 
     def transaction(self) -> Transaction:
         """``with store.transaction():`` one write transaction (BEGIN IMMEDIATE ... COMMIT,
@@ -295,18 +306,21 @@ class Ingest:
         candidates: dict[MessageKey, BatchItem] = {}
         bodies: dict[MessageKey, _Body] = {}
         touched: set[str] = set()
+        pack, sha256 = self._pack, _sha256
         for item in batch:
             node, env = item[0], item[1]
             touched.add(node)
             if env.type not in _STORED:
                 continue
-            key = (node, env.epoch, env.seq)
-            packed = _body_bytes(item)
-            digest = _digest(packed)
-            if key not in candidates:
+            epoch = env.epoch
+            key = (node, epoch, env.seq)
+            packed = body_bytes(item[2], env.body, epoch, pack) if len(item) > 2 else pack(env.body)
+            digest = sha256(packed).digest()[:8]  # (_digest)
+            held = bodies.get(key)
+            if held is None:
                 candidates[key], bodies[key] = item, (packed, digest)
-            elif bodies[key][1] != digest:
-                self.conflicts.append(Conflict(node, env.epoch, env.seq, env.type))
+            elif held[1] != digest:
+                self.conflicts.append(Conflict(node, epoch, env.seq, env.type))
         return touched, candidates, bodies
 
     def _check_duplicates(self, existing: dict[MessageKey, bytes | None],
@@ -336,9 +350,11 @@ class Ingest:
         if self.shared:
             return self._existing_shared(keys)
         found: dict[MessageKey, bytes | None] = {}
+        high = self._high
         for key in keys:
             node, epoch, seq = key
-            if seq > self._high_water(node, epoch):
+            mark = high.get((node, epoch))
+            if seq > (mark if mark is not None else self._high_water(node, epoch)):
                 continue
             row = self.db.execute("SELECT digest FROM messages WHERE node = ? AND epoch = ? AND seq = ?",
                                   key).fetchone()
@@ -371,17 +387,19 @@ class Ingest:
     def _write(self, new: list[tuple[MessageKey, BatchItem]], bodies: dict[MessageKey, _Body],
                touched: set[str], now: float, states: dict[str, _State]) -> _BatchRows:
         rows = _BatchRows({node: [0, None, None, None, None, None] for node in touched})
+        messages, nodes, verdict = rows.messages.append, rows.nodes, self._verdict
         for key, item in new:
             node, epoch, seq = key
             env = item[1]
+            mtype = env.type
             packed, digest = bodies[key]
-            rows.messages.append((node, epoch, seq, env.type, env.ts, now, digest))
-            row = rows.nodes[node]
+            messages((node, epoch, seq, mtype, env.ts, now, digest))
+            row = nodes[node]
             if seq > row[0]:
                 row[0] = seq
-            if env.type in (REPORT, EVENT):
-                self._verdict(rows, node, env, packed, now, states)
-            elif env.type == HELLO:
+            if mtype in (REPORT, EVENT):
+                verdict(rows, node, env, packed, now, states)
+            elif mtype == HELLO:
                 row[4] = text(env.body.get("version"))
             elif env.type == COMMAND_RESULT:
                 body = env.body
@@ -397,8 +415,9 @@ class Ingest:
                  states: dict[str, _State]) -> None:
         """A report or event: the node's verdict and worst finding; for a report, its history
         row and findings when its state changed; for an event, the event and its findings."""
-        body, seq = env.body, env.seq
-        verdict = text(body.get("verdict")) or _UNKNOWN
+        body, seq, epoch = env.body, env.seq, env.epoch
+        verdict = body.get("verdict")  # (a str of at most MAX_SEVERITY from decode; else cut)
+        verdict = (verdict if type(verdict) is str and len(verdict) <= _MAX_TEXT else text(verdict)) or _UNKNOWN
         worst: dict[str, Any] = {}
         worst_rank = 0
         bad: list[tuple[Any, ...]] = []
@@ -417,12 +436,12 @@ class Ingest:
         # The node's state is its newest message by seq (within its spool epoch), whatever
         # the arrival order (events overtake spooled reports); its clock is data, never the order.
         row = rows.nodes[node]
-        current = self._newest(node, env.epoch, seq, row[5])
-        if current:
-            row[1], row[2], row[3], row[5] = now, verdict, worst, (env.epoch, seq)
-        elif env.type == REPORT:
+        report = env.type == REPORT
+        if self._newest(node, epoch, seq, row[5]):
+            row[1], row[2], row[3], row[5] = now, verdict, worst, (epoch, seq)
+        elif report:
             self.stale.add((node, seq))
-        if env.type == REPORT:
+        if report:
             self.history.observe(node, env.ts, verdict, body.get("throttle"), body.get("summary"),
                                  rows.samples)
             state = (verdict, tuple(bad))
@@ -430,9 +449,10 @@ class Ingest:
                 states[node] = state
                 rows.history.append((node, seq, env.ts, verdict))
                 rows.findings.extend((node, seq, env.ts, *b) for b in bad)
-            held = rows.latest_report.get(node)  # (the SQL keeps a newer stored one)
-            if held is None or env.epoch != held[0].epoch or seq > held[0].seq:
-                rows.latest_report[node] = (env, packed)
+            latest = rows.latest_report
+            held = latest.get(node)  # (the SQL keeps a newer stored one)
+            if held is None or epoch != held[0].epoch or seq > held[0].seq:
+                latest[node] = (env, packed)
         else:
             rows.findings.extend((node, seq, env.ts, *b) for b in bad)
             rows.events.append((node, seq, env.ts, text(body.get("kind")), _int(body.get("gpu")),
@@ -442,7 +462,8 @@ class Ingest:
         """Whether (epoch, seq) is newer than the message that holds the node's state: the
         batch's (``held``), else the stored one (kept in memory, read once per node)."""
         if held is None:
-            held = self._held(node)
+            current = self._current
+            held = current[node] if node in current else self._held(node)
         return held is None or epoch != held[0] or seq > held[1]
 
     def _held(self, node: str) -> tuple[str, int] | None:
@@ -484,12 +505,16 @@ class Ingest:
         history = {r[0] for r in rows.history}
         history.update(r[0] for r in rows.findings)
         nodes = []
-        for node, (last_seq, verdict_ts, verdict, worst, version, held_by) in rows.nodes.items():
-            w = worst or {}
+        for node, (last_seq, verdict_ts, verdict, w, version, held_by) in rows.nodes.items():
             epoch, seq = held_by or (None, None)
-            nodes.append((node, now, now, last_seq, verdict, verdict_ts, text(w.get("check")),
-                          text(w.get("severity")), text(w.get("message")), _int(w.get("gpu")), version,
-                          epoch, seq, changed, changed if node in history else 0))
+            mark = changed if node in history else 0
+            if w:
+                nodes.append((node, now, now, last_seq, verdict, verdict_ts, text(w.get("check")),
+                              text(w.get("severity")), text(w.get("message")), _int(w.get("gpu")),
+                              version, epoch, seq, changed, mark))
+            else:  # (no worst finding: the common case)
+                nodes.append((node, now, now, last_seq, verdict, verdict_ts, None, None, None, None,
+                              version, epoch, seq, changed, mark))
         db.executemany(_UPSERT_NODES, nodes)
 
     def touch(self, nodes: Iterable[str], now: float | None = None) -> None:
