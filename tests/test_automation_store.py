@@ -36,8 +36,8 @@ def fail(check: str = "ecc.uncorrected") -> list[Any]:
 
 # What the migrations after 7 add (schema 8: several collectors on one database; 9: the
 # reports' facts kept apart).
-LATER_TABLES = ("leader_inbox", "command_outbox", "history_version", "node_version")
-LATER_COLUMNS = (("reports", "facts"), ("reports", "facts_ts"), ("reports", "epoch"),
+LATER_TABLES = ("leader_inbox", "command_outbox", "history_version", "node_version", "node_facts")
+LATER_COLUMNS = (("reports", "epoch"),
                  ("nodes", "verdict_epoch"), ("nodes", "verdict_seq"), ("nodes", "changed"),
                  ("nodes", "history_changed"))
 

@@ -97,10 +97,48 @@ def test_the_collector_keeps_the_last_facts(store_url: str) -> None:
         assert (latest["seq"], latest["verdict"], latest["facts_ts"]) == (2, "WARN", 1001.0)
         assert latest["body"]["facts"] == {"gpus": [{"index": 0, "uuid": "GPU-1"}]}
         assert latest["body"]["verdict"] == "WARN"
-        # the facts column holds them once; the body is the report without them
-        [(body, kept)] = store.db.execute("SELECT body, facts FROM reports").fetchall()
-        assert "facts" not in msgpack.unpackb(bytes(body)) and bytes(kept) == facts
+        # node_facts holds them once, with the report they came with; the body is the
+        # report without them
+        [(body,)] = store.db.execute("SELECT body FROM reports").fetchall()
+        assert "facts" not in msgpack.unpackb(bytes(body))
+        assert [(bytes(f), seq) for f, seq in store.db.execute("SELECT facts, seq FROM node_facts")] == [(facts, 1)]
         newer = wire.packed({"gpus": []})
         store.store_batch([_report(3, newer)])
         latest = store.latest_report("n1")
         assert latest is not None and latest["facts_ts"] == 1003.0 and latest["body"]["facts"] == {"gpus": []}
+
+
+def test_facts_in_a_batch_behind_a_newer_report_without_them_are_kept(store_url: str) -> None:
+    """A backlog drain: a node's full report and the reports after it (without facts) in
+    one batch. The node's facts are the full report's, not the older stored ones; an older
+    full report arriving later does not replace them."""
+    old, full = wire.packed({"gpus": ["old"]}), wire.packed({"gpus": ["new"]})
+    with contextlib.closing(Store(store_url)) as store:
+        store.store_batch([_report(1, old)])
+        store.store_batch([_report(5, full), _report(6, None), _report(7, None, verdict="WARN")])
+        latest = store.latest_report("n1")
+        assert latest is not None and (latest["seq"], latest["facts_ts"]) == (7, 1005.0)
+        assert latest["body"]["facts"] == {"gpus": ["new"]}
+        store.store_batch([_report(3, wire.packed({"gpus": ["older"]}))])  # resent late
+        latest = store.latest_report("n1")
+        assert latest is not None and latest["body"]["facts"] == {"gpus": ["new"]}
+
+
+def test_facts_kept_in_reports_before_schema_13_move_to_node_facts(tmp_path: Path) -> None:
+    """A database from before schema 13 (facts in ``reports``): opening it moves them."""
+    facts = wire.packed({"gpus": [{"index": 0}]})
+    path = str(tmp_path / "fleet.db")
+    with contextlib.closing(Store(path)) as store:
+        store.store_batch([_report(4, facts)])
+    with contextlib.closing(Store(path)) as store, store.transaction() as db:
+        db.execute("DROP TABLE node_facts")
+        db.execute("ALTER TABLE reports ADD COLUMN facts BLOB")
+        db.execute("ALTER TABLE reports ADD COLUMN facts_ts REAL")
+        db.execute("UPDATE reports SET facts = ?, facts_ts = 1004.0", (facts,))
+        db.execute("UPDATE schema_version SET version = 12")
+    with contextlib.closing(Store(path)) as store:
+        latest = store.latest_report("n1")
+        assert latest is not None and latest["facts_ts"] == 1004.0
+        assert latest["body"]["facts"] == {"gpus": [{"index": 0}]}
+        columns = {row[1] for row in store.db.execute("PRAGMA table_info(reports)")}
+        assert "facts" not in columns and "facts_ts" not in columns

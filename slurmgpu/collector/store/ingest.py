@@ -133,29 +133,38 @@ def _inbox_body(env: Envelope, packed: bytes) -> bytes:
     return inbox
 
 
-# A report without facts keeps the node's last ones (see ``_report_row``).
-# (The WHERE: another collector may have stored a newer report of the node meanwhile.)
+# (The WHEREs: another collector may have stored a newer report of the node meanwhile.)
 _UPSERT_REPORT = (
-    "INSERT INTO reports (node, seq, ts, verdict, body, facts, facts_ts, epoch) VALUES (?,?,?,?,?,?,?,?) "
+    "INSERT INTO reports (node, seq, ts, verdict, body, epoch) VALUES (?,?,?,?,?,?) "
     "ON CONFLICT (node) DO UPDATE SET seq = excluded.seq, ts = excluded.ts, "
-    "verdict = excluded.verdict, body = excluded.body, epoch = excluded.epoch, "
-    "facts = coalesce(excluded.facts, reports.facts), facts_ts = coalesce(excluded.facts_ts, reports.facts_ts) "
+    "verdict = excluded.verdict, body = excluded.body, epoch = excluded.epoch "
     "WHERE reports.epoch IS NULL OR excluded.epoch <> reports.epoch OR excluded.seq > reports.seq")
+# A report without facts keeps the node's last ones: in a table of their own (schema 13),
+# written only by the reports that bring them.
+_UPSERT_FACTS = (
+    "INSERT INTO node_facts (node, facts, facts_ts, epoch, seq) VALUES (?,?,?,?,?) "
+    "ON CONFLICT (node) DO UPDATE SET facts = excluded.facts, facts_ts = excluded.facts_ts, "
+    "epoch = excluded.epoch, seq = excluded.seq "
+    "WHERE node_facts.epoch IS NULL OR excluded.epoch <> node_facts.epoch OR excluded.seq > node_facts.seq")
 
 
 def _report_row(node: str, env: Envelope, packed: bytes) -> tuple[Any, ...]:
-    """A node's latest report as ``reports`` keeps it: the body as received, but a full
-    report's facts go to their own column (kept until the next full report)."""
+    """A node's latest report as ``reports`` keeps it: the body as received, less a full
+    report's facts (``_facts_row``: kept until the next full report)."""
     body = env.body
     verdict = body.get("verdict")
     verdict = (verdict if type(verdict) is str and len(verdict) <= _MAX_TEXT else text(verdict)) or _UNKNOWN
-    facts = body.get("facts")
-    if facts is None:
-        return (node, env.seq, env.ts, verdict, packed, None, None, env.epoch)
+    if body.get("facts") is not None:
+        packed = msgpack.packb({k: v for k, v in body.items() if k != "facts"}, use_bin_type=True)
+    return (node, env.seq, env.ts, verdict, packed, env.epoch)
+
+
+def _facts_row(node: str, env: Envelope) -> tuple[Any, ...]:
+    """A full report's facts as ``node_facts`` keeps them (msgpack)."""
+    facts = env.body["facts"]
     if not isinstance(facts, bytes):  # (agents pre-pack them; a dict from older senders)
         facts = msgpack.packb(facts, use_bin_type=True)
-    rest = msgpack.packb({k: v for k, v in body.items() if k != "facts"}, use_bin_type=True)
-    return (node, env.seq, env.ts, verdict, rest, facts, env.ts, env.epoch)
+    return (node, facts, env.ts, env.epoch, env.seq)
 
 
 # Every transaction that adds or deletes report_history/findings rows runs this (schema 11).
@@ -197,6 +206,7 @@ class _BatchRows:
     inbox: list[tuple[Any, ...]] = field(default_factory=list)
     samples: Rows = field(default_factory=Rows)
     latest_report: dict[str, tuple[Envelope, bytes]] = field(default_factory=dict)  # node -> (report, body)
+    latest_facts: dict[str, Envelope] = field(default_factory=dict)  # node -> its newest report with facts
 
 
 # A batch that carried a verdict (a report or event) replaces the node's if its message is
@@ -453,6 +463,10 @@ class Ingest:
             held = latest.get(node)  # (the SQL keeps a newer stored one)
             if held is None or epoch != held[0].epoch or seq > held[0].seq:
                 latest[node] = (env, packed)
+            if body.get("facts") is not None:  # (not only the newest report's: it may have none)
+                with_facts = rows.latest_facts.get(node)
+                if with_facts is None or epoch != with_facts.epoch or seq > with_facts.seq:
+                    rows.latest_facts[node] = env
         else:
             rows.findings.extend((node, seq, env.ts, *b) for b in bad)
             rows.events.append((node, seq, env.ts, text(body.get("kind")), _int(body.get("gpu")),
@@ -501,6 +515,8 @@ class Ingest:
         if rows.latest_report:
             db.executemany(_UPSERT_REPORT, [_report_row(node, env, packed)
                                             for node, (env, packed) in rows.latest_report.items()])
+        if rows.latest_facts:
+            db.executemany(_UPSERT_FACTS, [_facts_row(node, env) for node, env in rows.latest_facts.items()])
         changed = int(db.execute(BUMP_NODE_VERSION).fetchone()[0])
         history = {r[0] for r in rows.history}
         history.update(r[0] for r in rows.findings)

@@ -284,8 +284,8 @@ def latest_report(db: Connection, node: str) -> LatestReport | None:
     """The node's latest report, its body decoded, with the node's last facts (agents
     send them every ``full_report_s``: ``facts_ts`` says from when; None: in the body, or
     none yet)."""
-    row = db.execute("SELECT seq, ts, verdict, body, facts, facts_ts FROM reports WHERE node = ?",
-                     (node,)).fetchone()
+    row = db.execute("SELECT r.seq, r.ts, r.verdict, r.body, f.facts, f.facts_ts FROM reports r "
+                     "LEFT JOIN node_facts f ON f.node = r.node WHERE r.node = ?", (node,)).fetchone()
     if row is None:
         return None
     body = msgpack.unpackb(row[3], raw=False)
