@@ -21,6 +21,7 @@ import zmq
 from slurmgpu import keys, wire
 from slurmgpu.agent.link import STALL_HEARTBEATS
 from slurmgpu.agent.spool import Spool
+from slurmgpu.collector import transport as transport_mod
 from slurmgpu.collector.app import build_collector
 from slurmgpu.config.load import load_config
 from slurmgpu.config.schema import CollectorSettings, with_port
@@ -223,3 +224,16 @@ def test_events_port_in_the_config(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"slurmgpu\.toml:.*events_port") as info:
         load_config(str(path), environ={})
     assert "\n" not in str(info.value)
+
+
+def test_batches_read_longer_on_postgresql(tmp_path: Path, keys_dir: Path, store_url: str) -> None:  # noqa: F811
+    """A batch's fixed cost on PostgreSQL is a dozen round trips: its batches read for up
+    to 50 ms, SQLite's for 10 (an event waits for at most about twice that)."""
+    settings = dataclasses.replace(_settings(tmp_path, keys_dir, events_port=0), db=store_url)
+    collector = build_collector(settings)
+    try:
+        expected = transport_mod.MAX_BATCH_READ_S_POSTGRES if store_url.startswith("postgresql") \
+            else transport_mod.MAX_BATCH_READ_S
+        assert collector.transport.max_batch_read_s == expected
+    finally:
+        collector.close()

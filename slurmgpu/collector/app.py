@@ -28,7 +28,14 @@ from slurmgpu.collector.counters import Counters
 from slurmgpu.collector.fleet import Fleet, SlurmPoller
 from slurmgpu.collector.policy import Automation, Clock
 from slurmgpu.collector.store import Leadership, Store
-from slurmgpu.collector.transport import MAX_BATCH, CollectorError, Transport
+from slurmgpu.collector.store.backend import is_postgres
+from slurmgpu.collector.transport import (
+    MAX_BATCH,
+    MAX_BATCH_READ_S,
+    MAX_BATCH_READ_S_POSTGRES,
+    CollectorError,
+    Transport,
+)
 from slurmgpu.config.schema import AutomationSettings, CollectorSettings
 from slurmgpu.log import get_logger
 from slurmgpu.slurm import SlurmClient
@@ -148,7 +155,9 @@ def build_collector(settings: CollectorSettings, *, automation: AutomationSettin
     the collector). CollectorError: cannot bind or serve metrics; ValueError: a bad
     ``[automation]`` (or its state directory not writable)."""
     counters = Counters()
-    transport = Transport(settings, counters, max_batch=max_batch)
+    read_s = MAX_BATCH_READ_S_POSTGRES if is_postgres(str(store.path if store else settings.db)) \
+        else MAX_BATCH_READ_S
+    transport = Transport(settings, counters, max_batch=max_batch, max_batch_read_s=read_s)
     with contextlib.ExitStack() as undo:
         undo.callback(transport.close)
         own_store = store is None
