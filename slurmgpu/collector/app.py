@@ -20,10 +20,10 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from slurmgpu.collector.checkpoint import Checkpoints, SendCommand
-from slurmgpu.collector.coordination import Coordination
+from slurmgpu.collector.coordination import Coordination, FencedSlurm
 from slurmgpu.collector.counters import Counters
 from slurmgpu.collector.fleet import Fleet, SlurmPoller
 from slurmgpu.collector.policy import Automation, Clock
@@ -171,6 +171,8 @@ def build_collector(settings: CollectorSettings, *, automation: AutomationSettin
             coordination = Coordination(store, Leadership(store.path, timeout_s=settings.leader_timeout_s))
             undo.callback(coordination.close)
             send = coordination.sender(transport.send_command)
+            if slurm is not None:  # a leader cut off since its last poll does not act
+                slurm = cast("SlurmClient", FencedSlurm(slurm, coordination))
         auto = None
         if automation is not None:
             if slurm is None or state_dir is None:

@@ -18,8 +18,11 @@ automation runs on one of them at a time.
 * Commands: a checkpoint request for an agent connected to another collector goes to
   ``command_outbox``; the collector the agent is connected to sends it (``deliver``).
 
-Known window: a leader that loses its lock acts on at most one more poll interval of
-work before it notices (there is no fencing token on the automation's writes). A leader
+Fencing: the automation's and the checkpoints' Slurm client is ``FencedSlurm``: each call
+that changes Slurm (drain, resume, reboot, a job's signal, requeue, admin comment) first
+checks, with one query, that this collector's session still holds the lock, so a leader
+cut off since its last poll does not act (``NotLeader``, recorded as the decision's
+error). What is left is the time of that query and the Slurm call itself. A leader
 killed between a Slurm action and the deletion of its inbox rows leaves those rows to
 its successor, which sees the node already drained in the stored state (a drain is not
 issued twice for a node the state marks drained) but counts their strikes once more.
@@ -37,6 +40,7 @@ from slurmgpu.collector.store import Leadership, Store
 from slurmgpu.collector.store.coordination import InboxRow
 from slurmgpu.collector.transport import CollectorError
 from slurmgpu.log import get_logger
+from slurmgpu.slurm import SlurmClient, SlurmError
 
 # Inbox rows handed to the automation per chunk (each chunk is deleted once handled).
 INBOX_CHUNK = 500
@@ -73,6 +77,15 @@ class Coordination:
         if self.leader != was:
             self.log.info("leader_elected" if self.leader else "leader_lost", db=self.store.where)
         return self.leader, self.leader and not was
+
+    def still_leading(self) -> bool:
+        """A fresh check (one query), for just before an action. It only ever ends the
+        leadership here; taking it up is ``leading``'s (which reloads the state)."""
+        now = self.leadership.poll()
+        if self.leader and not now:
+            self.leader = False
+            self.log.info("leader_lost", db=self.store.where)
+        return self.leader and now
 
     def close(self) -> None:
         self.leadership.release()
@@ -124,3 +137,31 @@ class Coordination:
 
     def prune(self, now: float) -> int:
         return tables.prune(self.store.db, now)
+
+
+class NotLeader(SlurmError):
+    """This collector lost the leader's lock: it does not change Slurm (the new leader
+    decides from the stored state)."""
+
+
+class FencedSlurm:
+    """A ``SlurmClient`` whose calls that change Slurm first check that this collector
+    still leads (``Coordination.still_leading``); the others pass through."""
+
+    CHANGES = frozenset({"drain", "resume", "reboot", "signal_job", "requeue", "set_admin_comment"})
+
+    def __init__(self, client: SlurmClient, coordination: Coordination) -> None:
+        self._client = client
+        self._coordination = coordination
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if name not in self.CHANGES:
+            return attr
+
+        def fenced(*args: Any, **kwargs: Any) -> Any:
+            if not self._coordination.still_leading():
+                target = args[0] if args else ""
+                raise NotLeader(f"not the leader any more: {name} {target} left to the new leader")
+            return attr(*args, **kwargs)
+        return fenced

@@ -15,9 +15,9 @@ the leader is the collector whose database session holds a session-level advisor
 
 With SQLite there is one collector per database file: it always leads.
 
-The collector polls it through ``slurmgpu.collector.coordination`` (every second). Not
-covered: fencing the leader's writes (a leader that has not polled since its session was
-lost may still act until its next poll).
+The collector polls it through ``slurmgpu.collector.coordination`` (every second), and
+once more right before each Slurm call that changes something (``FencedSlurm``), so a
+leader whose session was lost since its last poll does not act.
 """
 
 from __future__ import annotations
