@@ -179,3 +179,18 @@ def test_the_intervals_work_is_spread_over_loop_turns(tmp_path: Path, keys_dir: 
         assert sorted(sent) == sorted(n.encode() for n in nodes)  # each heartbeated once
     finally:
         transport.close()
+
+
+def test_a_node_whose_report_was_stored_needs_no_heartbeat_write(tmp_path: Path, keys_dir: Path) -> None:  # noqa: F811
+    """Its last-seen time was written with the report: only nodes heard by heartbeat alone
+    are handed over."""
+    transport = Transport(make_settings(tmp_path, keys_dir), Counters())
+    try:
+        transport.heard.update({"gpu-a", "gpu-b"})
+        transport._no_longer_heard([("gpu-a", 7), ("gpu-c", 3)])
+        assert transport.heard == {"gpu-b"}
+        handler = _Handler(failures=0)
+        transport._hand_over_heard(handler)  # type: ignore[arg-type]
+        assert handler.recorded == [{"gpu-b"}]
+    finally:
+        transport.close()

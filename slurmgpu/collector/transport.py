@@ -343,6 +343,7 @@ class Transport:
             to_ack[:] = [(s, r, n, e, q, rej or (n, e, q) in refused) for s, r, n, e, q, rej in to_ack]
         self.counters.stored += len(new)
         self.counters.duplicates += sum(1 for item in to_ack if not item[5]) - len(new)
+        self._no_longer_heard(new)
         self._send_acks(to_ack)
         if new:
             handler.acked(batch, new, now)
@@ -363,6 +364,13 @@ class Transport:
             taken += 1
             self._accept(parts, batch, to_ack, now, sock)
         return taken
+
+    def _no_longer_heard(self, new: list[tuple[str, int]]) -> None:
+        """Nodes whose messages a batch stored have their last-seen time written by it: a
+        heartbeat heard from them before needs no write of its own (at 10,000 nodes
+        draining a backlog, 2,000 heartbeats a second, ~20 us each)."""
+        if self.heard and new:
+            self.heard.difference_update([node for node, _ in new])
 
     def _urgent(self, env: Envelope) -> bool:
         """Whether the batch ends after this message (``URGENT``)."""
