@@ -237,3 +237,80 @@ def test_batches_read_longer_on_postgresql(tmp_path: Path, keys_dir: Path, store
         assert collector.transport.max_batch_read_s == expected
     finally:
         collector.close()
+
+
+class _Frame:
+    """A received zmq frame as ``Transport._accept`` reads it: its bytes, and the CURVE
+    key it came with (``User-Id``)."""
+
+    def __init__(self, data: bytes, user: str) -> None:
+        self.bytes, self._user = data, user
+
+    def __len__(self) -> int:
+        return len(self.bytes)
+
+    def get(self, name: str) -> str:
+        assert name == "User-Id"
+        return self._user
+
+
+class _Queue:
+    """Stands in for a ROUTER socket: the frames queued on it, read in order."""
+
+    def __init__(self, frames: list[list[_Frame]]) -> None:
+        self.frames = frames
+
+    def recv_multipart(self, flags: int = 0, copy: bool = True) -> list[_Frame]:
+        if not self.frames:
+            raise zmq.Again()
+        return self.frames.pop(0)
+
+
+class _Batches:
+    """A Handler that stores everything and records each batch's message types."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+
+    def commit(self, batch: Any, now: float) -> Any:
+        from slurmgpu.collector.transport import Stored
+
+        self.batches.append([env.type for _, env, _ in batch])
+        return Stored([(node, env.seq) for node, env, _ in batch], set())
+
+    def acked(self, batch: Any, new: Any, now: float) -> None:
+        pass
+
+
+def test_a_flood_of_events_does_not_starve_the_reports(
+        settings: CollectorSettings, keys_dir: Path) -> None:  # noqa: F811
+    """A node sending nothing but events on the events socket: a batch of events alone is
+    never followed by another, and the batch after it reads only reports, so the reports
+    queued on the main socket are read every other batch however long the flood lasts."""
+    transport = transport_mod.Transport(settings, transport_mod.Counters())
+    sockets = transport.sock, transport.events_sock
+    try:
+        user = keys.client_keys(keys_dir / "bundles" / NODE)[0].decode()
+        body = {"kind": "xid", "gpu": 3, "data": 13, "verdict": "WARN", "findings": []}
+        flood_frames = [[_Frame(b"\x00ev", user),
+                         _Frame(wire.message_frame(wire.EVENT, NODE, seq, body, epoch="storm"), user)]
+                        for seq in range(1, 20_001)]
+        reports = [[_Frame(b"\x00rp", user),
+                    _Frame(wire.message_frame(wire.REPORT, NODE, seq, {"verdict": "OK", "findings": [],
+                                                                       "facts": {}}, epoch="main"), user)]
+                   for seq in range(1, 201)]
+        transport.events_sock = _Queue(flood_frames)  # type: ignore[assignment]
+        transport.sock = _Queue(reports)  # type: ignore[assignment]
+        transport._send = lambda *_args: True  # type: ignore[method-assign]
+        handler = _Batches()
+        while reports:
+            transport._drain_batch(handler)  # type: ignore[arg-type]
+            assert len(handler.batches) < 40, "the reports are starved"
+        assert flood_frames, "the reports waited for the whole flood"
+        for first, second in zip(handler.batches[::2], handler.batches[1::2], strict=False):
+            assert set(first) == {"event"} and set(second) == {"report"}  # events, then reports
+        transport._drain_batch(handler)  # type: ignore[arg-type]
+        assert set(handler.batches[-1]) == {"event"}  # and the flood goes on
+    finally:
+        transport.sock, transport.events_sock = sockets
+        transport.close()

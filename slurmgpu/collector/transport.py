@@ -123,7 +123,8 @@ MAX_BATCH_READ_S = 0.01
 MAX_BATCH_READ_S_POSTGRES = 0.05
 # Within a batch, the events socket is looked at every this many frames.
 EVENTS_POLL_EVERY = 16
-# At most this many events socket frames per batch, so a flood there cannot starve reports.
+# At most this many events socket frames per batch (a batch of events alone is never
+# followed by another: see ``_drain_batch``).
 MAX_EVENTS_PER_BATCH = 256
 # zmq I/O threads: the main socket's connections on the first, the events socket's on the second.
 MAIN_IO, EVENTS_IO = 1, 2
@@ -214,6 +215,7 @@ class Transport:
         self.routes: dict[str, bytes] = {}
         self._next_urgent = 0.0  # (monotonic) when a batch may end early for an event again
         self._handing = False  # heard nodes are being handed over, HEARD_PER_TURN a turn
+        self._events_only = False  # the last batch was the events socket's alone
         self._due: list[str] = []  # nodes still to heartbeat this interval
         self._next_heartbeat = now + settings.heartbeat_s
         self._next_reload = now + ALLOW_LIST_RELOAD_S
@@ -309,8 +311,13 @@ class Transport:
         per_peer: dict[bytes, int] = {}
         sock = self.sock
         now = time.time()
-        # Events waiting: this batch is them alone, committed and acked at once.
-        events = handled = self._take_events(batch, to_ack, now)
+        # Events waiting: this batch is them alone, committed and acked at once. Not twice in
+        # a row, so a flood there (a node sending nothing but events) cannot starve the
+        # reports: the batch after one of events alone reads the main socket only (it ends
+        # within MAX_BATCH_READ_S); the others look at the events every EVENTS_POLL_EVERY frames.
+        after_events = self._events_only
+        events = handled = 0 if after_events else self._take_events(batch, to_ack, now)
+        self._events_only = bool(events)
         read_until = time.monotonic() + self.max_batch_read_s
         while not events and handled < self.max_batch and size < MAX_BATCH_BYTES:
             try:
@@ -326,7 +333,7 @@ class Transport:
             peer_size = per_peer[peer] = per_peer.get(peer, 0) + frame_size
             if peer_size >= MAX_PEER_BATCH_BYTES or (len(batch) > accepted and self._urgent(batch[-1][1])):
                 break
-            if handled % EVENTS_POLL_EVERY == 0:
+            if not after_events and handled % EVENTS_POLL_EVERY == 0:
                 events = self._take_events(batch, to_ack, now)
                 handled += events
                 if events or time.monotonic() >= read_until:
