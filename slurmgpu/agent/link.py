@@ -235,11 +235,11 @@ class Link(threading.Thread):
             if self._monitor in ready:
                 self._monitor_events()
             if ready.get(self._sock, 0) & zmq.POLLIN:
-                self._receive()
+                self._receive(self._sock)
             if self._emonitor is not None and self._emonitor in ready:
                 self._events_monitor()
             if self._esock is not None and ready.get(self._esock, 0) & zmq.POLLIN:
-                self._receive_events()
+                self._receive(self._esock, main=False)
             now = time.monotonic()
             if now - self._last_rx > SILENT_HEARTBEATS * self.heartbeat_s:
                 self._reconnect(silent_s=round(now - self._last_rx, 1))
@@ -302,10 +302,7 @@ class Link(threading.Thread):
             if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._eup = True
                 self.log.info("collector_events_connected", port=self.events_port)
-            elif kind == zmq.EVENT_DISCONNECTED:
-                self._eup = False
-                self._events_back()
-            else:  # a collector without the events port behind it: stay on the main socket
+            else:  # dropped, or not a collector's events port: the main socket takes them
                 self._eup = False
                 self._events_back()
 
@@ -386,47 +383,29 @@ class Link(threading.Thread):
                 self.sent_upto = seq
         return True
 
-    def _receive_events(self) -> None:
-        """The events socket: acks only."""
-        assert self._esock is not None
+    def _receive(self, sock: zmq.Socket[Any], *, main: bool = True) -> None:
+        """Everything ``sock`` has: acks, and on the main socket (``main``) commands and
+        heartbeats too (any frame there is a sign of life)."""
         while True:
             try:
-                frame = self._esock.recv(zmq.NOBLOCK)
+                frame = sock.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
+            if main:
+                self._last_rx = time.monotonic()
             self.received += 1
             try:
                 message = wire.decode(frame)
             except wire.WireError as exc:
                 self.bad_frames += 1
-                self.log.warning("bad_frame_from_collector", error=str(exc), socket="events")
+                self.log.warning("bad_frame_from_collector", error=str(exc), main=main)
                 continue
             if message.type == wire.ACK:
-                self._ack(message, main=False)
-            else:
-                self.log.warning("unexpected_message", type=message.type, socket="events")
-
-    def _receive(self) -> None:
-        assert self._sock is not None
-        while True:
-            try:
-                frame = self._sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            self._last_rx = time.monotonic()
-            self.received += 1
-            try:
-                message = wire.decode(frame)
-            except wire.WireError as exc:
-                self.bad_frames += 1
-                self.log.warning("bad_frame_from_collector", error=str(exc))
-                continue
-            if message.type == wire.ACK:
-                self._ack(message)
-            elif message.type == wire.COMMAND:
+                self._ack(message, main=main)
+            elif main and message.type == wire.COMMAND:
                 self.on_command(message)
-            elif message.type != wire.HEARTBEAT:
-                self.log.warning("unexpected_message", type=message.type)
+            elif not main or message.type != wire.HEARTBEAT:
+                self.log.warning("unexpected_message", type=message.type, main=main)
 
     def _ack(self, message: wire.Envelope, *, main: bool = True) -> None:
         """Drop the acked rows. An ack for another spool epoch (sent for a previous
