@@ -14,7 +14,10 @@ p50/p99, and the collector's CPU time per report.
                                      [--heartbeat-s 5] [--db sqlite|postgresql]
                                      [--collectors N] [--full-every N]
                                      [--live-nodes N [--live-interval S]] [--no-events-port]
-                                     [--json]
+                                     [--bundle N] [--json]
+
+``--bundle N``: the saturating nodes send their reports as agents drain a backlog, N in
+one bundle message (``wire.BUNDLE``; agents send 32), with a window of at least N per node.
 
 ``--live-nodes N``: N more nodes that do not saturate; each sends an XID event every
 ``--live-interval`` seconds, to the collector's events port (``[collector] events_port``,
@@ -67,6 +70,19 @@ def reports_in_db(db: str) -> int:
         return int(conn.execute("SELECT count(*) FROM messages WHERE type = 'report'").fetchone()[0])
 
 
+def unreachable_marks(db: str, start: float, end: float) -> int:
+    """Nodes marked unreachable between ``start`` and ``end`` (wall clock): a node whose
+    messages wait too long at the collector looks silent. (Outside the measurement the
+    simulated nodes really are silent: while the others warm up, and after the run.)"""
+    with queries.snapshot(db) as conn:
+        return int(conn.execute("SELECT count(*) FROM node_states WHERE kind = 'unreachable' "
+                                "AND ts >= ? AND ts <= ?", (start, end)).fetchone()[0])
+
+
+def elapsed_of(results: list[dict[str, Any]]) -> float:
+    return float(max(r["elapsed"] for r in results))
+
+
 def postgres_cpu() -> float:
     """CPU seconds of every PostgreSQL server process (postmaster, backends, workers)."""
     total = 0.0
@@ -81,9 +97,9 @@ def postgres_cpu() -> float:
 
 
 def sender(address: str, server_key: bytes, nodes: list[simfleet.SimNode], duration: float,
-           window: int, heartbeat_s: float | None, warmup_s: float, full_every: int, ready: Any, go: Any,
-           out: Any) -> None:
-    with simfleet.SimFleet(address, server_key, nodes, full_every=full_every) as sim:
+           window: int, heartbeat_s: float | None, warmup_s: float, full_every: int, bundle: int,
+           ready: Any, go: Any, out: Any) -> None:
+    with simfleet.SimFleet(address, server_key, nodes, full_every=full_every, bundle=bundle) as sim:
         connected = sim.hello(120)
         if warmup_s:  # every node's first reports (history, high-water marks) before the clock
             sim.run(warmup_s, None, window=window, drain_s=30, heartbeat_s=heartbeat_s)
@@ -92,6 +108,7 @@ def sender(address: str, server_key: bytes, nodes: list[simfleet.SimNode], durat
         stats = sim.run(duration, None, window=window, drain_s=10, heartbeat_s=heartbeat_s)
         lat = sorted(stats.latencies)
         out.put({"sent": stats.sent, "acked": stats.acked, "elapsed": stats.elapsed_s,
+                 "bundles": stats.bundles_sent,
                  "heartbeats": stats.heartbeats_sent,
                  "latencies": lat[:: max(1, len(lat) // 20000)]})
 
@@ -163,7 +180,7 @@ def _rss_kb(pid: int) -> dict[str, int]:
 def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
              profile: str | None = None, warmup_s: float = 0.0, *, pg: PgServer | None = None,
              collectors: int = 1, full_every: int = 1, live_nodes: int = 0,
-             live_interval_s: float = 1.0, events: bool = True) -> dict[str, Any]:
+             live_interval_s: float = 1.0, events: bool = True, bundle: int = 1) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix=f"ingest-{n}-"))
     try:
         keys.init(root / "keys")
@@ -180,14 +197,14 @@ def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
         _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         per_proc = max(1, (hard - 256) // simfleet.FDS_PER_NODE)
         procs = max(collectors, math.ceil(n / per_proc / collectors) * collectors)
-        window = max(1, inflight // n)
+        window = max(1, inflight // n, bundle)
         chunks = [nodes[i::procs] for i in range(procs)]
         ctx = mp.get_context("fork")
         ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
         server_key = simfleet.collector_public_key(root / "keys")
         workers = [ctx.Process(target=sender, args=(addresses[i % collectors], server_key, c, duration,
-                                                    window, heartbeat_s, warmup_s, full_every, ready, go,
-                                                    out))
+                                                    window, heartbeat_s, warmup_s, full_every, bundle,
+                                                    ready, go, out))
                    for i, c in enumerate(chunks)]
         live_out = ctx.Queue()
         live_workers = [ctx.Process(target=live_sender, args=(live_address, server_key, live, duration,
@@ -199,7 +216,7 @@ def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
         cpu0 = [_cpu(c.pid) for c in procs_of]
         threads0 = [_thread_cpu(c.pid) for c in procs_of]
         pg0 = postgres_cpu() if pg is not None else 0.0
-        t0 = time.perf_counter()
+        t0, t_wall = time.perf_counter(), time.time()
         go.set()
         results = [out.get(timeout=duration + 120) for _ in workers]
         wall = time.perf_counter() - t0
@@ -215,20 +232,22 @@ def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
         for c in procs_of:
             c.wait(30)
         stored = reports_in_db(db) - before
+        unreachable = unreachable_marks(db, t_wall, t_wall + elapsed_of(results))
         threads0_sum, threads1_sum = _summed(threads0), _summed(threads1)
         acked = sum(r["acked"] for r in results)
-        elapsed = max(r["elapsed"] for r in results)
+        elapsed = elapsed_of(results)
         lat = sorted(x for r in results for x in r["latencies"])
         pct = (lambda p: round(lat[min(len(lat) - 1, int(p * (len(lat) - 1)))] * 1000, 1)) \
             if lat else (lambda p: None)
         return {"nodes": n, "db": "postgresql" if pg is not None else "sqlite", "collectors": collectors,
                 "events_port": events,
-                "full_every": full_every,
+                "full_every": full_every, "bundle": bundle,
+                "bundles_sent": sum(r["bundles"] for r in results),
                 "sender_procs": procs, "window": window, "connected": connected,
                 "sent": sum(r["sent"] for r in results), "acked": acked,
                 "heartbeats": sum(r["heartbeats"] for r in results),
                 "acked_per_s": round(acked / elapsed), "stored": stored,
-                "stored_per_s": round(stored / wall), "ack_p50_ms": pct(0.5), "ack_p99_ms": pct(0.99),
+                "stored_per_s": round(stored / wall), "unreachable_marks": unreachable, "ack_p50_ms": pct(0.5), "ack_p99_ms": pct(0.99),
                 "collector_cpu_us_per_report": round((sum(cpu1) - sum(cpu0)) / max(1, stored) * 1e6, 1),
                 "collector_cpu_us_per_report_by_thread": {
                     name: round((threads1_sum.get(name, 0.0) - threads0_sum.get(name, 0.0)) / max(1, stored)
@@ -310,6 +329,9 @@ def main() -> int:
     parser.add_argument("--live-interval", type=float, default=1.0, metavar="SECONDS")
     parser.add_argument("--no-events-port", action="store_true",
                         help="collectors without [collector] events_port: live events queue with the reports")
+    parser.add_argument("--bundle", type=int, default=1, metavar="N",
+                        help="send the saturating nodes' reports N to a bundle, as agents drain a "
+                             "backlog (32); the window per node is then at least N")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.collectors > 1 and args.db != "postgresql":
@@ -330,7 +352,7 @@ def _case(n: int, args: argparse.Namespace, pg: PgServer | None) -> dict[str, An
     row = run_case(n, args.duration, args.inflight, args.heartbeat_s or None, args.profile,
                    args.warmup, pg=pg, collectors=args.collectors, full_every=args.full_every,
                    live_nodes=args.live_nodes, live_interval_s=args.live_interval,
-                   events=not args.no_events_port)
+                   events=not args.no_events_port, bundle=args.bundle)
     if not args.json:
         server = (f", postgres {row['postgres_cpu_us_per_report']} us CPU/report"
                   if row["postgres_cpu_us_per_report"] is not None else "")
@@ -339,9 +361,11 @@ def _case(n: int, args: argparse.Namespace, pg: PgServer | None) -> dict[str, An
             server += (f", live events: {row['live_events']} ack p50 {row['live_ack_p50_ms']} ms "
                        f"p99 {row['live_ack_p99_ms']} ms ({row['live_unacked']} unacked)")
         print(f"{row['nodes']:>6} nodes, {row['db']} x{row['collectors']}, 1/{row['full_every']} full, "
+              f"bundles of {row['bundle']} ({row['bundles_sent']} sent), "
               f"events port {'on' if row['events_port'] else 'off'} "
               f"({row['sender_procs']} sender procs, window {row['window']}): "
               f"stored {row['stored_per_s']}/s (db), acked {row['acked_per_s']}/s, "
+              f"{row['unreachable_marks']} marked unreachable, "
               f"ack p50 {row['ack_p50_ms']} ms p99 {row['ack_p99_ms']} ms, "
               f"collector {row['collector_cpu_us_per_report']} us CPU/report "
               f"{row['collector_cpu_us_per_report_by_thread']}{server}", flush=True)

@@ -37,9 +37,19 @@ Message types (body fields):
                      "findings": [finding...], "coalesced": int (events folded into this one),
                      "message": str (an XID's kernel-log text, at most XID_MESSAGE_MAX)}
     heartbeat       {}                         (no ack, no seq needed: seq 0)
-    ack             {"seqs": [int, ...], "rejected": [int, ...]}   (collector -> agent;
-                     ``rejected`` optional: seqs also in ``seqs`` that were refused for
-                     good (malformed body, unstorable): the agent drops them and logs)
+    bundle          {"frames": [bytes, ...]}   (no ack, seq 0: 1 to MAX_BUNDLE frames of the
+                     acked types, each a whole frame of the same node, as spooled; each is
+                     checked, stored and acked as if it came alone. An agent draining a
+                     backlog sends them once the collector's acks carry ``bundle``: one
+                     message, one CURVE box and one ack for dozens of reports)
+    ack             {"seqs": [int, ...], "rejected": [int, ...], "bundle": int}
+                    (collector -> agent; ``rejected`` optional: seqs also in ``seqs`` that
+                     were refused for good (malformed body, unstorable): the agent drops
+                     them and logs; ``bundle`` optional: this collector takes bundles of up
+                     to that many frames now (it says less as its fleet grows, see the
+                     transport; 1: none now). A collector without it never gets one: one
+                     that predates bundles would refuse them unacked, and the agent would
+                     resend them forever)
     command         {"command": str, "args": {...}}   (collector -> agent)
     command-result  {"command_id": str, "ok": bool, "result": {...}}
 
@@ -100,6 +110,7 @@ MAX_KIND = 64  # event kinds, command names
 MAX_SHORT = 256  # versions, subjects, port names, summary strings
 MAX_TEXT = 1 << 16  # finding messages (stored truncated; never a key or a label)
 MAX_ACK_SEQS = 100_000
+MAX_BUNDLE = 256  # frames per bundle (and the whole bundle is one frame: MAX_FRAME)
 MAX_THROTTLE = (1 << 32) - 1
 MAX_INTERVAL_S = 1e7
 MAX_SUMMARY_ROW = 64  # values per summary row (GPU_FIELDS, IB_FIELDS: < 12 today)
@@ -115,9 +126,9 @@ EVENT_KINDS = frozenset({"xid", "ecc_dbe", "ecc_sbe", "ecc_sbe_storm", "dram_ret
                          "gpu_unavailable", "recovery_action", "gpu_lost", "clock", "pstate",
                          "power_source", "local_checkpoint", "prolog_blocked"})
 
-HELLO, REPORT, EVENT, HEARTBEAT, ACK, COMMAND, COMMAND_RESULT = (
-    "hello", "report", "event", "heartbeat", "ack", "command", "command-result")
-TYPES = frozenset({HELLO, REPORT, EVENT, HEARTBEAT, ACK, COMMAND, COMMAND_RESULT})
+HELLO, REPORT, EVENT, HEARTBEAT, ACK, COMMAND, COMMAND_RESULT, BUNDLE = (
+    "hello", "report", "event", "heartbeat", "ack", "command", "command-result", "bundle")
+TYPES = frozenset({HELLO, REPORT, EVENT, HEARTBEAT, ACK, COMMAND, COMMAND_RESULT, BUNDLE})
 # Types the agent spools and the collector acknowledges.
 ACKED = frozenset({HELLO, REPORT, EVENT, COMMAND_RESULT})
 
@@ -211,6 +222,15 @@ def command_frame(node: str, command: str, args: dict[str, Any] | None, *, id: s
                            id=id, ts=time.time() if ts is None else ts))
 
 
+def bundle_frame(node: str, frames: list[bytes], *, ts: float | None = None,
+                 id: str | None = None) -> bytes:
+    """Frames of ``node``'s (as spooled, each already valid) in one message, for a
+    collector whose acks carry ``bundle``. WireError when they do not fit in one frame."""
+    return encode(Envelope(type=BUNDLE, node=node, seq=0, body={"frames": frames},
+                           ts=time.time() if ts is None else ts,
+                           id=uuid.uuid4().hex if id is None else id))
+
+
 def packed(value: Any) -> bytes:
     """``value`` packed as the wire packs it (a report's ``facts`` and ``summary`` travel
     pre-packed, and ``ReportFrames`` takes a body packed once)."""
@@ -223,15 +243,19 @@ class ReplyFrames:
     header followed by its packed keys and values, so the constant parts are packed once.
     Message ids are unique per builder (``prefix``, random by default, and a counter),
     cheaper than a uuid4 each. Exactly ``encode_unchecked`` of the same envelope. One
-    builder is used by one thread (it keeps a msgpack packer)."""
+    builder is used by one thread (it keeps a msgpack packer). ``bundle``: every ack
+    says this sender takes bundles of up to that many frames (0: not said; 1: none now;
+    ``set_bundle`` changes it)."""
 
-    def __init__(self, *, prefix: str | None = None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, *, prefix: str | None = None, clock: Callable[[], float] = time.time,
+                 bundle: int = 0) -> None:
         # (the map header, 0x87 = 7 keys, is prepended per frame: 8 with an epoch)
         self._head = packed("v") + packed(PROTOCOL_VERSION) + packed("id")
         self._node_key = packed("node")
         self._mid = packed("seq") + packed(0) + packed("ts")
         self._ack_tail = packed("type") + packed(ACK) + packed("body")
         self._seqs_key, self._rejected_key = packed("seqs"), packed("rejected")
+        self.set_bundle(bundle)
         self._epoch_key = packed("epoch")
         self._heartbeat_tail = packed("type") + packed(HEARTBEAT) + packed("body") + packed({})
         self._prefix = uuid.uuid4().hex[:16] if prefix is None else prefix
@@ -254,11 +278,16 @@ class ReplyFrames:
         return b"".join((_MAP_HEADERS[keys], self._head, mid, part,
                          b"\xcb" + _pack_double(ts) if type(ts) is float else packed(ts)))
 
+    def set_bundle(self, bundle: int) -> None:
+        """What the next acks say of bundles (``bundle`` frames at most; 0: nothing)."""
+        # (the ack body's last key and value, and how many keys that adds to its map)
+        self._bundle_tail, self._bundle_keys = (packed("bundle") + packed(bundle), 1) if bundle else (b"", 0)
+
     def ack(self, node: str, seqs: list[int], epoch: str = "", rejected: list[int] | None = None) -> bytes:
         """An ack of ``seqs`` of ``epoch``'s spool; ``rejected``: those refused for good."""
-        pack = self._pack
-        body = (b"\x82" + self._seqs_key + pack(seqs) + self._rejected_key + pack(rejected)
-                if rejected else b"\x81" + self._seqs_key + pack(seqs))
+        pack, extra = self._pack, self._bundle_keys
+        body = (_MAP_HEADERS[2 + extra] + self._seqs_key + pack(seqs) + self._rejected_key + pack(rejected)
+                if rejected else _MAP_HEADERS[1 + extra] + self._seqs_key + pack(seqs)) + self._bundle_tail
         if epoch:
             return b"".join((self._start(node, 8), self._ack_tail, body, self._epoch_key, pack(epoch)))
         return self._start(node, 7) + self._ack_tail + body
@@ -630,6 +659,17 @@ def _ack(body: dict[str, Any]) -> None:
     _seq_list(body, "rejected", optional=True)
 
 
+def _bundle(body: dict[str, Any]) -> None:
+    frames = body.get("frames")
+    if type(frames) is not list or not 0 < len(frames) <= MAX_BUNDLE:
+        raise WireError(f"bundle: field 'frames' is not a list of 1 to {MAX_BUNDLE} frames")
+    if not set(map(type, frames)) <= _BYTES_TYPE:
+        raise WireError("bundle: frames must be msgpack frames (bytes)")
+
+
+_BYTES_TYPE = {bytes}
+
+
 def _command(body: dict[str, Any]) -> None:
     _require_str(body, "command", MAX_KIND, COMMAND)
     _require(body, "args", dict, COMMAND, optional=True)
@@ -643,7 +683,7 @@ def _command_result(body: dict[str, Any]) -> None:
 
 _VALIDATORS: dict[str, Callable[[dict[str, Any]], tuple[Finding, ...] | None]] = {
     HELLO: _hello, REPORT: _report, EVENT: _event, HEARTBEAT: lambda body: None, ACK: _ack,
-    COMMAND: _command, COMMAND_RESULT: _command_result}
+    COMMAND: _command, COMMAND_RESULT: _command_result, BUNDLE: _bundle}
 
 
 # ---------------------------------------------------------------- report summaries

@@ -24,6 +24,7 @@ BODIES: dict[str, dict[str, Any]] = {
     wire.ACK: {"seqs": [1, 2, 17]},
     wire.COMMAND: {"command": "recheck", "args": {"checks": ["ecc"]}},
     wire.COMMAND_RESULT: {"command_id": "c0ffee", "ok": True, "result": {"verdict": "OK"}},
+    wire.BUNDLE: {"frames": [b"\x80", b"spooled frame"]},
 }
 
 

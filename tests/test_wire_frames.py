@@ -194,6 +194,14 @@ def test_fast_builders_are_encode_unchecked() -> None:
         body: dict[str, Any] = {"seqs": seqs, **({"rejected": rejected} if rejected else {})}
         assert got == wire.encode_unchecked(wire.Envelope(type=wire.ACK, node="n1", seq=0, body=body,
                                                           id=env.id, ts=TS, epoch=epoch))
+    bundling = wire.ReplyFrames(prefix="p", clock=lambda: TS, bundle=wire.MAX_BUNDLE)
+    for got, seqs, epoch, rejected in ((bundling.ack("n1", [3, 1], "ep", [1]), [3, 1], "ep", [1]),
+                                       (bundling.ack("n1", [9], "", None), [9], "", None)):
+        env = wire.decode(got)
+        body = {"seqs": seqs, **({"rejected": rejected} if rejected else {}), "bundle": wire.MAX_BUNDLE}
+        assert env.body == body
+        assert got == wire.encode_unchecked(wire.Envelope(type=wire.ACK, node="n1", seq=0, body=body,
+                                                          id=env.id, ts=TS, epoch=epoch))
     beat = frames.heartbeat("n1")
     assert beat == wire.encode_unchecked(wire.Envelope(type=wire.HEARTBEAT, node="n1", seq=0,
                                                        id=wire.decode(beat).id, ts=TS))

@@ -23,6 +23,13 @@ a fleet flushing its spools. The main connection sends them as before when that 
 is not up, and takes back the ones it had in flight when it drops or goes unacked for
 STALL_HEARTBEATS heartbeats (all unacked messages are then resent on the main socket,
 and the events socket reconnects).
+
+A backlog goes out in bundles (``wire.BUNDLE``: up to BUNDLE_FRAMES spooled frames in one
+message) once this connection's collector has said in an ack that it takes them: one
+CURVE box, one read and one ack at the collector for dozens of reports instead of one
+each. Its acks also set how much is in flight (BUNDLES_IN_FLIGHT). Until the first ack,
+and for a lone message, frames go one by one, as to a collector that predates bundles
+(it would refuse one, unacked, and it would be resent forever).
 """
 
 from __future__ import annotations
@@ -55,6 +62,19 @@ URGENT = (wire.EVENT, wire.COMMAND_RESULT)
 STALL_HEARTBEATS = 6
 # Events and command results unacked on the events socket, at most.
 EVENTS_WINDOW = 32
+# A bundle holds at most this many frames and this many bytes of them (a larger frame
+# goes alone); at most what the collector's acks say it takes now.
+BUNDLE_FRAMES = 32
+BUNDLE_BYTES = 256 * 1024
+# Frames in flight on the main socket: WINDOW for a collector that predates bundles (its
+# acks say nothing of them); for one whose acks offer bundles of b frames, b (one bundle,
+# or one frame when b is 1): what waits for this node at the collector is read in its
+# next round over the fleet, and the next bundle is on its way with the ack, long before
+# the round after. The collector then holds about a round's worth of reports however
+# large the fleet (the offer shrinks as it grows), where WINDOW frames from each of
+# 10,000 nodes were over a million frames queued. Until this connection's first ack,
+# one frame.
+BUNDLES_IN_FLIGHT = 1
 MONITOR_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
                   | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                   | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
@@ -105,6 +125,10 @@ class Link(threading.Thread):
         self._eup = False  # its handshake is done
         self._einflight: dict[int, float] = {}  # seq -> monotonic time sent on it, not acked yet
         self.events_sent = 0  # messages sent on the events socket
+        # What this connection's collector said in its last ack: frames in flight, and in
+        # a bundle, at most (None: no ack yet on this connection; 0: no bundles, WINDOW)
+        self._offer: int | None = None
+        self.bundles_sent = 0
         self.events_fallbacks = 0  # times its unacked messages went back to the main socket
 
     # ------------------------------------------------------------ other threads
@@ -163,6 +187,7 @@ class Link(threading.Thread):
         sock.connect(self.address)
         self._sock = sock
         self._up = False
+        self._offer = None  # until this connection's collector says what it takes
         self._resend_all()
         self._last_rx = time.monotonic()
         self._open_events()
@@ -279,6 +304,7 @@ class Link(threading.Thread):
             if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.log.info("collector_connected", address=self.address)
                 self._up = True
+                self._offer = None  # (a restarted collector may be an older one)
                 self._resend_all()
                 self._last_rx = time.monotonic()
                 if self.on_connected is not None:
@@ -328,14 +354,15 @@ class Link(threading.Thread):
         self._blocked = False
         for frame in volatile:
             self._send(frame)
-        if len(self._inflight) >= WINDOW and time.monotonic() - self._last_ack > STALL_HEARTBEATS * self.heartbeat_s:
+        window = self._window()
+        if len(self._inflight) >= window and time.monotonic() - self._last_ack > STALL_HEARTBEATS * self.heartbeat_s:
             self.log.warning("acks_stalled_resending", unacked=len(self._inflight))
             self._resend_all()
         # Events and command results first (a fault, a job's checkpoint ack), then the rest
         # in seq order: the collector keeps a node's state by seq, whatever the order.
         if not self._send_rows(self.spool.pending(self.sent_upto, WINDOW, types=URGENT)):
             return
-        while (room := WINDOW - len(self._inflight)) > 0:
+        while (room := window - len(self._inflight)) > 0:
             rows = self.spool.pending(self.sent_upto, min(BATCH, room))
             if not self._send_rows(rows, advance=True) or len(rows) < min(BATCH, room):
                 return
@@ -368,19 +395,57 @@ class Link(threading.Thread):
                 return
 
     def _send_rows(self, rows: list[tuple[int, bytes]], *, advance: bool = False) -> bool:
-        """Send the rows not sent yet on this connection, while the window has room;
-        ``advance``: they are the next in seq order (``sent_upto`` moves past them).
-        False: zmq's queue is full (poll for POLLOUT, then go on)."""
+        """Send the rows not sent yet on this connection, while the window has room, in
+        bundles when the collector takes them; ``advance``: they are the next in seq order
+        (``sent_upto`` moves past them). False: zmq's queue is full (poll for POLLOUT,
+        then go on)."""
+        todo: list[tuple[int, bytes]] = []
+        window = self._window()
+        last = None  # the last row looked at: sent now, or in flight already
         for seq, frame in rows:
             if seq not in self._inflight and seq not in self._einflight:
-                if len(self._inflight) >= WINDOW:
-                    return True
-                if not self._send(frame):
-                    self._blocked = True
-                    return False
-                self._inflight.add(seq)
-            if advance:
-                self.sent_upto = seq
+                if len(self._inflight) + len(todo) >= window:
+                    break
+                todo.append((seq, frame))
+            last = seq
+        for group in self._groups(todo):
+            if not self._send_group(group):
+                self._blocked = True
+                if advance:  # the rest of the rows come again from the spool
+                    self.sent_upto = max(self.sent_upto, group[0][0] - 1)
+                return False
+            self._inflight.update(seq for seq, _ in group)
+        if advance and last is not None:
+            self.sent_upto = last
+        return True
+
+    def _window(self) -> int:
+        """Frames in flight on the main socket, at most: a bundle's worth, or WINDOW."""
+        if self._offer is None:
+            return 1  # one frame, until the collector's ack says more
+        return WINDOW if self._offer == 0 else BUNDLES_IN_FLIGHT * self._offer
+
+    def _groups(self, rows: list[tuple[int, bytes]]) -> list[list[tuple[int, bytes]]]:
+        """``rows`` cut into what goes in one message: a bundle's worth, or one each."""
+        bundle = self._offer or 0
+        if bundle <= 1:
+            return [[row] for row in rows]
+        groups: list[list[tuple[int, bytes]]] = []
+        size = BUNDLE_BYTES + 1
+        for row in rows:
+            if size + len(row[1]) > BUNDLE_BYTES or len(groups[-1]) >= bundle:
+                groups.append([])
+                size = 0
+            groups[-1].append(row)
+            size += len(row[1])
+        return groups
+
+    def _send_group(self, group: list[tuple[int, bytes]]) -> bool:
+        if len(group) == 1:
+            return self._send(group[0][1])
+        if not self._send(wire.bundle_frame(self.node, [frame for _, frame in group])):
+            return False
+        self.bundles_sent += 1
         return True
 
     def _receive(self, sock: zmq.Socket[Any], *, main: bool = True) -> None:
@@ -417,6 +482,9 @@ class Link(threading.Thread):
             self.stale_acks += 1
             self.log.info("ack_for_other_epoch", epoch=message.epoch, spool_epoch=self.spool.epoch)
             return
+        if main:  # what this collector takes now: no "bundle" (older): WINDOW frames
+            offer = message.body.get("bundle")
+            self._offer = min(offer, BUNDLE_FRAMES) if type(offer) is int and offer >= 1 else 0
         seqs = message.body["seqs"]
         self._inflight.difference_update(seqs)
         for seq in seqs:

@@ -21,6 +21,8 @@ REJECT_LOG_EVERY_S = 10.0
 @dataclass
 class Counters:
     received: int = 0
+    bundles: int = 0  # received frames that were bundles (wire.BUNDLE)
+    bundled: int = 0  # the messages in them
     stored: int = 0
     duplicates: int = 0
     acks_sent: int = 0
@@ -39,7 +41,8 @@ class Counters:
     rejected: Counter[str] = field(default_factory=Counter)
 
     def snapshot(self) -> dict[str, Any]:
-        return {"received": self.received, "stored": self.stored, "duplicates": self.duplicates,
+        return {"received": self.received, "bundles": self.bundles, "bundled": self.bundled,
+                "stored": self.stored, "duplicates": self.duplicates,
                 "acks_sent": self.acks_sent, "acks_failed": self.acks_failed,
                 "heartbeats_received": self.heartbeats_received,
                 "heartbeats_sent": self.heartbeats_sent, "probes_answered": self.probes_answered,

@@ -204,7 +204,10 @@ class FleetMetrics:
                                 value=len(self.collector.allowed))
         for name, doc, value in (
             ("slurmgpu_messages_received", "Frames received from agents (all types, before "
-             "validation).", c.received),
+             "validation; a bundle is one).", c.received),
+            ("slurmgpu_bundles_received", "Bundles received: one frame carrying several of a "
+             "node's spooled messages (a backlog).", c.bundles),
+            ("slurmgpu_bundled_messages_received", "Messages received in bundles.", c.bundled),
             ("slurmgpu_messages_stored", "Acked-type messages newly stored (hello, report, "
              "event, command-result).", c.stored),
             ("slurmgpu_messages_duplicates", "Acked-type messages already stored (resends), "

@@ -30,6 +30,15 @@ the batch (``Handler.commit``) and, only after the batch COMMITs, the transport 
 seqs; a duplicate (node, epoch, seq) is not stored again but is acked again. An ack names
 the epoch it acknowledges. After the acks, the batch goes to ``Handler.acked``.
 
+Bundles: an agent draining a backlog sends up to 32 of its spooled frames in one
+``bundle`` message (``wire.BUNDLE``), once this collector's acks said it takes them
+(every ack carries ``bundle``: how many frames a bundle may hold now, which keeps a
+round over the fleet's connections short; see BUNDLE_OFFER_MAX). Each bundled frame is checked as if it came
+alone on the same connection (the authenticated node's own, an acked type), stored and
+acked with the batch: one read, one CURVE box and one ack for dozens of reports, where
+the per-message work of the I/O thread and of this loop was most of the CPU a report
+cost. A batch counts messages, not frames, against ``max_batch``.
+
 Bad messages never stop ingestion. A frame whose envelope is valid but whose body is
 not (``BodyError``), or a message the store cannot take although the store works (the
 handler says which), is rejected, counted and acked as ``rejected``: it would fail the
@@ -77,9 +86,11 @@ from slurmgpu.errors import SlurmGpuError
 from slurmgpu.log import get_logger
 from slurmgpu.wire import (
     ACKED,
+    BUNDLE,
     COMMAND_RESULT,
     EVENT,
     HEARTBEAT,
+    MAX_BUNDLE,
     MAX_FRAME,
     BodyError,
     Envelope,
@@ -133,6 +144,22 @@ MAIN_IO, EVENTS_IO = 1, 2
 # a node: 10,000 at once held the loop ~180 ms) and this many heartbeats sent.
 HEARD_PER_TURN = 256
 HEARTBEATS_PER_TURN = 1000
+
+# Bundles (``wire.BUNDLE``): the size every ack offers. A ROUTER reads one frame of each
+# connection in turn, so with N nodes draining, a round takes N bundles of b messages:
+# N * b / (messages a second). A node's messages are its signs of life, and its acks
+# come once a round, so a round must stay well within the unreachable window (and the
+# agents' ack-stall limit, twice as long): the offer is what keeps it within half the
+# unreachable window at the rate measured over the last BUNDLE_MEASURE_S of batches (N:
+# the allow-list), from 1 (no bundles) to BUNDLE_OFFER_MAX. The rate is that of the
+# bundles offered so far, so the estimate is pessimistic (bigger bundles cost less a
+# message): the offer grows step by step to where rounds approach the target. (At
+# 10,000 nodes, bundles of 32 made rounds of ~20 s.) Agents keep one bundle in flight,
+# so what waits at the collector is about a round's worth of reports (the measured rate
+# times the round), whatever the fleet's size.
+BUNDLE_OFFER_MAX = 32
+BUNDLE_RATE_DEFAULT = 4000.0  # messages a second of batch work, until measured
+BUNDLE_MEASURE_S = 1.0
 
 # pyzmq's socket send without its Python wrapper (``Transport._send``).
 _C_SEND = zmq.backend.Socket.send
@@ -193,6 +220,12 @@ class Transport:
         public, secret = keys.server_keys(self.keys_dir)
         self.allowed: dict[bytes, str] = keys.allowed_nodes(self.keys_dir)
         self._frames = ReplyFrames()
+        self.bundle_offer = 0  # what acks say of bundles now (``_offer_bundles``)
+        self._busy_s = 0.0  # batch work since the last offer: its time and messages
+        self._busy_messages = 0
+        self._next_offer = 0.0
+        self._rate = BUNDLE_RATE_DEFAULT
+        self._offer_bundles(time.monotonic())
         self._allow_stamp = self._nodes_dir_stamp()
         self.ctx = zmq.Context(io_threads=2)
         self.auth = ThreadAuthenticator(self.ctx)
@@ -298,9 +331,11 @@ class Transport:
         # counting frees them; the GC runs again between batches.
         was_enabled = gc.isenabled()
         gc.disable()
+        began = time.perf_counter()
         try:
             return self._drain_batch(handler)
         finally:
+            self._busy_s += time.perf_counter() - began
             if was_enabled:
                 gc.enable()
 
@@ -319,7 +354,8 @@ class Transport:
         events = handled = 0 if after_events else self._take_events(batch, to_ack, now)
         self._events_only = bool(events)
         read_until = time.monotonic() + self.max_batch_read_s
-        while not events and handled < self.max_batch and size < MAX_BATCH_BYTES:
+        work, next_poll = 0, EVENTS_POLL_EVERY  # messages and other frames read, for the events socket
+        while not events and handled < self.max_batch and len(batch) < self.max_batch and size < MAX_BATCH_BYTES:
             try:
                 parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
@@ -331,9 +367,11 @@ class Transport:
             size += frame_size
             peer = parts[0].bytes
             peer_size = per_peer[peer] = per_peer.get(peer, 0) + frame_size
-            if peer_size >= MAX_PEER_BATCH_BYTES or (len(batch) > accepted and self._urgent(batch[-1][1])):
+            if peer_size >= MAX_PEER_BATCH_BYTES or (len(batch) > accepted and self._urgent(batch, accepted)):
                 break
-            if not after_events and handled % EVENTS_POLL_EVERY == 0:
+            work += max(1, len(batch) - accepted)  # (a bundle: its messages)
+            if not after_events and work >= next_poll:
+                next_poll = work + EVENTS_POLL_EVERY
                 events = self._take_events(batch, to_ack, now)
                 handled += events
                 if events or time.monotonic() >= read_until:
@@ -341,6 +379,7 @@ class Transport:
         if not batch:
             self._send_acks(to_ack)  # rejected messages only
             return handled
+        self._busy_messages += len(batch)
         self.counters.batches += 1
         stored = handler.commit(batch, now)
         if stored is None:
@@ -379,9 +418,10 @@ class Transport:
         if self.heard and new:
             self.heard.difference_update([node for node, _ in new])
 
-    def _urgent(self, env: Envelope) -> bool:
-        """Whether the batch ends after this message (``URGENT``)."""
-        if env.type not in URGENT:
+    def _urgent(self, batch: Batch, start: int) -> bool:
+        """Whether the batch ends after the frame that brought ``batch[start:]`` (one
+        message, or a bundle's): it had an ``URGENT`` one."""
+        if not any(env.type in URGENT for _, env, _ in batch[start:]):
             return False
         mono = time.monotonic()
         if mono < self._next_urgent:
@@ -411,18 +451,8 @@ class Transport:
         if len(data) > MAX_FRAME:
             self._reject("oversized", node=node, size=len(data))
             return
-        try:
-            env = decode(data)
-        except BodyError as exc:
-            self._reject("malformed", node=node, error=str(exc))
-            self._ack_rejected(exc.envelope, node, routing_id, to_ack, sock or self.sock)
-            return
-        except WireError as exc:
-            reason = "version" if "protocol version" in str(exc) else "malformed"
-            self._reject(reason, node=node, error=str(exc))
-            return
-        if env.node != node:
-            self._reject("node_mismatch", node=node, claimed=env.node)
+        env = self._decode(data, node, routing_id, to_ack, sock or self.sock)
+        if env is None:
             return
         # (_routing_id_ok, the common case first: an id ZeroMQ generated)
         if routing_id[:1] != b"\x00" and routing_id != node.encode():
@@ -452,12 +482,52 @@ class Transport:
             self.heard.add(node)
             return
         self.routes[node] = routing_id
+        if mtype == BUNDLE:
+            self.seen[node] = now
+            self._unbundle(env.body["frames"], node, routing_id, batch, to_ack)
+            return
         if mtype not in ACKED:
             self._reject("unexpected_type", node=node, type=mtype)
             return
         self.seen[node] = now
         batch.append((node, env, data))
         to_ack.append((self.sock, routing_id, node, env.epoch, env.seq, False))
+
+    def _decode(self, data: bytes, node: str, routing_id: bytes, to_ack: list[AckItem],
+                sock: zmq.Socket[Any]) -> Envelope | None:
+        """``data`` decoded, if it is a valid frame of the authenticated ``node``'s (None:
+        refused, counted and logged; a bad body of an acked type is acked as rejected)."""
+        try:
+            env = decode(data)
+        except BodyError as exc:
+            self._reject("malformed", node=node, error=str(exc))
+            self._ack_rejected(exc.envelope, node, routing_id, to_ack, sock)
+            return None
+        except WireError as exc:
+            reason = "version" if "protocol version" in str(exc) else "malformed"
+            self._reject(reason, node=node, error=str(exc))
+            return None
+        if env.node != node:
+            self._reject("node_mismatch", node=node, claimed=env.node)
+            return None
+        return env
+
+    def _unbundle(self, frames: list[bytes], node: str, routing_id: bytes, batch: Batch,
+                  to_ack: list[AckItem]) -> None:
+        """A bundle's frames (``wire.BUNDLE``: a backlog), each checked as if it came
+        alone from the same connection; only acked types (no heartbeat, no bundle in a
+        bundle)."""
+        self.counters.bundles += 1
+        self.counters.bundled += len(frames)
+        for data in frames:
+            env = self._decode(data, node, routing_id, to_ack, self.sock)
+            if env is None:
+                continue
+            if env.type not in ACKED:
+                self._reject("unexpected_type", node=node, type=env.type, bundled=True)
+                continue
+            batch.append((node, env, data))
+            to_ack.append((self.sock, routing_id, node, env.epoch, env.seq, False))
 
     def _ack_rejected(self, env: Envelope, node: str, routing_id: bytes, to_ack: list[AckItem],
                       sock: zmq.Socket[Any]) -> None:
@@ -539,6 +609,21 @@ class Transport:
             self._hand_over_heard(handler)
         if self._due:
             self._heartbeat()
+        if mono >= self._next_offer:
+            self._offer_bundles(mono)
+
+    def _offer_bundles(self, mono: float) -> None:
+        """The bundle size the acks offer from now on (BUNDLE_OFFER_MAX's comment)."""
+        self._next_offer = mono + BUNDLE_MEASURE_S
+        if self._busy_messages >= 100 and self._busy_s > 0:
+            self._rate = self._busy_messages / self._busy_s
+        self._busy_s, self._busy_messages = 0.0, 0
+        round_s = self.settings.unreachable_after * self.settings.heartbeat_s / 2
+        offer = int(self._rate * round_s / max(1, len(self.allowed)))
+        offer = max(1, min(BUNDLE_OFFER_MAX, MAX_BUNDLE, offer))
+        if offer != self.bundle_offer:
+            self.bundle_offer = offer
+            self._frames.set_bundle(offer)
 
     def _hand_over_heard(self, handler: Handler) -> None:
         """Up to HEARD_PER_TURN of the nodes heard by heartbeat since the last time, to the

@@ -7,6 +7,9 @@ stays in memory), its own routing id and seq counter, and sends realistic report
 
 Two modes: a fixed rate per node (``rate`` reports/s, what a real fleet does), or
 ``rate=None``: as fast as a per-node window of unacknowledged reports allows (saturation).
+With ``bundle`` > 1, saturation sends reports as agents drain a backlog: in
+``wire.BUNDLE`` messages of the size the collector's acks offer (at most ``bundle``),
+at most BUNDLES_IN_FLIGHT of them unacked per node.
 
 File descriptors: every zmq socket holds a mailbox fd plus one per TCP connection, so
 N nodes need ~2N+50 fds; ``raise_fd_limit`` lifts the soft RLIMIT_NOFILE to the hard one.
@@ -28,8 +31,18 @@ from typing import Any
 import zmq
 
 from slurmgpu import keys
+from slurmgpu.agent.link import BUNDLES_IN_FLIGHT
 from slurmgpu.result import Severity
-from slurmgpu.wire import ACK, ReportFrames, WireError, decode, heartbeat_frame, hello_frame, packed
+from slurmgpu.wire import (
+    ACK,
+    ReportFrames,
+    WireError,
+    bundle_frame,
+    decode,
+    heartbeat_frame,
+    hello_frame,
+    packed,
+)
 
 FDS_PER_NODE = 2
 FD_RESERVE = 64
@@ -161,6 +174,7 @@ class FleetStats:
     duplicate_acks: int = 0
     heartbeats: int = 0  # received from the collector
     heartbeats_sent: int = 0
+    bundles_sent: int = 0
     elapsed_s: float = 0.0
     latencies: list[float] = field(default_factory=list)
 
@@ -182,7 +196,7 @@ class FleetStats:
         p50, p99 = self.percentile(0.50), self.percentile(0.99)
         return {"nodes": self.nodes, "connected": self.connected, "sent": self.sent,
                 "acked": self.acked, "duplicate_acks": self.duplicate_acks,
-                "heartbeats_sent": self.heartbeats_sent,
+                "heartbeats_sent": self.heartbeats_sent, "bundles_sent": self.bundles_sent,
                 "elapsed_s": round(self.elapsed_s, 3), "send_rate": round(self.send_rate, 1),
                 "ack_rate": round(self.ack_rate, 1),
                 "ack_p50_ms": None if p50 is None else round(p50 * 1000, 2),
@@ -193,7 +207,7 @@ class SimFleet:
     """N simulated agents sharing one zmq context (one I/O thread) in this process."""
 
     def __init__(self, address: str, collector_public: bytes, nodes: list[SimNode], *,
-                 seed: int = 0, max_inflight: int = 1000, full_every: int = 1) -> None:
+                 seed: int = 0, max_inflight: int = 1000, full_every: int = 1, bundle: int = 1) -> None:
         raise_fd_limit(FDS_PER_NODE * len(nodes) + FD_RESERVE)
         self.nodes = nodes
         self.ctx = zmq.Context()
@@ -220,6 +234,9 @@ class SimFleet:
         self.heartbeat_frames = [heartbeat_frame(n.name) for n in nodes]
         self.seq = [0] * len(nodes)
         self.inflight: list[dict[int, float]] = [{} for _ in nodes]
+        self.bundle = max(1, bundle)  # reports per message asked for
+        self.collector_bundle = 0  # what the collector's hello acks said it takes
+        self.credits = [0] * len(nodes)  # (bundles) report slots not used yet
 
     def close(self) -> None:
         for s in self.sockets:
@@ -250,6 +267,9 @@ class SimFleet:
                 if env.type != ACK:
                     stats.heartbeats += 1
                     continue
+                taken = env.body.get("bundle")
+                if type(taken) is int:
+                    self.collector_bundle = taken
                 now = time.perf_counter()
                 for seq in env.body["seqs"]:
                     sent_at = pending.pop(seq, None)
@@ -274,6 +294,34 @@ class SimFleet:
             return
         self.inflight[i][seq] = time.perf_counter()
         stats.sent += 1
+
+    def _send_bundle(self, i: int, stats: FleetStats) -> bool:
+        """One credit for node ``i``, as an agent drains a backlog: once it has enough,
+        a bundle of what the collector's last ack offered (at most ``bundle``, at most
+        BUNDLES_IN_FLIGHT in flight; an offer of 1: one report; none: reports one by
+        one, as the window allows). False: its queue is full, the credit was not used
+        (give it back)."""
+        self.credits[i] += 1
+        size = max(1, min(self.bundle, self.collector_bundle))
+        if self.credits[i] < size or (self.collector_bundle and len(self.inflight[i]) + size
+                                      > BUNDLES_IN_FLIGHT * size):
+            return True  # (kept: the node's next ack brings another)
+        first = self.seq[i] + 1
+        now = time.time()
+        frames = [self.frames.report(self.node_parts[i], i, seq, now) for seq in range(first, first + size)]
+        try:
+            self.sockets[i].send(bundle_frame(self.nodes[i].name, frames) if size > 1 else frames[0],
+                                 zmq.NOBLOCK)
+        except zmq.Again:
+            self.credits[i] -= 1
+            return False
+        self.credits[i] -= size
+        self.seq[i] += size
+        sent_at = time.perf_counter()
+        self.inflight[i].update((seq, sent_at) for seq in range(first, first + size))
+        stats.sent += size
+        stats.bundles_sent += size > 1
+        return True
 
     def _heartbeat(self, i: int, stats: FleetStats) -> None:
         try:
@@ -308,6 +356,9 @@ class SimFleet:
         n = len(self.nodes)
         stats = FleetStats(nodes=n, connected=n)
         credit: deque[int] | None = None
+        bundle = self.bundle if rate is None else 1
+        if bundle > 1 and window < bundle:
+            raise ValueError(f"a window of {window} reports cannot hold a bundle of {bundle}")
         if rate is None:
             credit = deque(i for _ in range(window) for i in range(n))
         start = time.perf_counter()
@@ -323,7 +374,12 @@ class SimFleet:
                     self._heartbeat(stats.heartbeats_sent % n, stats)
             if credit is not None:
                 for _ in range(min(len(credit), 2000)):
-                    self._send(credit.popleft(), stats)
+                    if bundle > 1:
+                        i = credit.popleft()
+                        if not self._send_bundle(i, stats):
+                            credit.append(i)
+                    else:
+                        self._send(credit.popleft(), stats)
                 self._receive(0 if credit else 5, stats, credit)
             else:
                 assert rate is not None
