@@ -217,15 +217,16 @@ def test_a_bundle_with_an_event_ends_the_batch(settings: CollectorSettings, deal
 @pytest.mark.parametrize("nodes, offer", [(1, 32), (100, 32), (1000, 6), (5000, 1), (10_000, 1)])
 def test_the_offer_keeps_a_round_over_the_fleet_within_half_the_unreachable_window(
         settings: CollectorSettings, dealer: Any, nodes: int, offer: int) -> None:
-    """At 20,000 messages a second of batch work, 0.2 s heartbeats and 3 of them to be
-    unreachable, a round over N draining nodes (N bundles) fits in 0.3 s with bundles of
-    6,000 / N; every ack says so."""
+    """At 20,000 messages a second, 0.2 s heartbeats and 3 of them to be unreachable, a
+    round over N draining nodes (N bundles) fits in 0.3 s with bundles of 6,000 / N;
+    every ack says so."""
     collector = build_collector(settings)
     try:
         transport = collector.transport
         transport.allowed = {f"key{i}".encode(): f"n{i}" for i in range(nodes - 1)} | transport.allowed
-        transport._busy_messages, transport._busy_s = 20_000, 1.0
-        transport._offer_bundles(time.monotonic())
+        transport._busy_messages, transport._measured_at = 20_000, time.monotonic() - 1.0
+        transport._offer_bundles(transport._measured_at + 1.0)
+        transport._next_offer = float("inf")  # (no new offer while this test serves)
         assert transport.bundle_offer == offer
         sock = dealer()
         sock.send(frame(1))
@@ -235,20 +236,24 @@ def test_the_offer_keeps_a_round_over_the_fleet_within_half_the_unreachable_wind
         collector.close()
 
 
-def test_the_offer_is_measured_from_the_batches(settings: CollectorSettings, dealer: Any) -> None:
-    """The rate behind the offer is the batches' own: messages over the time spent in them."""
+def test_the_offer_is_measured_by_the_clock(settings: CollectorSettings, dealer: Any) -> None:
+    """The rate behind the offer: messages handled over the time since the last offer,
+    by the clock (what a round takes); too few messages keep the last rate."""
     collector = build_collector(settings)
     try:
         transport = collector.transport
+        transport._next_offer = float("inf")  # (no offer while this test serves)
         sock = dealer()
         for start in range(1, 400, 20):
             sock.send(wire.bundle_frame(NODE, [frame(seq) for seq in range(start, start + 20)]))
         serve_until(collector, lambda: len(stored(settings)) == 400)
-        assert transport._busy_messages == 400 and transport._busy_s > 0
-        rate = 400 / transport._busy_s
-        transport._offer_bundles(time.monotonic())
-        assert transport._rate == pytest.approx(rate)
-        assert (transport._busy_messages, transport._busy_s) == (0, 0.0)
+        assert transport._busy_messages == 400
+        transport._offer_bundles(transport._measured_at + 2.0)
+        assert transport._rate == pytest.approx(200.0)
+        assert transport._busy_messages == 0
+        transport._busy_messages = transport_mod.BUNDLE_MIN_SAMPLE - 1
+        transport._offer_bundles(transport._measured_at + 100.0)
+        assert transport._rate == pytest.approx(200.0)  # (kept)
     finally:
         collector.close()
 

@@ -150,16 +150,21 @@ HEARTBEATS_PER_TURN = 1000
 # N * b / (messages a second). A node's messages are its signs of life, and its acks
 # come once a round, so a round must stay well within the unreachable window (and the
 # agents' ack-stall limit, twice as long): the offer is what keeps it within half the
-# unreachable window at the rate measured over the last BUNDLE_MEASURE_S of batches (N:
-# the allow-list), from 1 (no bundles) to BUNDLE_OFFER_MAX. The rate is that of the
-# bundles offered so far, so the estimate is pessimistic (bigger bundles cost less a
-# message): the offer grows step by step to where rounds approach the target. (At
-# 10,000 nodes, bundles of 32 made rounds of ~20 s.) Agents keep one bundle in flight,
-# so what waits at the collector is about a round's worth of reports (the measured rate
-# times the round), whatever the fleet's size.
+# unreachable window (N: the allow-list), from 1 (no bundles) to BUNDLE_OFFER_MAX, at
+# the rate messages were handled over the last BUNDLE_MEASURE_S, by the clock: what a
+# round really takes (GC, commits, other processes on the cores), not the batches' own
+# time (that one let rounds run past 15 s with a profiler attached). The rate is that
+# of the bundles offered so far, so the estimate is pessimistic (bigger bundles cost
+# less a message), and the offer grows step by step to where rounds approach the target.
+# A collector that is not saturated handles fewer messages than it could: a smaller
+# offer, while nothing is queued anyway. Fewer than BUNDLE_MIN_SAMPLE messages in a
+# window (a small, quiet fleet) keep the last rate. (At 10,000 nodes, bundles of 32 made
+# rounds of ~20 s.) Agents keep one bundle in flight, so what waits at the collector is
+# about a round's worth of reports, whatever the fleet's size.
 BUNDLE_OFFER_MAX = 32
-BUNDLE_RATE_DEFAULT = 4000.0  # messages a second of batch work, until measured
+BUNDLE_RATE_DEFAULT = 4000.0  # messages a second, until measured
 BUNDLE_MEASURE_S = 1.0
+BUNDLE_MIN_SAMPLE = 100
 
 # pyzmq's socket send without its Python wrapper (``Transport._send``).
 _C_SEND = zmq.backend.Socket.send
@@ -221,8 +226,8 @@ class Transport:
         self.allowed: dict[bytes, str] = keys.allowed_nodes(self.keys_dir)
         self._frames = ReplyFrames()
         self.bundle_offer = 0  # what acks say of bundles now (``_offer_bundles``)
-        self._busy_s = 0.0  # batch work since the last offer: its time and messages
-        self._busy_messages = 0
+        self._busy_messages = 0  # messages handled since the last offer, and since when
+        self._measured_at = time.monotonic()
         self._next_offer = 0.0
         self._rate = BUNDLE_RATE_DEFAULT
         self._offer_bundles(time.monotonic())
@@ -331,11 +336,9 @@ class Transport:
         # counting frees them; the GC runs again between batches.
         was_enabled = gc.isenabled()
         gc.disable()
-        began = time.perf_counter()
         try:
             return self._drain_batch(handler)
         finally:
-            self._busy_s += time.perf_counter() - began
             if was_enabled:
                 gc.enable()
 
@@ -615,9 +618,9 @@ class Transport:
     def _offer_bundles(self, mono: float) -> None:
         """The bundle size the acks offer from now on (BUNDLE_OFFER_MAX's comment)."""
         self._next_offer = mono + BUNDLE_MEASURE_S
-        if self._busy_messages >= 100 and self._busy_s > 0:
-            self._rate = self._busy_messages / self._busy_s
-        self._busy_s, self._busy_messages = 0.0, 0
+        if self._busy_messages >= BUNDLE_MIN_SAMPLE and mono > self._measured_at:
+            self._rate = self._busy_messages / (mono - self._measured_at)
+        self._busy_messages, self._measured_at = 0, mono
         round_s = self.settings.unreachable_after * self.settings.heartbeat_s / 2
         offer = int(self._rate * round_s / max(1, len(self.allowed)))
         offer = max(1, min(BUNDLE_OFFER_MAX, MAX_BUNDLE, offer))
