@@ -218,12 +218,12 @@ def test_a_bundle_with_an_event_ends_the_batch(settings: CollectorSettings, deal
 def test_the_offer_keeps_a_round_over_the_fleet_within_half_the_unreachable_window(
         settings: CollectorSettings, dealer: Any, nodes: int, offer: int) -> None:
     """At 20,000 messages a second, 0.2 s heartbeats and 3 of them to be unreachable, a
-    round over N draining nodes (N bundles) fits in 0.3 s with bundles of 6,000 / N;
+    round over the N nodes heard (N bundles) fits in 0.3 s with bundles of 6,000 / N;
     every ack says so."""
     collector = build_collector(settings)
     try:
         transport = collector.transport
-        transport.allowed = {f"key{i}".encode(): f"n{i}" for i in range(nodes - 1)} | transport.allowed
+        transport.seen = {f"n{i}": time.time() for i in range(nodes - 1)}
         transport._busy_messages, transport._measured_at = 20_000, time.monotonic() - 1.0
         transport._offer_bundles(transport._measured_at + 1.0)
         transport._next_offer = float("inf")  # (no new offer while this test serves)
@@ -232,6 +232,28 @@ def test_the_offer_keeps_a_round_over_the_fleet_within_half_the_unreachable_wind
         sock.send(frame(1))
         serve_until(collector, lambda: bool(stored(settings)))
         assert acks(sock)[0].body["bundle"] == offer
+    finally:
+        collector.close()
+
+
+def test_the_offer_counts_the_nodes_heard_and_grows_by_at_most_double(
+        settings: CollectorSettings) -> None:
+    """Before any node is heard, the allow-list is the fleet; then the nodes heard (a
+    second collector on the database hears the others). The offer at most doubles a
+    step: right after a start, few nodes are heard yet."""
+    collector = build_collector(settings)
+    try:
+        transport = collector.transport
+        transport.allowed = {f"key{i}".encode(): f"n{i}" for i in range(3000)}
+        transport.seen, transport.bundle_offer, transport._rate = {}, 0, 20_000.0
+        transport._offer_bundles(time.monotonic())
+        assert transport.bundle_offer == 2  # 6,000 / 3,000 allowed
+        transport.seen = {f"n{i}": time.time() for i in range(100)}
+        offers = []
+        for _ in range(5):
+            transport._offer_bundles(time.monotonic())
+            offers.append(transport.bundle_offer)
+        assert offers == [4, 8, 16, 32, 32]  # (6,000 / 100 heard: the most, step by step)
     finally:
         collector.close()
 

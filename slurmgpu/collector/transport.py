@@ -150,8 +150,11 @@ HEARTBEATS_PER_TURN = 1000
 # N * b / (messages a second). A node's messages are its signs of life, and its acks
 # come once a round, so a round must stay well within the unreachable window (and the
 # agents' ack-stall limit, twice as long): the offer is what keeps it within half the
-# unreachable window (N: the allow-list), from 1 (no bundles) to BUNDLE_OFFER_MAX, at
-# the rate messages were handled over the last BUNDLE_MEASURE_S, by the clock: what a
+# unreachable window, from 1 (no bundles) to BUNDLE_OFFER_MAX. N: the nodes this
+# collector heard within that window (another collector on the same database has the
+# others), the allow-list before any; the offer at most doubles a step, so the first
+# nodes heard after a start are not offered what suits a fleet of a few. The rate:
+# messages handled over the last BUNDLE_MEASURE_S, by the clock: what a
 # round really takes (GC, commits, other processes on the cores), not the batches' own
 # time (that one let rounds run past 15 s with a profiler attached). The rate is that
 # of the bundles offered so far, so the estimate is pessimistic (bigger bundles cost
@@ -230,7 +233,6 @@ class Transport:
         self._measured_at = time.monotonic()
         self._next_offer = 0.0
         self._rate = BUNDLE_RATE_DEFAULT
-        self._offer_bundles(time.monotonic())
         self._allow_stamp = self._nodes_dir_stamp()
         self.ctx = zmq.Context(io_threads=2)
         self.auth = ThreadAuthenticator(self.ctx)
@@ -259,6 +261,7 @@ class Transport:
         self._next_reload = now + ALLOW_LIST_RELOAD_S
         self._reload_requested = False
         self._closed = False
+        self._offer_bundles(now)
 
     def _socket(self, public: bytes, secret: bytes, io_thread: int) -> zmq.Socket[Any]:
         sock = self.ctx.socket(zmq.ROUTER)
@@ -622,7 +625,10 @@ class Transport:
             self._rate = self._busy_messages / (mono - self._measured_at)
         self._busy_messages, self._measured_at = 0, mono
         round_s = self.settings.unreachable_after * self.settings.heartbeat_s / 2
-        offer = int(self._rate * round_s / max(1, len(self.allowed)))
+        nodes = len(self.seen) or len(self.allowed)
+        offer = int(self._rate * round_s / max(1, nodes))
+        if self.bundle_offer:  # (at most doubled a step: the nodes heard grow after a start)
+            offer = min(offer, 2 * self.bundle_offer)
         offer = max(1, min(BUNDLE_OFFER_MAX, MAX_BUNDLE, offer))
         if offer != self.bundle_offer:
             self.bundle_offer = offer
