@@ -43,7 +43,7 @@ Message types (body fields):
                      backlog sends them once the collector's acks carry ``bundle``: one
                      message, one CURVE box and one ack for dozens of reports)
     ack             {"seqs": [int, ...], "rejected": [int, ...], "bundle": int}
-                    (collector -> agent; ``rejected`` optional: seqs also in ``seqs`` that
+                     (collector -> agent; ``rejected`` optional: seqs also in ``seqs`` that
                      were refused for good (malformed body, unstorable): the agent drops
                      them and logs; ``bundle`` optional: this collector takes bundles of up
                      to that many frames now (it says less as its fleet grows, see the

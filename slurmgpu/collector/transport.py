@@ -33,9 +33,9 @@ the epoch it acknowledges. After the acks, the batch goes to ``Handler.acked``.
 Bundles: an agent draining a backlog sends up to 32 of its spooled frames in one
 ``bundle`` message (``wire.BUNDLE``), once this collector's acks said it takes them
 (every ack carries ``bundle``: how many frames a bundle may hold now, which keeps a
-round over the fleet's connections short; see BUNDLE_OFFER_MAX). Each bundled frame is checked as if it came
-alone on the same connection (the authenticated node's own, an acked type), stored and
-acked with the batch: one read, one CURVE box and one ack for dozens of reports, where
+round over the fleet's connections short; see BUNDLE_OFFER_MAX). Each bundled frame is
+checked as if it came alone on the same connection (the authenticated node's own, an
+acked type), stored and acked with the batch: one read, one CURVE box and one ack for dozens of reports, where
 the per-message work of the I/O thread and of this loop was most of the CPU a report
 cost. A batch counts messages, not frames, against ``max_batch``.
 
