@@ -14,10 +14,14 @@ p50/p99, and the collector's CPU time per report.
                                      [--heartbeat-s 5] [--db sqlite|postgresql]
                                      [--collectors N] [--full-every N]
                                      [--live-nodes N [--live-interval S]] [--no-events-port]
-                                     [--bundle N] [--json]
+                                     [--bundle N] [--collector-cpus LIST] [--json]
 
 ``--bundle N``: the saturating nodes send their reports as agents drain a backlog, N in
 one bundle message (``wire.BUNDLE``; agents send 32), with a window of at least N per node.
+
+``--collector-cpus 0``: the collectors on CPU 0 only, every simulated node on the other
+CPUs: the collector's figures as on a head node where it has a core of its own (the
+PostgreSQL server is not pinned).
 
 ``--live-nodes N``: N more nodes that do not saturate; each sends an XID event every
 ``--live-interval`` seconds, to the collector's events port (``[collector] events_port``,
@@ -114,11 +118,23 @@ def sender(address: str, server_key: bytes, nodes: list[simfleet.SimNode], durat
 
 
 def start_collector(root: Path, address: str, db: str, profile: str | None,
-                    events_port: int) -> subprocess.Popen[bytes]:
+                    events_port: int, cpus: set[int] | None = None) -> subprocess.Popen[bytes]:
     python = [sys.executable, "-m", "cProfile", "-o", profile, "-m", "slurmgpu", "collector"] \
         if profile else [sys.executable, "-c", "from slurmgpu.cli.fleet_cmd import collector; collector()"]
     return subprocess.Popen([*python, "--bind", address, "--events-port", str(events_port), "--db", db,
-                             "--keys-dir", str(root / "keys"), "--log-level", "warning"])
+                             "--keys-dir", str(root / "keys"), "--log-level", "warning"],
+                            preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus))
+
+
+def pinned(cpus: set[int] | None, target: Any) -> Any:
+    """``target`` run on these CPUs only (a sender kept off the collector's cores)."""
+    if cpus is None:
+        return target
+
+    def run(*args: Any) -> None:
+        os.sched_setaffinity(0, cpus)
+        target(*args)
+    return run
 
 
 def live_sender(address: str, server_key: bytes, nodes: list[simfleet.SimNode], duration: float,
@@ -180,7 +196,8 @@ def _rss_kb(pid: int) -> dict[str, int]:
 def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
              profile: str | None = None, warmup_s: float = 0.0, *, pg: PgServer | None = None,
              collectors: int = 1, full_every: int = 1, live_nodes: int = 0,
-             live_interval_s: float = 1.0, events: bool = True, bundle: int = 1) -> dict[str, Any]:
+             live_interval_s: float = 1.0, events: bool = True, bundle: int = 1,
+             collector_cpus: set[int] | None = None) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix=f"ingest-{n}-"))
     try:
         keys.init(root / "keys")
@@ -190,8 +207,10 @@ def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
         db = pg.create_database() if pg is not None else str(root / "fleet.db")
         Store(db).close()  # migrated once, before the collectors start
         events_ports = [free_port() if events else 0 for _ in addresses]
-        procs_of = [start_collector(root, a, db, f"{profile}.{n}.{i}" if profile else None, port)
+        procs_of = [start_collector(root, a, db, f"{profile}.{n}.{i}" if profile else None, port,
+                                    collector_cpus)
                     for i, (a, port) in enumerate(zip(addresses, events_ports, strict=True))]
+        others = None if collector_cpus is None else (os.sched_getaffinity(0) - collector_cpus) or None
         # live nodes send their events where agents do: the events port when there is one
         live_address = (with_port(addresses[0], events_ports[0]) if events else None) or addresses[0]
         _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -202,12 +221,12 @@ def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
         ctx = mp.get_context("fork")
         ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
         server_key = simfleet.collector_public_key(root / "keys")
-        workers = [ctx.Process(target=sender, args=(addresses[i % collectors], server_key, c, duration,
+        workers = [ctx.Process(target=pinned(others, sender), args=(addresses[i % collectors], server_key, c, duration,
                                                     window, heartbeat_s, warmup_s, full_every, bundle,
                                                     ready, go, out))
                    for i, c in enumerate(chunks)]
         live_out = ctx.Queue()
-        live_workers = [ctx.Process(target=live_sender, args=(live_address, server_key, live, duration,
+        live_workers = [ctx.Process(target=pinned(others, live_sender), args=(live_address, server_key, live, duration,
                                                              live_interval_s, go, live_out))] if live else []
         for w in workers + live_workers:
             w.start()
@@ -240,6 +259,7 @@ def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
         pct = (lambda p: round(lat[min(len(lat) - 1, int(p * (len(lat) - 1)))] * 1000, 1)) \
             if lat else (lambda p: None)
         return {"nodes": n, "db": "postgresql" if pg is not None else "sqlite", "collectors": collectors,
+                "collector_cpus": sorted(collector_cpus) if collector_cpus is not None else None,
                 "events_port": events,
                 "full_every": full_every, "bundle": bundle,
                 "bundles_sent": sum(r["bundles"] for r in results),
@@ -332,8 +352,19 @@ def main() -> int:
     parser.add_argument("--bundle", type=int, default=1, metavar="N",
                         help="send the saturating nodes' reports N to a bundle, as agents drain a "
                              "backlog (32); the window per node is then at least N")
+    parser.add_argument("--collector-cpus", metavar="LIST",
+                        help="run the collectors on these CPUs (e.g. 0) and every sender on the others: "
+                             "a head node whose collector has cores of its own")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.collector_cpus is not None:
+        try:
+            args.collector_cpus = {int(c) for c in args.collector_cpus.split(",")}
+        except ValueError:
+            parser.error(f"--collector-cpus {args.collector_cpus!r}: not a list of CPU numbers")
+        if not args.collector_cpus < os.sched_getaffinity(0):
+            parser.error(f"--collector-cpus: CPUs {sorted(os.sched_getaffinity(0))} are usable here, "
+                         "and the senders need one the collectors do not have")
     if args.collectors > 1 and args.db != "postgresql":
         parser.error("--collectors > 1 needs --db postgresql (one SQLite file has one collector)")
     with contextlib.ExitStack() as stack:
@@ -352,7 +383,8 @@ def _case(n: int, args: argparse.Namespace, pg: PgServer | None) -> dict[str, An
     row = run_case(n, args.duration, args.inflight, args.heartbeat_s or None, args.profile,
                    args.warmup, pg=pg, collectors=args.collectors, full_every=args.full_every,
                    live_nodes=args.live_nodes, live_interval_s=args.live_interval,
-                   events=not args.no_events_port, bundle=args.bundle)
+                   events=not args.no_events_port, bundle=args.bundle,
+                   collector_cpus=args.collector_cpus)
     if not args.json:
         server = (f", postgres {row['postgres_cpu_us_per_report']} us CPU/report"
                   if row["postgres_cpu_us_per_report"] is not None else "")
@@ -360,7 +392,8 @@ def _case(n: int, args: argparse.Namespace, pg: PgServer | None) -> dict[str, An
         if "live_events" in row:
             server += (f", live events: {row['live_events']} ack p50 {row['live_ack_p50_ms']} ms "
                        f"p99 {row['live_ack_p99_ms']} ms ({row['live_unacked']} unacked)")
-        print(f"{row['nodes']:>6} nodes, {row['db']} x{row['collectors']}, 1/{row['full_every']} full, "
+        pin = f", collectors on CPU {row['collector_cpus']}" if row["collector_cpus"] else ""
+        print(f"{row['nodes']:>6} nodes, {row['db']} x{row['collectors']}{pin}, 1/{row['full_every']} full, "
               f"bundles of {row['bundle']} ({row['bundles_sent']} sent), "
               f"events port {'on' if row['events_port'] else 'off'} "
               f"({row['sender_procs']} sender procs, window {row['window']}): "

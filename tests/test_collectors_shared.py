@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -95,6 +97,116 @@ def test_dedupe_holds_across_collectors(pg_url: str) -> None:
         b.close()
 
 
+class PausedBatch:
+    """``store.store_batch(batch)`` in a thread, held after its last statement, before its
+    COMMIT, until ``release()`` (or ``fail()``: it rolls back)."""
+
+    def __init__(self, store: Store, batch: list[tuple[str, Envelope]]) -> None:
+        self.store, self.at_commit, self.go = store, threading.Event(), threading.Event()
+        self.failing = False
+        self.result: list[tuple[str, int]] | BaseException | None = None
+        insert = store._insert
+
+        def held(*args: Any) -> None:
+            insert(*args)
+            self.at_commit.set()
+            assert self.go.wait(30)
+            if self.failing:
+                raise RuntimeError("rolled back")
+
+        store._insert = held  # type: ignore[method-assign]
+        self.thread = threading.Thread(target=self._run, args=(batch,), daemon=True)
+        self.thread.start()
+        assert self.at_commit.wait(30), "the batch did not reach its COMMIT"
+
+    def _run(self, batch: list[tuple[str, Envelope]]) -> None:
+        try:
+            self.result = self.store.store_batch(batch)
+        except BaseException as exc:  # (the test reads it)
+            self.result = exc
+
+    def release(self, *, fail: bool = False) -> Any:
+        self.failing = fail
+        self.go.set()
+        self.thread.join(30)
+        assert not self.thread.is_alive()
+        return self.result
+
+
+def in_thread(call: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    out: list[Any] = []
+    thread = threading.Thread(target=lambda: out.append(call()), daemon=True)
+    thread.start()
+    return thread, out
+
+
+def test_batches_of_two_collectors_commit_side_by_side(pg_url: str) -> None:
+    """An ingest batch does not wait for another collector's batch in flight (they take the
+    write lock shared), but does for an exclusive writer (an operator's breaker release,
+    the automation's save), as that one waits for them."""
+    a, b, holder = Store(pg_url), Store(pg_url, timeout_s=0.5), Store(pg_url)
+    try:
+        paused = PausedBatch(a, [item("n1", s) for s in range(1, 4)])
+        began = time.monotonic()
+        assert b.store_batch([item("n2", 1)]) == [("n2", 1)]
+        assert time.monotonic() - began < 0.4
+        assert paused.release() == [("n1", 1), ("n1", 2), ("n1", 3)]
+        with holder.transaction():
+            holder.add_job_event("7", 1.0, "detected")
+            with pytest.raises(sqlite3.OperationalError):
+                b.store_batch([item("n2", 2)])
+        assert b.store_batch([item("n2", 2)]) == [("n2", 2)]
+        assert rows(pg_url, "SELECT node, count(*) FROM messages GROUP BY node ORDER BY node") == [
+            ("n1", 3), ("n2", 2)]
+    finally:
+        for store in (a, b, holder):
+            store.close()
+
+
+@pytest.mark.parametrize("first_commits", [True, False])
+def test_a_key_in_another_collectors_batch_in_flight(pg_url: str, first_commits: bool) -> None:
+    """An agent failed over and resent seq 2 to collector B while A's batch holding it is
+    not committed yet: B's batch waits for A's. A committed: B stores only seq 3, seq 2 is
+    a duplicate (no constraint error, no conflict); A rolled back: B stores both."""
+    a, b = Store(pg_url), Store(pg_url)
+    try:
+        paused = PausedBatch(a, [item("n1", 1), item("n1", 2)])
+        thread, out = in_thread(lambda: b.store_batch([item("n1", 2), item("n1", 3)]))
+        thread.join(0.3)
+        assert thread.is_alive(), "B did not wait for A's batch"
+        assert paused.release(fail=not first_commits) == ([("n1", 1), ("n1", 2)] if first_commits
+                                                          else paused.result)
+        thread.join(30)
+        assert out == [[("n1", 3)] if first_commits else [("n1", 2), ("n1", 3)]]
+        assert b.conflicts == []
+        stored = [1, 2, 3] if first_commits else [2, 3]
+        assert rows(pg_url, "SELECT seq FROM messages ORDER BY seq") == [(s,) for s in stored]
+        assert rows(pg_url, "SELECT seq FROM events ORDER BY seq") == [(s,) for s in stored]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_reader_sees_a_batch_that_commits_after_a_later_one(pg_url: str) -> None:
+    """The nodes' change marks: A's batch began first and commits last. A reading taken
+    between B's commit and A's must still find A's node at the next reading (a counter
+    drawn in write order would have given A's rows a mark below that reading's)."""
+    a, b = Store(pg_url), Store(pg_url)
+    try:
+        b.store_batch([item("n0", 1)])
+        v0 = queries.node_version(b.db)
+        paused = PausedBatch(a, [item("n1", 1)])
+        b.store_batch([item("n2", 1)])
+        v1 = queries.node_version(b.db)
+        assert sorted(queries.node_changes(b.db, v0).columns.nodes) == ["n2"]
+        paused.release()
+        # (n2 again too: read twice rather than never)
+        assert sorted(queries.node_changes(b.db, v1).columns.nodes) == ["n1", "n2"]
+    finally:
+        a.close()
+        b.close()
+
+
 def test_the_inbox_gets_what_the_automation_needs_in_commit_order(pg_url: str) -> None:
     a, b = Store(pg_url), Store(pg_url)
     a.inbox = b.inbox = True
@@ -107,7 +219,7 @@ def test_the_inbox_gets_what_the_automation_needs_in_commit_order(pg_url: str) -
         assert [(r.node, r.seq, r.type) for r in got] == [("n1", 1, REPORT), ("n2", 1, EVENT)]
         assert got[0].body == {"verdict": "FAIL", "findings": XID79}  # not the facts
         assert got[1].body["kind"] == "xid"
-        tables.inbox_done(a.db, got[0].id)
+        tables.inbox_done(a.db, [got[0].id])
         assert [r.node for r in tables.inbox_take(b.db, 10)] == ["n2"]
     finally:
         a.close()

@@ -1,10 +1,12 @@
 """Several collectors on one PostgreSQL database (issue 15): ingest is active/active, the
 automation runs on one of them at a time.
 
-* Ingest: every collector stores what its agents send. Deduplication holds across
-  collectors: the store looks every key up in the database (``Ingest._existing_shared``)
-  under its write lock, so a message an agent resent to a second collector after a
-  failover is acked as a duplicate and stored once.
+* Ingest: every collector stores what its agents send, its batches side by side with the
+  others' (``Dialect.begin_ingest``). Deduplication holds across collectors: a batch
+  inserts its ``messages`` rows first, ``ON CONFLICT DO NOTHING`` on the unique key
+  (``Ingest._claim``), and stores the rest of what the insert returned, so a message an
+  agent resent to a second collector after a failover is acked as a duplicate and stored
+  once, even while the first collector's batch is in flight.
 * Leadership: the collector whose database session holds an advisory lock leads
   (``store.leader.Leadership``, no home-made election). Only the leader runs the
   automation, the checkpoint coordination, the Slurm state recording, the unreachable
@@ -12,8 +14,8 @@ automation runs on one of them at a time.
   replaced within ``[collector] leader_timeout_s`` (plus one poll).
 * The leader's inbox: what any collector stored that the automation must see (reports'
   verdicts and findings, events, command results) is written to ``leader_inbox`` in the
-  same transaction as the batch; the leader hands it to the automation in commit order and
-  deletes it. A new leader continues from the rows its predecessor had not handled, with
+  same transaction as the batch; the leader hands it to the automation in id order and
+  deletes it (``store.coordination``: a row committed late is taken next time). A new leader continues from the rows its predecessor had not handled, with
   the automation's state and pending checkpoints read back from the database.
 * Commands: a checkpoint request for an agent connected to another collector goes to
   ``command_outbox``; the collector the agent is connected to sends it (``deliver``).
@@ -101,7 +103,7 @@ class Coordination:
 
     def handled(self, rows: list[InboxRow]) -> None:
         if rows:
-            tables.inbox_done(self.store.db, rows[-1].id)
+            tables.inbox_done(self.store.db, [row.id for row in rows])
 
     # ------------------------------------------------------------------ commands
 

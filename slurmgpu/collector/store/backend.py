@@ -91,7 +91,17 @@ def describe(target: object) -> str:
 # in ASCII) that every write transaction takes first, as SQLite's BEGIN IMMEDIATE takes the
 # database's one write lock. It serialises the store's read-modify-write transactions
 # (an operator's breaker release against the collector's save) and costs one round trip.
+# Collectors' ingest batches take it shared (``begin_ingest``): they run side by side, as
+# they touch rows that are their own (messages deduplicated by the unique key, each node's
+# rows in one order), and still wait for, and hold off, every exclusive writer.
 WRITE_LOCK_KEY = int.from_bytes(b"slurmgpu", "big")
+
+# PostgreSQL's change marks (``nodes.changed``/``history_changed``): the id of the writing
+# transaction, not a counter row that every writer would update and so take turns on.
+# A reader's ``node_version`` is its snapshot's xmin less one: every transaction with a
+# lower id had ended when the snapshot was taken, so its rows were read then, and any
+# transaction that commits later has an id at or above that xmin (``changed > version``).
+_PG_CHANGE_MARK = "pg_current_xact_id()::text::bigint"
 
 # SQLite DDL -> PostgreSQL DDL: SQLite's INTEGER is 64-bit and an INTEGER PRIMARY KEY is
 # the rowid (numbered on insert); REAL is a double; rowid tables are SQLite's own business.
@@ -130,15 +140,46 @@ class Dialect:
 
     def begin_write(self, db: Connection) -> None:
         """Start a write transaction that no other writer interleaves with."""
+        self._begin(db, "pg_advisory_xact_lock")
+
+    def begin_ingest(self, db: Connection) -> None:
+        """Start an ingest batch's transaction: on SQLite as ``begin_write`` (one writer);
+        on PostgreSQL beside other collectors' batches, never beside an exclusive writer."""
+        self._begin(db, "pg_advisory_xact_lock_shared")
+
+    def _begin(self, db: Connection, lock: str) -> None:
         if self.name == "sqlite":
             db.execute("BEGIN IMMEDIATE")
             return
         db.execute("BEGIN")
         try:
-            db.execute(f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY})")
+            db.execute(f"SELECT {lock}({WRITE_LOCK_KEY})")
         except BaseException:
             db.execute("ROLLBACK")
             raise
+
+    def change_mark(self, db: Connection) -> int:
+        """Inside a write transaction: the mark its ``nodes`` rows get (``changed``).
+        SQLite: the ``node_version`` counter, bumped (one writer at a time); PostgreSQL:
+        the transaction's id (``_PG_CHANGE_MARK``)."""
+        sql = ("UPDATE node_version SET version = version + 1 RETURNING version" if self.name == "sqlite"
+               else f"SELECT {_PG_CHANGE_MARK}")
+        return int(db.execute(sql).fetchone()[0])
+
+    @property
+    def next_change_mark_sql(self) -> str:
+        """SQL for the mark of a write whose counter is bumped after it, only if it wrote
+        (``Ingest.mark_unreachable``)."""
+        return ("(SELECT version + 1 FROM node_version WHERE id = 1)" if self.name == "sqlite"
+                else _PG_CHANGE_MARK)
+
+    def node_version(self, db: Connection) -> int:
+        """A reader's mark: the rows with ``changed`` above it are those written since the
+        reading that saw it (``change_mark``)."""
+        sql = ("SELECT version FROM node_version WHERE id = 1" if self.name == "sqlite"
+               else "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint - 1")
+        row = db.execute(sql).fetchone()
+        return int(row[0]) if row is not None else -1
 
     def tables(self, db: Connection) -> set[str]:
         return {str(row[0]) for row in db.execute(self.tables_sql)}

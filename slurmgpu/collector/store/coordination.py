@@ -5,8 +5,12 @@ the leader's inbox and the command outbox. The logic that uses them is
 * ``leader_inbox``: every collector that runs the automation writes, in the transaction
   that stores a batch, one row per newly stored report, event and command result
   (``Ingest.inbox``). The leader takes the rows in id order, hands them to the
-  automation and deletes them. Writers are serialised by the store's write lock, so ids
-  grow in commit order and a row is never seen before one committed earlier.
+  automation and deletes those rows, by id. Collectors' batches commit side by side
+  (``Dialect.begin_ingest``), so a row may commit after one with a higher id was taken:
+  it is taken next time (never deleted unseen). One collector's batches commit one after
+  the other, so a node's rows from one collector come in order; a node that fails over
+  in the middle of a batch may have the old collector's last rows handled after the new
+  one's first (they were sent before and are older by seq).
 * ``command_outbox``: a command for an agent connected to another collector. Every
   collector sends the rows for the agents connected to it and marks them sent.
 """
@@ -63,10 +67,10 @@ def inbox_take(db: Connection, limit: int) -> list[InboxRow]:
             for i, node, seq, kind, at, body in rows]
 
 
-def inbox_done(db: Connection, last_id: int) -> None:
-    """The rows up to ``last_id`` are handled."""
+def inbox_done(db: Connection, ids: Iterable[int]) -> None:
+    """These rows are handled."""
     with Transaction(db) as tx:
-        tx.execute("DELETE FROM leader_inbox WHERE id <= ?", (last_id,))
+        tx.executemany("DELETE FROM leader_inbox WHERE id = ?", [(i,) for i in ids])
 
 
 def inbox_size(db: Connection) -> int:

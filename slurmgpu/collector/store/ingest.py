@@ -287,10 +287,13 @@ class Ingest:
         touched, candidates, bodies = self._candidates(batch)
         db = self.db
         states: dict[str, _State] = {}
-        dialect_of(db).begin_write(db)
+        dialect_of(db).begin_ingest(db)
         try:
-            existing = self._existing(list(candidates)) if candidates else {}
-            new = [(key, item) for key, item in candidates.items() if key not in existing]
+            if self.shared:
+                new, existing = self._claim(candidates, bodies, now)
+            else:
+                existing = self._existing(list(candidates)) if candidates else {}
+                new = [(key, item) for key, item in candidates.items() if key not in existing]
             self._check_duplicates(existing, candidates, bodies)
             rows = self._write(new, bodies, touched, now, states)
             db.execute("COMMIT")
@@ -357,8 +360,6 @@ class Ingest:
         above its (node, epoch) high-water mark (the largest stored seq, kept in memory)
         and needs no query; only resends at or below it cost an indexed point lookup.
         """
-        if self.shared:
-            return self._existing_shared(keys)
         found: dict[MessageKey, bytes | None] = {}
         high = self._high
         for key in keys:
@@ -372,10 +373,29 @@ class Ingest:
                 found[key] = row[0]
         return found
 
+    def _claim(self, candidates: dict[MessageKey, BatchItem], bodies: dict[MessageKey, _Body],
+               now: float) -> tuple[list[tuple[MessageKey, BatchItem]], dict[MessageKey, bytes | None]]:
+        """On a database other collectors write at the same time (PostgreSQL, ingest
+        batches side by side): insert the ``messages`` rows first, ``ON CONFLICT DO
+        NOTHING``. What the insert returns is what this batch stores: the unique key
+        decides, also against another collector's batch in flight (the insert waits for it
+        to end). The rest are duplicates, with their stored digests. Keys in order, so two
+        batches that share some take their locks in one order (no deadlock)."""
+        keys = sorted(candidates)
+        if not keys:
+            return [], {}
+        rows = [(node, epoch, seq, candidates[key][1].type, candidates[key][1].ts, now, bodies[key][1])
+                for key in keys for node, epoch, seq in (key,)]
+        sql = ("INSERT INTO messages (node, epoch, seq, type, ts, received_at, digest) VALUES (?,?,?,?,?,?,?) "
+               "ON CONFLICT DO NOTHING RETURNING node, epoch, seq")
+        cur = self.db.executemany(sql, rows) if len(rows) > 1 else self.db.execute(sql, rows[0])
+        stored = {(str(node), str(epoch), int(seq)) for node, epoch, seq in cur.fetchall()}
+        new = [(key, item) for key, item in candidates.items() if key in stored]  # (in batch order)
+        duplicates = [key for key in keys if key not in stored]
+        return new, (self._existing_shared(duplicates) if duplicates else {})
+
     def _existing_shared(self, keys: list[MessageKey]) -> dict[MessageKey, bytes | None]:
-        """``_existing`` on a database other collectors write too: every key is looked up,
-        in one query (the write lock is held, so nothing is stored between this lookup
-        and the batch's inserts)."""
+        """The stored digests of these keys, in one query."""
         nodes, epochs, seqs = (list(column) for column in zip(*keys, strict=True))
         rows = self.db.execute(
             "SELECT m.node, m.epoch, m.seq, m.digest FROM messages m "
@@ -490,14 +510,12 @@ class Ingest:
 
     def _insert(self, rows: _BatchRows, touched: set[str], now: float) -> None:
         db = self.db
-        if rows.messages:
+        if rows.messages and not self.shared:  # (shared: written first, ``_claim``)
             db.executemany("INSERT INTO messages (node, epoch, seq, type, ts, received_at, digest) "
                            "VALUES (?,?,?,?,?,?,?)", rows.messages)
         if rows.history:
             db.executemany("INSERT INTO report_history (node, seq, ts, verdict) VALUES (?,?,?,?)",
                            rows.history)
-        if rows.history or rows.findings:
-            db.execute(BUMP_HISTORY_VERSION)
         if rows.findings:
             db.executemany("INSERT INTO findings (node, seq, ts, check_id, severity, gpu, subject, message) "
                            "VALUES (?,?,?,?,?,?,?,?)", rows.findings)
@@ -512,16 +530,19 @@ class Ingest:
         if rows.inbox:
             db.executemany("INSERT INTO leader_inbox (node, seq, type, received_at, body) VALUES (?,?,?,?,?)",
                            rows.inbox)
+        # (Rows of many nodes in node order: two collectors' batches that share nodes, a
+        # node failing over from one to the other, lock them in one order.)
         if rows.latest_report:
             db.executemany(_UPSERT_REPORT, [_report_row(node, env, packed)
-                                            for node, (env, packed) in rows.latest_report.items()])
+                                            for node, (env, packed) in sorted(rows.latest_report.items())])
         if rows.latest_facts:
-            db.executemany(_UPSERT_FACTS, [_facts_row(node, env) for node, env in rows.latest_facts.items()])
-        changed = int(db.execute(BUMP_NODE_VERSION).fetchone()[0])
+            db.executemany(_UPSERT_FACTS, [_facts_row(node, env)
+                                           for node, env in sorted(rows.latest_facts.items())])
+        changed = dialect_of(db).change_mark(db)
         history = {r[0] for r in rows.history}
         history.update(r[0] for r in rows.findings)
         nodes = []
-        for node, (last_seq, verdict_ts, verdict, w, version, held_by) in rows.nodes.items():
+        for node, (last_seq, verdict_ts, verdict, w, version, held_by) in sorted(rows.nodes.items()):
             epoch, seq = held_by or (None, None)
             mark = changed if node in history else 0
             if w:
@@ -532,6 +553,8 @@ class Ingest:
                 nodes.append((node, now, now, last_seq, verdict, verdict_ts, None, None, None, None,
                               version, epoch, seq, changed, mark))
         db.executemany(_UPSERT_NODES, nodes)
+        if rows.history or rows.findings:  # (last: the counter row's lock is held until COMMIT)
+            db.execute(BUMP_HISTORY_VERSION)
 
     def touch(self, nodes: Iterable[str], now: float | None = None) -> None:
         """Record that these nodes were heard from (heartbeats)."""
@@ -597,12 +620,13 @@ class Ingest:
     def mark_unreachable(self, now: float, after_s: float) -> list[str]:
         """Mark nodes silent for more than ``after_s`` unreachable; return the newly marked."""
         unreachable = self._unreachable_nodes()
+        dialect = dialect_of(self.db)
         with self.transaction():
             rows = self.db.execute(
                 "UPDATE nodes SET reachable = 0, unreachable_since = ?, "
-                "changed = (SELECT version + 1 FROM node_version WHERE id = 1) "
+                f"changed = {dialect.next_change_mark_sql} "
                 "WHERE reachable = 1 AND last_seen < ? RETURNING node", (now, now - after_s)).fetchall()
-            if rows:  # (the value the rows were given: writers take turns)
+            if rows and dialect.name == "sqlite":  # (the value the rows were given: one writer)
                 self.db.execute(BUMP_NODE_VERSION).fetchone()
             gone = sorted(str(r[0]) for r in rows)
             self.db.executemany(
@@ -703,7 +727,7 @@ class Ingest:
             if deleted:
                 self.db.execute(BUMP_HISTORY_VERSION)
             if history:  # any node's current state may be gone: a scrape reads every node again
-                changed = int(self.db.execute(BUMP_NODE_VERSION).fetchone()[0])
+                changed = dialect_of(self.db).change_mark(self.db)
                 self.db.execute("UPDATE nodes SET changed = ?, history_changed = ?", (changed, changed))
         # The next report of every node is recorded again, so a node whose state has not
         # changed for longer than the retention still has its current state in the history.

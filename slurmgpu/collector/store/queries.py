@@ -243,13 +243,13 @@ def history_version(db: Connection) -> int:
 
 
 def node_version(db: Connection) -> int:
-    """The ``node_version`` counter (schema 12): every transaction that writes ``nodes``
-    rows bumps it and sets their ``changed`` to it (-1 on a database without it)."""
+    """The nodes' change mark (schema 12, ``Dialect.node_version``): every transaction that
+    writes ``nodes`` rows sets their ``changed`` above the mark of any reading before it
+    (-1 on a database without it)."""
     try:
-        row = db.execute("SELECT version FROM node_version WHERE id = 1").fetchone()
+        return dialect_of(db).node_version(db)
     except sqlite3.OperationalError:  # (an older database a reader opened as it is)
         return -1
-    return int(row[0]) if row is not None else -1
 
 
 # ---------------------------------------------------------------------- nodes and messages
