@@ -76,8 +76,8 @@ def reports_in_db(db: str) -> int:
 
 def unreachable_marks(db: str, start: float, end: float) -> int:
     """Nodes marked unreachable between ``start`` and ``end`` (wall clock): a node whose
-    messages wait too long at the collector looks silent. (Outside the measurement the
-    simulated nodes really are silent: while the others warm up, and after the run.)"""
+    messages wait too long at the collector looks silent. (The simulated nodes heartbeat
+    while the others warm up; after the run they are silent.)"""
     with queries.snapshot(db) as conn:
         return int(conn.execute("SELECT count(*) FROM node_states WHERE kind = 'unreachable' "
                                 "AND ts >= ? AND ts <= ?", (start, end)).fetchone()[0])
@@ -108,7 +108,7 @@ def sender(address: str, server_key: bytes, nodes: list[simfleet.SimNode], durat
         if warmup_s:  # every node's first reports (history, high-water marks) before the clock
             sim.run(warmup_s, None, window=window, drain_s=30, heartbeat_s=heartbeat_s)
         ready.put(connected)
-        go.wait()
+        sim.idle(go.is_set, heartbeat_s)  # (heartbeating, as agents do, while the others warm up)
         stats = sim.run(duration, None, window=window, drain_s=10, heartbeat_s=heartbeat_s)
         lat = sorted(stats.latencies)
         out.put({"sent": stats.sent, "acked": stats.acked, "elapsed": stats.elapsed_s,

@@ -224,6 +224,7 @@ def test_the_offer_keeps_a_round_over_the_fleet_within_half_the_unreachable_wind
     try:
         transport = collector.transport
         transport.seen = {f"n{i}": time.time() for i in range(nodes - 1)}
+        transport._rate = 20_000.0
         transport._busy_messages, transport._measured_at = 20_000, time.monotonic() - 1.0
         transport._offer_bundles(transport._measured_at + 1.0)
         transport._next_offer = float("inf")  # (no new offer while this test serves)
@@ -265,6 +266,7 @@ def test_the_offer_is_measured_by_the_clock(settings: CollectorSettings, dealer:
     try:
         transport = collector.transport
         transport._next_offer = float("inf")  # (no offer while this test serves)
+        transport._rate = 1000.0  # (a lower rate is taken at once)
         sock = dealer()
         for start in range(1, 400, 20):
             sock.send(wire.bundle_frame(NODE, [frame(seq) for seq in range(start, start + 20)]))
@@ -276,6 +278,23 @@ def test_the_offer_is_measured_by_the_clock(settings: CollectorSettings, dealer:
         transport._busy_messages = transport_mod.BUNDLE_MIN_SAMPLE - 1
         transport._offer_bundles(transport._measured_at + 100.0)
         assert transport._rate == pytest.approx(200.0)  # (kept)
+    finally:
+        collector.close()
+
+
+def test_a_fast_second_raises_the_rate_a_quarter_of_the_way(settings: CollectorSettings) -> None:
+    """A rate above the last one counts a quarter (one fast second does not size a whole
+    round's bundles); a slower one counts at once."""
+    collector = build_collector(settings)
+    try:
+        transport = collector.transport
+        transport._rate = 4000.0
+        rates = []
+        for measured in (12_000, 12_000, 1000, 3000):
+            transport._busy_messages, transport._measured_at = measured, time.monotonic() - 1.0
+            transport._offer_bundles(transport._measured_at + 1.0)
+            rates.append(transport._rate)
+        assert rates == pytest.approx([6000.0, 7500.0, 1000.0, 1500.0])
     finally:
         collector.close()
 
@@ -420,5 +439,31 @@ def test_the_simulator_bundles_only_when_the_collector_says_so(settings: Collect
         assert serving.collector is not None
         wait_until(lambda: serving.collector is not None and serving.collector.counters.stored == 3 + stats.sent,
                    timeout=BOUND_S, what="all stored")
+    finally:
+        serving.close()
+
+
+def test_idle_simulated_nodes_heartbeat(settings: CollectorSettings, tmp_path: Path) -> None:
+    """Between a benchmark's phases the simulated nodes send heartbeats, as idle agents
+    do: the collector keeps hearing them (none looks silent because the others warm up)."""
+    keys.init(tmp_path / "simkeys")
+    settings = dataclasses.replace(settings, keys_dir=str(tmp_path / "simkeys"))
+    nodes = simfleet.make_nodes(tmp_path / "simkeys", 3)
+    serving = Serving(settings).start()
+    try:
+        server = simfleet.collector_public_key(tmp_path / "simkeys")
+        with simfleet.SimFleet(settings.addresses[0], server, nodes) as sim:
+            assert sim.hello(BOUND_S) == 3
+            assert serving.collector is not None
+            transport = serving.collector.transport
+            wait_until(lambda: len(transport.seen) == 3, timeout=BOUND_S, what="the hellos heard")
+            after_hello = dict(transport.seen)
+            deadline = time.monotonic() + BOUND_S
+
+            def heard_again() -> bool:
+                return all(transport.seen.get(n.name, 0.0) > after_hello[n.name] for n in nodes)
+
+            stats = sim.idle(lambda: heard_again() or time.monotonic() > deadline, heartbeat_s=0.05)
+        assert heard_again() and stats.heartbeats_sent >= 3 and stats.sent == 0
     finally:
         serving.close()

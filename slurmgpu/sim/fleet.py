@@ -24,6 +24,7 @@ import resource
 import tempfile
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -369,9 +370,7 @@ class SimFleet:
             if now >= end:
                 break
             if heartbeat_s:
-                due_beats = int((now - start) * n / heartbeat_s) - stats.heartbeats_sent
-                for _ in range(min(due_beats, 2000)):
-                    self._heartbeat(stats.heartbeats_sent % n, stats)
+                self._heartbeats_due(now - start, heartbeat_s, stats)
             if credit is not None:
                 for _ in range(min(len(credit), 2000)):
                     if bundle > 1:
@@ -391,8 +390,29 @@ class SimFleet:
         stats.elapsed_s = time.perf_counter() - start
         drain_end = time.perf_counter() + drain_s
         while any(self.inflight) and time.perf_counter() < drain_end:
+            if heartbeat_s:  # (agents waiting for acks still send them)
+                self._heartbeats_due(time.perf_counter() - start, heartbeat_s, stats)
             self._receive(50, stats, None)
         return stats
+
+    def idle(self, done: Callable[[], bool], heartbeat_s: float | None) -> FleetStats:
+        """Until ``done()``: no reports, only heartbeats every ``heartbeat_s`` as idle agents
+        send them (a node silent longer than the collector's unreachable window is marked
+        unreachable, as it should be), and whatever the collector sends."""
+        stats = FleetStats(nodes=len(self.nodes), connected=len(self.nodes))
+        start = time.perf_counter()
+        while not done():
+            if heartbeat_s:
+                self._heartbeats_due(time.perf_counter() - start, heartbeat_s, stats)
+            self._receive(50, stats, None)
+        return stats
+
+    def _heartbeats_due(self, elapsed_s: float, heartbeat_s: float, stats: FleetStats) -> None:
+        """The heartbeats due by ``elapsed_s``, one node after the other (2,000 at most a call)."""
+        n = len(self.nodes)
+        due = int(elapsed_s * n / heartbeat_s) - stats.heartbeats_sent
+        for _ in range(min(due, 2000)):
+            self._heartbeat(stats.heartbeats_sent % n, stats)
 
     def unacked(self) -> int:
         return sum(len(p) for p in self.inflight)
