@@ -422,48 +422,48 @@ def test_events_are_not_held_behind_a_bundled_backlog(settings: CollectorSetting
 # --------------------------------------------------------------------------- the simulator
 
 
-def test_the_simulator_bundles_only_when_the_collector_says_so(settings: CollectorSettings,
-                                                              tmp_path: Path) -> None:
+@pytest.fixture
+def simulated(settings: CollectorSettings, tmp_path: Path) -> Iterator[tuple[Serving, list[simfleet.SimNode],
+                                                                            Any]]:
+    """A serving collector, 3 simulated nodes it allows, and ``fleet(**kwargs)``: their SimFleet."""
     keys.init(tmp_path / "simkeys")
     settings = dataclasses.replace(settings, keys_dir=str(tmp_path / "simkeys"))
     nodes = simfleet.make_nodes(tmp_path / "simkeys", 3)
+    server = simfleet.collector_public_key(tmp_path / "simkeys")
     serving = Serving(settings).start()
     try:
-        server = simfleet.collector_public_key(tmp_path / "simkeys")
-        with simfleet.SimFleet(settings.addresses[0], server, nodes, bundle=8) as sim:
-            assert sim.hello(BOUND_S) == 3
-            assert sim.collector_bundle == transport_mod.BUNDLE_OFFER_MAX
-            stats = sim.run(1.0, None, window=16, drain_s=BOUND_S)
-        assert stats.bundles_sent > 0 and stats.acked == stats.sent == 8 * stats.bundles_sent
-        assert max(map(len, sim.inflight)) == 0
-        assert serving.collector is not None
-        wait_until(lambda: serving.collector is not None and serving.collector.counters.stored == 3 + stats.sent,
-                   timeout=BOUND_S, what="all stored")
+        yield serving, nodes, lambda **kwargs: simfleet.SimFleet(settings.addresses[0], server, nodes, **kwargs)
     finally:
         serving.close()
 
 
-def test_idle_simulated_nodes_heartbeat(settings: CollectorSettings, tmp_path: Path) -> None:
+def test_the_simulator_bundles_only_when_the_collector_says_so(simulated: Any) -> None:
+    serving, _, fleet = simulated
+    with fleet(bundle=8) as sim:
+        assert sim.hello(BOUND_S) == 3
+        assert sim.collector_bundle == transport_mod.BUNDLE_OFFER_MAX
+        stats = sim.run(1.0, None, window=16, drain_s=BOUND_S)
+    assert stats.bundles_sent > 0 and stats.acked == stats.sent == 8 * stats.bundles_sent
+    assert max(map(len, sim.inflight)) == 0
+    assert serving.collector is not None
+    wait_until(lambda: serving.collector is not None and serving.collector.counters.stored == 3 + stats.sent,
+               timeout=BOUND_S, what="all stored")
+
+
+def test_idle_simulated_nodes_heartbeat(simulated: Any) -> None:
     """Between a benchmark's phases the simulated nodes send heartbeats, as idle agents
     do: the collector keeps hearing them (none looks silent because the others warm up)."""
-    keys.init(tmp_path / "simkeys")
-    settings = dataclasses.replace(settings, keys_dir=str(tmp_path / "simkeys"))
-    nodes = simfleet.make_nodes(tmp_path / "simkeys", 3)
-    serving = Serving(settings).start()
-    try:
-        server = simfleet.collector_public_key(tmp_path / "simkeys")
-        with simfleet.SimFleet(settings.addresses[0], server, nodes) as sim:
-            assert sim.hello(BOUND_S) == 3
-            assert serving.collector is not None
-            transport = serving.collector.transport
-            wait_until(lambda: len(transport.seen) == 3, timeout=BOUND_S, what="the hellos heard")
-            after_hello = dict(transport.seen)
-            deadline = time.monotonic() + BOUND_S
+    serving, nodes, fleet = simulated
+    with fleet() as sim:
+        assert sim.hello(BOUND_S) == 3
+        assert serving.collector is not None
+        transport = serving.collector.transport
+        wait_until(lambda: len(transport.seen) == 3, timeout=BOUND_S, what="the hellos heard")
+        after_hello = dict(transport.seen)
+        deadline = time.monotonic() + BOUND_S
 
-            def heard_again() -> bool:
-                return all(transport.seen.get(n.name, 0.0) > after_hello[n.name] for n in nodes)
+        def heard_again() -> bool:
+            return all(transport.seen.get(n.name, 0.0) > after_hello[n.name] for n in nodes)
 
-            stats = sim.idle(lambda: heard_again() or time.monotonic() > deadline, heartbeat_s=0.05)
-        assert heard_again() and stats.heartbeats_sent >= 3 and stats.sent == 0
-    finally:
-        serving.close()
+        stats = sim.idle(lambda: heard_again() or time.monotonic() > deadline, heartbeat_s=0.05)
+    assert heard_again() and stats.heartbeats_sent >= 3 and stats.sent == 0
