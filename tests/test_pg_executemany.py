@@ -46,3 +46,38 @@ def test_an_upsert_repeating_a_key_goes_row_by_row(pg_url: str) -> None:
         db.execute("COMMIT")
         got = db.execute("SELECT node, reports FROM node_samples ORDER BY node").fetchall()
         assert [tuple(r) for r in got] == [("n1", 3), ("n2", 9)]  # the last of each key, as row by row
+
+
+EVENTS = "INSERT INTO events (node, seq, ts, kind, gpu, data, verdict, body) VALUES (?,?,?,?,?,?,?,?)"
+
+
+@pytest.mark.parametrize("odd", [
+    "ecc_dbe",  # every column one text: the fast statement
+    "a message with \x1f, the separator",  # a text that cannot be one: psycopg's arrays
+    "\x1e",  # a text equal to the NULL element: the same
+])
+def test_each_column_as_one_text_or_as_arrays_same_rows(pg_url: str, odd: str) -> None:
+    """Text, numbers, NULLs, bytes of every value, infinities: stored as given, whichever
+    way the statement went (NULL text: ``test_one_statement_for_many_rows_same_rows``)."""
+    rows = [("n1", 1, 1795751716.512, "xid", 3, 79, "FAIL", bytes(range(256))),
+            ("n2", 2, float("inf"), "", None, -(1 << 63), "OK", b""),
+            ("n3", 3, -2.5e-300, odd, 0, (1 << 63) - 1, "WARN", b"\x00\\x")]
+    with contextlib.closing(Store(pg_url)) as store:
+        db = store.db
+        plan = db._unnest(EVENTS)  # type: ignore[attr-defined]
+        assert plan is not None
+        assert (plan.statement(rows)[0] == plan.text_sql) is (odd == "ecc_dbe")
+        db.execute("BEGIN")
+        db.executemany(EVENTS, rows)
+        db.execute("COMMIT")
+        got = db.execute("SELECT node, seq, ts, kind, gpu, data, verdict, body FROM events ORDER BY seq").fetchall()
+        assert [(*r[:7], bytes(r[7])) for r in got] == rows
+
+
+def test_a_value_of_another_type_goes_by_arrays(pg_url: str) -> None:
+    """A bool where a number goes ("True" is not one) is never sent as text: psycopg's
+    arrays take it (or refuse it) as before."""
+    with contextlib.closing(Store(pg_url)) as store:
+        plan = store.db._unnest(EVENTS)  # type: ignore[attr-defined]
+        rows = [("n1", 1, 1.0, "xid", True, 79, "FAIL", b""), ("n1", 2, 2.0, "xid", 0, 79, "FAIL", b"")]
+        assert plan.statement(rows)[0] == plan.sql
