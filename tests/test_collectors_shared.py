@@ -226,6 +226,28 @@ def test_the_inbox_gets_what_the_automation_needs_in_commit_order(pg_url: str) -
         b.close()
 
 
+def test_an_inbox_row_committed_late_is_taken_next_time(pg_url: str) -> None:
+    """A's batch drew its inbox row's id first and commits after B's: the leader takes B's
+    row, deletes it (after A committed), and takes A's at its next turn (deleting ``id <=
+    last taken`` would have dropped A's unseen)."""
+    a, b = Store(pg_url), Store(pg_url)
+    a.inbox = b.inbox = True
+    try:
+        paused = PausedBatch(a, [item("n1", 1)])
+        b.store_batch([item("n2", 1)])
+        first = tables.inbox_take(b.db, 10)
+        assert [r.node for r in first] == ["n2"]
+        paused.release()  # (the deletion's exclusive lock waits for A's batch anyway)
+        tables.inbox_done(b.db, [r.id for r in first])
+        late = tables.inbox_take(b.db, 10)
+        assert [r.node for r in late] == ["n1"] and late[0].id < first[0].id
+        tables.inbox_done(b.db, [r.id for r in late])
+        assert tables.inbox_size(b.db) == 0
+    finally:
+        a.close()
+        b.close()
+
+
 def test_sqlite_writes_no_inbox(tmp_path: Path) -> None:
     store = Store(tmp_path / "fleet.db")
     try:
