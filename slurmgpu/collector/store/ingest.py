@@ -167,6 +167,13 @@ def _facts_row(node: str, env: Envelope) -> tuple[Any, ...]:
     return (node, facts, env.ts, env.epoch, env.seq)
 
 
+_INSERT_MESSAGES = "INSERT INTO messages (node, epoch, seq, type, ts, received_at, digest) VALUES (?,?,?,?,?,?,?)"
+
+
+def _skip(_row: tuple[Any, ...]) -> None:
+    """A row not to collect."""
+
+
 # Every transaction that adds or deletes report_history/findings rows runs this (schema 11).
 BUMP_HISTORY_VERSION = "UPDATE history_version SET version = version + 1"
 # Every transaction that writes nodes rows runs this, and sets their ``changed`` (schema 12).
@@ -386,8 +393,7 @@ class Ingest:
             return [], {}
         rows = [(node, epoch, seq, candidates[key][1].type, candidates[key][1].ts, now, bodies[key][1])
                 for key in keys for node, epoch, seq in (key,)]
-        sql = ("INSERT INTO messages (node, epoch, seq, type, ts, received_at, digest) VALUES (?,?,?,?,?,?,?) "
-               "ON CONFLICT DO NOTHING RETURNING node, epoch, seq")
+        sql = f"{_INSERT_MESSAGES} ON CONFLICT DO NOTHING RETURNING node, epoch, seq"
         cur = self.db.executemany(sql, rows) if len(rows) > 1 else self.db.execute(sql, rows[0])
         stored = {(str(node), str(epoch), int(seq)) for node, epoch, seq in cur.fetchall()}
         new = [(key, item) for key, item in candidates.items() if key in stored]  # (in batch order)
@@ -417,7 +423,9 @@ class Ingest:
     def _write(self, new: list[tuple[MessageKey, BatchItem]], bodies: dict[MessageKey, _Body],
                touched: set[str], now: float, states: dict[str, _State]) -> _BatchRows:
         rows = _BatchRows({node: [0, None, None, None, None, None] for node in touched})
-        messages, nodes, verdict = rows.messages.append, rows.nodes, self._verdict
+        # (shared: the messages rows were written first, ``_claim``)
+        messages = _skip if self.shared else rows.messages.append
+        nodes, verdict = rows.nodes, self._verdict
         for key, item in new:
             node, epoch, seq = key
             env = item[1]
@@ -510,9 +518,8 @@ class Ingest:
 
     def _insert(self, rows: _BatchRows, touched: set[str], now: float) -> None:
         db = self.db
-        if rows.messages and not self.shared:  # (shared: written first, ``_claim``)
-            db.executemany("INSERT INTO messages (node, epoch, seq, type, ts, received_at, digest) "
-                           "VALUES (?,?,?,?,?,?,?)", rows.messages)
+        if rows.messages:
+            db.executemany(_INSERT_MESSAGES, rows.messages)
         if rows.history:
             db.executemany("INSERT INTO report_history (node, seq, ts, verdict) VALUES (?,?,?,?)",
                            rows.history)
