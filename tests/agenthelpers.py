@@ -16,13 +16,47 @@ from typing import Any
 import zmq
 import zmq.auth
 
-from slurmgpu import wire
+from slurmgpu import keys, wire
+from slurmgpu.agent.link import Link
+from slurmgpu.agent.spool import Spool
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def node_keys(root: Path, node: str) -> Path:
+    """A keys directory with the collector's keypair and one node's (its bundle under
+    ``bundles/<node>``)."""
+    keys.init(root)
+    keys.add_node(root, node)
+    return root
+
+
+class Links:
+    """Agent links (``Link`` threads) a test starts with ``make``, all stopped by ``stop``."""
+
+    def __init__(self, keys_dir: Path, spool: Spool, node: str, heartbeat_s: float,
+                 log: Callable[[], Any] | None = None) -> None:
+        self.keys_dir, self.spool, self.node, self.heartbeat_s, self.log = keys_dir, spool, node, heartbeat_s, log
+        self.made: list[Link] = []
+
+    def make(self, *addresses: str, events_port: int = 0) -> Link:
+        link = Link(addresses=addresses, node=self.node, keys=keys.client_keys(self.keys_dir / "bundles" / self.node),
+                    spool=self.spool, heartbeat_s=self.heartbeat_s, on_command=lambda _m: None,
+                    events_port=events_port)
+        if self.log is not None:
+            link.log = self.log()
+        self.made.append(link)
+        link.start()
+        return link
+
+    def stop(self) -> None:
+        for link in self.made:
+            link.stop()
+            link.join(5)
 
 
 def make_bundle(root: Path) -> tuple[Path, Path]:

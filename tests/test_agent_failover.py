@@ -18,14 +18,14 @@ from typing import Any
 
 import pytest
 
-from slurmgpu import keys, wire
+from slurmgpu import wire
 from slurmgpu.agent.link import Link
 from slurmgpu.agent.spool import Spool
 from slurmgpu.collector.app import Collector, build_collector
 from slurmgpu.config.load import load_config
 from slurmgpu.config.schema import CollectorSettings
 from slurmgpu.errors import ConfigError
-from tests.agenthelpers import AgentProcess, free_port, query_db, wait_until
+from tests.agenthelpers import AgentProcess, Links, free_port, node_keys, query_db, wait_until
 
 NODE = "n1"
 COLLECTOR_HEARTBEAT_S = 0.2
@@ -97,10 +97,7 @@ class Recorder:
 
 @pytest.fixture
 def keys_dir(tmp_path: Path) -> Path:
-    root = tmp_path / "keys"
-    keys.init(root)
-    keys.add_node(root, NODE)
-    return root
+    return node_keys(tmp_path / "keys", NODE)
 
 
 @pytest.fixture
@@ -130,21 +127,9 @@ def spool(tmp_path: Path) -> Iterator[Spool]:
 
 @pytest.fixture
 def make_link(keys_dir: Path, spool: Spool) -> Iterator[Any]:
-    links: list[Link] = []
-
-    def make(*addresses: str, events_port: int = 0) -> Link:
-        link = Link(addresses=addresses, node=NODE, keys=keys.client_keys(keys_dir / "bundles" / NODE),
-                    spool=spool, heartbeat_s=LINK_HEARTBEAT_S, on_command=lambda _m: None,
-                    events_port=events_port)
-        link.log = Recorder()
-        links.append(link)
-        link.start()
-        return link
-
-    yield make
-    for link in links:
-        link.stop()
-        link.join(5)
+    links = Links(keys_dir, spool, NODE, LINK_HEARTBEAT_S, log=Recorder)
+    yield links.make
+    links.stop()
 
 
 def report(spool: Spool, link: Link | None = None) -> int:

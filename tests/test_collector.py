@@ -435,6 +435,35 @@ def test_store_batch_dedup_prune_events(store_url: str) -> None:
     assert store.mark_unreachable(time.time() + 60, 30) == []
 
 
+def test_touch_records_that_nodes_were_heard_and_nothing_else(store_url: str) -> None:
+    """A heartbeat's write: last_seen (never moved back) and reachability, a node heard
+    for the first time gets its row; its verdict, last seq and history stay."""
+    store = Store(store_url)
+    t0 = time.time()
+    report = Envelope(type=REPORT, node="n1", seq=7, body={
+        "verdict": "WARN", "findings": [{"check": "gpu.temp", "severity": "WARN", "gpu": 0, "message": "hot"}]})
+    store.store_batch([("n1", report)], received_at=t0)
+    assert store.mark_unreachable(t0 + 60, 30) == ["n1"]
+    history = store.count("report_history")
+
+    store.touch({"n1", "n2"}, t0 + 61)
+    store.touch({"n1"}, t0 + 50)  # an older time: last_seen stays
+    store.touch(set(), t0 + 70)  # nothing to write
+
+    rows = {row["node"]: row for row in store.fleet()}
+    assert set(rows) == {"n1", "n2"}
+    n1, n2 = rows["n1"], rows["n2"]
+    assert (n1["verdict"], n1["last_seq"], n1["worst_check"]) == ("WARN", 7, "gpu.temp")
+    assert n1["last_seen"] == pytest.approx(t0 + 61) and n1["reachable"]
+    assert n2["verdict"] is None and n2["last_seq"] == 0 and n2["reachable"]
+    assert store.count("report_history") == history
+    kinds = [kind for (kind,) in store.db.execute(
+        "SELECT kind FROM node_states WHERE node = ? ORDER BY ts", ("n1",))]
+    assert kinds == ["unreachable", "reachable"]
+    assert store.mark_unreachable(t0 + 80, 30) == []  # heard at t0 + 61
+    store.close()
+
+
 # --------------------------------------------------------------------------- CLI
 
 

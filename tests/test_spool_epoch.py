@@ -26,7 +26,7 @@ from slurmgpu.collector.store import Store
 from slurmgpu.config.schema import Settings
 from slurmgpu.engine import Sources
 from slurmgpu.testing import FakeClock, FakeIbSource, FakeNvmlSource, FakeVersionSource, make_facts
-from tests.agenthelpers import wait_until
+from tests.agenthelpers import node_keys, wait_until
 from tests.test_collector import make_settings, running
 
 NODE = "gpu-a"
@@ -39,10 +39,7 @@ def _event(n: int) -> dict[str, Any]:
 
 @pytest.fixture
 def keys_dir(tmp_path: Path) -> Path:
-    root = tmp_path / "keys"
-    keys.init(root)
-    keys.add_node(root, NODE)
-    return root
+    return node_keys(tmp_path / "keys", NODE)
 
 
 @pytest.fixture

