@@ -314,3 +314,61 @@ def test_a_flood_of_events_does_not_starve_the_reports(
     finally:
         transport.sock, transport.events_sock = sockets
         transport.close()
+
+
+class _Late(_Queue):
+    """An events socket whose frames arrive once the batch has begun: empty when the
+    batch starts (its first read), then the frames."""
+
+    def __init__(self, frames: list[list[_Frame]]) -> None:
+        super().__init__(frames)
+        self.reads = 0
+
+    def recv_multipart(self, flags: int = 0, copy: bool = True) -> list[_Frame]:
+        self.reads += 1
+        if self.reads == 1:
+            raise zmq.Again()
+        return super().recv_multipart(flags, copy)
+
+
+def test_an_event_taken_while_a_batch_reads_is_stored_and_acked_before_it(
+        settings: CollectorSettings, keys_dir: Path) -> None:  # noqa: F811
+    """Reports queued on the main socket; an event reaches the events socket after the
+    batch began: the batch stops reading, the event is committed alone and acked, and only
+    then are the reports read before it committed (and acked)."""
+    transport = transport_mod.Transport(settings, transport_mod.Counters())
+    sockets = transport.sock, transport.events_sock
+    try:
+        user = keys.client_keys(keys_dir / "bundles" / NODE)[0].decode()
+        fault = wire.message_frame(wire.EVENT, NODE, 1, {"kind": "xid", "gpu": 3, "data": 79, "verdict": "FAIL",
+                                                         "findings": []}, epoch="live")
+        reports = [[_Frame(b"\x00rp", user),
+                    _Frame(wire.message_frame(wire.REPORT, NODE, seq, {"verdict": "OK", "findings": []},
+                                              epoch="backlog"), user)]
+                   for seq in range(1, 201)]
+        transport.events_sock = _Late([[_Frame(b"\x00ev", user), _Frame(fault, user)]])  # type: ignore[assignment]
+        transport.sock = _Queue(reports)  # type: ignore[assignment]
+        steps: list[str] = []
+
+        def send(_route: bytes, frame: bytes, _sock: Any = None) -> bool:
+            sent = wire.decode(frame)
+            steps.append(f"ack {sent.epoch}" if sent.type == wire.ACK else sent.type)
+            return True
+
+        transport._send = send  # type: ignore[method-assign]
+        handler = _Batches()
+        commit = handler.commit
+
+        def record(batch: Any, now: float) -> Any:
+            steps.append("commit " + ",".join(sorted({env.type for _, env, _ in batch})))
+            return commit(batch, now)
+
+        handler.commit = record  # type: ignore[method-assign]
+        transport._drain_batch(handler)  # type: ignore[arg-type]
+        assert steps[:2] == ["commit event", "ack live"]
+        assert steps[2] == "commit report" and set(steps[3:]) == {"ack backlog"}
+        assert transport_mod.EVENTS_POLL_EVERY <= len(handler.batches[1]) < 200  # read before the event, no more
+        assert handler.batches[0] == ["event"]
+    finally:
+        transport.sock, transport.events_sock = sockets
+        transport.close()

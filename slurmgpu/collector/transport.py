@@ -55,10 +55,12 @@ command results (a fault, a job's checkpoint ack). A ROUTER reads its connection
 turn, one message each, so on the main socket a live node's event waits behind one
 queued report of every other connection: after an outage, 10,000 nodes flushing their
 spools is seconds of work. The events socket is read before every batch and every
-EVENTS_POLL_EVERY frames within one; a batch that took an event ends there, so the event
-is stored and acked within one short batch. It has an I/O thread of its own (affinity),
-so its CURVE work is not queued behind the reports' either. Its messages are acked on it;
-commands and heartbeats stay on the main socket. Not bindable (port in use): logged, and
+EVENTS_POLL_EVERY frames within one. Events taken there end the batch's reading, and are
+stored in a transaction of their own and acked before the batch's other messages are
+stored: an event waits neither for the reports read before it nor for their commit. It
+has an I/O thread of its own (affinity), so its CURVE work is not queued behind the
+reports' either. Its messages are acked on it; commands and heartbeats stay on the main
+socket. Not bindable (port in use): logged, and
 the collector runs without it (agents then send events with their reports).
 
 Single-threaded (plus libzmq's I/O thread and the ZAP thread): every method, and
@@ -368,6 +370,8 @@ class Transport:
         self._events_only = bool(events)
         read_until = time.monotonic() + self.max_batch_read_s
         work, next_poll = 0, EVENTS_POLL_EVERY  # messages and other frames read, for the events socket
+        urgent: Batch = []  # events taken while reading: committed and acked first
+        urgent_acks: list[AckItem] = []
         while not events and handled < self.max_batch and len(batch) < self.max_batch and size < MAX_BATCH_BYTES:
             try:
                 parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -385,18 +389,26 @@ class Transport:
             work += max(1, len(batch) - accepted)  # (a bundle: its messages)
             if not after_events and work >= next_poll:
                 next_poll = work + EVENTS_POLL_EVERY
-                events = self._take_events(batch, to_ack, now)
+                events = self._take_events(urgent, urgent_acks, now)
                 handled += events
                 if events or time.monotonic() >= read_until:
                     break
+        if urgent and not self._commit(handler, urgent, urgent_acks, now):
+            return handled  # the store failed: nothing is acked, the agents resend
+        self._commit(handler, batch, to_ack, now)
+        return handled
+
+    def _commit(self, handler: Handler, batch: Batch, to_ack: list[AckItem], now: float) -> bool:
+        """Store ``batch`` (one ``handler.commit``), then send ``to_ack``'s acks and hand
+        the batch to ``handler.acked``. False: the store failed (nothing acked)."""
         if not batch:
             self._send_acks(to_ack)  # rejected messages only
-            return handled
+            return True
         self._busy_messages += len(batch)
         self.counters.batches += 1
         stored = handler.commit(batch, now)
         if stored is None:
-            return handled  # the store failed: nothing is acked, the agents resend
+            return False  # the store failed: nothing is acked, the agents resend
         new, refused = stored
         if refused:
             to_ack[:] = [(s, r, n, e, q, rej or (n, e, q) in refused) for s, r, n, e, q, rej in to_ack]
@@ -406,7 +418,7 @@ class Transport:
         self._send_acks(to_ack)
         if new:
             handler.acked(batch, new, now)
-        return handled
+        return True
 
     def _take_events(self, batch: Batch, to_ack: list[AckItem], now: float) -> int:
         """Read what the events socket has (at most MAX_EVENTS_PER_BATCH frames) into the
