@@ -114,6 +114,7 @@ def sender(address: str, server_key: bytes, nodes: list[simfleet.SimNode], durat
         out.put({"sent": stats.sent, "acked": stats.acked, "elapsed": stats.elapsed_s,
                  "bundles": stats.bundles_sent,
                  "heartbeats": stats.heartbeats_sent, "heartbeats_skipped": stats.heartbeats_skipped,
+                 "heartbeats_from_collector": stats.heartbeats,
                  "latencies": lat[:: max(1, len(lat) // 20000)]})
 
 
@@ -267,6 +268,7 @@ def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
                 "sent": sum(r["sent"] for r in results), "acked": acked,
                 "heartbeats": sum(r["heartbeats"] for r in results),
                 "heartbeats_skipped": sum(r["heartbeats_skipped"] for r in results),
+                "heartbeats_from_collector": sum(r["heartbeats_from_collector"] for r in results),
                 "acked_per_s": round(acked / elapsed), "stored": stored,
                 "stored_per_s": round(stored / wall), "unreachable_marks": unreachable, "ack_p50_ms": pct(0.5), "ack_p99_ms": pct(0.99),
                 "collector_cpu_us_per_report": round((sum(cpu1) - sum(cpu0)) / max(1, stored) * 1e6, 1),
