@@ -467,3 +467,21 @@ def test_idle_simulated_nodes_heartbeat(simulated: Any) -> None:
 
         stats = sim.idle(lambda: heard_again() or time.monotonic() > deadline, heartbeat_s=0.05)
     assert heard_again() and stats.heartbeats_sent >= 3 and stats.sent == 0
+
+
+def test_simulated_nodes_skip_heartbeats_as_agents_do(simulated: Any) -> None:
+    """A simulated node heartbeats as an agent's link does: not while what it sent within
+    BUSY_HEARTBEATS intervals is unacked (so the benchmark's collector reads no more
+    heartbeats than agents would send it)."""
+    _, _, fleet = simulated
+    with fleet() as sim:
+        assert sim.hello(BOUND_S) == 3
+        stats = simfleet.FleetStats()
+        now = time.perf_counter()
+        sim.inflight[0][99], sim.last_sent[0] = now, now  # a report sent just now, unacked
+        sim.inflight[1][99], sim.last_sent[1] = now, now - link_mod.BUSY_HEARTBEATS * 1.0  # unanswered that long
+        for i in range(3):  # (node 2: nothing in flight)
+            sim._heartbeat(i, stats, 1.0)
+        sim.inflight[0].clear()
+        sim.inflight[1].clear()
+    assert (stats.heartbeat_turns, stats.heartbeats_skipped, stats.heartbeats_sent) == (3, 1, 2)
