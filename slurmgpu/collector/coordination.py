@@ -15,8 +15,9 @@ automation runs on one of them at a time.
 * The leader's inbox: what any collector stored that the automation must see (reports'
   verdicts and findings, events, command results) is written to ``leader_inbox`` in the
   same transaction as the batch; the leader hands it to the automation in id order and
-  deletes it (``store.coordination``: a row committed late is taken next time). A new leader continues from the rows its predecessor had not handled, with
-  the automation's state and pending checkpoints read back from the database.
+  deletes it (``store.coordination``: a row committed late is taken next time). A new
+  leader continues from the rows its predecessor had not handled, with the automation's
+  state and pending checkpoints read back from the database.
 * Commands: a checkpoint request for an agent connected to another collector goes to
   ``command_outbox``; the collector the agent is connected to sends it (``deliver``).
 

@@ -60,8 +60,8 @@ stored in a transaction of their own and acked before the batch's other messages
 stored: an event waits neither for the reports read before it nor for their commit. It
 has an I/O thread of its own (affinity), so its CURVE work is not queued behind the
 reports' either. Its messages are acked on it; commands and heartbeats stay on the main
-socket. Not bindable (port in use): logged, and
-the collector runs without it (agents then send events with their reports).
+socket. Not bindable (port in use): logged, and the collector runs without it (agents
+then send events with their reports).
 
 Single-threaded (plus libzmq's I/O thread and the ZAP thread): every method, and
 ``send_command``, is called from the thread that runs the collector loop.
