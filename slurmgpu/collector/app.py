@@ -31,6 +31,7 @@ from slurmgpu.collector.store import Leadership, Store
 from slurmgpu.collector.store.backend import is_postgres
 from slurmgpu.collector.transport import (
     MAX_BATCH,
+    MAX_BATCH_POSTGRES,
     MAX_BATCH_READ_S,
     MAX_BATCH_READ_S_POSTGRES,
     CollectorError,
@@ -145,18 +146,21 @@ class Collector:
 def build_collector(settings: CollectorSettings, *, automation: AutomationSettings | None = None,
                     slurm: SlurmClient | None = None, state_dir: str | Path | None = None,
                     slurm_poll: SlurmClient | None = None, store: Store | None = None,
-                    clock: Clock | None = None, max_batch: int = MAX_BATCH) -> Collector:
+                    clock: Clock | None = None, max_batch: int | None = None) -> Collector:
     """The collector for ``settings``, bound and ready to ``run``.
 
     ``automation``: the ``[automation]`` settings (None: no automation), acting through
     ``slurm`` with its state in ``state_dir``, on ``clock`` (default: the system's).
     ``slurm_poll``: the client asked for the nodes' states every ``slurm_poll_s`` (None:
     no polling). ``store``: an open store to use (default: ``settings.db``, closed with
-    the collector). CollectorError: cannot bind or serve metrics; ValueError: a bad
+    the collector). ``max_batch``: messages a batch (default: the backend's, MAX_BATCH or
+    MAX_BATCH_POSTGRES). CollectorError: cannot bind or serve metrics; ValueError: a bad
     ``[automation]`` (or its state directory not writable)."""
     counters = Counters()
-    read_s = MAX_BATCH_READ_S_POSTGRES if is_postgres(str(store.path if store else settings.db)) \
-        else MAX_BATCH_READ_S
+    postgres = is_postgres(str(store.path if store else settings.db))
+    read_s = MAX_BATCH_READ_S_POSTGRES if postgres else MAX_BATCH_READ_S
+    if max_batch is None:
+        max_batch = MAX_BATCH_POSTGRES if postgres else MAX_BATCH
     transport = Transport(settings, counters, max_batch=max_batch, max_batch_read_s=read_s)
     with contextlib.ExitStack() as undo:
         undo.callback(transport.close)

@@ -382,6 +382,7 @@ class Fleet:
         """Every loop turn: released drains, checkpoint deadlines, Slurm's node states; when
         due: unreachable nodes, pruning, the stats line."""
         mono = time.monotonic()
+        self.store.wal_turn()
         if self._leading():
             self._leader_tick(mono)
         elif self.poller is not None:

@@ -54,6 +54,12 @@ class Store(Ingest):
             self._checkpointer = WalCheckpointer(self.path, self.db)
             self._checkpointer.start()
 
+    def wal_turn(self) -> None:
+        """Between write transactions (the collector's loop turn): the writer's share of the
+        background checkpoints, when due (``WalCheckpointer.take_turn``)."""
+        if self._checkpointer is not None:
+            self._checkpointer.take_turn(self.db)
+
     def close(self) -> None:
         """Write the partial hourly samples, then close."""
         if self._checkpointer is not None:
