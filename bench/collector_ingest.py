@@ -14,7 +14,8 @@ p50/p99, and the collector's CPU time per report.
                                      [--heartbeat-s 5] [--db sqlite|postgresql]
                                      [--collectors N] [--full-every N]
                                      [--live-nodes N [--live-interval S]] [--no-events-port]
-                                     [--bundle N] [--collector-cpus LIST] [--json]
+                                     [--bundle N] [--collector-cpus LIST] [--plain-decode]
+                                     [--json]
 
 ``--bundle N``: the saturating nodes send their reports as agents drain a backlog, N in
 one bundle message (``wire.BUNDLE``; agents send 32), with a window of at least N per node.
@@ -29,6 +30,10 @@ to the collector's events port (``[collector] events_port``, as agents do;
 ``--no-events-port``: collectors without one, the events go with the reports). Their ack
 latency (p50, p99, max over the events) is what a fresh fault waits for during a backlog
 drain.
+
+``--plain-decode``: collectors that decode every frame in Python (``wire.decode``), as
+without msgspec installed; by default reports and bundles are decoded in C when it is
+(``slurmgpu.wirefast``). Each row says which (``decoder``).
 
 ``--db postgresql``: a throwaway PostgreSQL server (initdb/pg_ctl in a temp dir, as the
 tests start it) instead of the SQLite file; ``--collectors N``: N collector processes on
@@ -58,7 +63,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slurmgpu import keys
+from slurmgpu import keys, wirefast
 from slurmgpu.collector.store import Store, queries
 from slurmgpu.config.schema import with_port
 from slurmgpu.sim import fleet as simfleet
@@ -121,9 +126,12 @@ def sender(address: str, server_key: bytes, nodes: list[simfleet.SimNode], durat
 
 
 def start_collector(root: Path, address: str, db: str, profile: str | None,
-                    events_port: int, cpus: set[int] | None = None) -> subprocess.Popen[bytes]:
+                    events_port: int, cpus: set[int] | None = None,
+                    plain_decode: bool = False) -> subprocess.Popen[bytes]:
+    # (--plain-decode: msgspec hidden, as on a host without it)
+    hide = "import sys; sys.modules['msgspec'] = None; " if plain_decode else ""
     python = [sys.executable, "-m", "cProfile", "-o", profile, "-m", "slurmgpu", "collector"] \
-        if profile else [sys.executable, "-c", "from slurmgpu.cli.fleet_cmd import collector; collector()"]
+        if profile else [sys.executable, "-c", f"{hide}from slurmgpu.cli.fleet_cmd import collector; collector()"]
     return subprocess.Popen([*python, "--bind", address, "--events-port", str(events_port), "--db", db,
                              "--keys-dir", str(root / "keys"), "--log-level", "warning"],
                             preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus))
@@ -205,7 +213,7 @@ def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
              profile: str | None = None, warmup_s: float = 0.0, *, pg: PgServer | None = None,
              collectors: int = 1, full_every: int = 1, live_nodes: int = 0,
              live_interval_s: float = 1.0, events: bool = True, bundle: int = 1,
-             collector_cpus: set[int] | None = None) -> dict[str, Any]:
+             collector_cpus: set[int] | None = None, plain_decode: bool = False) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix=f"ingest-{n}-"))
     try:
         keys.init(root / "keys")
@@ -216,7 +224,7 @@ def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
         Store(db).close()  # migrated once, before the collectors start
         events_ports = [free_port() if events else 0 for _ in addresses]
         procs_of = [start_collector(root, a, db, f"{profile}.{n}.{i}" if profile else None, port,
-                                    collector_cpus)
+                                    collector_cpus, plain_decode)
                     for i, (a, port) in enumerate(zip(addresses, events_ports, strict=True))]
         others = None if collector_cpus is None else (os.sched_getaffinity(0) - collector_cpus) or None
         # live nodes send their events where agents do: the events port when there is one
@@ -269,6 +277,7 @@ def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
         return {"nodes": n, "db": "postgresql" if pg is not None else "sqlite", "collectors": collectors,
                 "collector_cpus": sorted(collector_cpus) if collector_cpus is not None else None,
                 "events_port": events,
+                "decoder": "python" if plain_decode or not wirefast.FAST else "msgspec",
                 "full_every": full_every, "bundle": bundle,
                 "bundles_sent": sum(r["bundles"] for r in results),
                 "sender_procs": procs, "window": window, "connected": connected,
@@ -365,8 +374,12 @@ def main() -> int:
     parser.add_argument("--collector-cpus", metavar="LIST",
                         help="run the collectors on these CPUs (e.g. 0) and every sender on the others: "
                              "a head node whose collector has cores of its own")
+    parser.add_argument("--plain-decode", action="store_true",
+                        help="collectors decode every frame in Python, as without msgspec installed")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.profile and args.plain_decode:
+        parser.error("--plain-decode does not go with --profile")
     if args.collector_cpus is not None:
         try:
             args.collector_cpus = {int(c) for c in args.collector_cpus.split(",")}
@@ -394,7 +407,7 @@ def _case(n: int, args: argparse.Namespace, pg: PgServer | None) -> dict[str, An
                    args.warmup, pg=pg, collectors=args.collectors, full_every=args.full_every,
                    live_nodes=args.live_nodes, live_interval_s=args.live_interval,
                    events=not args.no_events_port, bundle=args.bundle,
-                   collector_cpus=args.collector_cpus)
+                   collector_cpus=args.collector_cpus, plain_decode=args.plain_decode)
     if not args.json:
         server = (f", postgres {row['postgres_cpu_us_per_report']} us CPU/report"
                   if row["postgres_cpu_us_per_report"] is not None else "")
@@ -403,7 +416,8 @@ def _case(n: int, args: argparse.Namespace, pg: PgServer | None) -> dict[str, An
             server += (f", live events: {row['live_events']} ack p50 {row['live_ack_p50_ms']} ms "
                        f"p99 {row['live_ack_p99_ms']} ms max {row['live_ack_max_ms']} ms ({row['live_unacked']} unacked)")
         pin = f", collectors on CPU {row['collector_cpus']}" if row["collector_cpus"] else ""
-        print(f"{row['nodes']:>6} nodes, {row['db']} x{row['collectors']}{pin}, 1/{row['full_every']} full, "
+        print(f"{row['nodes']:>6} nodes, {row['db']} x{row['collectors']}{pin}, {row['decoder']} decoding, "
+              f"1/{row['full_every']} full, "
               f"bundles of {row['bundle']} ({row['bundles_sent']} sent), "
               f"events port {'on' if row['events_port'] else 'off'} "
               f"({row['sender_procs']} sender procs, window {row['window']}): "

@@ -11,7 +11,12 @@ not connected, so no I/O thread work follows). Reported: the process's CPU time 
 stored report (``time.process_time``: every thread, the WAL thread included).
 
     python bench/ingest_pipeline.py [--nodes 10000] [--bundles 8000] [--bundle 32]
-                                    [--batch 256] [--full-every 40] [--neighbour] [--json]
+                                    [--batch 256] [--full-every 40] [--neighbour]
+                                    [--plain-decode] [--json]
+
+``--plain-decode``: every frame decoded in Python (``wire.decode``), as on a host without
+msgspec; by default reports and bundles are decoded in C when it is installed
+(``slurmgpu.wirefast``). The result says which (``decoder``).
 
 ``--neighbour``: a process on another CPU writes over 200 MB in a loop while this one is
 timed (this one on CPU 0, it on CPU 1): what the simulated senders of
@@ -35,7 +40,8 @@ import timeit
 from pathlib import Path
 from typing import Any
 
-from slurmgpu import keys
+from slurmgpu import keys, wirefast
+from slurmgpu.collector import transport as transport_mod
 from slurmgpu.collector.app import build_collector
 from slurmgpu.config.schema import CollectorSettings
 from slurmgpu.sim.fleet import FrameMaker, make_nodes
@@ -107,6 +113,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     settings = CollectorSettings(address=f"tcp://127.0.0.1:{port}", bind=f"tcp://127.0.0.1:{port}",
                                  db=str(root / "fleet.db"), keys_dir=str(root / "keys"), events_port=0,
                                  heartbeat_s=3600.0)
+    if args.plain_decode:
+        transport_mod.decode_received = wirefast.decode_plain
     collector = build_collector(settings)
     seqs = [0] * len(nodes)
     try:
@@ -133,7 +141,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         collector.close()
     reference = min(timeit.repeat("sum(range(1000))", number=2000, repeat=5)) / 2000
     return {"nodes": args.nodes, "bundle": args.bundle, "batch": args.batch, "full_every": args.full_every,
-            "neighbour": args.neighbour, "stored": stored, "bytes_per_report": round(per_report),
+            "neighbour": args.neighbour,
+            "decoder": "python" if args.plain_decode or not wirefast.FAST else "msgspec", "stored": stored, "bytes_per_report": round(per_report),
             "cpu_us_per_report": round(cpu / stored * 1e6, 1), "reports_per_cpu_s": round(stored / cpu),
             "wall_s": round(wall, 2), "sum_range_1000_us": round(reference * 1e6, 2),
             "cpu": platform.processor() or _cpu_model(), "python": platform.python_version()}
@@ -158,6 +167,8 @@ def main() -> None:
     parser.add_argument("--full-every", type=int, default=40, metavar="N")
     parser.add_argument("--neighbour", action="store_true",
                         help="a memory-heavy process on CPU 1 while this one runs on CPU 0")
+    parser.add_argument("--plain-decode", action="store_true",
+                        help="decode every frame in Python, as without msgspec installed")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if min(args.nodes, args.bundles, args.bundle, args.batch, args.full_every) < 1:
@@ -169,7 +180,8 @@ def main() -> None:
         print(json.dumps(row, indent=2))
         return
     print(f"{row['nodes']} nodes, bundles of {row['bundle']}, batches of {row['batch']}, 1/{row['full_every']} full "
-          f"({row['bytes_per_report']} bytes a report){', neighbour on CPU 1' if row['neighbour'] else ''}: "
+          f"({row['bytes_per_report']} bytes a report), {row['decoder']} decoding"
+          f"{', neighbour on CPU 1' if row['neighbour'] else ''}: "
           f"{row['cpu_us_per_report']} us CPU a report ({row['reports_per_cpu_s']} reports per CPU second); "
           f"sum(range(1000)) {row['sum_range_1000_us']} us on {row['cpu']}, Python {row['python']}")
 

@@ -37,6 +37,7 @@ from slurmgpu.testing import (
     FakeVersionSource,
     make_facts,
 )
+from slurmgpu.wirefast import decode_received
 
 NODE = "gpu-n1"
 NODES = [f"gpu-n{i}" for i in range(1, 41)]
@@ -84,8 +85,8 @@ def _bad_gate(tmp_path: Path, job: str, client: FakeSlurmClient) -> Gate:
 def _deliver(agent: Agent, store: Store) -> list[wire.Envelope]:
     """What the link and the collector do with the spooled messages: decode, store."""
     assert agent.spool is not None
-    envs = [(wire.decode(frame), frame) for _, frame in agent.spool.pending(limit=1000)]
-    store.store_batch([(env.node, env, frame) for env, frame in envs])
+    envs = [decode_received(frame) for _, frame in agent.spool.pending(limit=1000)]
+    store.store_batch([(env.node, env, body) for env, body in envs])
     return [env for env, _ in envs]
 
 

@@ -34,6 +34,7 @@ from slurmgpu.collector.app import Collector, build_collector
 from slurmgpu.collector.fleet import _message_fault
 from slurmgpu.collector.store import Store
 from slurmgpu.wire import ACK, EVENT, REPORT, WireError, decode
+from slurmgpu.wirefast import decode_received
 from tests.test_collector import Agent, make_settings
 
 NODES = ("gpu-a", "gpu-b")
@@ -98,11 +99,11 @@ def ingest(store: Store, frame: bytes) -> bool:
     """The collector's per-frame path without the sockets: decode, then store. Returns
     whether the frame was accepted; only WireError may come out of decode."""
     try:
-        env = decode(frame)
+        env, body = decode_received(frame)
     except WireError:
         return False
     if env.type in wire.ACKED or env.type == wire.HEARTBEAT:
-        store.store_batch([(env.node, env, frame)])
+        store.store_batch([(env.node, env, body)])
     return True
 
 
@@ -266,13 +267,13 @@ def test_unstorable_message_is_rejected_not_fatal(rig: tuple[Collector, Agent, A
     NOT NULL in SQLite) in a batch with good ones: the good ones are stored and acked,
     the bad one is rejected, counted and acked as rejected (its agent drops it)."""
     collector, bad, good = rig
-    real_decode = transport_mod.decode
+    real_decode = collector.transport._decode_received
 
-    def lax_decode(data: bytes) -> wire.Envelope:  # a wire that missed a bound
-        env = real_decode(data)
-        return replace(env, ts=math.nan) if env.body.get("kind") == "poison" else env
+    def lax_decode(data: bytes) -> tuple[wire.Envelope, bytes]:  # a wire that missed a bound
+        env, body = real_decode(data)
+        return (replace(env, ts=math.nan) if env.body.get("kind") == "poison" else env), body
 
-    monkeypatch.setattr(transport_mod, "decode", lax_decode)
+    monkeypatch.setattr(collector.transport, "_decode_received", lax_decode)
     bad.send(EVENT, 7, {"kind": "poison", "verdict": "FAIL", "findings": []})
     for seq in (1, 2, 3):
         good.report(seq)

@@ -99,8 +99,8 @@ from slurmgpu.wire import (
     ReplyFrames,
     WireError,
     command_frame,
-    decode,
 )
+from slurmgpu.wirefast import Decoded, decode_received
 
 # At most this many messages a batch (one transaction, then its acks). An event that
 # arrives while a batch is being stored waits for that store and its commit: ~10-20 ms
@@ -242,6 +242,8 @@ class Transport:
         public, secret = keys.server_keys(self.keys_dir)
         self.allowed: dict[bytes, str] = keys.allowed_nodes(self.keys_dir)
         self._frames = ReplyFrames()
+        # (wirefast: reports and bundles decoded in C when msgspec is installed)
+        self._decode_received = decode_received
         self.bundle_offer = 0  # what acks say of bundles now (``_offer_bundles``)
         self._busy_messages = 0  # messages handled since the last offer, and since when
         self._measured_at = time.monotonic()
@@ -481,9 +483,10 @@ class Transport:
         if len(data) > MAX_FRAME:
             self._reject("oversized", node=node, size=len(data))
             return
-        env = self._decode(data, node, routing_id, to_ack, sock or self.sock)
-        if env is None:
+        decoded = self._decode(data, node, routing_id, to_ack, sock or self.sock)
+        if decoded is None:
             return
+        env, body = decoded
         # (_routing_id_ok, the common case first: an id ZeroMQ generated)
         if routing_id[:1] != b"\x00" and routing_id != node.encode():
             self._reject("routing_mismatch", node=node,
@@ -494,7 +497,7 @@ class Transport:
                 self._reject("unexpected_type", node=node, type=env.type, socket="events")
                 return
             self.seen[node] = now
-            batch.append((node, env, data))
+            batch.append((node, env, body))
             to_ack.append((sock, routing_id, node, env.epoch, env.seq, False))
             return
         mtype = env.type
@@ -520,15 +523,16 @@ class Transport:
             self._reject("unexpected_type", node=node, type=mtype)
             return
         self.seen[node] = now
-        batch.append((node, env, data))
+        batch.append((node, env, body))
         to_ack.append((self.sock, routing_id, node, env.epoch, env.seq, False))
 
     def _decode(self, data: bytes, node: str, routing_id: bytes, to_ack: list[AckItem],
-                sock: zmq.Socket[Any]) -> Envelope | None:
-        """``data`` decoded, if it is a valid frame of the authenticated ``node``'s (None:
-        refused, counted and logged; a bad body of an acked type is acked as rejected)."""
+                sock: zmq.Socket[Any]) -> Decoded | None:
+        """``data`` decoded, with its body's bytes as received (``wirefast``), if it is a
+        valid frame of the authenticated ``node``'s (None: refused, counted and logged; a
+        bad body of an acked type is acked as rejected)."""
         try:
-            env = decode(data)
+            decoded = self._decode_received(data)
         except BodyError as exc:
             self._reject("malformed", node=node, error=str(exc))
             self._ack_rejected(exc.envelope, node, routing_id, to_ack, sock)
@@ -537,10 +541,10 @@ class Transport:
             reason = "version" if "protocol version" in str(exc) else "malformed"
             self._reject(reason, node=node, error=str(exc))
             return None
-        if env.node != node:
-            self._reject("node_mismatch", node=node, claimed=env.node)
+        if decoded[0].node != node:
+            self._reject("node_mismatch", node=node, claimed=decoded[0].node)
             return None
-        return env
+        return decoded
 
     def _unbundle(self, frames: list[bytes], node: str, routing_id: bytes, batch: Batch,
                   to_ack: list[AckItem]) -> None:
@@ -550,13 +554,14 @@ class Transport:
         self.counters.bundles += 1
         self.counters.bundled += len(frames)
         for data in frames:
-            env = self._decode(data, node, routing_id, to_ack, self.sock)
-            if env is None:
+            decoded = self._decode(data, node, routing_id, to_ack, self.sock)
+            if decoded is None:
                 continue
+            env = decoded[0]
             if env.type not in ACKED:
                 self._reject("unexpected_type", node=node, type=env.type, bundled=True)
                 continue
-            batch.append((node, env, data))
+            batch.append((node, env, decoded[1]))
             to_ack.append((self.sock, routing_id, node, env.epoch, env.seq, False))
 
     def _ack_rejected(self, env: Envelope, node: str, routing_id: bytes, to_ack: list[AckItem],

@@ -32,7 +32,7 @@ from slurmgpu.collector.store.backend import Connection, dialect_of
 from slurmgpu.decision import REASON_PREFIX, reason_actor
 from slurmgpu.result import Severity
 from slurmgpu.slurm.cli import sanitize_reason
-from slurmgpu.wire import COMMAND_RESULT, EVENT, HELLO, REPORT, Envelope, body_bytes
+from slurmgpu.wire import COMMAND_RESULT, EVENT, HELLO, REPORT, Envelope
 
 # Severity names as the wire carries them, ranked as slurmgpu.result does (others: UNKNOWN).
 _RANK = {s.name: s.rank for s in Severity}
@@ -40,8 +40,9 @@ _OK, _UNKNOWN = Severity.OK.name, Severity.UNKNOWN.name
 _STORED = frozenset({HELLO, REPORT, EVENT, COMMAND_RESULT})
 _MAX_TEXT = 1024
 
-# A batch item: (node, message) or (node, message, frame) where ``frame`` is the
-# bytes ``message`` was decoded from (lets the store keep the body without re-packing).
+# A batch item: (node, message) or (node, message, body) where ``body`` is the bytes
+# ``message``'s body was received as (``wirefast.decode_received``: the store keeps them
+# without re-packing the body).
 BatchItem = tuple[str, Envelope] | tuple[str, Envelope, bytes]
 # What a message is deduplicated by: (node, epoch, seq).
 MessageKey = tuple[str, str, int]
@@ -104,22 +105,6 @@ class Conflict:
     epoch: str
     seq: int
     type: str
-
-
-def _body_bytes(item: BatchItem, pack: Any = None) -> bytes:
-    """The packed body: as received when the item carries its frame (``wire.body_bytes``),
-    else packed. ``pack``: a ``msgpack.Packer(use_bin_type=True).pack`` to reuse."""
-    pack = pack or _packb
-    env = item[1]
-    if len(item) > 2:
-        return body_bytes(item[2], env.body, env.epoch, pack)
-    packed: bytes = pack(env.body)
-    return packed
-
-
-def _packb(value: Any) -> bytes:
-    packed: bytes = msgpack.packb(value, use_bin_type=True)
-    return packed
 
 
 def _inbox_body(env: Envelope, packed: bytes) -> bytes:
@@ -343,7 +328,7 @@ class Ingest:
                 continue
             epoch = env.epoch
             key = (node, epoch, env.seq)
-            packed = body_bytes(item[2], env.body, epoch, pack) if len(item) > 2 else pack(env.body)
+            packed = item[2] if len(item) > 2 else pack(env.body)
             digest = sha256(packed).digest()[:8]  # (_digest)
             held = bodies.get(key)
             if held is None:

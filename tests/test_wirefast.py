@@ -1,0 +1,281 @@
+"""The collector's C decoding of reports and bundles (``slurmgpu.wirefast``, msgspec) gives
+exactly what ``wire.decode`` gives, or leaves the frame to it: the same envelope (types
+included), the same body bytes for the store, the same WireError. Checked on the frames
+agents send, on the frames it must leave alone, on generated and mutated frames, without
+msgspec installed, and through a real collector on both paths."""
+
+from __future__ import annotations
+
+import copy
+import math
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+import zmq
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from slurmgpu import wire, wirefast
+from slurmgpu.collector import transport as transport_mod
+from slurmgpu.summary import report_fields
+from slurmgpu.testing import make_facts
+from slurmgpu.wire import (
+    EVENT,
+    HEARTBEAT,
+    HELLO,
+    REPORT,
+    Envelope,
+    WireError,
+    bundle_frame,
+    decode,
+)
+from slurmgpu.wirefast import decode_plain, decode_received
+from tests.test_collector import NODES, Agent, ctx, db_rows, keys_dir, make_settings, running  # noqa: F401
+
+pytest.importorskip("msgspec")
+
+NODE = "gpu-fast-1"
+FACTS = make_facts()
+SUMMARY_FIELDS = report_fields(FACTS)  # throttle, and the summary packed as agents send it
+DELTA = {"verdict": "OK", "findings": [], "ok_checks": ["gpu.count", "gpu.ecc", "ib.ports"], **SUMMARY_FIELDS}
+FULL = {**DELTA, "facts": wire.packed(wire.plain(FACTS.to_json()))}
+
+
+def tree(body: dict[str, Any], seq: int = 5, **envelope: Any) -> dict[str, Any]:
+    """A report envelope as a map, in ``Envelope.to_dict``'s order."""
+    out: dict[str, Any] = {"v": 1, "id": f"{seq:032x}", "node": NODE, "seq": seq, "ts": 1.79e9,
+                           "type": REPORT, "body": body, "epoch": "e0"}
+    out.update(envelope)
+    return out
+
+
+def frame_of(value: Any) -> bytes:
+    return msgpack.packb(value, use_bin_type=True)
+
+
+def strict(value: Any) -> Any:
+    """``value`` with every type spelled out (True == 1 and 1.0 == 1 in Python; here they
+    differ), NaN comparable."""
+    if isinstance(value, Envelope):
+        return ("Envelope", strict(dict(value.__dict__)))
+    if isinstance(value, dict):
+        return ("dict", [(strict(k), strict(v)) for k, v in sorted(value.items(), key=repr)])
+    if isinstance(value, list | tuple):
+        return (type(value).__name__, [strict(v) for v in value])
+    if isinstance(value, float) and math.isnan(value):
+        return ("float", "nan")
+    return (type(value).__name__, repr(value))
+
+
+def outcome(decoder: Any, frame: bytes) -> Any:
+    try:
+        return ("ok", strict(decoder(frame)))
+    except WireError as exc:
+        return ("error", type(exc).__name__, str(exc))
+
+
+@pytest.fixture(autouse=True)
+def known_node() -> None:
+    """The fast path takes nodes, epochs and summaries ``wire.decode`` accepted once."""
+    decode(frame_of(tree(DELTA)))
+
+
+# --------------------------------------------------------------------------- agents' frames
+
+
+@pytest.mark.parametrize("frame", [
+    frame_of(tree(DELTA)),
+    frame_of(tree(FULL)),
+    frame_of({k: v for k, v in tree(DELTA).items() if k != "epoch"}),  # an epoch-less sender
+    frame_of(tree(DELTA, ts=1790000000)),  # an integer timestamp: a float, as decode makes it
+    frame_of(tree({**DELTA, "throttle": None, "ok_checks": None})),
+    frame_of(tree({"verdict": "OK", "findings": []})),
+    bundle_frame(NODE, [frame_of(tree(DELTA, seq=s)) for s in range(1, 33)]),
+], ids=["delta", "full", "no-epoch", "int-ts", "nils", "bare", "bundle"])
+def test_agents_frames_take_the_fast_path_with_decodes_answer(frame: bytes) -> None:
+    fast = wirefast._fast(frame)
+    assert fast is not None
+    assert strict(fast) == strict(decode_plain(frame))
+    assert fast[0] == decode(frame) and fast[0].findings == ()
+
+
+def test_the_body_kept_is_the_body_received() -> None:
+    frame = frame_of(tree(FULL))
+    _env, body = decode_received(frame)
+    assert msgpack.unpackb(body) == FULL and frame.endswith(body + frame_of("epoch") + frame_of("e0"))
+    assert decode_received(bundle_frame(NODE, [frame]))[1] == b""  # (a bundle's body is not stored)
+
+
+@pytest.mark.parametrize("frame", [
+    frame_of(tree({**DELTA, "findings": [{"check": "gpu.thermal", "severity": "WARN", "gpu": 3,
+                                         "subject": None, "message": "hot"}], "verdict": "WARN"})),
+    frame_of(tree({**DELTA, "facts": {"gpus": []}})),  # facts as a map
+    frame_of(tree({**DELTA, "summary": msgpack.unpackb(SUMMARY_FIELDS["summary"])})),
+    frame_of(tree({**DELTA, "extra": 1})),  # a key the fast path does not know
+    frame_of({**tree(DELTA), "extra": {"a": 2}}),
+    frame_of(tree(DELTA, node="gpu-never-seen-before")),
+    frame_of(tree(DELTA, epoch="epoch-never-seen")),
+    frame_of(tree({**DELTA, "summary": frame_of({"gpus": [], "ib": [], "versions": []})})),
+    frame_of(tree({"kind": "xid", "gpu": 2, "data": 79, "verdict": "FAIL", "findings": []}, type=EVENT)),
+    frame_of(tree({}, type=HEARTBEAT)),
+    frame_of(tree({"version": "1.0", "gpus": 8, "interval_s": 15.0}, type=HELLO)),
+], ids=["finding", "facts-map", "summary-map", "body-key", "envelope-key", "new-node", "new-epoch",
+        "new-summary", "event", "heartbeat", "hello"])
+def test_frames_left_to_wire_decode(frame: bytes) -> None:
+    assert wirefast._fast(frame) is None
+    assert strict(decode_received(frame)) == strict(decode_plain(frame))
+
+
+def test_a_node_first_heard_takes_the_fast_path_from_its_second_frame() -> None:
+    frame = frame_of(tree(DELTA, node="gpu-fast-new"))
+    assert wirefast._fast(frame) is None
+    decode_received(frame)  # wire.decode accepts the name once
+    assert wirefast._fast(frame) is not None
+
+
+@pytest.mark.parametrize(("path", "value"), [
+    (("v",), True), (("v",), 1.0), (("v",), 2), (("seq",), -1), (("seq",), 2**63), (("seq",), True),
+    (("ts",), math.nan), (("ts",), math.inf), (("ts",), -1.0), (("ts",), 1e12), (("ts",), "1"),
+    (("id",), ""), (("id",), "x" * 65), (("node",), "bad node"), (("node",), b"gpu-fast-1"),
+    (("epoch",), None), (("epoch",), 0), (("epoch",), "x" * 65), (("type",), "reports"),
+    (("body", "verdict"), "x" * 17), (("body", "verdict"), "é" * 17), (("body", "verdict"), None),
+    (("body", "findings"), None), (("body", "ok_checks"), ["x" * 129]), (("body", "ok_checks"), [1]),
+    (("body", "ok_checks"), "gpu.ecc"), (("body", "throttle"), -1), (("body", "throttle"), 2**32),
+    (("body", "throttle"), True), (("body", "summary"), "text"), (("body", "summary"), b"\xc1"),
+    (("body", "facts"), "text"), (("body",), []), (("body",), None), (("extra",), {1: 2}),
+    (("body", "extra"), {1: 2}),
+])
+def test_bad_frames_get_decodes_error(path: tuple[str, ...], value: Any) -> None:
+    t = tree(copy.deepcopy(DELTA))
+    target: Any = t
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    frame = frame_of(t)
+    plain = outcome(decode_plain, frame)
+    assert plain[0] == "error", plain
+    assert outcome(decode_received, frame) == plain
+
+
+@pytest.mark.parametrize("frame", [
+    frame_of(tree(DELTA)) + b"\x00",  # trailing data
+    frame_of(tree(DELTA))[:-3],  # cut short
+    frame_of(tree(DELTA)).replace(b"\xa7verdict\xa2OK", b"\xa7verdict\xa2\xff\xfe"),  # not UTF-8
+    b"\xc1",
+    frame_of(tree(DELTA)) + b"\x00" * wire.MAX_FRAME,  # over the size bound
+])
+def test_broken_bytes_get_decodes_error(frame: bytes) -> None:
+    plain = outcome(decode_plain, frame)
+    assert plain[0] == "error", plain
+    assert outcome(decode_received, frame) == plain
+
+
+# --------------------------------------------------------------------------- generated frames
+
+VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1),
+    st.sampled_from([0, 1, 2**32 - 1, 2**32, 2**63 - 1, 2**63]),
+    st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([-0.0, 1e11, 1.79e9]),
+    st.text(max_size=20), st.sampled_from(["OK", "WARN", "e0", NODE, "x" * 16, "x" * 17, "report", "bundle"]),
+    st.binary(max_size=16), st.just(SUMMARY_FIELDS["summary"]),
+    st.lists(st.one_of(st.text(max_size=5), st.integers(0, 3)), max_size=3),
+    st.dictionaries(st.one_of(st.text(max_size=4), st.integers(0, 3)), st.integers(0, 3), max_size=2))
+ENVELOPE_KEYS = ["v", "id", "node", "seq", "ts", "type", "body", "epoch", "extra"]
+BODY_KEYS = ["verdict", "findings", "ok_checks", "throttle", "summary", "facts", "extra"]
+
+
+@st.composite
+def mutated_frames(draw: st.DrawFn) -> bytes:
+    """A valid report or bundle, with a few keys set to other values or dropped, and
+    sometimes its bytes cut, extended or changed."""
+    base = draw(st.sampled_from([DELTA, FULL, {"verdict": "WARN", "findings": []}]))
+    t = tree(copy.deepcopy(base), seq=draw(st.integers(0, 2**63 - 1)))
+    for _ in range(draw(st.integers(0, 3))):
+        inside = draw(st.booleans())
+        target = t["body"] if inside and isinstance(t.get("body"), dict) else t
+        key = draw(st.sampled_from(BODY_KEYS if target is not t else ENVELOPE_KEYS))
+        if draw(st.integers(0, 4)) == 0:
+            target.pop(key, None)
+        else:
+            target[key] = draw(VALUES)
+    frame = frame_of(t)
+    if draw(st.booleans()):
+        frame = bundle_frame(NODE, [frame], ts=1.79e9, id="b" * 32) if frame else frame
+    if draw(st.integers(0, 5)) == 0:
+        at = draw(st.integers(0, len(frame) - 1))
+        frame = frame[:at] + bytes([draw(st.integers(0, 255))]) + frame[at + 1:]
+    return frame
+
+
+@settings(max_examples=1500, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(frame=mutated_frames())
+def test_generated_frames_get_decodes_answer(frame: bytes) -> None:
+    assert outcome(decode_received, frame) == outcome(decode_plain, frame)
+
+
+# --------------------------------------------------------------------------- without msgspec
+
+
+def test_without_msgspec_every_frame_takes_wire_decode() -> None:
+    code = ("import sys; sys.modules['msgspec'] = None\n"
+            "from slurmgpu import wirefast, wire\n"
+            "assert wirefast.FAST is False and wirefast.decode_received is wirefast.decode_plain\n"
+            "env, body = wirefast.decode_received(wire.encode(wire.Envelope(type='report', node='n1', seq=1,"
+            " body={'verdict': 'OK', 'findings': []})))\n"
+            "assert env.seq == 1 and body == wire.packed({'verdict': 'OK', 'findings': []})\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+# --------------------------------------------------------------------------- a real collector
+
+
+@pytest.fixture(params=["fast", "plain"])
+def decoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """Which path the collector decodes with; yields how many frames the fast path took."""
+    taken = [0]
+    if request.param == "plain":
+        monkeypatch.setattr(transport_mod, "decode_received", decode_plain)
+    real = wirefast._fast
+
+    def counted(frame: bytes) -> Any:
+        out = real(frame)
+        taken[0] += out is not None
+        return out
+
+    monkeypatch.setattr(wirefast, "_fast", counted)
+    yield taken
+
+
+def test_a_collector_stores_the_same_on_either_path(tmp_path: Path, keys_dir: Path,  # noqa: F811
+                                                    ctx: zmq.Context[Any],  # noqa: F811
+                                                    decoder: list[int]) -> None:
+    cfg = make_settings(tmp_path, keys_dir)
+    node = NODES[0]
+    with running(cfg):
+        agent = Agent(ctx, cfg, keys_dir, node)
+        agent.send(HELLO, 1, {"version": "1.2.3", "gpus": 8, "interval_s": 15.0})
+        assert agent.acked() == [1]
+        agent.send(REPORT, 2, FULL)
+        assert agent.acked() == [2]
+        reports = [wire.encode(Envelope(type=REPORT, node=node, seq=s, ts=1.79e9 + s, body=DELTA))
+                   for s in range(3, 9)]
+        agent.sock.send(bundle_frame(node, reports))
+        deadline = time.monotonic() + 10
+        acked: set[int] = set()
+        while len(acked) < 6 and time.monotonic() < deadline:
+            acked.update(agent.acked() or ())
+        assert acked == set(range(3, 9))
+    assert db_rows(cfg, "SELECT count(*) FROM messages") == [(8,)]
+    [(seq, body)] = db_rows(cfg, "SELECT seq, body FROM reports")
+    assert seq == 8 and msgpack.unpackb(bytes(body)) == DELTA
+    [(facts,)] = db_rows(cfg, "SELECT facts FROM node_facts")
+    assert bytes(facts) == FULL["facts"]
+    # the fast path: the full report, the bundle and the reports in it (the node's first
+    # frame, its hello, went to wire.decode)
+    assert decoder[0] == (0 if transport_mod.decode_received is decode_plain else 8)
