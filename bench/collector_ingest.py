@@ -15,7 +15,7 @@ p50/p99, and the collector's CPU time per report.
                                      [--collectors N] [--full-every N]
                                      [--live-nodes N [--live-interval S]] [--no-events-port]
                                      [--bundle N] [--collector-cpus LIST] [--plain-decode]
-                                     [--json]
+                                     [--floor] [--json]
 
 ``--bundle N``: the saturating nodes send their reports as agents drain a backlog, N in
 one bundle message (``wire.BUNDLE``; agents send 32), with a window of at least N per node.
@@ -34,6 +34,11 @@ drain.
 ``--plain-decode``: collectors that decode every frame in Python (``wire.decode``), as
 without msgspec installed; by default reports and bundles are decoded in C when it is
 (``slurmgpu.wirefast``). Each row says which (``decoder``).
+
+``--floor``: instead of the collector, its real transport alone (``Transport``: the same
+sockets, CURVE, checks, decoding and acks) with a handler that stores nothing and counts
+every message as stored. Its CPU a report is what the collector pays before its store:
+the floor under the collector's figure on this machine.
 
 ``--db postgresql``: a throwaway PostgreSQL server (initdb/pg_ctl in a temp dir, as the
 tests start it) instead of the SQLite file; ``--collectors N``: N collector processes on
@@ -64,8 +69,10 @@ from pathlib import Path
 from typing import Any
 
 from slurmgpu import keys, wirefast
+from slurmgpu.collector.counters import Counters
 from slurmgpu.collector.store import Store, queries
-from slurmgpu.config.schema import with_port
+from slurmgpu.collector.transport import Stored, Transport
+from slurmgpu.config.schema import CollectorSettings, with_port
 from slurmgpu.sim import fleet as simfleet
 from slurmgpu.sim.postgres import PgServer
 
@@ -134,6 +141,50 @@ def start_collector(root: Path, address: str, db: str, profile: str | None,
         if profile else [sys.executable, "-c", f"{hide}from slurmgpu.cli.fleet_cmd import collector; collector()"]
     return subprocess.Popen([*python, "--bind", address, "--events-port", str(events_port), "--db", db,
                              "--keys-dir", str(root / "keys"), "--log-level", "warning"],
+                            preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus))
+
+
+class NullHandler:
+    """The transport's handler for ``--floor``: stores nothing; every message counts as
+    newly stored (so each is acked as stored)."""
+
+    def commit(self, batch: Any, now: float) -> Stored:
+        return Stored([(item[0], item[1].seq) for item in batch], set())
+
+    def acked(self, batch: Any, new: Any, now: float) -> None:
+        pass
+
+    def allow_list_changed(self, allowed: Any) -> None:
+        pass
+
+    def heard(self, nodes: set[str], now: float) -> bool:
+        return True
+
+
+def serve_floor(address: str, events_port: int, keys_dir: str) -> None:
+    """The collector's transport serving with a ``NullHandler`` until SIGTERM (``--floor``)."""
+    settings = CollectorSettings(address=address, bind=address, db=":memory:", keys_dir=keys_dir,
+                                 events_port=events_port)
+    transport = Transport(settings, Counters())
+    stop: list[int] = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    transport.listen()
+    handler = NullHandler()
+    try:
+        while not stop:
+            transport.receive(handler, 200)
+            transport.tick(handler)
+    finally:
+        transport.close()
+
+
+def start_floor(root: Path, address: str, events_port: int, cpus: set[int] | None,
+                plain_decode: bool = False) -> subprocess.Popen[bytes]:
+    hide = "sys.modules['msgspec'] = None; " if plain_decode else ""
+    code = (f"import sys; {hide}sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); "
+            f"from collector_ingest import serve_floor; "
+            f"serve_floor({address!r}, {events_port}, {str(root / 'keys')!r})")
+    return subprocess.Popen([sys.executable, "-c", code],
                             preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus))
 
 
@@ -213,7 +264,8 @@ def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
              profile: str | None = None, warmup_s: float = 0.0, *, pg: PgServer | None = None,
              collectors: int = 1, full_every: int = 1, live_nodes: int = 0,
              live_interval_s: float = 1.0, events: bool = True, bundle: int = 1,
-             collector_cpus: set[int] | None = None, plain_decode: bool = False) -> dict[str, Any]:
+             collector_cpus: set[int] | None = None, plain_decode: bool = False,
+             floor: bool = False) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix=f"ingest-{n}-"))
     try:
         keys.init(root / "keys")
@@ -223,7 +275,8 @@ def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
         db = pg.create_database() if pg is not None else str(root / "fleet.db")
         Store(db).close()  # migrated once, before the collectors start
         events_ports = [free_port() if events else 0 for _ in addresses]
-        procs_of = [start_collector(root, a, db, f"{profile}.{n}.{i}" if profile else None, port,
+        procs_of = [start_floor(root, a, port, collector_cpus, plain_decode) if floor else
+                    start_collector(root, a, db, f"{profile}.{n}.{i}" if profile else None, port,
                                     collector_cpus, plain_decode)
                     for i, (a, port) in enumerate(zip(addresses, events_ports, strict=True))]
         others = None if collector_cpus is None else (os.sched_getaffinity(0) - collector_cpus) or None
@@ -266,7 +319,8 @@ def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
             c.send_signal(signal.SIGTERM)
         for c in procs_of:
             c.wait(30)
-        stored = reports_in_db(db) - before
+        # (--floor stores nothing: every report acked counts)
+        stored = sum(r["acked"] for r in results) if floor else reports_in_db(db) - before
         unreachable = unreachable_marks(db, t_wall, t_wall + elapsed_of(results))
         threads0_sum, threads1_sum = _summed(threads0), _summed(threads1)
         acked = sum(r["acked"] for r in results)
@@ -276,7 +330,7 @@ def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
             if lat else (lambda p: None)
         return {"nodes": n, "db": "postgresql" if pg is not None else "sqlite", "collectors": collectors,
                 "collector_cpus": sorted(collector_cpus) if collector_cpus is not None else None,
-                "events_port": events,
+                "events_port": events, "floor": floor,
                 "decoder": "python" if plain_decode or not wirefast.FAST else "msgspec",
                 "full_every": full_every, "bundle": bundle,
                 "bundles_sent": sum(r["bundles"] for r in results),
@@ -376,8 +430,13 @@ def main() -> int:
                              "a head node whose collector has cores of its own")
     parser.add_argument("--plain-decode", action="store_true",
                         help="collectors decode every frame in Python, as without msgspec installed")
+    parser.add_argument("--floor", action="store_true",
+                        help="the collector's transport alone (sockets, CURVE, checks, decoding, acks), "
+                             "storing nothing: what the collector pays before its store")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.floor and (args.profile or args.db != "sqlite" or args.collectors != 1):
+        parser.error("--floor runs one transport without a database: no --profile, --db or --collectors")
     if args.profile and args.plain_decode:
         parser.error("--plain-decode does not go with --profile")
     if args.collector_cpus is not None:
@@ -407,7 +466,8 @@ def _case(n: int, args: argparse.Namespace, pg: PgServer | None) -> dict[str, An
                    args.warmup, pg=pg, collectors=args.collectors, full_every=args.full_every,
                    live_nodes=args.live_nodes, live_interval_s=args.live_interval,
                    events=not args.no_events_port, bundle=args.bundle,
-                   collector_cpus=args.collector_cpus, plain_decode=args.plain_decode)
+                   collector_cpus=args.collector_cpus, plain_decode=args.plain_decode,
+                   floor=args.floor)
     if not args.json:
         server = (f", postgres {row['postgres_cpu_us_per_report']} us CPU/report"
                   if row["postgres_cpu_us_per_report"] is not None else "")
@@ -416,7 +476,8 @@ def _case(n: int, args: argparse.Namespace, pg: PgServer | None) -> dict[str, An
             server += (f", live events: {row['live_events']} ack p50 {row['live_ack_p50_ms']} ms "
                        f"p99 {row['live_ack_p99_ms']} ms max {row['live_ack_max_ms']} ms ({row['live_unacked']} unacked)")
         pin = f", collectors on CPU {row['collector_cpus']}" if row["collector_cpus"] else ""
-        print(f"{row['nodes']:>6} nodes, {row['db']} x{row['collectors']}{pin}, {row['decoder']} decoding, "
+        what = "transport alone (--floor)" if row["floor"] else f"{row['db']} x{row['collectors']}"
+        print(f"{row['nodes']:>6} nodes, {what}{pin}, {row['decoder']} decoding, "
               f"1/{row['full_every']} full, "
               f"bundles of {row['bundle']} ({row['bundles_sent']} sent), "
               f"events port {'on' if row['events_port'] else 'off'} "

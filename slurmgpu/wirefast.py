@@ -10,10 +10,11 @@ machine. Without msgspec, every frame takes ``wire.decode``.
 
 The fast path answers exactly what ``wire.decode`` would, or not at all: it takes only a
 frame whose every key is known and every value has the one type and bound ``wire.decode``
-accepts, with no finding and a node name, epoch and summary ``wire.decode`` has already
-accepted once; anything else (another message type, a finding, facts sent as a map, an
-unknown key, a first frame from a node, any invalid frame) goes to ``wire.decode``, which
-decides it and says what is wrong. ``tests/test_wirefast.py`` holds the two to the same
+accepts, from a node name, epoch and summary ``wire.decode`` has already accepted once
+(its findings are then made by ``wire.decode_finding``, as ``wire.decode`` makes them).
+Anything else (another message type, facts sent as a map, an unknown key, a finding's
+data nested deeper than checks make it, a first frame from a node, any invalid frame)
+goes to ``wire.decode``, which decides it and says what is wrong. ``tests/test_wirefast.py`` holds the two to the same
 answers over generated and mutated frames.
 """
 
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from slurmgpu import wire
+from slurmgpu.result import Finding
 from slurmgpu.wire import (
     ACKED,
     BUNDLE,
@@ -30,15 +32,21 @@ from slurmgpu.wire import (
     MAX_CHECK_NAME,
     MAX_CHECKS,
     MAX_EPOCH,
+    MAX_FINDINGS,
     MAX_FRAME,
+    MAX_GPUS,
     MAX_ID,
     MAX_NODE_NAME,
     MAX_SEQ,
     MAX_SEVERITY,
+    MAX_SHORT,
+    MAX_TEXT,
     MAX_THROTTLE,
     MAX_TS,
     PROTOCOL_VERSION,
+    REPORT,
     Envelope,
+    WireError,
     body_bytes,
     decode,
 )
@@ -70,11 +78,28 @@ if msgspec is not None:
         body: Raw
         epoch: Annotated[str, Meta(max_length=MAX_EPOCH)] = ""
 
+    # A finding's data as checks make it (scalars; lists of them; maps of those): values
+    # whose Python form msgspec and msgpack agree on (no ext types, string keys only).
+    _Leaf = str | int | float | bool | None
+    _Data = dict[str, _Leaf | list[_Leaf] | dict[str, _Leaf | list[_Leaf]]]
+
+    class _Finding(Struct, forbid_unknown_fields=True):
+        """A finding as agents send it (``wire.encode_finding``); ``wire.decode_finding``
+        makes it a ``Finding`` after this check, as ``wire.decode`` does."""
+
+        check: Annotated[str, Meta(max_length=MAX_CHECK_NAME)]
+        severity: Annotated[str, Meta(max_length=MAX_SEVERITY)]
+        gpu: Annotated[int, Meta(ge=0, lt=MAX_GPUS)] | None = None
+        subject: Annotated[str, Meta(max_length=MAX_SHORT)] | None = None
+        message: Annotated[str, Meta(max_length=MAX_TEXT)] | None = None
+        not_applicable: _Leaf = None
+        data: _Data | None = None
+
     class _Report(Struct, forbid_unknown_fields=True):
-        """A report without findings, its facts and summary pre-packed (as agents send)."""
+        """A report, its facts and summary pre-packed (as agents send them)."""
 
         verdict: Annotated[str, Meta(max_length=MAX_SEVERITY)]
-        findings: Annotated[list[Any], Meta(max_length=0)]
+        findings: Annotated[list[_Finding], Meta(max_length=MAX_FINDINGS)]
         ok_checks: (Annotated[list[Annotated[str, Meta(max_length=MAX_CHECK_NAME)]],
                               Meta(max_length=MAX_CHECKS)] | UnsetType | None) = UNSET
         throttle: Annotated[int, Meta(ge=0, le=MAX_THROTTLE)] | UnsetType | None = UNSET
@@ -86,12 +111,13 @@ if msgspec is not None:
 
     _envelope = msgspec.msgpack.Decoder(_Envelope).decode
     _checkers: dict[str, Callable[[Any], Any]] = {
-        wire.REPORT: msgspec.msgpack.Decoder(_Report).decode,
+        REPORT: msgspec.msgpack.Decoder(_Report).decode,
         BUNDLE: msgspec.msgpack.Decoder(_Bundle).decode}
     _plain_map = msgspec.msgpack.Decoder().decode  # (a checked body: what msgpack.unpackb gives)
     _good_nodes, _good_epochs = wire._GOOD_NODES, wire._GOOD_EPOCHS
     _good_summaries = wire._GOOD_SUMMARIES
     _new_envelope, _set_attr = object.__new__, object.__setattr__
+    _decode_finding = wire.decode_finding
 
     def _fast(frame: bytes) -> Decoded | None:
         """A report or bundle frame decoded in C; None: ``wire.decode`` decides it."""
@@ -108,9 +134,15 @@ if msgspec is not None:
         node, epoch = head.node, head.epoch
         if node not in _good_nodes.items or (epoch and epoch not in _good_epochs.items):
             return None
+        findings: tuple[Finding, ...] = ()
         if mtype == BUNDLE:
             packed = b""
         else:
+            if body["findings"]:
+                try:  # (as wire.decode makes them; its checks passed above)
+                    findings = tuple([_decode_finding(f, REPORT) for f in body["findings"]])
+                except WireError:
+                    return None
             summary = body.get("summary")
             if summary is not None and summary not in _good_summaries.items:
                 return None
@@ -119,7 +151,7 @@ if msgspec is not None:
         env = _new_envelope(Envelope)
         _set_attr(env, "__dict__", {"type": mtype, "node": node, "seq": head.seq, "body": body,
                                     "id": head.id, "ts": head.ts, "v": head.v, "epoch": epoch,
-                                    "findings": ()})
+                                    "findings": findings})
         return env, packed
 
     def decode_received(frame: bytes) -> Decoded:

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from slurmgpu import wire, wirefast
 from slurmgpu.collector import transport as transport_mod
+from slurmgpu.result import Finding, Severity
 from slurmgpu.summary import report_fields
 from slurmgpu.testing import make_facts
 from slurmgpu.wire import (
@@ -45,6 +46,15 @@ FACTS = make_facts()
 SUMMARY_FIELDS = report_fields(FACTS)  # throttle, and the summary packed as agents send it
 DELTA = {"verdict": "OK", "findings": [], "ok_checks": ["gpu.count", "gpu.ecc", "ib.ports"], **SUMMARY_FIELDS}
 FULL = {**DELTA, "facts": wire.packed(wire.plain(FACTS.to_json()))}
+# Findings as checks make them (wire.encode_findings), their data as deep as checks nest it
+FINDINGS = wire.encode_findings([
+    Finding("gpu.thermal", Severity.WARN, "GPU 3 at 87 C", gpu=3, data={"margin_c": 2.5}),
+    Finding("ib.counters", Severity.FAIL, "symbol errors rising", subject="mlx5_0/1",
+            data={"counters": {"symbol_error": 12, "link_downed": 1}}),
+    Finding("pins.vbios", Severity.WARN, "GPUs run different VBIOS versions",
+            data={"versions": {"96.00.99": [0, 1, 2], "96.00.98": [3]}, "note": None, "ok": True}),
+    Finding("xid.recent", Severity.UNKNOWN, "could not read", not_applicable=True)])
+WARN = {**DELTA, "verdict": "FAIL", "findings": FINDINGS}
 
 
 def tree(body: dict[str, Any], seq: int = 5, **envelope: Any) -> dict[str, Any]:
@@ -96,13 +106,15 @@ def known_node() -> None:
     frame_of(tree(DELTA, ts=1790000000)),  # an integer timestamp: a float, as decode makes it
     frame_of(tree({**DELTA, "throttle": None, "ok_checks": None})),
     frame_of(tree({"verdict": "OK", "findings": []})),
+    frame_of(tree(WARN)),
+    frame_of(tree({**WARN, "findings": [{"check": "c", "severity": "weird"}]})),  # UNKNOWN, as decode makes it
     bundle_frame(NODE, [frame_of(tree(DELTA, seq=s)) for s in range(1, 33)]),
-], ids=["delta", "full", "no-epoch", "int-ts", "nils", "bare", "bundle"])
+], ids=["delta", "full", "no-epoch", "int-ts", "nils", "bare", "findings", "odd-severity", "bundle"])
 def test_agents_frames_take_the_fast_path_with_decodes_answer(frame: bytes) -> None:
     fast = wirefast._fast(frame)
     assert fast is not None
     assert strict(fast) == strict(decode_plain(frame))
-    assert fast[0] == decode(frame) and fast[0].findings == ()
+    assert fast[0] == decode(frame) and fast[0].findings == decode(frame).findings
 
 
 def test_the_body_kept_is_the_body_received() -> None:
@@ -112,9 +124,17 @@ def test_the_body_kept_is_the_body_received() -> None:
     assert decode_received(bundle_frame(NODE, [frame]))[1] == b""  # (a bundle's body is not stored)
 
 
+def finding(**changes: Any) -> dict[str, Any]:
+    return {**FINDINGS[0], **changes}
+
+
 @pytest.mark.parametrize("frame", [
-    frame_of(tree({**DELTA, "findings": [{"check": "gpu.thermal", "severity": "WARN", "gpu": 3,
-                                         "subject": None, "message": "hot"}], "verdict": "WARN"})),
+    frame_of(tree({**WARN, "findings": [finding(extra=1)]})),  # a key the fast path does not know
+    frame_of(tree({**WARN, "findings": [finding(data={"a": {"b": {"c": 1}}})]})),  # nested deeper
+    frame_of(tree({**WARN, "findings": [finding(data={"a": [[1]]})]})),
+    frame_of(tree({**WARN, "findings": [finding(data={"a": b"bytes"})]})),
+    frame_of(tree({**WARN, "findings": [finding(data=[1, 2])]})),  # data that is no map: {}
+    frame_of(tree({**WARN, "findings": [finding(not_applicable=[1])]})),
     frame_of(tree({**DELTA, "facts": {"gpus": []}})),  # facts as a map
     frame_of(tree({**DELTA, "summary": msgpack.unpackb(SUMMARY_FIELDS["summary"])})),
     frame_of(tree({**DELTA, "extra": 1})),  # a key the fast path does not know
@@ -125,7 +145,8 @@ def test_the_body_kept_is_the_body_received() -> None:
     frame_of(tree({"kind": "xid", "gpu": 2, "data": 79, "verdict": "FAIL", "findings": []}, type=EVENT)),
     frame_of(tree({}, type=HEARTBEAT)),
     frame_of(tree({"version": "1.0", "gpus": 8, "interval_s": 15.0}, type=HELLO)),
-], ids=["finding", "facts-map", "summary-map", "body-key", "envelope-key", "new-node", "new-epoch",
+], ids=["finding-key", "data-deep", "data-list-of-lists", "data-bytes", "data-list", "not-applicable-list",
+        "facts-map", "summary-map", "body-key", "envelope-key", "new-node", "new-epoch",
         "new-summary", "event", "heartbeat", "hello"])
 def test_frames_left_to_wire_decode(frame: bytes) -> None:
     assert wirefast._fast(frame) is None
@@ -150,6 +171,12 @@ def test_a_node_first_heard_takes_the_fast_path_from_its_second_frame() -> None:
     (("body", "throttle"), True), (("body", "summary"), "text"), (("body", "summary"), b"\xc1"),
     (("body", "facts"), "text"), (("body",), []), (("body",), None), (("extra",), {1: 2}),
     (("body", "extra"), {1: 2}),
+    (("body", "findings"), [finding(check=None)]), (("body", "findings"), [finding(severity="x" * 17)]),
+    (("body", "findings"), [finding(gpu=1024)]), (("body", "findings"), [finding(gpu=-1)]),
+    (("body", "findings"), [finding(gpu=True)]), (("body", "findings"), [finding(subject="x" * 257)]),
+    (("body", "findings"), [finding(message=5)]), (("body", "findings"), [finding(data={1: 2})]),
+    (("body", "findings"), [finding(data={"a": {2: 1}})]), (("body", "findings"), ["finding"]),
+    (("body", "findings"), [finding()] * (wire.MAX_FINDINGS + 1)),
 ])
 def test_bad_frames_get_decodes_error(path: tuple[str, ...], value: Any) -> None:
     t = tree(copy.deepcopy(DELTA))
@@ -188,18 +215,29 @@ VALUES = st.one_of(
     st.dictionaries(st.one_of(st.text(max_size=4), st.integers(0, 3)), st.integers(0, 3), max_size=2))
 ENVELOPE_KEYS = ["v", "id", "node", "seq", "ts", "type", "body", "epoch", "extra"]
 BODY_KEYS = ["verdict", "findings", "ok_checks", "throttle", "summary", "facts", "extra"]
+FINDING_KEYS = ["check", "severity", "gpu", "subject", "message", "not_applicable", "data", "extra"]
 
 
 @st.composite
 def mutated_frames(draw: st.DrawFn) -> bytes:
     """A valid report or bundle, with a few keys set to other values or dropped, and
     sometimes its bytes cut, extended or changed."""
-    base = draw(st.sampled_from([DELTA, FULL, {"verdict": "WARN", "findings": []}]))
+    base = draw(st.sampled_from([DELTA, FULL, {"verdict": "WARN", "findings": []}, WARN]))
     t = tree(copy.deepcopy(base), seq=draw(st.integers(0, 2**63 - 1)))
     for _ in range(draw(st.integers(0, 3))):
-        inside = draw(st.booleans())
-        target = t["body"] if inside and isinstance(t.get("body"), dict) else t
-        key = draw(st.sampled_from(BODY_KEYS if target is not t else ENVELOPE_KEYS))
+        where = draw(st.sampled_from(["envelope", "body", "finding", "data"]))
+        body = t.get("body") if isinstance(t.get("body"), dict) else None
+        found = body.get("findings") if body is not None else None
+        f = found[0] if isinstance(found, list) and found and isinstance(found[0], dict) else None
+        if where == "finding" and f is not None:
+            target, keys = f, FINDING_KEYS
+        elif where == "data" and f is not None and isinstance(f.get("data"), dict):
+            target, keys = f["data"], ["margin_c", "counters", "versions", "x"]
+        elif where != "envelope" and body is not None:
+            target, keys = body, BODY_KEYS
+        else:
+            target, keys = t, ENVELOPE_KEYS
+        key = draw(st.sampled_from(keys))
         if draw(st.integers(0, 4)) == 0:
             target.pop(key, None)
         else:
