@@ -90,6 +90,8 @@ def feed(collector: Any, bundles: list[list[Frame]], batch: int) -> None:
             transport._commit(fleet, items, to_ack, now)
             items, to_ack = [], []
             fleet.tick()  # (the loop's turn: the WAL thread's turn for the writer, when due)
+            while fleet.holding():  # (as the transport waits, reading only events meanwhile)
+                time.sleep(0.001)
     if items:
         transport._commit(fleet, items, to_ack, now)
 

@@ -75,6 +75,9 @@ class _Handler:
         self.failures = failures
         self.recorded: list[set[str]] = []
 
+    def holding(self) -> bool:
+        return False
+
     def heard(self, nodes: set[str], now: float) -> bool:
         if self.failures:
             self.failures -= 1

@@ -114,6 +114,43 @@ def test_the_event_is_acked_in_a_batch_of_its_own_ahead_of_the_queue(
         collector.close()
 
 
+def test_while_the_wal_is_started_over_events_are_stored_and_reports_wait(
+        settings: CollectorSettings, keys_dir: Path, spool: Spool, links: Any,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store holding bulk batches (its WAL being started over, ``Store.wal_holding``):
+    the loop reads the events socket alone, so a live node's event is stored and acked
+    meanwhile; the reports queued on the main socket are stored once the hold ends."""
+    keys.add_node(keys_dir, OTHER)
+    collector = build_collector(settings)
+    backlog = flood(keys_dir, settings.addresses[0], 50)
+    holding = [True]
+    monkeypatch.setattr(collector.fleet.store, "wal_holding", lambda: holding[0])
+    try:
+        assert collector.transport.events_sock is not None
+        wait_until(lambda: collector.transport.sock.poll(0), timeout=BOUND_S, what="reports queued")
+        assert collector.serve_once(0) == 0  # (held: the main socket is not read)
+        link = links(settings.addresses[0], settings.events_port)
+        fault = event(spool)
+        link.wake()
+        wait_until(lambda: link.events_sent == 1, timeout=BOUND_S, what="the event sent on the events socket")
+        wait_until(lambda: collector.transport.events_sock.poll(0), timeout=BOUND_S,  # type: ignore[union-attr]
+                   what="the event queued at the collector")
+        assert collector.serve_once(0) == 1  # the event alone
+        assert stored(settings, NODE, spool.epoch) == {fault: "event"}
+        wait_until(lambda: spool.count() == 0, timeout=BOUND_S, what="the event's ack")
+        for _ in range(5):
+            collector.serve_once(10)
+        assert stored(settings, OTHER) == {}  # still held
+        holding[0] = False
+        deadline = time.monotonic() + BOUND_S
+        while len(stored(settings, OTHER)) < 50 and time.monotonic() < deadline:
+            collector.serve_once(50)
+        assert len(stored(settings, OTHER)) == 50
+    finally:
+        backlog.close(linger=0)
+        collector.close()
+
+
 def test_reports_on_the_events_socket_are_refused_not_acked(
         settings: CollectorSettings, keys_dir: Path) -> None:  # noqa: F811
     """Only events and command results belong there: anything else is counted as

@@ -10,12 +10,10 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import cast
 
 import pytest
 
-from slurmgpu.collector.store import Store
-from slurmgpu.collector.store.backend import Connection
+from slurmgpu.collector.store import Store, walcheckpoint
 from slurmgpu.collector.store.walcheckpoint import WalCheckpointer
 from slurmgpu.wire import EVENT, Envelope
 
@@ -56,6 +54,8 @@ class Writer:
                                 for i in range(events)])
         self.written += events * len(PAD)
         self.store.wal_turn()
+        while self.store.wal_holding():  # (as the collector's loop holds its bulk batches)
+            time.sleep(0.001)
 
 
 def wal_size(store: Store) -> int:
@@ -116,11 +116,19 @@ def test_a_reader_on_an_old_snapshot_holds_the_wal_and_nothing_spins(store: Stor
     assert wal_size(store) - size < 0.75 * (writer.written - written)  # (started over)
 
 
-class _FailingWriter:
-    """A writer connection whose statements fail (disk I/O error, a full disk)."""
+class _FailingCheckpoints:
+    """The thread's connection on a failing disk: its checkpoints fail (disk I/O error)."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
 
     def execute(self, sql: str, *args: object) -> object:
-        raise sqlite3.OperationalError("disk I/O error")
+        if "wal_checkpoint" in sql:
+            raise sqlite3.OperationalError("disk I/O error")
+        return self.db.execute(sql, *args)
+
+    def close(self) -> None:
+        self.db.close()
 
 
 class _Log:
@@ -131,23 +139,40 @@ class _Log:
         self.warnings.append(event)
 
 
-def test_a_failing_turn_is_logged_and_the_loop_goes_on(store: Store) -> None:
-    """The writer's checkpoint failing (a full or failing disk) raises nothing into the
-    collector's loop: it is logged, the turn is over, and the thread goes on (the backstop
-    still bounds the WAL)."""
-    assert isinstance(store.path, Path)
-    checkpointer = WalCheckpointer(store.path, store.db, every_s=3600.0, restart_pages=PAGES)
+def test_a_turn_that_fails_is_logged_and_ingest_goes_on(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The thread's checkpoints failing during a turn (a full or failing disk): logged,
+    and the writer stops holding its batches at once (the backstop still bounds the WAL)."""
+    real_connect = sqlite3.connect
+    monkeypatch.setattr(sqlite3, "connect", lambda *a, **k: _FailingCheckpoints(real_connect(*a, **k)))
+    checkpointer = start(store)
     checkpointer.log = log = _Log()
-    failing = cast("Connection", _FailingWriter())
-    assert checkpointer.take_turn(failing) is False  # (not due: nothing runs)
+    store.wal_turn()
+    assert not store.wal_holding()  # (not due: nothing held)
     checkpointer._turn.set()
-    assert checkpointer.take_turn(failing) is True
+    store.wal_turn()
+    began = time.monotonic()
+    while store.wal_holding() and time.monotonic() < began + 5:
+        time.sleep(0.001)
+    assert time.monotonic() - began < walcheckpoint.MAX_HOLD_S
     assert not checkpointer._turn.is_set() and checkpointer.turns == 1
-    assert log.warnings == ["wal_checkpoint_failed"]
-    checkpointer._turn.set()
+    assert "wal_checkpoint_failed" in log.warnings
+
+
+def test_a_turn_without_its_thread_holds_ingest_no_longer_than_max_hold(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread that died with a turn due: the writer holds its batches for MAX_HOLD_S,
+    then goes on, and takes no other turn."""
+    assert isinstance(store.path, Path)
+    monkeypatch.setattr(walcheckpoint, "MAX_HOLD_S", 0.2)
+    checkpointer = WalCheckpointer(store.path, store.db, every_s=3600.0, restart_pages=PAGES)  # (never started)
     store._checkpointer = checkpointer
     try:
-        store.wal_turn()  # the real writer: the turn runs and clears
+        checkpointer._turn.set()
+        store.wal_turn()
+        assert store.wal_holding()
+        time.sleep(0.3)
+        assert not store.wal_holding()
+        store.wal_turn()
+        assert not store.wal_holding()
     finally:
         store._checkpointer = None  # (never started: nothing to stop)
-    assert not checkpointer._turn.is_set() and checkpointer.turns == 2

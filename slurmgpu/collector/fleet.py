@@ -292,6 +292,10 @@ class Fleet:
         self.allowed = allowed
         self._automation_fleet_size()
 
+    def holding(self) -> bool:
+        """Whether bulk batches wait now: the store's WAL being started over."""
+        return self.store.wal_holding()
+
     def heard(self, nodes: set[str], now: float) -> bool:
         """Nodes heard by heartbeat: their ``last_seen`` (and reachability) in one write."""
         try:

@@ -63,6 +63,10 @@ reports' either. Its messages are acked on it; commands and heartbeats stay on t
 socket. Not bindable (port in use): logged, and the collector runs without it (agents
 then send events with their reports).
 
+While the store holds bulk batches (``Handler.holding``: its WAL being started over, up
+to a few hundred ms), the loop reads the events socket alone, HELD_POLL_MS at a time, and
+stores and acks what comes there; the main socket's frames wait for the next batch.
+
 Single-threaded (plus libzmq's I/O thread and the ZAP thread): every method, and
 ``send_command``, is called from the thread that runs the collector loop.
 """
@@ -144,6 +148,8 @@ EVENTS_POLL_EVERY = 16
 # At most this many events socket frames per batch (a batch of events alone is never
 # followed by another: see ``_drain_batch``).
 MAX_EVENTS_PER_BATCH = 256
+# While the store holds bulk batches, the events socket is waited on this long at a time.
+HELD_POLL_MS = 2
 # zmq I/O threads: the main socket's connections on the first, the events socket's on the second.
 MAIN_IO, EVENTS_IO = 1, 2
 # The heartbeat interval's work is spread over loop turns, so it never holds an event's
@@ -220,6 +226,10 @@ class Handler(Protocol):
     def heard(self, nodes: set[str], now: float) -> bool:
         """Nodes heard from by heartbeat since the last call (at most once per
         ``heartbeat_s``); False: not recorded, hand them over again next time."""
+
+    def holding(self) -> bool:
+        """Whether bulk batches wait now (``Store.wal_holding``): only the events socket
+        is read meanwhile."""
 
 
 def _routing_id_ok(routing_id: bytes, node: str) -> bool:
@@ -348,6 +358,8 @@ class Transport:
     def receive(self, handler: Handler, timeout_ms: int = 0) -> int:
         """Wait up to ``timeout_ms`` for frames, handle up to ``max_batch`` of them (one
         ``handler.commit``, then the acks, then ``handler.acked``). Returns frames handled."""
+        if handler.holding():
+            return self._events_while_held(handler, timeout_ms)
         if not self._poller.poll(timeout_ms):
             return 0
         # A batch is ~100k short-lived, acyclic objects (decoded msgpack): the cyclic GC
@@ -426,6 +438,23 @@ class Transport:
         if new:
             handler.acked(batch, new, now)
         return True
+
+    def _events_while_held(self, handler: Handler, timeout_ms: int) -> int:
+        """While the store holds bulk batches: the events socket alone (waited on for up
+        to HELD_POLL_MS), its messages stored and acked at once; returns frames handled."""
+        wait_ms = min(timeout_ms, HELD_POLL_MS)
+        sock = self.events_sock
+        if sock is None:  # (no events port: events come with the reports, and wait)
+            time.sleep(wait_ms / 1000)
+            return 0
+        if not sock.poll(wait_ms):
+            return 0
+        batch: Batch = []
+        to_ack: list[AckItem] = []
+        now = time.time()
+        taken = self._take_events(batch, to_ack, now)
+        self._commit(handler, batch, to_ack, now)
+        return taken
 
     def _take_events(self, batch: Batch, to_ack: list[AckItem], now: float) -> int:
         """Read what the events socket has (at most MAX_EVENTS_PER_BATCH frames) into the

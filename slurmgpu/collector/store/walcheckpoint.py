@@ -17,11 +17,17 @@ paid for a checkpoint and its fsync: 235-400 ms, twice a minute at 10,000 nodes,
 live node's event waiting behind it. So once the WAL holds ``restart_pages``, the thread
 runs its passes back to back until one is short (it left little behind: what the writer
 added meanwhile), and then it is the writer's turn (``take_turn``, from the collector's
-loop between two batches): one PASSIVE checkpoint of that remainder, its fsync included
-(4-20 ms on the test VM, a few of ~50-100 ms), and the next transaction starts the WAL
-over. The thread does not checkpoint while the writer's turn is due. A reader on an old
-snapshot (a scrape, a report) holds the copying back, and the WAL with it: the passes
-then go back to every ``every_s``, and no turn is due until they copy everything.
+loop between two batches): the writer holds its bulk batches (``holding``) while the
+thread copies the remainder, its fsync included, and the writer's next transaction
+starts the WAL over. The turn is the thread's work, not the writer's, because it is not
+always short (4-20 ms on the test VM, some of 50-130 ms when the disk's fsync is slow):
+meanwhile the collector still stores and acks the events socket's messages (small
+transactions; the thread's passes copy them too), so a live node's event never waits for
+a turn. The writer holds for at most ``MAX_HOLD_S`` (a thread that died or a stalled
+disk cannot stop ingest). A reader on an old snapshot (a scrape, a report) holds the
+copying back, and the WAL with it: the passes then go back to every ``every_s``, no turn
+is due until they copy everything, and a turn under way when one begins ends at the first
+pass that copies nothing more.
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ RESTART_PAGES = 8_192
 CAUGHT_UP_S = 0.02
 CHASE_PAUSE_S = 0.002  # between passes back to back
 TURN_WAIT_S = 0.05  # between looks at whether the writer took its turn
+# The writer holds its bulk batches for a turn at most this long.
+MAX_HOLD_S = 0.5
 
 
 class WalCheckpointer(threading.Thread):
@@ -53,9 +61,11 @@ class WalCheckpointer(threading.Thread):
         self.every_s = every_s
         self.restart_pages = restart_pages
         self.checkpoints = 0
-        self.turns = 0  # the writer's checkpoints (``take_turn``)
+        self.turns = 0  # turns taken (``take_turn``): the WAL started over, or tried to
         self._halt = threading.Event()
         self._turn = threading.Event()  # the writer's turn is due
+        self._held = threading.Event()  # the writer holds its bulk batches: the turn is on
+        self._held_until = 0.0  # (monotonic) when the writer goes on regardless
         self._chasing = False  # the WAL is long: passes back to back
         self._copied = -1  # the frames the last pass found copied
         self.log = get_logger(component="store")
@@ -66,19 +76,17 @@ class WalCheckpointer(threading.Thread):
         while not self._halt.wait(self.every_s):
             try:
                 with contextlib.closing(sqlite3.connect(self.path, timeout=1.0, isolation_level=None)) as db:
-                    while not self._halt.wait(self._pause()):
-                        if not self._turn.is_set():
+                    while not self._halt.is_set():
+                        if self._turn.is_set():
+                            if self._held.wait(TURN_WAIT_S):  # the writer took its turn
+                                self._start_over(db)
+                        elif not self._halt.wait(CHASE_PAUSE_S if self._chasing else self.every_s):
                             self._pass(db)
                             failing = False
             except sqlite3.Error as exc:  # the writer's backstop still checkpoints
                 if not failing:
                     self.log.warning("wal_checkpoint_failed", db=str(self.path), error=str(exc))
                 failing = True
-
-    def _pause(self) -> float:
-        if self._turn.is_set():
-            return TURN_WAIT_S
-        return CHASE_PAUSE_S if self._chasing else self.every_s
 
     def _pass(self, db: sqlite3.Connection) -> None:
         start = time.perf_counter()
@@ -92,21 +100,39 @@ class WalCheckpointer(threading.Thread):
                 and time.perf_counter() - start < CAUGHT_UP_S:
             self._turn.set()
 
-    def take_turn(self, writer: Connection) -> bool:
-        """The writer, between two of its transactions: if its turn is due, checkpoint what
-        the thread's last pass left, so that its next transaction starts the WAL over.
-        Returns whether it did."""
-        if not self._turn.is_set():
-            return False
+    def _start_over(self, db: sqlite3.Connection) -> None:
+        """The writer holds its bulk batches: passes back to back until one copies
+        everything (the writer's next transaction then starts the WAL over) or copies
+        nothing more than the last (a reader on an old snapshot holds it), then the turn
+        is over, whatever happens."""
+        copied = -1
         try:
-            writer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-        except sqlite3.Error as exc:  # (the thread, and the backstop, go on)
-            self.log.warning("wal_checkpoint_failed", db=str(self.path), error=str(exc))
+            while time.monotonic() < self._held_until and not self._halt.is_set():
+                busy, frames, now_copied = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                self.checkpoints += 1
+                if (not busy and now_copied == frames) or now_copied == copied:
+                    break
+                copied = now_copied
         finally:
             self._chasing = False
             self._turn.clear()
+            self._held.clear()
             self.turns += 1
+
+    def take_turn(self) -> bool:
+        """The writer, between two of its transactions: if its turn is due, it holds its
+        bulk batches from now (``holding``) while the thread starts the WAL over. Returns
+        whether it took one."""
+        if not self._turn.is_set() or self._held.is_set():
+            return False
+        self._held_until = time.monotonic() + MAX_HOLD_S
+        self._held.set()
         return True
+
+    def holding(self) -> bool:
+        """Whether the writer holds its bulk batches now: a turn under way, for at most
+        ``MAX_HOLD_S`` (then it goes on: the backstop still bounds the WAL)."""
+        return self._held.is_set() and time.monotonic() < self._held_until
 
     def stop(self) -> None:
         self._halt.set()
