@@ -22,7 +22,7 @@ from slurmgpu import keys, wire
 from slurmgpu.agent.link import STALL_HEARTBEATS
 from slurmgpu.agent.spool import Spool
 from slurmgpu.collector import transport as transport_mod
-from slurmgpu.collector.app import build_collector
+from slurmgpu.collector.app import Collector, build_collector
 from slurmgpu.config.load import load_config
 from slurmgpu.config.schema import CollectorSettings, with_port
 from slurmgpu.errors import ConfigError
@@ -83,6 +83,21 @@ def flood(keys_dir: Path, address: str, count: int) -> zmq.Socket[Any]:  # noqa:
     return sock
 
 
+def event_served_alone(collector: Collector, settings: CollectorSettings, spool: Spool,  # noqa: F811
+                       links: Any) -> Any:
+    """An event sent on the events socket by NODE's link; the collector's next loop turn
+    stores it alone. Returns the link."""
+    link = links(settings.addresses[0], settings.events_port)
+    fault = event(spool)
+    link.wake()
+    wait_until(lambda: link.events_sent == 1, timeout=BOUND_S, what="the event sent on the events socket")
+    wait_until(lambda: collector.transport.events_sock.poll(0), timeout=BOUND_S,  # type: ignore[union-attr]
+               what="the event queued at the collector")
+    assert collector.serve_once(0) == 1  # the event alone
+    assert stored(settings, NODE, spool.epoch) == {fault: "event"}
+    return link
+
+
 def test_the_event_is_acked_in_a_batch_of_its_own_ahead_of_the_queue(
         settings: CollectorSettings, keys_dir: Path, spool: Spool, links: Any) -> None:  # noqa: F811
     """Reports queued on the main socket, an event on the events socket: the collector's
@@ -93,14 +108,7 @@ def test_the_event_is_acked_in_a_batch_of_its_own_ahead_of_the_queue(
     try:
         assert collector.transport.events_sock is not None
         wait_until(lambda: collector.transport.sock.poll(0), timeout=BOUND_S, what="reports queued")
-        link = links(settings.addresses[0], settings.events_port)
-        fault = event(spool)
-        link.wake()
-        wait_until(lambda: link.events_sent == 1, timeout=BOUND_S, what="the event sent on the events socket")
-        wait_until(lambda: collector.transport.events_sock.poll(0), timeout=BOUND_S,  # type: ignore[union-attr]
-                   what="the event queued at the collector")
-        assert collector.serve_once(0) == 1  # the event alone
-        assert stored(settings, NODE, spool.epoch) == {fault: "event"}
+        link = event_served_alone(collector, settings, spool, links)
         assert stored(settings, OTHER) == {}
         wait_until(lambda: spool.pending() == [] and spool.count() == 0, timeout=BOUND_S,
                    what="the event's ack, on the events socket")
@@ -129,14 +137,7 @@ def test_while_the_wal_is_started_over_events_are_stored_and_reports_wait(
         assert collector.transport.events_sock is not None
         wait_until(lambda: collector.transport.sock.poll(0), timeout=BOUND_S, what="reports queued")
         assert collector.serve_once(0) == 0  # (held: the main socket is not read)
-        link = links(settings.addresses[0], settings.events_port)
-        fault = event(spool)
-        link.wake()
-        wait_until(lambda: link.events_sent == 1, timeout=BOUND_S, what="the event sent on the events socket")
-        wait_until(lambda: collector.transport.events_sock.poll(0), timeout=BOUND_S,  # type: ignore[union-attr]
-                   what="the event queued at the collector")
-        assert collector.serve_once(0) == 1  # the event alone
-        assert stored(settings, NODE, spool.epoch) == {fault: "event"}
+        event_served_alone(collector, settings, spool, links)
         wait_until(lambda: spool.count() == 0, timeout=BOUND_S, what="the event's ack")
         for _ in range(5):
             collector.serve_once(10)
