@@ -163,7 +163,6 @@ class Rig:
             self._thread.join(30)
         else:
             self.collector.close()
-        self.store.close()
         with contextlib.suppress(OSError):
             self._log_file.close()
 

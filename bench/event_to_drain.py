@@ -27,7 +27,7 @@ from t0: the automation called (ingest: transport, CURVE, decode, SQLite commit,
 and the time spent in each Slurm command.
 
 The hop before this one, NVML event -> event row committed by the collector (agent and
-collector processes, real CURVE), is bench/xid_latency.py (p99 53 ms on this machine);
+collector processes, real CURVE), is bench/xid_latency.py (p99 65 ms in bursts on this machine);
 their sum is the XID -> drain figure.
 
 Target (issue 5): p99 <= 1 s.
@@ -65,8 +65,9 @@ from slurmgpu.decision import REASON_PREFIX
 from slurmgpu.slurm.cli import CliSlurmClient
 
 TARGET_S = 1.0
-# XID -> event row committed, p99, bench/xid_latency.py (docs/benchmarks.md).
-AGENT_HOP_P99_S = 0.0534
+# XID -> event row committed, p99, bench/xid_latency.py --burst (XIDs 20-60 ms apart; the
+# slower of its modes, docs/benchmarks.md).
+AGENT_HOP_P99_S = 0.0651
 
 
 class TimedCli(CliSlurmClient):

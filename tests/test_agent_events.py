@@ -1,6 +1,7 @@
 """Quiet, complete NVML events in the agent (issue 10): only health events are
-registered, at most one re-evaluation per GPU per second, and only XID/ECC/recovery events
-or a change of verdict/findings go on the wire."""
+registered, at most one re-evaluation per GPU per second for repeats and non-health events
+(a new health code is judged at once), and only XID/ECC/recovery events or a change of
+verdict/findings go on the wire."""
 
 from __future__ import annotations
 
@@ -66,21 +67,39 @@ def test_only_health_events_are_registered() -> None:
     assert WANTED == 0x8 | 0x2 | 0x200 | 0x400 | 0x800 | 0x1000 | 0x2000 | 0x4000 | 0x8000
 
 
-def test_events_within_a_second_share_one_evaluation_but_each_xid_is_sent(tmp_path: Path) -> None:
+def test_repeats_of_one_code_within_a_second_share_one_evaluation_but_each_is_sent(tmp_path: Path) -> None:
     agent, clock, _ = agent_with_fakes(tmp_path)
-    agent.on_nvml_event("xid", 3, 79)
+    agent.on_nvml_event("xid", 3, 13)
     assert agent.events_evaluated == 1 and len(sent(agent)) == 1
     clock.advance(0.2)
-    agent.on_nvml_event("xid", 3, 48)
-    agent.on_nvml_event("xid", 3, 63)
-    assert agent.events_evaluated == 1  # deferred to the end of the window
+    agent.on_nvml_event("xid", 3, 13)
+    agent.on_nvml_event("clock", 3, 0)
+    agent.on_nvml_event("xid", 3, 13)
+    assert agent.events_evaluated == 1  # repeats and non-health events wait for the window's end
     assert agent.run_deferred() == pytest.approx(COALESCE_S - 0.2)
     clock.advance(COALESCE_S)
     assert agent.run_deferred() is None
     assert agent.events_evaluated == 2
-    assert [(e.body["kind"], e.body["data"]) for e in sent(agent)] == [("xid", 79), ("xid", 48), ("xid", 63)]
-    agent.on_nvml_event("xid", 1, 31)  # another GPU is not held back
+    assert [(e.body["kind"], e.body["data"]) for e in sent(agent)] == [("xid", 13)] * 3
+    agent.on_nvml_event("xid", 1, 13)  # another GPU is not held back
     assert agent.events_evaluated == 3
+
+
+def test_a_burst_of_distinct_health_events_is_judged_one_by_one_at_once(tmp_path: Path) -> None:
+    """XIDs 20-60 ms apart on one GPU (issue 28 item 4): each new code is evaluated and sent
+    when it arrives, taking any waiting repeat along; none waits for the window."""
+    agent, clock, _ = agent_with_fakes(tmp_path)
+    burst = [("xid", 13), ("xid", 31), ("xid", 13), ("ecc_dbe", None), ("xid", 48), ("xid", 79)]
+    evaluated = []
+    for kind, data in burst:
+        agent.on_nvml_event(kind, 2, data)
+        evaluated.append(agent.events_evaluated)
+        clock.advance(0.04)
+    assert evaluated == [1, 2, 2, 3, 4, 5]  # only the repeated 13 waited
+    assert [(e.body["kind"], e.body["data"]) for e in sent(agent)] == [
+        ("xid", 13), ("xid", 31), ("xid", 13), ("ecc_dbe", None), ("xid", 48), ("xid", 79)]
+    assert sent(agent)[-1].body["verdict"] == "FAIL"
+    assert agent.run_deferred() is None  # the waiting repeat went with the next new code
 
 
 def test_an_unchanged_reevaluation_is_not_a_message(tmp_path: Path) -> None:

@@ -34,7 +34,8 @@ from slurmgpu.summary import report_fields
 # XIDs seen by the event thread stay in the facts (and so in xid.recent) this long.
 XID_KEEP_S = 3600.0
 KEYS_RETRY_S = 60.0
-# At most one re-evaluation per GPU per this many seconds; later events wait for it.
+# At most one re-evaluation per GPU per this many seconds for events that are not health
+# news (non-health kinds, repeats of a code already judged); later ones wait for it.
 COALESCE_S = 1.0
 # Events that always go on the wire (each one); anything else only when the GPU's
 # verdict or findings change.
@@ -115,11 +116,13 @@ class Agent:
         self._keys_retry_at = 0.0
         self._state_error: str | None = None  # gate bookkeeping that failed (warm path)
         # Event coalescing, per GPU (None: could not tell which): events waiting for the
-        # next evaluation, when the last one ran, when a deferred one is due, and what
-        # the last evaluation found (an unchanged one is not a message).
+        # next evaluation, when the last one ran, when a deferred one is due, what the
+        # last evaluation found (an unchanged one is not a message), and when each health
+        # (kind, code) was last judged (only its repeats wait).
         self._pending_events: dict[int | None, list[tuple[str, int | None]]] = {}
         self._evaluated_at: dict[int | None, float] = {}
         self._deferred: dict[int | None, float] = {}
+        self._judged_codes: dict[int | None, dict[tuple[str, int | None], float]] = {}
         self._event_state: dict[int | None, tuple[Any, ...]] = {}
         self.events_evaluated = 0
         self.events_sent = 0
@@ -276,20 +279,37 @@ class Agent:
 
     def on_nvml_event(self, kind: str, gpu: int | None, data: int | None) -> None:
         """An NVML event (called by the event thread). The GPU is re-judged at once, unless
-        it was within ``COALESCE_S``: then the event waits for one deferred evaluation
-        (``run_deferred``, from the main loop)."""
+        it was within ``COALESCE_S`` and the event is not health news (a non-health event, or
+        a health event whose code this GPU's last ``COALESCE_S`` already judged): then the
+        event waits for one deferred evaluation (``run_deferred``, from the main loop)."""
         now = self.clock.monotonic()
         with self._lock:
             if kind == "xid" and data is not None:
                 self._xids.append(XidEvent(xid=data, gpu=gpu, timestamp=self.clock.time(),
                                            source="nvml event"))
             self._pending_events.setdefault(gpu, []).append((kind, data))
-            last = self._evaluated_at.get(gpu)
-            if last is not None and now - last < COALESCE_S:
-                self._deferred.setdefault(gpu, last + COALESCE_S)
+            if self._may_wait(gpu, (kind, data), now):
+                self._deferred.setdefault(gpu, self._evaluated_at[gpu] + COALESCE_S)
                 self._wake.set()
                 return
+            self._deferred.pop(gpu, None)
         self._evaluate_events(gpu)
+
+    def _may_wait(self, gpu: int | None, event: tuple[str, int | None], now: float) -> bool:
+        """Within the GPU's coalescing window: any non-health event, and a health event
+        whose kind and code were judged on this GPU within the window."""
+        last = self._evaluated_at.get(gpu)
+        if last is None or now - last >= COALESCE_S:
+            return False
+        if event[0] not in HEALTH_KINDS:
+            return True
+        judged = self._judged_codes.get(gpu, {}).get(event)
+        return judged is not None and now - judged < COALESCE_S
+
+    def _note_judged(self, gpu: int | None, events: list[tuple[str, int | None]], now: float) -> None:
+        recent = {e: at for e, at in self._judged_codes.get(gpu, {}).items() if now - at < COALESCE_S}
+        recent.update((e, now) for e in events if e[0] in HEALTH_KINDS)
+        self._judged_codes[gpu] = recent
 
     def run_deferred(self) -> float | None:
         """Evaluate GPUs whose coalescing window is over; seconds until the next one is due."""
@@ -309,6 +329,7 @@ class Agent:
         with self._lock:
             events = self._pending_events.pop(gpu, [])
             self._evaluated_at[gpu] = now
+            self._note_judged(gpu, events, now)
             base = self._facts
             xids = self._recent_xids()
         if not events:
