@@ -166,7 +166,7 @@ class GpuFacts:
     # HBM temperature (field 82) and the memory's max operating temperature.
     memory_temp_c: int | None = None
     memory_max_temp_c: int | None = None
-    # The driver's own verdict (field 230, R570+): RECOVERY_ACTION_NAMES.
+    # The driver's own verdict (field 230, R570+; from 226/227 on R560): RECOVERY_ACTION_NAMES.
     recovery_action: int | None = None
     # SRAM ECC errors past the driver's threshold (nvmlDeviceGetSramEccErrorStatus, R550+).
     sram_threshold_exceeded: bool | None = None

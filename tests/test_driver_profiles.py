@@ -24,6 +24,7 @@ from tests.simfixtures import bundled_scenario, run_pynvml, sim_env
 
 # Branch -> (driver version, CUDA driver version) as real nodes report them.
 BRANCHES = {
+    525: ("525.147.05", 12000),
     535: ("535.183.01", 12020),
     550: ("550.90.07", 12040),
     560: ("560.35.03", 12060),
@@ -31,7 +32,7 @@ BRANCHES = {
     575: ("575.57.08", 12090),
     580: ("580.159.04", 13000),
 }
-SUITE_BRANCHES = (535, 550, 570, 580)
+SUITE_BRANCHES = (525, 535, 550, 560, 570, 580)
 
 NOT_SUPPORTED, INVALID_ARGUMENT, FUNCTION_NOT_FOUND, VERSION_MISMATCH = 3, 2, 13, 25
 
@@ -39,8 +40,10 @@ NOT_SUPPORTED, INVALID_ARGUMENT, FUNCTION_NOT_FOUND, VERSION_MISMATCH = 3, 2, 13
 PROBE = """
 N.nvmlInit()
 h = N.nvmlDeviceGetHandleByIndex(0)
-fv = N.nvmlDeviceGetFieldValues(h, [82, 94, 230])
+fv = N.nvmlDeviceGetFieldValues(h, [82, 94, 226, 227, 230])
 emit({
+    "event_reasons": code_of(N.nvmlDeviceGetCurrentClocksEventReasons, h),
+    "throttle_reasons": code_of(N.nvmlDeviceGetCurrentClocksThrottleReasons, h),
     "temperature_v": code_of(N.nvmlDeviceGetTemperatureV, h, 0),
     "temperature": code_of(N.nvmlDeviceGetTemperature, h, 0),
     "fabric_v3": code_of(N.nvmlDeviceGetGpuFabricInfoV, h, ctypes.byref(N.c_nvmlGpuFabricInfo_v3_t())),
@@ -80,9 +83,13 @@ def test_fake_answers_like_the_branch(fake_nvml_lib: Path, tmp_path: Path, branc
     assert out["fabric_v2"] == (older if branch < 550 else None)
     assert out["fabric_v1"] is None
     assert out["sram"] == (older if branch < 550 else None)
-    # fields 82 and 94 are old; 230 (recovery action) is past NVML_FI_MAX before R570
-    assert out["fields"] == [0, 0, 0 if branch >= 570 else INVALID_ARGUMENT]
-    assert out["events"] == {535: 0x9F, 550: 0x9F, 560: 0x3E9F}.get(branch, 0xFF9F)
+    assert out["event_reasons"] == (older if branch < 535 else None)  # R535 renamed the call
+    assert out["throttle_reasons"] is None  # the old name is on every branch up to R580
+    # fields 82 and 94 are old; 226/227 (reset status) are past NVML_FI_MAX before R560,
+    # 230 (recovery action) before R570
+    reset = 0 if branch >= 560 else INVALID_ARGUMENT
+    assert out["fields"] == [0, 0, reset, reset, 0 if branch >= 570 else INVALID_ARGUMENT]
+    assert out["events"] == {525: 0x9F, 535: 0x9F, 550: 0x9F, 560: 0x3E9F}.get(branch, 0xFF9F)
     assert (out["clock"], out["violation"]) == (345, 0)
 
 
@@ -106,7 +113,7 @@ FAULTS: dict[str, tuple[int, set[tuple[str, str, int | None]]]] = {
     "fault-nvml-unknown-error": (0, {("gpu.nvml_errors", "FAIL", 4)}),
     "fault-reset-required": (0, {("gpu.nvml_errors", "FAIL", 1)}),
     "fault-sram-threshold": (550, {("ecc.sram", "FAIL", 6)}),
-    "fault-recovery-action": (570, {("gpu.recovery_action", "FAIL", 2)}),
+    "fault-recovery-action": (560, {("gpu.recovery_action", "FAIL", 2)}),  # R560: fields 226/227
 }
 HEALTHY = ("h100-sxm-8", "h100-sxm-8-r535", "h100-sxm-8-r570", "a100-sxm-8", "a100-sxm-8-r535", "h200-r580")
 CONFIG = """
@@ -271,14 +278,27 @@ def test_each_nvml_error_in_each_query(fake_nvml_lib: Path, tmp_path: Path) -> N
 
 
 def test_recovery_action_is_not_asked_of_drivers_that_lack_it(fake_nvml_lib: Path, tmp_path: Path) -> None:
-    """Field 230 is past NVML_FI_MAX before R570: whatever such a driver would answer, slurmgpu
-    does not ask, so it can never become a finding there."""
+    """Field 230 is past NVML_FI_MAX before R570, 226/227 before R560: whatever such a driver
+    would answer, slurmgpu does not ask, so it can never become a finding there."""
     cases = []
-    for branch in (550, 570):
+    for branch, field in ((550, 230), (570, 230), (550, 226), (560, 226), (560, 230)):
         data = _on_branch("h100-sxm-8", branch)
-        data["gpus"][3]["errors"] = {"field:230": 999}
-        path = write_scenario(tmp_path / f"{branch}.json", data)
-        cases.append((str(branch), path, CONFIG.format(required="true", count=8)))
+        data["gpus"][3]["errors"] = {f"field:{field}": 999}
+        path = write_scenario(tmp_path / f"{branch}-{field}.json", data)
+        cases.append((f"{branch}:{field}", path, CONFIG.format(required="true", count=8)))
     results = evaluate_all(fake_nvml_lib, cases)
-    assert results["550"]["problems"] == []
-    assert results["570"]["problems"] == [["gpu.nvml_errors", "UNKNOWN", 3]]
+    asked = [["gpu.nvml_errors", "UNKNOWN", 3]]
+    assert {k: r["problems"] for k, r in results.items()} == {
+        "550:230": [], "570:230": asked, "550:226": [], "560:226": asked, "560:230": []}
+
+
+@pytest.mark.parametrize("action", [0, 1, 4])
+def test_r560_reset_verdict_is_read_from_fields_226_and_227(fake_nvml_lib: Path, tmp_path: Path,
+                                                             action: int) -> None:
+    """R560 has no field 230; its reset verdict is 226 (reset needed) and 227 (drain and
+    reset needed). Before the fix an R560 GPU that needed a reset was OK."""
+    data = _on_branch("h100-sxm-8", 560)
+    data["gpus"][5]["recovery_action"] = action  # the fake derives 226/227 from it
+    path = write_scenario(tmp_path / "s.json", data)
+    result = evaluate_all(fake_nvml_lib, [("r560", path, CONFIG.format(required="true", count=8))])["r560"]
+    assert result["problems"] == ([["gpu.recovery_action", "FAIL", 5]] if action else []), result

@@ -176,7 +176,8 @@ def main() -> None:
           {0: {"temperature": 95}})
     h100_570 = load("h100-sxm-8-r570")
     fault(h100_570, "fault-recovery-action",
-          "h100-sxm-8-r570 with GPU 2's driver recovery action GPU_RESET (NVML field 230, R570+)",
+          "h100-sxm-8-r570 with GPU 2's driver recovery action GPU_RESET "
+          "(NVML field 230, R570+; fields 226/227 on R560)",
           {2: {"recovery_action": 1}})
 
 

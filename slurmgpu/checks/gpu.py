@@ -159,7 +159,7 @@ RECOVERY_POLICY = {1: "reset", 2: "reboot", 3: "drain", 4: "drain"}
 
 
 @check("gpu.recovery_action", severity=Severity.FAIL, reads=("gpu.recovery_action",),
-       summary="the driver's own verdict (NVML field 230, R570+) is NONE; GPU_RESET, "
+       summary="the driver's own verdict (NVML field 230, R570+; 226/227, R560) is NONE; GPU_RESET, "
                "NODE_REBOOT, DRAIN_P2P or DRAIN_AND_RESET fail, naming the action")
 def gpu_recovery_action(ctx: CheckContext) -> Iterator[Finding]:
     seen = False
@@ -174,4 +174,4 @@ def gpu_recovery_action(ctx: CheckContext) -> Iterator[Finding]:
             yield problem(Severity.FAIL, f"driver recovery action {name}: {action} needed",
                           gpu=gpu.index, recovery_action=name, action=action)
     if not seen:
-        yield not_applicable("the driver reports no recovery action (before R570)")
+        yield not_applicable("the driver reports no recovery action (before R560)")

@@ -355,13 +355,15 @@ static nvmlReturn_t forced(const cJSON *gpu, const char *fn)
 /* Driver branch profiles                                                    */
 /* ------------------------------------------------------------------------ */
 
-/* First branch whose nvml.h declares the function (CUDA 12.2 = R535, 12.4 = R550,
- * 12.6 = R560, 12.8 = R570, 12.9 = R575, 13.0 = R580).  Functions not listed exist on
- * every profile.  nvmlDeviceGetTemperatureV is first declared in the CUDA 12.8 header. */
+/* First branch whose nvml.h declares the function (CUDA 12.0 = R525, 12.2 = R535,
+ * 12.4 = R550, 12.6 = R560, 12.8 = R570, 12.9 = R575, 13.0 = R580).  Functions not listed
+ * exist on every profile.  nvmlDeviceGetTemperatureV is first declared in the CUDA 12.8
+ * header; nvmlDeviceGetCurrentClocksEventReasons in 12.2 (before: ...ClocksThrottleReasons). */
 static const struct {
     const char *fn;
     unsigned int since;
 } g_since[] = {
+    {"nvmlDeviceGetCurrentClocksEventReasons", 535},
     {"nvmlDeviceGetGpuFabricInfoV", 550},
     {"nvmlDeviceGetSramEccErrorStatus", 550},
     {"nvmlDeviceGetTemperatureV", 570},

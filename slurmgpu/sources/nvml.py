@@ -43,9 +43,13 @@ NVLINK_LINK_COUNT_FIELD = 91  # NVML_FI_DEV_NVLINK_LINK_COUNT
 MEMORY_TEMP_FIELD = 82  # NVML_FI_DEV_MEMORY_TEMP (HBM)
 PCIE_REPLAY_FIELD = 94  # NVML_FI_DEV_PCIE_REPLAY_COUNTER
 RECOVERY_ACTION_FIELD = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (R570+)
+RESET_STATUS_FIELD = 226  # NVML_FI_DEV_RESET_STATUS (R560; deprecated by 230): 1 = reset needed
+DRAIN_RESET_STATUS_FIELD = 227  # NVML_FI_DEV_DRAIN_AND_RESET_STATUS (R560; deprecated by 230)
 HEALTH_FIELDS = (NVLINK_LINK_COUNT_FIELD, MEMORY_TEMP_FIELD, PCIE_REPLAY_FIELD)
-# Field 230 is only asked of drivers that define it (R570+: nvml.h NVML_FI_MAX): what an
-# older driver answers to an unknown field id is not a health signal worth a risk.
+# The driver's reset verdict is only asked of drivers that define it (nvml.h NVML_FI_MAX):
+# fields 226/227 from R560, 230 from R570; what an older driver answers to an unknown
+# field id is not a health signal worth a risk.
+RESET_STATUS_BRANCH = 560
 RECOVERY_ACTION_BRANCH = 570
 # nvmlPerfPolicyType_t of the throttle-time counters read.
 VIOLATION_POLICIES = (("power", 0), ("thermal", 1), ("board_limit", 3), ("reliability", 5))
@@ -200,6 +204,8 @@ def _fields_for(driver_version: str | None) -> tuple[int, ...]:
     branch = driver_branch(driver_version)
     if branch is not None and branch >= RECOVERY_ACTION_BRANCH:
         return (*HEALTH_FIELDS, RECOVERY_ACTION_FIELD)
+    if branch is not None and branch >= RESET_STATUS_BRANCH:
+        return (*HEALTH_FIELDS, RESET_STATUS_FIELD, DRAIN_RESET_STATUS_FIELD)
     return HEALTH_FIELDS
 
 
@@ -279,6 +285,13 @@ def _temperature(nvml: Any, q: _Query, h: Any) -> int | None:
         return q("temperature", nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU)
 
 
+def _clock_reasons(nvml: Any, q: _Query, h: Any) -> int | None:
+    try:
+        return q.newer("clocks_event_reasons", getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None), h)
+    except _Older:  # before R535: the same mask under its older name
+        return q("clocks_event_reasons", nvml.nvmlDeviceGetCurrentClocksThrottleReasons, h)
+
+
 def _thermal_power(nvml: Any, q: _Query, gpu: GpuFacts, h: Any) -> None:
     gpu.temperature_c = _temperature(nvml, q, h)
     gpu.slowdown_temp_c = q("slowdown_temp", nvml.nvmlDeviceGetTemperatureThreshold, h,
@@ -291,7 +304,7 @@ def _thermal_power(nvml: Any, q: _Query, gpu: GpuFacts, h: Any) -> None:
     gpu.power_w = None if power is None else power / 1000.0
     limit = q("power_limit", nvml.nvmlDeviceGetEnforcedPowerLimit, h)
     gpu.power_limit_w = None if limit is None else limit / 1000.0
-    gpu.clocks_event_reasons = q("clocks_event_reasons", nvml.nvmlDeviceGetCurrentClocksEventReasons, h)
+    gpu.clocks_event_reasons = _clock_reasons(nvml, q, h)
     gpu.sm_clock_mhz = q("sm_clock", nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_SM)
     gpu.sm_clock_max_mhz = q("sm_clock_max", nvml.nvmlDeviceGetMaxClockInfo, h, nvml.NVML_CLOCK_SM)
     for name, policy in VIOLATION_POLICIES:
@@ -324,7 +337,8 @@ def _links(nvml: Any, q: _Query, gpu: GpuFacts, h: Any, nvlink_count: int | None
 
 
 _FIELD_FACTS = {NVLINK_LINK_COUNT_FIELD: "nvlink", MEMORY_TEMP_FIELD: "memory_temp",
-                PCIE_REPLAY_FIELD: "pcie_replay", RECOVERY_ACTION_FIELD: "recovery_action"}
+                PCIE_REPLAY_FIELD: "pcie_replay", RECOVERY_ACTION_FIELD: "recovery_action",
+                RESET_STATUS_FIELD: "recovery_action", DRAIN_RESET_STATUS_FIELD: "recovery_action"}
 
 
 def _fields(nvml: Any, q: _Query, h: Any, field_ids: tuple[int, ...]) -> dict[int, int]:
@@ -347,7 +361,19 @@ def _fields(nvml: Any, q: _Query, h: Any, field_ids: tuple[int, ...]) -> dict[in
 def _health_fields(gpu: GpuFacts, fields: dict[int, int]) -> None:
     gpu.memory_temp_c = fields.get(MEMORY_TEMP_FIELD)
     gpu.pcie_replay = fields.get(PCIE_REPLAY_FIELD)
-    gpu.recovery_action = fields.get(RECOVERY_ACTION_FIELD)
+    gpu.recovery_action = fields.get(RECOVERY_ACTION_FIELD, _reset_status(fields))
+
+
+def _reset_status(fields: dict[int, int]) -> int | None:
+    """R560's two flags as the recovery action R570 names: DRAIN_AND_RESET (4), GPU_RESET (1)
+    or NONE (0); None where the driver answered neither."""
+    if fields.get(DRAIN_RESET_STATUS_FIELD):
+        return 4
+    if fields.get(RESET_STATUS_FIELD):
+        return 1
+    if RESET_STATUS_FIELD in fields or DRAIN_RESET_STATUS_FIELD in fields:
+        return 0
+    return None
 
 
 def _error_text(nvml: Any, code: int) -> str:
