@@ -38,6 +38,20 @@ def test_every_nvidia_code_has_a_row() -> None:
     assert sorted(set(NVIDIA) - set(catalog())) == []
 
 
+# Codes NVIDIA's catalog describes as "Unused" (or DLA-only) that slurmgpu keeps rows for:
+# each records NVIDIA's bucket and acts by the mapping (issue 28).
+UNUSED_ROWS = {14: "IGNORE", 56: "CONTACT_SUPPORT", 57: "CONTACT_SUPPORT", 58: "CONTACT_SUPPORT",
+               61: "CONTACT_SUPPORT", 65: "CONTACT_SUPPORT", 81: "CONTACT_SUPPORT", 108: "IGNORE",
+               122: "CONTACT_SUPPORT", 123: "CONTACT_SUPPORT", 152: "IGNORE", 153: "IGNORE"}
+
+
+def test_unused_codes_record_nvidias_bucket_and_act_on_it() -> None:
+    rows = catalog()
+    assert {c: (rows[c].nvidia, rows[c].action) for c in UNUSED_ROWS if c in rows} == {
+        c: (bucket, MAPPING[bucket]) for c, bucket in UNUSED_ROWS.items()}
+    assert {c: NVIDIA[c]["immediate"] for c in UNUSED_ROWS if c in NVIDIA} == UNUSED_ROWS
+
+
 @pytest.mark.parametrize("code", sorted(catalog()))
 def test_row_follows_nvidia_or_says_why(code: int) -> None:
     rule = catalog()[code]
@@ -66,7 +80,8 @@ def test_message_variants_follow_nvidia(code: int) -> None:
 # documentation; pids, PCI addresses and register values are made up).
 LINES = [
     ("NVRM: Xid (PCI:0000:5a:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.", 79, "reboot"),
-    ("NVRM: Xid (0000:5a:00): 14, Channel 00000001", 14, "warn"),  # the older format; 14 is not in the table
+    ("NVRM: Xid (0000:5a:00): 12, Channel 00000001", 12, "warn"),  # the older format; 12 is not in the table
+    ("NVRM: Xid (0000:5a:00): 14, Channel 00000001", 14, "ignore"),  # NVIDIA's fake error: IGNORE
     ("NVRM: Xid (PCI:0000:5a:00): 109, pid=1797828, name=pt_main_thread, Ch 00000008, errorString CTX SWITCH "
      "TIMEOUT, Info 0x1c031", 109, "reset"),
     ("NVRM: Xid (PCI:0000:5a:00): 149, NETIR_LINK_EVT  Fatal   XC0 i0 Link 01 (0x021425c6 0x00000000 "
