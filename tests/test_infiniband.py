@@ -396,6 +396,27 @@ def test_saturated_counter_warns_instead_of_trusting_a_zero_delta(tmp_path: Path
                 if f.severity is not Severity.OK]
 
 
+@pytest.mark.parametrize(("counter", "full", "ceiling"), [
+    ("local_link_integrity_errors", 15, 10), ("excessive_buffer_overrun_errors", 15, 10), ("link_downed", 255, 5),
+])
+def test_a_saturated_counter_over_its_ceiling_is_one_warning(tmp_path: Path, counter: str, full: int,
+                                                            ceiling: int) -> None:
+    """The default counters_max (10) is below a 4-bit counter's maximum (15): the absolute
+    limit and the saturation are one WARN for the port, naming both (issue 28)."""
+    root = _copy(tmp_path, "ib-hgx-h100")
+    _write(root, f"mlx5_6/ports/1/counters/{counter}", str(full))
+    findings = [f for f in _findings(_facts(SysfsIbSource(root).collect()), Settings(), "ib.errors")
+                if f.severity is not Severity.OK]
+    assert [(f.severity, f.subject) for f in findings] == [(Severity.WARN, "mlx5_6/1")]
+    assert "saturated" in findings[0].message and f"{counter} {full}" in findings[0].message
+    assert f"over max {ceiling}" in findings[0].message
+    settings = Settings()
+    settings.ib.counters_severity = "fail"  # a failing ceiling is its own finding, not folded into a WARN
+    findings = [f for f in _findings(_facts(SysfsIbSource(root).collect()), settings, "ib.errors")
+                if f.severity is not Severity.OK]
+    assert sorted(f.severity.name for f in findings) == ["FAIL", "WARN"]
+
+
 def test_saturated_link_downed_blinds_flap_and_says_so(tmp_path: Path) -> None:
     root = _copy(tmp_path, "ib-hgx-h100")
     _write(root, "mlx5_7/ports/1/counters/link_downed", "255")

@@ -11,7 +11,7 @@ fails each one that is not up.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
 from slurmgpu.checks.registry import CheckContext, check, not_applicable, ok, problem
 from slurmgpu.config.schema import IbSettings
@@ -149,16 +149,19 @@ def ib_errors(ctx: CheckContext) -> Iterator[Finding]:
     before = _previous(ctx)
     for hca, port in ib_ports(ctx):
         name = _name(hca, port)
-        yield from _over(cfg, port, name)
+        full = _full(cfg, port)
+        # A saturated counter over its ceiling at WARN is one finding, the saturation one.
+        yield from _over(cfg, port, name, skip=full if cfg.counters_severity == "warn" else {})
         old = before.get(name)
         if old is not None:
             yield from _rising(cfg, port.counters, old.counters, name)
-        yield from _saturated(cfg, hca, port)
+        yield from _saturated(cfg, hca, port, full)
         yield from _unavailable(port, name)
 
 
-def _over(cfg: IbSettings, port: IbPort, name: str) -> Iterator[Finding]:
-    over = {c: v for c, v in port.counters.items() if c in cfg.counters_max and v > cfg.counters_max[c]}
+def _over(cfg: IbSettings, port: IbPort, name: str, *, skip: Mapping[str, int]) -> Iterator[Finding]:
+    over = {c: v for c, v in port.counters.items()
+            if c in cfg.counters_max and v > cfg.counters_max[c] and c not in skip}
     if over:
         text = ", ".join(f"{c} {v} (max {cfg.counters_max[c]})" for c, v in over.items())
         yield problem(cfg.counters_severity, text, subject=name, counters=over)
@@ -173,16 +176,26 @@ def _rising(cfg: IbSettings, now: dict[str, int], old: dict[str, int], name: str
                       deltas=rising)
 
 
-def _saturated(cfg: IbSettings, hca: IbHca, port: IbPort) -> Iterator[Finding]:
+def _full(cfg: IbSettings, port: IbPort) -> dict[str, int]:
+    """The judged counters of a port that are at their maximum."""
+    judged = set(cfg.counters_max) | set(cfg.counters_delta_max)
+    return {c: v for c, v in port.counters.items() if c in judged and saturated(c, v)}
+
+
+def _saturated(cfg: IbSettings, hca: IbHca, port: IbPort, full: Mapping[str, int]) -> Iterator[Finding]:
     """A judged counter at its maximum hides any further growth: say so instead of letting
     its zero delta pass. WARN whatever counters_severity says: it is a blind spot, not a fault
-    (the value itself is judged by counters_max)."""
-    judged = set(cfg.counters_max) | set(cfg.counters_delta_max)
-    full = {c: v for c, v in port.counters.items() if c in judged and saturated(c, v)}
+    (the value itself is judged by counters_max, and named here when over it)."""
     if full:
-        text = ", ".join(f"{c} {v} ({PMA_COUNTER_BITS[c]}-bit maximum)" for c, v in full.items())
+        text = ", ".join(f"{c} {v} ({PMA_COUNTER_BITS[c]}-bit maximum{_over_max(cfg, c, v)})"
+                         for c, v in full.items())
         yield problem(Severity.WARN, f"counter saturated, its growth can no longer be seen: {text}; "
                       f"{_reset_hint(hca, port)}", subject=_name(hca, port), saturated=full)
+
+
+def _over_max(cfg: IbSettings, counter: str, value: int) -> str:
+    ceiling = cfg.counters_max.get(counter)
+    return f", over max {ceiling}" if ceiling is not None and value > ceiling else ""
 
 
 def _unavailable(port: IbPort, name: str) -> Iterator[Finding]:
