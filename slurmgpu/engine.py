@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from slurmgpu.checks.registry import CheckContext, CheckSpec, enabled_checks, unknown
 from slurmgpu.config.env import apply_env
-from slurmgpu.config.schema import Settings
+from slurmgpu.config.schema import Settings, ThermalSettings
 from slurmgpu.facts import IbFacts, NodeFacts, SoftwareVersions, XidEvent
 from slurmgpu.result import Finding, Severity, Verdict
 from slurmgpu.sources import Clock, IbSource, NvmlSource, SystemClock, VersionSource, kmsg, procs
@@ -119,11 +119,13 @@ class SourceFacts:
     node: str
     kernel_log: str = kmsg.DEFAULT_KMSG
     proc_root: str = procs.PROC_ROOT
+    thermal: ThermalSettings | None = None  # for second_brake_sample; None: one sample
 
     def __call__(self, gpus: frozenset[int] | None, *, xids_since: float | None = None,
                  progress: Progress = _quiet) -> NodeFacts:
-        return gather(self.sources, node=self.node, scope=gpus, kernel_log=self.kernel_log,
-                      xids_since=xids_since, progress=progress)
+        facts = gather(self.sources, node=self.node, scope=gpus, kernel_log=self.kernel_log,
+                       xids_since=xids_since, progress=progress)
+        return facts if self.thermal is None else second_brake_sample(facts, self.sources, self.thermal, progress)
 
     def holders(self, devices: Mapping[str, int], *, uid: int | None,
                 ignore: Iterable[str]) -> list[dict[str, Any]]:
@@ -133,7 +135,25 @@ class SourceFacts:
 def source_facts(sources: Sources, settings: Settings, environ: Mapping[str, str]) -> SourceFacts:
     """The cold path's facts for a hook run in ``environ``: its node (``node_name``), its
     kernel log (``[paths] kmsg``, as ``environ``'s ``$SLURMGPU_KMSG`` leaves it)."""
-    return SourceFacts(sources, node_name(environ), apply_env(settings, environ).paths.kmsg)
+    return SourceFacts(sources, node_name(environ), apply_env(settings, environ).paths.kmsg,
+                       thermal=settings.thermal)
+
+
+def second_brake_sample(facts: NodeFacts, sources: Sources, thermal: ThermalSettings,
+                        progress: Progress = _quiet) -> NodeFacts:
+    """A one-shot gather has no previous sample to tell a held clock brake from a momentary
+    one (``thermal.clock_brake``): where a GPU shows one, sample the braked GPUs again
+    ``[thermal] brake_resample_s`` later, with the first gather as the previous sample."""
+    from slurmgpu.checks.thermal import braked
+
+    held = frozenset(g.index for g in facts.gpus if braked(g, thermal.brake_fraction))
+    if not held or facts.previous is not None or thermal.brake_resample_s <= 0:
+        return facts
+    progress("gather:brake_resample")
+    time.sleep(thermal.brake_resample_s)
+    again = {g.index: g for g in sources.nvml.collect(held).gpus}
+    gpus = [again.get(g.index, g) for g in facts.gpus]
+    return dataclasses.replace(facts, nvml=dataclasses.replace(facts.nvml, gpus=gpus), previous=facts)
 
 
 def evaluate(facts: NodeFacts, settings: Settings, *, scope: frozenset[int] | None = None,

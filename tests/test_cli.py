@@ -39,8 +39,9 @@ def failing(report: dict) -> set[tuple[str, str, int | None]]:
     ("fault-row-remap-pending", 2, {("mem.row_remap", "FAIL", 2)}),
     ("fault-row-remap-failure", 2, {("mem.row_remap", "FAIL", 6)}),
     ("fault-gpu-lost", 2, {("gpu.lost", "FAIL", 5)}),
-    ("fault-hw-thermal", 1, {("thermal.throttle", "WARN", 4), ("thermal.temperature", "WARN", 4),
-                             ("thermal.clock_brake", "WARN", 4)}),
+    # a held brake: the one-shot check samples it again (brake_resample_s) and fails it
+    ("fault-hw-thermal", 2, {("thermal.throttle", "WARN", 4), ("thermal.temperature", "WARN", 4),
+                             ("thermal.clock_brake", "FAIL", 4)}),
     ("fault-pcie-x8", 2, {("pcie.link", "FAIL", 1)}),
     ("fault-nvlink-down", 2, {("nvlink.state", "FAIL", 7)}),
     ("fault-wrong-driver", 2, {("pin.driver", "FAIL", None), ("pin.cuda", "FAIL", None)}),

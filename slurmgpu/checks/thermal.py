@@ -58,7 +58,8 @@ def throttle(ctx: CheckContext) -> Iterator[Finding]:
 BRAKE = CLOCKS_EVENT_HW_THROTTLE
 
 
-def _braked(gpu: GpuFacts, fraction: float) -> bool:
+def braked(gpu: GpuFacts, fraction: float) -> bool:
+    """HW slowdown / power brake active and the SM clock below ``fraction`` of its max."""
     mask, cur, top = gpu.clocks_event_reasons, gpu.sm_clock_mhz, gpu.sm_clock_max_mhz
     if mask is None or cur is None or not top:
         return False
@@ -81,19 +82,19 @@ def _throttled_s(gpu: GpuFacts, prev: GpuFacts) -> float:
 @check("thermal.clock_brake", severity=Severity.FAIL,
        reads=("gpu.sm_clock_mhz", "gpu.sm_clock_max_mhz", "gpu.clocks_event_reasons", "gpu.throttle_ns"),
        summary="SM clock not held below [thermal] brake_fraction of its max by HW slowdown / "
-               "power brake: one sample warns; two polls in a row, or brake_fail_s of throttle "
-               "time between polls, fail")
+               "power brake: one sample warns; two polls in a row (a one-shot check samples "
+               "again after brake_resample_s), or brake_fail_s of throttle time between them, fail")
 def clock_brake(ctx: CheckContext) -> Iterator[Finding]:
     cfg = ctx.settings.thermal
     previous = ctx.facts.previous
     for gpu in ctx.live_gpus():
-        if not _braked(gpu, cfg.brake_fraction):
+        if not braked(gpu, cfg.brake_fraction):
             continue
         prev = previous.gpu(gpu.index) if previous is not None else None
         # An idle GPU's clock is low anyway: a brake seen only then warns, never drains.
         idle = bool((gpu.clocks_event_reasons or 0) & CLOCKS_EVENT_GPU_IDLE)
         sustained = prev is not None and not idle and (
-            _braked(prev, cfg.brake_fraction) or _throttled_s(gpu, prev) >= cfg.brake_fail_s)
+            braked(prev, cfg.brake_fraction) or _throttled_s(gpu, prev) >= cfg.brake_fail_s)
         names = clocks_event_names((gpu.clocks_event_reasons or 0) & BRAKE)
         text = (f"SM clock {gpu.sm_clock_mhz} of {gpu.sm_clock_max_mhz} MHz, held down by "
                 f"{', '.join(names)}" + (" (sustained)" if sustained else " (one sample)"))

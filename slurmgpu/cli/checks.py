@@ -71,7 +71,7 @@ def check(config_file: str | None, gpus: str | None, node: str | None, xids: tup
     arguments/config).
     """
     from slurmgpu.cli import versions_cache
-    from slurmgpu.engine import evaluate, gather, node_name, system_sources
+    from slurmgpu.engine import evaluate, gather, node_name, second_brake_sample, system_sources
 
     started = time.perf_counter()
     scope = parse_gpu_list(gpus) if gpus is not None else None
@@ -79,7 +79,7 @@ def check(config_file: str | None, gpus: str | None, node: str | None, xids: tup
     name = node or node_name()
     settings = load_settings(config_file, node=name, known_checks=True).settings
     sources = system_sources(settings, versions_cache=versions_cache(settings))
-    facts = gather(sources, node=name, scope=scope, xids=events)
+    facts = second_brake_sample(gather(sources, node=name, scope=scope, xids=events), sources, settings.thermal)
     verdict = evaluate(facts, settings, scope=scope)
     duration_ms = (time.perf_counter() - started) * 1000
     if log_level != "error":  # structlog is only imported when someone wants the lines

@@ -130,6 +130,10 @@ class ThermalSettings:
     # brake_fail_s between polls (NVML violation counters), fail.
     brake_fraction: Annotated[float, FRACTION] = 0.5
     brake_fail_s: Annotated[float, Range(0, 3600)] = 10.0
+    # One-shot checks (`check`, the cold prolog/epilog/healthcheck) have no previous poll:
+    # where the first sample shows a clock brake, the braked GPUs are sampled again this many
+    # seconds later, so a held brake fails there too (0: never; a healthy node never waits).
+    brake_resample_s: Annotated[float, Range(0, 5)] = 1.0
 
 
 @dataclass
