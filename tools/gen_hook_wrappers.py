@@ -84,7 +84,7 @@ if [ -r "$slurmgpu_quick" ]; then
         [ -n "$slurmgpu_py" ] && command -v "$slurmgpu_py" >/dev/null 2>&1 || continue
         SLURMGPU_WRAPPER=1 "$slurmgpu_py" -I -S "$slurmgpu_quick" $slurmgpu_phase "$@"
         slurmgpu_code=$?
-        [ "$slurmgpu_code" -ge 100 ] && [ "$slurmgpu_code" -le 103 ] && exit $((slurmgpu_code - 100))
+        [ "$slurmgpu_code" -ge 100 ] && [ "$slurmgpu_code" -le 227 ] && exit $((slurmgpu_code - 100))
         slurmgpu_tried="$slurmgpu_tried $slurmgpu_py:$slurmgpu_code"
     done
 fi
