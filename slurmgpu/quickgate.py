@@ -212,19 +212,21 @@ def run_one(command: list[str], environ: Mapping[str, str]) -> int | str:
     sys.stderr.flush()
     said, tell = os.pipe()
     try:
-        os.set_inheritable(tell, True)
-        env = {k: v for k, v in environ.items() if k != WRAPPER_ENV}
-        pid = os.posix_spawn(executable, command, {**env, DECIDED_FD_ENV: str(tell)})
-        os.close(tell)
-        tell = -1
-        _, status = os.waitpid(pid, 0)
+        status = _spawn_and_wait(executable, command, environ, tell)
     except OSError as exc:
         return f"{command[0]}: {exc.strerror or exc}"
     finally:
-        if tell >= 0:
-            os.close(tell)
+        os.close(tell)
         decided = _read_decision(said)
     return _outcome(command, status, decided)
+
+
+def _spawn_and_wait(executable: str, command: list[str], environ: Mapping[str, str], tell: int) -> int:
+    """The child's wait status; it inherits ``tell`` (named by $SLURMGPU_DECIDED_FD)."""
+    os.set_inheritable(tell, True)
+    env = {k: v for k, v in environ.items() if k != WRAPPER_ENV}
+    pid = os.posix_spawn(executable, command, {**env, DECIDED_FD_ENV: str(tell)})
+    return os.waitpid(pid, 0)[1]
 
 
 def _read_decision(said: int) -> str:
