@@ -348,9 +348,13 @@ echo "   node with a lost GPU: $reason"
 must grep -q '^drain.*|slurmgpu: gpu.lost GPU 5' <<<"$reason"
 # A FAIL is never opened by a timeout (issue 28 item 2): slurmctld hangs (SIGSTOP: each
 # scontrol waits out MessageTimeout) and the installed prolog still refuses the job.
-ctld=$(for p in /proc/[0-9]*; do
-    [ "$(readlink "$p/root" 2>/dev/null)" = "$work" ] && [ "$(cat "$p/comm" 2>/dev/null)" = slurmctld ] &&
-        echo "${p#/proc/}"; done | head -n1)
+ctld=
+for p in /proc/[0-9]*; do
+    if [ "$(readlink "$p/root" 2>/dev/null)" = "$work" ] && [ "$(cat "$p/comm" 2>/dev/null)" = slurmctld ]; then
+        ctld=${p#/proc/}
+        break
+    fi
+done
 must [ -n "$ctld" ]
 kill -STOP "$ctld"
 rc=0; in_root env SLURMD_NODENAME=gpu-n2 SLURM_JOB_ID=99 SLURM_JOB_GPUS=5 "$simdir/hooks/prolog" \

@@ -12,8 +12,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from slurmgpu.config.schema import Settings
 from slurmgpu.gate import SLURM_SHARE
+from slurmgpu.slurm import SlurmUnreachable
 from slurmgpu.slurm.cli import CliSlurmClient
 from slurmgpu.testing import FakeSlurmClient
 from tests.simfixtures import ScenarioFactory, sim_env
@@ -103,9 +106,7 @@ def test_a_deadline_cuts_every_try_and_pause() -> None:
 
     client = CliSlurmClient(runner=runner, retries=5, retry_delay_s=0.2, command_timeout_s=10).within(0.5)
     start = time.monotonic()
-    try:
+    with pytest.raises(SlurmUnreachable, match="unreachable after"):
         client.run("scontrol", "show", "node", "n1")
-    except Exception as exc:
-        assert "unreachable after" in str(exc)
     assert time.monotonic() - start < 5
     assert calls and calls[0] <= 0.5 and len(calls) < 5
