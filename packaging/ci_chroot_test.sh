@@ -15,8 +15,10 @@
 #  4. checks there: `slurmgpu --version`, `slurmgpu check` on the simulated 8x H100 node
 #     (healthy: exit 0; GPU lost: exit 2), the installed prolog and TaskProlog wrappers,
 #     Slurm jobs on a 2-node mini-cluster (slurmctld, slurmd, munged in the root) whose
-#     slurm.conf runs the installed hooks, `systemd-analyze verify` of the installed
-#     units, then a purge.
+#     slurm.conf runs the installed hooks, a broken install (python3-structlog removed,
+#     a module with a syntax error, a wrong interpreter in /etc/default/slurmgpu) that
+#     drains nothing, a lost GPU refused while slurmctld hangs, `systemd-analyze verify`
+#     of the installed units, then a purge.
 #
 # /proc, /sys, /dev, /dev/pts and the apt archive are bind-mounted into the work root
 # and always unmounted on exit. Exits non-zero on the first failure; prints each step's
@@ -277,6 +279,47 @@ line=$(in_root env SLURM_JOB_ID=42 /usr/libexec/slurmgpu/slurmgpu-taskprolog)
 echo "   taskprolog: $line"
 must [ "$line" = "export SLURMGPU_CHECKPOINT_FILE=/run/slurmgpu/jobs/42/checkpoint" ]
 
+# A broken install drains nothing (issue 28 item 1): every installed hook exits as
+# [<phase>] on_error says (fail-open: 0; the health check: 3) with ONE decision line.
+nodb=(env SLURM_JOB_ID=42 SLURMD_NODENAME=gpu-h100-001 SLURM_JOB_GPUS=0,1 SLURMGPU_CONFIG="$conf")
+hooks_follow_on_error() {  # hooks_follow_on_error WHAT
+    local h want rc err
+    for h in prolog epilog healthcheck; do
+        want=0; [ "$h" = healthcheck ] && want=3
+        rc=0; err=$(in_root "${nodb[@]}" /usr/libexec/slurmgpu/slurmgpu-$h 2>&1 >/dev/null) || rc=$?
+        [ "$rc" = "$want" ] || { echo "$1: slurmgpu-$h exited $rc, expected $want: $err" >&2; return 1; }
+        [ "$(grep -c "\"${h}_decision\"" <<<"$err")" = 1 ] ||
+            { echo "$1: slurmgpu-$h: not one decision line: $err" >&2; return 1; }
+    done
+    echo "   $1: prolog 0, epilog 0, healthcheck 3, one decision line each"
+}
+step "a broken install drains nothing: python3-structlog removed"
+in_root dpkg -r --force-depends python3-structlog >/dev/null 2>&1
+hooks_follow_on_error "python3-structlog removed"
+in_root apt-get install -y -qq --no-install-recommends python3-structlog >/dev/null
+step "a broken install drains nothing: a module with a syntax error"
+pkg=$(in_root python3 -c 'import os, slurmgpu; print(os.path.dirname(slurmgpu.__file__))')
+for m in gate.py log.py checks/__init__.py; do
+    cp -p "$work$pkg/$m" "$work/tmp/saved.py"
+    printf '\ndef broken(:\n' >>"$work$pkg/$m"
+    hooks_follow_on_error "def broken(: in $m"
+    cp -p "$work/tmp/saved.py" "$work$pkg/$m"
+done
+# A wrong interpreter in /etc/default/slurmgpu: the next one that has slurmgpu gates for
+# real (a lost GPU refused: exit 1, slurmctld being absent; a healthy node: exit 0).
+step "a wrong interpreter in /etc/default/slurmgpu: the packaged python3 gates instead"
+cp -p "$work/etc/default/slurmgpu" "$work/tmp/default.saved"
+for wrong in SLURMGPU_PYTHON=/bin/false SLURMGPU_PYTHON=/bin/sh SLURMGPU_PYTHON=/usr/bin/slurmgpu SLURMGPU_BIN=/bin/false; do
+    { grep -v '^SLURMGPU_PYTHON=' "$work/tmp/default.saved"; echo "$wrong"; } >"$work/etc/default/slurmgpu"
+    for case in h100-sxm-8:0 fault-gpu-lost:1; do
+        expect_exit "${case#*:}" "${sim_env[@]}" slurmgpu sim run --scenario "${case%%:*}" -- \
+            env SLURM_JOB_ID=43 SLURMD_NODENAME=gpu-h100-001 SLURM_JOB_GPUS=5 SLURMGPU_CONFIG="$conf" \
+            /usr/libexec/slurmgpu/slurmgpu-prolog 2>/dev/null
+    done
+    echo "   $wrong: healthy 0, lost GPU 1"
+done
+cp -p "$work/tmp/default.saved" "$work/etc/default/slurmgpu"
+
 step "Slurm jobs through the installed hooks (2-node mini-cluster in the root, no agents)"
 # slurm.conf's Prolog/Epilog/TaskProlog run /usr/libexec/slurmgpu/slurmgpu-* as installed:
 # the sim's shim exports only what simulates each node (its fake GPUs, kernel log, state
@@ -303,6 +346,23 @@ for _ in $(seq 120); do
 done
 echo "   node with a lost GPU: $reason"
 must grep -q '^drain.*|slurmgpu: gpu.lost GPU 5' <<<"$reason"
+# A FAIL is never opened by a timeout (issue 28 item 2): slurmctld hangs (SIGSTOP: each
+# scontrol waits out MessageTimeout) and the installed prolog still refuses the job.
+ctld=
+for p in /proc/[0-9]*; do
+    if [ "$(readlink "$p/root" 2>/dev/null)" = "$work" ] && [ "$(cat "$p/comm" 2>/dev/null)" = slurmctld ]; then
+        ctld=${p#/proc/}
+        break
+    fi
+done
+must [ -n "$ctld" ]
+kill -STOP "$ctld"
+rc=0; in_root env SLURMD_NODENAME=gpu-n2 SLURM_JOB_ID=99 SLURM_JOB_GPUS=5 "$simdir/hooks/prolog" \
+    2>/dev/null || rc=$?
+kill -CONT "$ctld"
+echo "   lost GPU, slurmctld hanging: prolog exit $rc"
+must [ "$rc" = 1 ]
+must grep -q '"job": "99".*"verdict": "FAIL".*"exit": 1' "$work$simdir/nodes/gpu-n2/state/gate.jsonl"
 in_root slurmgpu sim cluster down --purge --dir "$simdir"
 
 step "systemd-analyze verify the installed units"

@@ -6,9 +6,11 @@ checks, decides, and acts through ``slurmgpu.actions`` (the only place that drai
 resumes). Every decision is one structured log line on stderr (slurmd keeps it) and one
 JSON line in ``<state_dir>/gate.jsonl``.
 
-Safety rules: an internal error or a watchdog timeout follows ``on_error``
-(default fail-open: the job runs, the error is logged loudly and recorded), so
-a slurmgpu bug can never drain a cluster.
+Safety rules: an internal error or a watchdog timeout *before a verdict* follows
+``on_error`` (default fail-open: the job runs, the error is logged loudly and recorded),
+so a slurmgpu bug can never drain a cluster. Once the verdict is FAIL nothing turns it
+into exit 0: a watchdog timeout then refuses (exit 1; Slurm drains the node itself). The
+Slurm calls of a prolog or epilog share ``SLURM_SHARE`` of its watchdog (``_actions``).
 """
 
 from __future__ import annotations
@@ -38,8 +40,16 @@ from slurmgpu.facts import (
 )
 from slurmgpu.result import Severity, Verdict
 from slurmgpu.slurm import SlurmClient, SlurmError, SlurmUnreachable
+from slurmgpu.slurm.common import ClientBase
 
 EXIT_OK, EXIT_REFUSE = 0, 1
+#: The share of a prolog's or epilog's ``timeout_s`` its Slurm calls may take, tries and
+#: pauses together (``SlurmClient.within``): the rest is for the facts and the checks.
+SLURM_SHARE = 0.5
+
+
+def _nobody(what: str) -> None:
+    """Nobody to tell that the hook decided (the agent's warm path; tests)."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +149,12 @@ class Gate:
     # Bookkeeping that failed this run (state dir full or read-only, ...): reported, never
     # a change of the decision.
     bookkeeping_errors: list[str] = field(default_factory=list)
+    # Told the verdict's name (or the hook's on_error action) the moment the hook decided:
+    # the full path tells the quick client (``slurmgpu.quickgate.tell_decided``).
+    on_decided: Callable[[str], None] = _nobody
+    # The verdict of this run, once there is one; and when the Slurm share of the watchdog ends.
+    verdict: Verdict | None = field(default=None, init=False)
+    slurm_deadline: float | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         # The hook's SLURMGPU_* variables over the settings (on the agent's warm path:
@@ -162,13 +178,25 @@ class Gate:
         return self.facts
 
     def _actions(self) -> Actions:
-        return Actions(self.client_factory(), self.state_dir)
+        client = self.client_factory()
+        if self.slurm_deadline is not None and isinstance(client, ClientBase):
+            client.within(self.slurm_deadline - time.monotonic())
+        return Actions(client, self.state_dir)
+
+    def _start_watch(self, timeout_s: float) -> None:
+        """A prolog or epilog starts: its Slurm calls end within SLURM_SHARE of its watchdog."""
+        self.slurm_deadline = time.monotonic() + SLURM_SHARE * timeout_s
+
+    def _decided(self, verdict: Verdict) -> None:
+        self.verdict = verdict
+        self.on_decided(verdict.severity.name)
 
     # -- prolog ----------------------------------------------------------------
 
     def prolog(self) -> int:
         job = job_context(self.environ)
         cfg = self.settings.prolog
+        self._start_watch(cfg.timeout_s)
         with Watchdog(cfg.timeout_s, lambda step: self._timed_out("prolog", job, step, cfg.on_error)) as dog:
             if job.bad_gpus:  # a bad request, not a bad node
                 return self._internal_error("prolog", job, f"bad request: {job.bad_gpus}", cfg.on_error)
@@ -180,6 +208,7 @@ class Gate:
                 return self._job_dir_if_ok(job, self._internal_error("prolog", job, _describe(exc),
                                                                       cfg.on_error))
             # Decided. What follows is bookkeeping: it never changes the decision.
+            self._decided(verdict)
             dog("act")
             if verdict.severity is Severity.UNKNOWN:
                 code = self._internal_error("prolog", job, _unknown_summary(verdict), cfg.on_error)
@@ -193,6 +222,7 @@ class Gate:
     def epilog(self) -> int:
         job = job_context(self.environ)
         cfg = self.settings.epilog
+        self._start_watch(cfg.timeout_s)
         with Watchdog(cfg.timeout_s, lambda step: self._timed_out("epilog", job, step, cfg.on_error)) as dog:
             if job.bad_gpus:
                 return self._internal_error("epilog", job, f"bad request: {job.bad_gpus}", cfg.on_error)
@@ -208,6 +238,7 @@ class Gate:
                 strays = self._strays(job)
             except Exception as exc:
                 return self._internal_error("epilog", job, _describe(exc), cfg.on_error)
+            self._decided(verdict)
             dog("act")
             if verdict.severity is Severity.UNKNOWN:
                 code = self._internal_error("epilog", job, _unknown_summary(verdict), cfg.on_error)
@@ -225,6 +256,7 @@ class Gate:
             self._replay_pending()
             facts = self.provider(None)
             verdict = evaluate(facts, self.settings)
+            self._decided(verdict)
             actions = self._actions()
             if verdict.severity is Severity.FAIL:
                 result = actions.drain(job.node, drain_reason(verdict.findings), actor="healthcheck")
@@ -282,9 +314,18 @@ class Gate:
         return EXIT_REFUSE
 
     def _timed_out(self, phase: str, job: JobContext, step: str, policy: str) -> None:
-        timeout = getattr(self.settings, phase).timeout_s
-        code = self._internal_error(phase, job, f"watchdog: {phase} exceeded {timeout:g} s in {step}",
-                                    policy)
+        """The watchdog fired. Before a verdict (or on an UNKNOWN one): on_error. After a
+        verdict it stands: FAIL refuses (exit 1: Slurm drains the node, whatever did not
+        finish), OK and WARN let the job run."""
+        error = f"watchdog: {phase} exceeded {getattr(self.settings, phase).timeout_s:g} s in {step}"
+        verdict = self.verdict
+        if verdict is None or verdict.severity is Severity.UNKNOWN:
+            self.exit(self._internal_error(phase, job, error, policy))
+            return
+        failed = verdict.severity is Severity.FAIL
+        code = EXIT_REFUSE if failed else EXIT_OK
+        self._record(phase, job, verdict, action="timed-out", level="error", error=error, exit_code=code,
+                     reason=drain_reason(verdict.findings) if failed else None)
         self.exit(code)
 
     def _replay_pending(self) -> None:
@@ -405,6 +446,8 @@ class Gate:
             entry["problems"] = [f"{f.check}{'' if f.gpu is None else f' GPU {f.gpu}'}: {f.message}"
                                  for f in verdict.problems()]
         self.records.append(entry)
+        if phase != "replay":
+            self.on_decided(entry["verdict"] or action)
         self._append("gate.jsonl", entry)
         try:
             log = _log()

@@ -9,10 +9,13 @@ answer (no socket, refused, timeout, bad reply) it runs the full path,
 gate. The full path is ``$SLURMGPU_BIN`` (split on whitespace) when set, else
 ``<python> -c BOOTSTRAP``, the python being ``$SLURMGPU_PYTHON`` (the hook wrappers read
 it from /etc/default/slurmgpu or /etc/sysconfig/slurmgpu), the interpreter of a
-``slurmgpu`` script on PATH, or the packaged one. When slurmgpu cannot start at all
-(nothing to run, an interpreter that cannot import it, a crash here) the hook follows
-``[<phase>] on_error``: fail-open (the default) exits 0 with one loud line; a site's own
-install problem never drains its nodes.
+``slurmgpu`` script on PATH, or a packaged one, each tried in turn. A full path's exit
+code counts only once slurmgpu said on the decision pipe (``$SLURMGPU_DECIDED_FD``,
+``tell_decided``) that it decided: ``/bin/false``, a shell or a traceback before a verdict
+is no decision. When no full path decides (nothing to run, no interpreter that can import
+slurmgpu and its dependencies, a crash here) the hook follows ``[<phase>] on_error``:
+fail-open (the default) exits 0 with one loud line; a site's own install problem never
+drains its nodes. A full path killed after a FAIL verdict still refuses (exit 1).
 
 Socket: ``$SLURMGPU_AGENT_SOCKET``, else ``[agent] socket`` of the config file
 (``--config``, ``$SLURMGPU_CONFIG`` or /etc/slurmgpu/slurmgpu.toml, read only when it
@@ -113,14 +116,23 @@ def agent_endpoint(args: Sequence[str], environ: Mapping[str, str]) -> tuple[str
 #: BOOTSTRAP); the hooks themselves only exit 0, 1 or 3.
 CANNOT_START = 97
 PYTHON_ENV = "SLURMGPU_PYTHON"
+#: The pipe (a file descriptor number) on which the full path says it decided.
+DECIDED_FD_ENV = "SLURMGPU_DECIDED_FD"
+#: Set by the hook wrappers: exit with the code plus WRAPPED_OFFSET, so that a wrapper can
+#: tell this client's answer from an interpreter that could not run it at all.
+WRAPPER_ENV = "SLURMGPU_WRAPPER"
+WRAPPED_OFFSET = 100
 #: Interpreters a package installs slurmgpu for, tried after $SLURMGPU_PYTHON and a
 #: ``slurmgpu`` console script on PATH: the RPM's private venv, then Debian's python3.
 PACKAGED_PYTHONS = ("/usr/lib/slurmgpu/venv/bin/python", "/usr/bin/python3")
 #: Run as ``python -c BOOTSTRAP <phase> <args>``: an interpreter that cannot import
 #: slurmgpu (not installed there, too old, a broken dependency) exits CANNOT_START
-#: instead of 1, which Slurm would answer by draining the node. (Old-Python syntax.)
+#: instead of 1, which Slurm would answer by draining the node. The hook's working
+#: directory is not searched for modules (-c puts it first). (Old-Python syntax.)
 BOOTSTRAP = (
     "import sys\n"
+    "if sys.path[:1] == ['']:\n"
+    "    del sys.path[0]\n"
     "try:\n"
     "    if sys.version_info < (3, 11):\n"
     "        raise ImportError('Python %d.%d is older than 3.11' % sys.version_info[:2])\n"
@@ -159,44 +171,105 @@ def python_of(script: str) -> str | None:
     return None
 
 
-def full_path_command(phase: str, args: Sequence[str], environ: Mapping[str, str]) -> list[str]:
-    """How to run ``slurmgpu <phase> <args>``: $SLURMGPU_BIN as given, else an interpreter
-    that runs BOOTSTRAP: $SLURMGPU_PYTHON, the one of a ``slurmgpu`` script on PATH, this
-    one when it imported this module from the package, or the first packaged one present."""
+def pythons(environ: Mapping[str, str]) -> list[str]:
+    """Interpreters to run BOOTSTRAP with, best first: $SLURMGPU_PYTHON, the one of a
+    ``slurmgpu`` script on PATH, this one when it imported this module from the package,
+    the packaged ones present (the last packaged one when none is)."""
+    script = which("slurmgpu", environ)
+    packaged = [p for p in PACKAGED_PYTHONS if os.access(p, os.X_OK)] or [PACKAGED_PYTHONS[-1]]
+    found = [environ.get(PYTHON_ENV, ""), (python_of(script) if script else None) or "",
+             sys.executable if __name__ == "slurmgpu.quickgate" else "", *packaged]
+    return list(dict.fromkeys(p for p in found if p))
+
+
+def full_path_commands(phase: str, args: Sequence[str], environ: Mapping[str, str]) -> list[list[str]]:
+    """Every way to run ``slurmgpu <phase> <args>``, tried in order until one decides:
+    $SLURMGPU_BIN as given, then each of ``pythons`` running BOOTSTRAP."""
     configured = environ.get(BIN_ENV, "").split()
-    if configured:
-        return [*configured, phase, *args]
-    python = environ.get(PYTHON_ENV, "")
-    if not python:
-        script = which("slurmgpu", environ)
-        python = (python_of(script) if script else None) or ""
-    if not python and __name__ == "slurmgpu.quickgate":  # imported from the package: this one has it
-        python = sys.executable
-    if not python:
-        python = next((p for p in PACKAGED_PYTHONS if os.access(p, os.X_OK)), PACKAGED_PYTHONS[-1])
-    return [python, "-c", BOOTSTRAP, phase, *args]
+    commands = [[*configured, phase, *args]] if configured else []
+    return commands + [[python, "-c", BOOTSTRAP, phase, *args] for python in pythons(environ)]
 
 
 def run_full_path(phase: str, args: Sequence[str], environ: Mapping[str, str]) -> int | str:
-    """Run the full path as a child and return its exit code, or why slurmgpu could not
-    start at all (nothing to execute, an interpreter without slurmgpu, killed)."""
-    command = full_path_command(phase, args, environ)
+    """The exit code of the first full path that reaches a decision of its own, or why
+    none did (nothing to execute, no slurmgpu there, another program, killed)."""
+    failures: list[str] = []
+    for command in full_path_commands(phase, args, environ):
+        result = run_one(command, environ)
+        if isinstance(result, int):
+            return result
+        failures.append(result)
+    return "; ".join(failures)
+
+
+def run_one(command: list[str], environ: Mapping[str, str]) -> int | str:
+    """Run one full path as a child with a pipe on which slurmgpu says it decided
+    (``tell_decided``): its exit code when it did, else why it did not."""
     executable = which(command[0], environ)
     if executable is None:
         return f"{command[0]}: no such executable (set {PYTHON_ENV} in /etc/default/slurmgpu)"
     sys.stdout.flush()
     sys.stderr.flush()
+    said, tell = os.pipe()
     try:
-        pid = os.posix_spawn(executable, command, dict(environ))
-        _, status = os.waitpid(pid, 0)
+        status = _spawn_and_wait(executable, command, environ, tell)
     except OSError as exc:
         return f"{command[0]}: {exc.strerror or exc}"
+    finally:
+        os.close(tell)
+        decided = _read_decision(said)
+    return _outcome(command, status, decided)
+
+
+def _spawn_and_wait(executable: str, command: list[str], environ: Mapping[str, str], tell: int) -> int:
+    """The child's wait status; it inherits ``tell`` (named by $SLURMGPU_DECIDED_FD)."""
+    os.set_inheritable(tell, True)
+    env = {k: v for k, v in environ.items() if k != WRAPPER_ENV}
+    pid = os.posix_spawn(executable, command, {**env, DECIDED_FD_ENV: str(tell)})
+    return os.waitpid(pid, 0)[1]
+
+
+def _read_decision(said: int) -> str:
+    """What the child wrote on the decision pipe ('' when nothing): never waits (a
+    grandchild may still hold the pipe open)."""
+    try:
+        os.set_blocking(said, False)
+        return os.read(said, 256).decode("ascii", "replace")
+    except OSError:  # nothing written (EAGAIN)
+        return ""
+    finally:
+        os.close(said)
+
+
+def _outcome(command: list[str], status: int, decided: str) -> int | str:
+    """The child's exit code once it decided (a child killed after a FAIL verdict still
+    refuses: exit 1); else why this full path could not judge the node."""
     if os.WIFSIGNALED(status):
+        if "FAIL" in decided:
+            return 1
         return f"{command[0]} was killed by signal {os.WTERMSIG(status)}"
     code = os.WEXITSTATUS(status)
+    if decided:
+        return code
     if code == CANNOT_START and command[1:2] == ["-c"]:
         return f"{command[0]} cannot import slurmgpu (set {PYTHON_ENV} in /etc/default/slurmgpu)"
-    return code
+    return f"{command[0]} exited {code} before slurmgpu decided (is it slurmgpu?)"
+
+
+def tell_decided(what: str, environ: Mapping[str, str] = os.environ) -> None:
+    """The full path tells the quick client that slurmgpu itself decided (``what``: the
+    verdict, or the hook's own on_error decision): from then on its exit code stands.
+    A no-op unless the quick client gave this process its pipe."""
+    fd = environ.get(DECIDED_FD_ENV, "")
+    if not fd.isdigit():
+        return
+    try:
+        import stat
+
+        if stat.S_ISFIFO(os.fstat(int(fd)).st_mode):
+            os.write(int(fd), what.encode("ascii", "replace") + b"\n")
+    except OSError:  # the quick client is gone: nobody to tell
+        pass
 
 
 def cannot_run(phase: str, args: Sequence[str], environ: Mapping[str, str], error: str) -> int:
@@ -249,10 +322,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write("usage: slurmgpu-quickgate prolog|epilog|healthcheck [--config FILE]\n")
         return 2
     phase, rest = args[0], args[1:]
+    offset = WRAPPED_OFFSET if os.environ.get(WRAPPER_ENV) == "1" else 0
     try:
-        return gate(phase, rest, os.environ)
+        return offset + gate(phase, rest, os.environ)
     except Exception as exc:  # a bug here must not drain the node
-        return cannot_run(phase, rest, os.environ, f"quickgate: {type(exc).__name__}: {exc}")
+        return offset + cannot_run(phase, rest, os.environ, f"quickgate: {type(exc).__name__}: {exc}")
 
 
 if __name__ == "__main__":

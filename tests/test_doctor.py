@@ -110,6 +110,7 @@ socket = "{self.root / 'agent.sock'}"
 @pytest.fixture
 def short_dir() -> Iterator[Path]:
     d = Path(tempfile.mkdtemp(prefix="sgd-", dir="/tmp"))  # AF_UNIX paths: <= 107 bytes
+    d.chmod(0o755)  # the TaskProlog there runs as a job's user
     yield d
     shutil.rmtree(d, ignore_errors=True)
 
@@ -444,8 +445,9 @@ def test_task_prolog_not_executable_and_failing(install: Install) -> None:
     script.chmod(0o755)
     row = install.findings()[1]["slurm.task_prolog"]
     assert row["severity"] == "FAIL"
-    assert row["message"] == f"{script} exited 3 given only SLURM_JOB_ID: no job dir"
-    assert row["fix"] == f"run `env -i SLURM_JOB_ID=1 {script}` to see why"
+    who, as_user = (" as nobody", "runuser -u nobody -- ") if os.geteuid() == 0 else ("", "")
+    assert row["message"] == f"{script} exited 3{who} given only SLURM_JOB_ID: no job dir"
+    assert row["fix"] == f"run `{as_user}env -i SLURM_JOB_ID=1 {script}` to see why"
 
 
 def test_task_prolog_runs_with_only_a_job_id(install: Install) -> None:
@@ -459,6 +461,45 @@ def test_task_prolog_runs_with_only_a_job_id(install: Install) -> None:
     script.write_text("#!/bin/sh\nexit 0\n")  # runs, but jobs never learn their file
     row = install.findings()[1]["slurm.task_prolog"]
     assert row["severity"] == "WARN" and "exports no SLURMGPU_CHECKPOINT_FILE" in row["message"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="doctor drops to a job's user only as root")
+def test_task_prolog_runs_as_a_job_user_not_root(install: Install) -> None:
+    """Issue 28 item 10: doctor ran the TaskProlog as root, so it could not see that a
+    job's user cannot run the interpreter it names (here: a program only root may run)."""
+    private = install.root / "root-only"
+    private.mkdir(mode=0o700)
+    (private / "python").write_text("#!/bin/sh\necho 'export SLURMGPU_CHECKPOINT_FILE=/x'\n")
+    (private / "python").chmod(0o755)
+    script = install.root / "taskprolog"
+    script.write_text(f"#!/bin/sh\nid -un >&2\nexec {private / 'python'}\n")
+    script.chmod(0o755)
+    install.slurm_lines["TaskProlog"] = str(script)
+    row = install.findings()[1]["slurm.task_prolog"]
+    assert row["severity"] == "FAIL" and "as nobody" in row["message"], row
+    assert "runuser -u nobody" in row["fix"]
+
+
+def test_a_hanging_task_prolog_leaves_no_process_behind(install: Install, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 28 item 10: on a timeout only the TaskProlog itself was killed; what it had
+    started ran on, orphaned."""
+    monkeypatch.setattr("slurmgpu.doctor.slurmconf.STEP_TIMEOUT_S", 0.5)
+    pidfile = install.root / "child.pid"
+    pidfile.touch(mode=0o666)
+    pidfile.chmod(0o666)
+    script = install.root / "taskprolog"
+    script.write_text(f"#!/bin/sh\nsleep 300 &\necho $! > {pidfile}\nsleep 300\n")
+    script.chmod(0o755)
+    install.slurm_lines["TaskProlog"] = str(script)
+    row = install.findings()[1]["slurm.task_prolog"]
+    assert row["severity"] == "FAIL" and "did not finish" in row["message"]
+    child = int(pidfile.read_text())
+    try:
+        os.kill(child, 0)
+        alive = not Path(f"/proc/{child}/stat").read_text().split(") ")[1].startswith("Z")
+    except ProcessLookupError:
+        alive = False
+    assert not alive, f"the TaskProlog's child {child} still runs"
 
 
 def test_task_prolog_unset_warns(install: Install) -> None:

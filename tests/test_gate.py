@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -271,6 +272,42 @@ def test_epilog_finds_and_kills_stray_processes(tmp_path: Path) -> None:
         holder.kill()
 
 
+def test_a_stray_is_found_whatever_its_command_line_mentions(tmp_path: Path) -> None:
+    """Issue 28 item 9: strays_ignore matched substrings of the whole command line, so a
+    stray run from a directory named slurmgpu with an argument naming dcgm was never
+    reported nor killed (and the test above failed in a clone named slurmgpu)."""
+    device = tmp_path / "nvidia3"
+    device.write_text("")
+    workdir = tmp_path / "slurmgpu" / "dcgm-bench"
+    workdir.mkdir(parents=True)
+    script = workdir / "train.py"
+    script.write_text(f"import sys, time\nf = open({str(device)!r})\nprint('open', flush=True)\ntime.sleep(60)\n")
+    holder = subprocess.Popen([sys.executable, str(script), "--profile=dcgm"], cwd=workdir, stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"open\n"
+        settings = Settings()
+        settings.epilog.strays = "kill"
+        gate, _ = make_gate(tmp_path, settings=settings,
+                            env={"SLURMGPU_DEVICE_PATTERN": str(tmp_path / "nvidia{index}"),
+                                 "SLURM_JOB_UID": str(os.getuid())})
+        assert gate.epilog() == 0
+        [summary] = records(tmp_path, "job-summaries.jsonl")
+        assert [(s["pid"], s["killed"]) for s in summary["strays"]] == [(holder.pid, True)]
+        assert holder.wait(timeout=10) == -9
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_node_daemons_are_ignored_by_their_executable(tmp_path: Path) -> None:
+    """An executable named by strays_ignore (or starting with an entry) is no stray."""
+    from slurmgpu.sources.procs import ignored
+
+    entries = Settings().epilog.strays_ignore
+    assert ignored("nv-hostengine", entries) and ignored("dcgm-exporter", entries)
+    assert ignored("slurmgpu", entries) and not ignored("python3.11", entries) and not ignored("", entries)
+
+
 class RecordingFacts:
     """A FactsProvider (slurmgpu.engine) that says what the gate asked of it."""
 
@@ -376,9 +413,11 @@ def test_unreachable_during_healthcheck_is_unknown(tmp_path: Path) -> None:
 def test_stray_scan_ignores_daemons_and_other_users(tmp_path: Path) -> None:
     device = tmp_path / "nvidia0"
     device.write_text("")
-    # A "daemon" holding the GPU: its command line contains an ignored name.
-    daemon = subprocess.Popen([sys.executable, "-c",
-                               f"f = open({str(device)!r}); import time; time.sleep(60)", "slurmgpu-agent"])
+    # A "daemon" holding the GPU: an executable whose name starts with an ignored one.
+    program = tmp_path / "slurmgpu-agent"
+    shutil.copy("/bin/sleep", program)
+    with open(device) as held:
+        daemon = subprocess.Popen([str(program), "60"], stdin=held)
     try:
         deadline = time.time() + 10
         while not find_device_holders({str(device): 0}) and time.time() < deadline:

@@ -114,16 +114,16 @@ def test_the_interpreter_of_a_slurmgpu_script_on_path_is_used(tmp_path: Path) ->
     bindir.mkdir()
     (bindir / "slurmgpu").write_text(f"#!{no_slurmgpu_python(tmp_path)}\n")
     (bindir / "slurmgpu").chmod(0o755)
-    command = quickgate.full_path_command("prolog", [], {"PATH": str(bindir)})
+    command = quickgate.full_path_commands("prolog", [], {"PATH": str(bindir)})[0]
     # (a shebang naming a non-python is not taken as one: the packaged python is used)
     assert command[0] in quickgate.PACKAGED_PYTHONS or command[0] == sys.executable
     (bindir / "slurmgpu").write_text("#!/usr/bin/env python3.11 -X\n")
     assert quickgate.python_of(str(bindir / "slurmgpu")) is None  # env + relative name
     (bindir / "slurmgpu").write_text("#!/opt/slurmgpu/bin/python\n")
-    command = quickgate.full_path_command("epilog", ["--config", "x"], {"PATH": str(bindir)})
+    command = quickgate.full_path_commands("epilog", ["--config", "x"], {"PATH": str(bindir)})[0]
     assert command[:2] == ["/opt/slurmgpu/bin/python", "-c"] and command[3:] == ["epilog", "--config", "x"]
-    assert quickgate.full_path_command("prolog", [], {"SLURMGPU_BIN": "/x/slurmgpu --v"}) == \
-        ["/x/slurmgpu", "--v", "prolog"]
+    commands = quickgate.full_path_commands("prolog", [], {"SLURMGPU_BIN": "/x/slurmgpu --v"})
+    assert commands[0] == ["/x/slurmgpu", "--v", "prolog"] and commands[1][1] == "-c"
 
 
 def test_a_bug_in_the_quick_client_follows_on_error(tmp_path: Path) -> None:
@@ -173,3 +173,104 @@ def test_a_wrapper_runs_the_quick_client_with_the_configured_python(tmp_path: Pa
     proc = subprocess.run([str(wrapper)], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0
     assert "cannot import slurmgpu" in decision_line(proc.stderr)["error"]
+
+
+# -- issue 28 item 1: a broken install or a wrong interpreter drains nothing --------------
+
+def python_with(tmp: Path, site: Path) -> str:
+    """This test's interpreter, with ``site`` first on its path (a package copy, a stand-in
+    for a removed dependency) for what it runs with -c (the full path's BOOTSTRAP)."""
+    path = tmp / "site-python"
+    path.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} "$@"\n')
+    path.chmod(0o755)
+    return str(path)
+
+
+def broken_copy(tmp: Path, module: str) -> Path:
+    """A copy of the package with a syntax error appended to ``module`` (a path in it)."""
+    site = tmp / "site"
+    shutil.copytree(REPO / "slurmgpu", site / "slurmgpu", ignore=shutil.ignore_patterns("__pycache__"))
+    with open(site / "slurmgpu" / module, "a") as f:
+        f.write("\ndef broken(:\n")
+    return site
+
+
+def without_structlog(tmp: Path) -> Path:
+    """A path entry on which ``import structlog`` fails as it does once python3-structlog
+    is removed (the rest of the package as installed)."""
+    site = tmp / "site"
+    (site / "structlog").mkdir(parents=True)
+    (site / "structlog" / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'structlog'\", name='structlog')\n")
+    return site
+
+
+def run_wrapper(tmp: Path, phase: str, **env: str) -> subprocess.CompletedProcess[str]:
+    wrapper = copy_wrapper(tmp, phase, with_quickgate=True)
+    return subprocess.run([str(wrapper)], env=base_env(tmp, **env), capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def assert_one_decision(proc: subprocess.CompletedProcess[str], phase: str, code: int,
+                        action: str) -> dict[str, Any]:
+    assert proc.returncode == code, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if f'"{phase}_decision"' in line]
+    assert len(lines) == 1, proc.stderr
+    line = decision_line(proc.stderr)
+    assert line["event"] == f"{phase}_decision" and line["action"] == action, line
+    return line
+
+
+@pytest.mark.parametrize("module", ["gate.py", "log.py", "checks/__init__.py"])
+@pytest.mark.parametrize(("phase", "code", "action"), [
+    ("prolog", 0, "fail-open"), ("epilog", 0, "fail-open"), ("healthcheck", 3, "none")])
+def test_a_broken_module_follows_on_error(tmp_path: Path, module: str, phase: str, code: int,
+                                          action: str) -> None:
+    """Was: `def broken(:` appended to slurmgpu/gate.py -> exit 1 and a traceback: Slurm
+    drains every node the broken package is on."""
+    proc = run_wrapper(tmp_path, phase, SLURMGPU_PYTHON=python_with(tmp_path, broken_copy(tmp_path, module)))
+    line = assert_one_decision(proc, phase, code, action)
+    assert "cannot" in line["error"] and "SyntaxError" in proc.stderr
+
+
+@pytest.mark.parametrize(("policy", "code", "action"), [
+    (None, 0, "fail-open"), ("fail-closed", 1, "fail-closed")])
+def test_a_removed_dependency_follows_on_error(tmp_path: Path, policy: str | None, code: int,
+                                               action: str) -> None:
+    """Was: python3-structlog removed -> exit 1 and a traceback."""
+    if policy:
+        (tmp_path / "slurmgpu.toml").write_text(f'[prolog]\non_error = "{policy}"\n')
+    proc = run_wrapper(tmp_path, "prolog", SLURMGPU_PYTHON=python_with(tmp_path, without_structlog(tmp_path)))
+    line = assert_one_decision(proc, "prolog", code, action)
+    assert "structlog" in proc.stderr and line["path"] == "none"
+
+
+def slurmgpu_script() -> str:
+    script = shutil.which("slurmgpu", path=str(Path(sys.executable).parent))
+    assert script, "the slurmgpu console script beside this interpreter"
+    return script
+
+
+@pytest.mark.parametrize("phase", ["prolog", "epilog", "healthcheck"])
+@pytest.mark.parametrize("setting", ["SLURMGPU_PYTHON=/bin/false", "SLURMGPU_PYTHON=/bin/sh",
+                                     "SLURMGPU_PYTHON=script", "SLURMGPU_BIN=/bin/false"])
+def test_a_wrong_interpreter_follows_on_error(tmp_path: Path, phase: str, setting: str) -> None:
+    """Was: SLURMGPU_PYTHON=/bin/false -> 1, /bin/sh -> 2, the slurmgpu script -> 3,
+    SLURMGPU_BIN=/bin/false -> 1. (No interpreter here has slurmgpu but the one named.)"""
+    name, value = setting.split("=")
+    proc = run_wrapper(tmp_path, phase, **{name: slurmgpu_script() if value == "script" else value})
+    line = assert_one_decision(proc, phase, 3 if phase == "healthcheck" else 0,
+                               "none" if phase == "healthcheck" else "fail-open")
+    assert "cannot run slurmgpu" in line["error"]
+
+
+@pytest.mark.parametrize("setting", ["SLURMGPU_PYTHON=/bin/false", "SLURMGPU_BIN=/bin/sh"])
+def test_a_wrong_interpreter_falls_back_to_one_that_has_slurmgpu(tmp_path: Path, setting: str) -> None:
+    """The interpreter of the `slurmgpu` script on PATH is tried next: the real hook
+    decides (here on a bad config: its own `config:` line, fail-closed as configured)."""
+    (tmp_path / "slurmgpu.toml").write_text('[prolog]\non_error = "fail-closed"\n[gpu]\nmig = "sometimes"\n')
+    name, value = setting.split("=")
+    proc = run_wrapper(tmp_path, "prolog", **{name: value},
+                       PATH=f"{Path(slurmgpu_script()).parent}:/usr/bin:/bin")
+    assert proc.returncode == 1, proc.stderr
+    assert "config:" in proc.stderr and "cannot run slurmgpu" not in proc.stderr

@@ -139,7 +139,9 @@ def quickgate(env: Mapping[str, str], phase: str = "prolog",
 def fake_bin(tmp: Path, code: int = 7) -> tuple[str, Path]:
     marker = tmp / "fallback-ran"
     script = tmp / "fake-slurmgpu"
-    script.write_text(f'#!/bin/sh\necho "$@" > {marker}\nexit {code}\n')
+    # (as slurmgpu does once it decided: says so on the quick client's pipe)
+    script.write_text(f'#!/bin/sh\necho "$@" > {marker}\necho decided > /dev/fd/$SLURMGPU_DECIDED_FD\n'
+                      f'exit {code}\n')
     script.chmod(0o755)
     return f"/bin/sh {script}", marker
 

@@ -86,6 +86,33 @@ def test_rendered_configs(tmp_path: Path) -> None:
     assert render_hook("prolog", tmp_path, tmp_path / "lib.so", enabled=False).endswith("exit 0\n")
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs the hook as another user")
+def test_the_task_prolog_never_fails_a_job_user(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 28 item 10: the generated TaskProlog exec'd this interpreter, which a job's
+    user may not run (exit 126: every task failed); the shipped wrapper tries the next."""
+    import pwd
+    import shutil
+    import tempfile
+
+    nobody = pwd.getpwnam("nobody")
+    d = Path(tempfile.mkdtemp(prefix="sgd-tp-"))
+    try:
+        d.chmod(0o755)
+        (d / "root-only").mkdir(mode=0o700)
+        private = d / "root-only" / "python"
+        private.symlink_to(sys.executable)
+        monkeypatch.setattr(sys, "executable", str(private))
+        hook = d / "taskprolog"
+        hook.write_text(render_hook("taskprolog", d, d / "lib.so", enabled=True))
+        hook.chmod(0o755)
+        proc = subprocess.run([str(hook)], env={"SLURMD_NODENAME": "gpu-n1", "SLURM_JOB_ID": "5"},
+                              capture_output=True, text=True, timeout=60, check=False, cwd="/",
+                              user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[])
+        assert proc.returncode == 0, proc.stderr
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 @pytest.mark.parametrize("command", ["up", "down", "status", "env", "inject", "inject-xid"])
 def test_cluster_commands_have_help(command: str) -> None:
     result = CliRunner().invoke(cli, ["sim", "cluster", command, "--help"])

@@ -75,15 +75,17 @@ if [ -n "${{SLURMGPU_QUICKGATE:-}}" ] && command -v ${{SLURMGPU_QUICKGATE%% *}} 
     exec $SLURMGPU_QUICKGATE $slurmgpu_phase "$@"
 fi
 slurmgpu_quick=$(dirname "$0")/slurmgpu-quickgate
+slurmgpu_tried=
 if [ -r "$slurmgpu_quick" ]; then
-    for slurmgpu_py in "${{SLURMGPU_PYTHON:-}}" /usr/lib/slurmgpu/venv/bin/python; do
-        [ -n "$slurmgpu_py" ] && [ -x "$slurmgpu_py" ] && exec "$slurmgpu_py" -I -S "$slurmgpu_quick" $slurmgpu_phase "$@"
-    done
-    # Unconfigured: any python3 new enough for the quick client (3.8+) will do.
-    for slurmgpu_py in /usr/bin/python3 python3; do
-        command -v "$slurmgpu_py" >/dev/null 2>&1 &&
-            "$slurmgpu_py" -I -S -c 'import sys; sys.exit(sys.version_info < (3, 8))' 2>/dev/null &&
-            exec "$slurmgpu_py" -I -S "$slurmgpu_quick" $slurmgpu_phase "$@"
+    # Each interpreter in turn runs the quick client, which answers with its exit code plus
+    # 100 ($SLURMGPU_WRAPPER): any other status is an interpreter that could not run it
+    # (/bin/false, a shell, the slurmgpu script, a Python too old): the next one is tried.
+    for slurmgpu_py in "${{SLURMGPU_PYTHON:-}}" /usr/lib/slurmgpu/venv/bin/python /usr/bin/python3 python3; do
+        [ -n "$slurmgpu_py" ] && command -v "$slurmgpu_py" >/dev/null 2>&1 || continue
+        SLURMGPU_WRAPPER=1 "$slurmgpu_py" -I -S "$slurmgpu_quick" $slurmgpu_phase "$@"
+        slurmgpu_code=$?
+        [ "$slurmgpu_code" -ge 100 ] && [ "$slurmgpu_code" -le 227 ] && exit $((slurmgpu_code - 100))
+        slurmgpu_tried="$slurmgpu_tried $slurmgpu_py:$slurmgpu_code"
     done
 fi
 # No interpreter to run even the quick client: follow on_error from the config's text.
@@ -92,7 +94,7 @@ slurmgpu_policy=$(sed -n "/^[[:space:]]*\\[$slurmgpu_phase\\]/,/^[[:space:]]*\\[
 slurmgpu_action=fail-open slurmgpu_code=0
 [ "$slurmgpu_policy" = fail-closed ] && slurmgpu_action=fail-closed slurmgpu_code=1
 [ "$slurmgpu_phase" = healthcheck ] && slurmgpu_action=none slurmgpu_code=3
-slurmgpu_line="{{\\"event\\": \\"${{slurmgpu_phase}}_decision\\", \\"level\\": \\"error\\", \\"phase\\": \\"$slurmgpu_phase\\", \\"action\\": \\"$slurmgpu_action\\", \\"path\\": \\"none\\", \\"error\\": \\"cannot run slurmgpu: no Python 3.8+ to run $slurmgpu_quick (set SLURMGPU_PYTHON in /etc/default/slurmgpu)\\"}}"
+slurmgpu_line="{{\\"event\\": \\"${{slurmgpu_phase}}_decision\\", \\"level\\": \\"error\\", \\"phase\\": \\"$slurmgpu_phase\\", \\"action\\": \\"$slurmgpu_action\\", \\"path\\": \\"none\\", \\"error\\": \\"cannot run slurmgpu: no Python 3.8+ to run $slurmgpu_quick (tried:${{slurmgpu_tried:- none}}; set SLURMGPU_PYTHON in /etc/default/slurmgpu)\\"}}"
 echo "$slurmgpu_line" >&2
 logger -t slurmgpu -p daemon.err -- "$slurmgpu_line" 2>/dev/null
 exit $slurmgpu_code

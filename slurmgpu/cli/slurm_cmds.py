@@ -12,6 +12,7 @@ import click
 
 from slurmgpu.cli.common import config_option, json_option, load_settings
 from slurmgpu.config.schema import Settings
+from slurmgpu.errors import SlurmGpuError
 
 
 def _settings(config_file: str | None, node: str | None) -> Settings:
@@ -25,29 +26,58 @@ def _client(settings: Settings) -> Any:
 
 
 def _hook(phase: str, config_file: str | None) -> int:
-    from slurmgpu import log
-    from slurmgpu.cli import versions_cache
-    from slurmgpu.engine import source_facts, system_sources
-    from slurmgpu.errors import SlurmGpuError
-    from slurmgpu.gate import Gate, Watchdog, job_context
+    try:
+        from slurmgpu import log
+        from slurmgpu.gate import Watchdog
 
-    log.configure("info", json=True)
+        log.configure("info", json=True)
+    except Exception as exc:  # a missing dependency, a broken module: no verdict possible
+        return _cannot_start(phase, config_file, f"{type(exc).__name__}: {exc}")
     # The config itself may hang (a stuck NFS home, a huge hostlist): bound it with the
     # packaged default timeout and policy until the site's are known.
     timeout = float(getattr(getattr(Settings(), phase, None), "timeout_s", 30.0))
     with Watchdog(timeout, lambda step: os._exit(_hook_failed(phase, config_file, "watchdog: loading "
                                                              f"the config exceeded {timeout:g} s"))):
         try:
-            settings = _settings(config_file, job_context(os.environ).node)
-            # The sources the gate would make itself, plus the versions cache in the state dir.
-            sources = system_sources(settings, versions_cache=versions_cache(settings))
-            gate = Gate(settings, os.environ, lambda: _client(settings),
-                        facts=source_facts(sources, settings, os.environ))
+            gate = _make_gate(config_file)
+        except (ImportError, SyntaxError) as exc:  # a broken install, as above
+            return _cannot_start(phase, config_file, f"{type(exc).__name__}: {exc}")
         except SlurmGpuError as exc:  # a bad config must not drain the cluster
             return _hook_failed(phase, config_file, f"config: {exc}")
         except Exception as exc:  # nor a bug before the gate runs (the gate catches its own)
             return _hook_failed(phase, config_file, f"setup: {type(exc).__name__}: {exc}")
-    return int(getattr(gate, phase)())
+    try:
+        return int(getattr(gate, phase)())
+    except Exception as exc:  # a bug outside the gate's own guards: a FAIL verdict stands
+        if gate.verdict is not None and gate.verdict.severity.name == "FAIL":
+            return 1
+        return _hook_failed(phase, config_file, f"{phase}: {type(exc).__name__}: {exc}")
+
+
+def _make_gate(config_file: str | None) -> Any:
+    from slurmgpu.cli import versions_cache
+    from slurmgpu.engine import source_facts, system_sources
+    from slurmgpu.gate import Gate, job_context
+    from slurmgpu.quickgate import tell_decided
+
+    settings = _settings(config_file, job_context(os.environ).node)
+    # The sources the gate would make itself, plus the versions cache in the state dir.
+    sources = system_sources(settings, versions_cache=versions_cache(settings))
+    return Gate(settings, os.environ, lambda: _client(settings),
+                facts=source_facts(sources, settings, os.environ), on_decided=tell_decided)
+
+
+def _cannot_start(phase: str, config_file: str | None, error: str) -> int:
+    """slurmgpu cannot even start here (an import failed). Run by the quick client: say
+    why on stderr and exit CANNOT_START, undecided (it tries another interpreter, then
+    follows on_error itself); else follow on_error with the quick client's own line."""
+    from slurmgpu import quickgate
+
+    if os.environ.get(quickgate.DECIDED_FD_ENV):
+        sys.stderr.write(f"slurmgpu cannot start with {sys.executable}: {error}\n")
+        return quickgate.CANNOT_START
+    args = ["--config", config_file] if config_file else []
+    return quickgate.cannot_run(phase, args, os.environ, error)
 
 
 def _hook_failed(phase: str, config_file: str | None, error: str) -> int:
@@ -56,6 +86,7 @@ def _hook_failed(phase: str, config_file: str | None, error: str) -> int:
     default (fail-open). Fail-open exits 0 with one loud line; fail-closed refuses the job
     (exit 1: Slurm drains the node, as the admin asked). The healthcheck says UNKNOWN."""
     from slurmgpu import log
+    from slurmgpu.quickgate import tell_decided
 
     policy = _lenient_on_error(phase, config_file)
     if phase == "healthcheck":
@@ -64,6 +95,7 @@ def _hook_failed(phase: str, config_file: str | None, error: str) -> int:
         code, action = (0, "fail-open") if policy == "fail-open" else (1, "fail-closed")
     log.get_logger().error(f"{phase}_decision", phase=phase, action=action, error=error,
                            node=os.environ.get("SLURMD_NODENAME"), job=os.environ.get("SLURM_JOB_ID"))
+    tell_decided(action)
     return code
 
 

@@ -78,6 +78,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "The Python interpreter the hook wrappers run (set by the packages)."),
     EnvVar("SLURMGPU_QUICKGATE", None, "wrapper",
            "The quickgate script the prolog wrapper tries first (the simulator's own copy)."),
+    EnvVar("SLURMGPU_WRAPPER", None, "wrapper", "Set by the hook wrappers (not by you): "
+           "the quickgate answers with its exit code + 100, unlike an interpreter that cannot run it."),
+    EnvVar("SLURMGPU_DECIDED_FD", None, "wrapper", "Set by the quickgate (not by you): the pipe "
+           "on which the full path says slurmgpu decided; an exit code without it is no decision."),
     EnvVar("SLURMGPU_REPORT_ARGS", None, "wrapper",
            "Extra arguments for `slurmgpu report-nightly` from the timer (e.g. `--no-mail`), "
            "in /etc/default/slurmgpu or /etc/sysconfig/slurmgpu."),

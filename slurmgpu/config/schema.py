@@ -259,10 +259,12 @@ OnError = Literal["fail-open", "fail-closed"]
 
 @dataclass
 class PrologSettings:
-    # The whole prolog (gather + checks + drain) is bounded by this watchdog.
-    timeout_s: Annotated[float, HOOK_TIMEOUT] = 10.0
-    # An internal error or timeout: fail-open lets the job run (loud log line, reason
-    # recorded) so a slurmgpu bug can never drain a cluster; fail-closed drains.
+    # The whole prolog (gather + checks + drain) is bounded by this watchdog; its Slurm
+    # calls (tries and pauses) get half of it at most (slurmgpu.gate.SLURM_SHARE).
+    timeout_s: Annotated[float, HOOK_TIMEOUT] = 20.0
+    # An internal error or timeout before a verdict: fail-open lets the job run (loud log
+    # line, reason recorded) so a slurmgpu bug can never drain a cluster; fail-closed
+    # drains. After a FAIL verdict a timeout refuses the job whatever this says.
     on_error: OnError = "fail-open"
     # Drain the node when the gate fails (off: only refuse the job).
     drain: bool = True
@@ -277,8 +279,9 @@ class EpilogSettings:
     strays: Literal["ignore", "report", "kill"] = "report"
     # GPU device node; {index} is the GPU index.
     device_pattern: str = "/dev/nvidia{index}"
-    # Holders that are never strays (substrings of the command line): node daemons keep
-    # /dev/nvidia* open by design. Only processes of the job's user count as strays.
+    # Holders that are never strays: node daemons keep /dev/nvidia* open by design. An
+    # entry names an executable (the name of /proc/PID/exe is it or starts with it), never
+    # a command line. Only processes of the job's user count as strays.
     strays_ignore: list[str] = field(default_factory=lambda: [
         "slurmgpu", "nvidia-persistenced", "nv-hostengine", "dcgm"])
 
@@ -294,10 +297,12 @@ class SlurmSettings:
     # Directory holding scontrol/squeue/sinfo/scancel (default: PATH, then /usr/bin).
     bin_dir: str | None = None
     # Tries for a command when slurmctld does not answer (at least 1), and the pause
-    # between them.
-    retries: Annotated[int, Range(1, 100)] = 3
+    # between them. In a prolog or epilog all tries and pauses end within half of its
+    # timeout_s (cut short when they would not): the defaults, 2 x 4 s + 1 s, fit the
+    # default prolog's 20 s.
+    retries: Annotated[int, Range(1, 100)] = 2
     retry_delay_s: Annotated[float, Range(0, 600)] = 1.0
-    command_timeout_s: Annotated[float, TIMEOUT] = 10.0
+    command_timeout_s: Annotated[float, TIMEOUT] = 4.0
 
 
 @dataclass

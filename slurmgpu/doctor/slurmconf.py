@@ -4,19 +4,23 @@ programs it names can be run by slurmd, and slurmctld answers.
 Prolog, Epilog and HealthCheckProgram are never run here: they drain nodes. They are
 checked the way exec would fail on them (exists, executable, a ``#!`` interpreter that
 exists). The TaskProlog only prints an ``export`` line, so it is run, as Slurm would,
-with a job id and nothing else in its environment.
+as a job's user (``TASK_PROLOG_USER`` when doctor runs as root) with a job id and nothing
+else in its environment, in a process group of its own that is killed on a timeout.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from slurmgpu.doctor.model import HEAD, STEP_TIMEOUT_S, Context, Finding, fail, ok, skip, warn
 from slurmgpu.slurm.conf import ENV_VAR, Setting, SlurmConf
@@ -29,6 +33,9 @@ FAKE_JOB_ID = "1"
 # set Alloc implicitly).
 ALLOC_FLAGS = frozenset({"alloc", "contain", "runinjob"})
 SHIPPED = "/usr/libexec/slurmgpu"
+#: Slurm runs the TaskProlog as the job's user: doctor, as root, runs it as this one, so it
+#: sees what a job's user cannot read or run (an interpreter in root's home directory).
+TASK_PROLOG_USER = "nobody"
 NO_CONF = "needs slurm.conf (see the slurm.conf line)"
 
 
@@ -234,29 +241,62 @@ def run_task_prolog(setting: Setting) -> Finding:
     from slurmgpu.jobfiles import CHECKPOINT_FILE_ENV
 
     path = setting.value
-    by_hand = f"env -i SLURM_JOB_ID={FAKE_JOB_ID} {path}"
+    drop = job_user()
+    as_user = f"runuser -u {TASK_PROLOG_USER} -- " if drop else ""
+    by_hand = f"{as_user}env -i SLURM_JOB_ID={FAKE_JOB_ID} {path}"
+    who = f" as {TASK_PROLOG_USER}" if drop else ""
     started = time.monotonic()
     try:
-        proc = subprocess.run([path], env={"SLURM_JOB_ID": FAKE_JOB_ID}, capture_output=True,
-                              text=True, errors="replace", timeout=STEP_TIMEOUT_S,
-                              stdin=subprocess.DEVNULL, cwd="/", check=False)
+        code, out, err = run_bounded([path], {"SLURM_JOB_ID": FAKE_JOB_ID}, drop)
     except subprocess.TimeoutExpired:
-        return fail("slurm.task_prolog", f"{path} did not finish within {STEP_TIMEOUT_S:g} s "
+        return fail("slurm.task_prolog", f"{path} did not finish within {STEP_TIMEOUT_S:g} s{who} "
                                          "(it runs before every task)", f"run `{by_hand}` to see where it hangs")
     except OSError as exc:
-        return fail("slurm.task_prolog", f"{path} cannot be run: {exc.strerror or exc}",
+        return fail("slurm.task_prolog", f"{path} cannot be run{who}: {exc.strerror or exc}",
                     f"run `{by_hand}` to see why")
     took = (time.monotonic() - started) * 1000
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or [""])[-1]
-        return fail("slurm.task_prolog", f"{path} exited {proc.returncode} given only SLURM_JOB_ID: {last}",
+    if code != 0:
+        last = (err.strip().splitlines() or [""])[-1]
+        return fail("slurm.task_prolog", f"{path} exited {code}{who} given only SLURM_JOB_ID: {last}",
                     f"run `{by_hand}` to see why")
-    if f"export {CHECKPOINT_FILE_ENV}=" not in proc.stdout:
-        return warn("slurm.task_prolog", f"{path} runs but exports no {CHECKPOINT_FILE_ENV}: jobs "
+    if f"export {CHECKPOINT_FILE_ENV}=" not in out:
+        return warn("slurm.task_prolog", f"{path} runs{who} but exports no {CHECKPOINT_FILE_ENV}: jobs "
                                          "cannot find their checkpoint requests",
+                    f"run `{by_hand}`: the interpreter it finds must be one a job's user can run; "
                     f"point TaskProlog= at {SHIPPED}/slurmgpu-taskprolog, or run it from yours")
-    return ok("slurm.task_prolog", f"TaskProlog={path} runs ({took:.0f} ms) and exports "
+    return ok("slurm.task_prolog", f"TaskProlog={path} runs{who} ({took:.0f} ms) and exports "
                                    f"{CHECKPOINT_FILE_ENV}")
+
+
+def job_user() -> dict[str, Any]:
+    """How to run a program as TASK_PROLOG_USER (subprocess arguments): only when this is
+    root and the user exists; else as this user ({})."""
+    import pwd
+
+    if os.geteuid() != 0:
+        return {}
+    try:
+        user = pwd.getpwnam(TASK_PROLOG_USER)
+    except KeyError:
+        return {}
+    return {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
+
+
+def run_bounded(argv: list[str], env: Mapping[str, str], drop: Mapping[str, Any]) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of a program in a process group of its own, in "/";
+    past STEP_TIMEOUT_S the whole group is killed (nothing it started is left behind) and
+    TimeoutExpired raised."""
+    proc = subprocess.Popen(argv, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, text=True, errors="replace", cwd="/",
+                            start_new_session=True, **drop)
+    try:
+        out, err = proc.communicate(timeout=STEP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):  # (already gone)
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return proc.returncode, out, err
 
 
 # --------------------------------------------------------------------------- slurmctld

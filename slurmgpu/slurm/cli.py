@@ -556,10 +556,11 @@ class CliSlurmClient(ClientBase):
         label = _label(argv)
         last = ""
         for attempt in range(1, self.retries + 1):
+            timeout = self.try_timeout()
             try:
-                cp = self._runner(argv, self.env, self.command_timeout_s)
+                cp = self._runner(argv, self.env, timeout)
             except subprocess.TimeoutExpired:
-                last = f"{label} timed out after {self.command_timeout_s:g}s"
+                last = f"{label} timed out after {timeout:g}s"
             except OSError as exc:
                 raise SlurmCommandError(f"{label}: cannot run {argv[0]}: {exc}") from exc
             else:
@@ -570,10 +571,11 @@ class CliSlurmClient(ClientBase):
                     line = _first_line(cp.stderr, cp.stdout) or f"exit status {cp.returncode}"
                     raise SlurmCommandError(f"{label}: {line}", output=out, returncode=cp.returncode)
                 last = _last_line(cp.stderr, cp.stdout)
-            if attempt < self.retries:
-                self._log_retry(label, attempt, last)
-                self._sleep(self.retry_delay_s)
-        raise SlurmUnreachable(f"slurmctld unreachable after {self.retries} tries: {last}")
+            if not self.may_retry(attempt):
+                break
+            self._log_retry(label, attempt, last)
+            self._sleep(self.retry_delay_s)
+        raise SlurmUnreachable(f"slurmctld unreachable after {attempt} tries: {last}")
 
     def _log_retry(self, label: str, attempt: int, last: str) -> None:
         from slurmgpu.log import get_logger
@@ -588,7 +590,7 @@ class CliSlurmClient(ClientBase):
         if self._version is None:
             try:
                 cp = self._runner([self.binary("scontrol"), "--version"], self.env,
-                                  self.command_timeout_s)
+                                  self.try_timeout())
             except (OSError, subprocess.TimeoutExpired):
                 return None
             if cp.returncode == 0:

@@ -1,5 +1,6 @@
 """What both ``SlurmClient`` implementations share: where the Slurm tools are, the
-caller's environment, and how often and how patiently to retry slurmctld."""
+caller's environment, and how often and how patiently to retry slurmctld; for a hook,
+a deadline that no try or pause goes past (``within``)."""
 
 from __future__ import annotations
 
@@ -22,10 +23,16 @@ class ClientOptions(TypedDict, total=False):
     sleep: Callable[[float], object]
 
 
+#: The shortest try a deadline leaves a Slurm command (the first try always runs).
+MIN_TRY_S = 0.05
+
+
 class ClientBase:
     """Retry settings, normalised: at least one try, no negative delay."""
 
     env: dict[str, str]
+    #: time.monotonic() past which no try runs nor pause waits (None: no bound).
+    deadline: float | None = None
 
     def __init__(
         self,
@@ -53,3 +60,23 @@ class ClientBase:
             retry_delay_s=settings.retry_delay_s,
             command_timeout_s=settings.command_timeout_s,
         )
+
+    def within(self, seconds: float) -> Self:
+        """Bound every later call, its tries and pauses together, to ``seconds`` from now
+        (a hook's share of its watchdog): each try's timeout is cut to what is left, and
+        no retry starts that could not end in time."""
+        self.deadline = time.monotonic() + max(MIN_TRY_S, seconds)
+        return self
+
+    def try_timeout(self) -> float:
+        """The timeout of the next try: ``command_timeout_s``, cut to the deadline."""
+        if self.deadline is None:
+            return self.command_timeout_s
+        return max(MIN_TRY_S, min(self.command_timeout_s, self.deadline - time.monotonic()))
+
+    def may_retry(self, attempt: int) -> bool:
+        """Whether try ``attempt`` + 1 runs: tries are left and, with a deadline, the pause
+        and a minimal try still fit before it."""
+        if attempt >= self.retries:
+            return False
+        return self.deadline is None or time.monotonic() + self.retry_delay_s + MIN_TRY_S < self.deadline

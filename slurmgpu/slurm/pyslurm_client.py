@@ -143,9 +143,10 @@ class PyslurmClient(ClientBase):
                 if not is_unreachable(msg):
                     raise SlurmCommandError(f"{what}: {msg}", output=msg) from exc
                 last = msg
-            if attempt < self.retries:
-                self._sleep(self.retry_delay_s)
-        raise SlurmUnreachable(f"slurmctld unreachable after {self.retries} tries: {last}")
+            if not self.may_retry(attempt):
+                break
+            self._sleep(self.retry_delay_s)
+        raise SlurmUnreachable(f"slurmctld unreachable after {attempt} tries: {last}")
 
     # ----------------------------------------------------------------- nodes
 
@@ -200,9 +201,11 @@ class PyslurmClient(ClientBase):
         self._cli().reboot(node, reason)
 
     def _cli(self) -> CliSlurmClient:
-        return CliSlurmClient(bin_dir=self.bin_dir, env=self.env, retries=self.retries,
-                              retry_delay_s=self.retry_delay_s,
-                              command_timeout_s=self.command_timeout_s, sleep=self._sleep)
+        cli = CliSlurmClient(bin_dir=self.bin_dir, env=self.env, retries=self.retries,
+                             retry_delay_s=self.retry_delay_s,
+                             command_timeout_s=self.command_timeout_s, sleep=self._sleep)
+        cli.deadline = self.deadline
+        return cli
 
     # ----------------------------------------------------------------- jobs
 

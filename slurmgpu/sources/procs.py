@@ -15,7 +15,8 @@ def find_device_holders(devices: Mapping[str, int], proc_root: str = PROC_ROOT, 
                         ignore: Iterable[str] = ()) -> list[dict[str, Any]]:
     """Processes (other than this one) with one of these device files open, as
     ``{"pid", "gpus", "command"}``; only those of ``uid`` when given, and none whose
-    command line contains an ``ignore`` entry."""
+    executable is named by an ``ignore`` entry (``ignored``: never by its command line,
+    which a user's stray may fill with any path or argument)."""
     me = os.getpid()
     ignore = [i for i in ignore if i]
     found = []
@@ -34,10 +35,9 @@ def find_device_holders(devices: Mapping[str, int], proc_root: str = PROC_ROOT, 
         held = sorted(devices[t] for t in targets if t in devices)
         if not held or (uid is not None and _owner(proc_root, pid) != uid):
             continue
-        command = _command(proc_root, pid)
-        if any(pattern in command for pattern in ignore):
+        if ignored(executable(proc_root, pid), ignore):
             continue
-        found.append({"pid": pid, "gpus": held, "command": command})
+        found.append({"pid": pid, "gpus": held, "command": _command(proc_root, pid)})
     return found
 
 
@@ -54,3 +54,22 @@ def _command(proc_root: str, pid: int) -> str:
     except OSError:
         return "?"
     return raw.replace(b"\0", b" ").decode("utf-8", "replace").strip()[:200]
+
+
+def executable(proc_root: str, pid: int) -> str:
+    """The name of the program a process runs: the basename of /proc/PID/exe, else (not
+    readable) its comm; "" when it is gone."""
+    try:
+        return os.path.basename(os.readlink(f"{proc_root}/{pid}/exe")).removesuffix(" (deleted)")
+    except OSError:
+        pass
+    try:
+        return Path(f"{proc_root}/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def ignored(name: str, ignore: Iterable[str]) -> bool:
+    """Whether an executable of this name is a node daemon: it is, or starts with, an
+    entry ("dcgm" names dcgmi and dcgm-exporter; "slurmgpu" slurmgpu-agent)."""
+    return bool(name) and any(name.startswith(entry) for entry in ignore)

@@ -19,7 +19,8 @@ CLUSTER_NAME = "simgpu"
 HOOKS = ("prolog", "epilog", "healthcheck", "taskprolog")
 #: The TaskProlog only exports $SLURMGPU_CHECKPOINT_FILE: it stays on with hooks disabled.
 ALWAYS_ON_HOOKS = ("taskprolog",)
-TASKPROLOG = "prolog/slurmgpu-taskprolog.py"
+#: The shipped TaskProlog wrapper (it tries each interpreter and never fails a task).
+TASKPROLOG = "prolog/slurmgpu-taskprolog"
 #: The repository's thin wrappers that the prolog/epilog hooks exec when present.
 HOOK_WRAPPERS = {"prolog": "prolog/slurmgpu-prolog", "epilog": "epilog/slurmgpu-epilog"}
 SANE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

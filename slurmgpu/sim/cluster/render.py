@@ -246,9 +246,9 @@ def render_hook(name: str, d: Path, lib: Path, *, enabled: bool, installed: Path
     if installed is not None:
         lines.append(f'exec {shlex.quote(str(installed / f"slurmgpu-{name}"))} "$@"')
         return "\n".join(lines) + "\n"
-    if name == "taskprolog":
-        script = shlex.quote(str(repo_root() / TASKPROLOG))
-        lines.append(f"exec {shlex.quote(sys.executable)} -I -S {script}")
+    if name == "taskprolog":  # the shipped wrapper, told this interpreter first
+        lines.append(f"export SLURMGPU_PYTHON={shlex.quote(sys.executable)}")
+        lines.append(f"exec {shlex.quote(str(repo_root() / TASKPROLOG))}")
         return "\n".join(lines) + "\n"
     wrapper = HOOK_WRAPPERS.get(name)
     if wrapper is not None:
