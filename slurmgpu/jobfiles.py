@@ -1,7 +1,9 @@
 """Per-job directories and checkpoint files: ``<jobs_dir>/<job id>/checkpoint``.
 
-The prolog makes ``<jobs_dir>/<job id>/`` (mode 0700, owned by the job's user), the
-epilog removes it. When the collector asks a job to checkpoint, the node's agent
+The prolog makes ``<jobs_dir>/<job id>/`` (mode 0700, owned by the job's user); the
+epilog moves it into ``<jobs_dir>/.trash/`` (``retire_job_dir``) and a bounded sweep
+deletes it (``sweep_trash``). Everything in a job's directory is the job user's input:
+reading and parsing it never raises, and deleting it is bounded in time, entries and memory. When the collector asks a job to checkpoint, the node's agent
 writes ``checkpoint`` there (JSON, ``"state": "requested"``); the job acks by
 replacing it (``slurmgpu ckpt ack``, or any text whose first word is ack/acked/done,
 or JSON with ``"state": "acked"``) and the agent reports the ack.

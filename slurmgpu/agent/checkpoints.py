@@ -38,6 +38,8 @@ EXPIRE_AFTER_S = 3600.0
 FALLBACK_EVERY_S = 600.0
 #: With only acked requests left, look for their directories going this often.
 ACKED_POLL_S = 30.0
+#: Of a process's environment (its user chose its size), only this much is read.
+ENVIRON_MAX_BYTES = 1 << 20
 
 Submit = Callable[[str, dict[str, Any]], Any]
 
@@ -411,7 +413,7 @@ def scan_processes(proc_root: str = "/proc") -> dict[int, tuple[frozenset[str], 
             continue
         try:
             with open(f"{proc_root}/{pid}/environ", "rb") as f:
-                environ = f.read()
+                environ = f.read(ENVIRON_MAX_BYTES)
         except OSError:
             continue  # gone, a kernel thread, or not ours to read
         jobs = _job_ids(environ)

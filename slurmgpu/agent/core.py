@@ -4,7 +4,9 @@ Threads: the main loop (``run``) polls every ``[agent] interval_s`` and pings th
 systemd watchdog; ``EventWatcher`` waits on NVML events and calls
 ``on_nvml_event``; ``Link`` owns the collector socket; the local query socket (if
 present) calls ``latest``/``facts_for``. Shared state is guarded by one lock; NVML
-collection and evaluation run outside it.
+collection and evaluation run outside it. The main loop also starts a dead link, event or
+checkpoint thread again (and stops the watchdog pings when one keeps dying), and deletes
+retired job directories (``jobfiles.sweep_trash``, bounded per turn).
 """
 
 from __future__ import annotations
