@@ -24,6 +24,7 @@ import os
 TYPE_CHECKING = False  # typing costs start-up time; only type checkers need it
 if TYPE_CHECKING:
     from collections.abc import Mapping
+    from collections.abc import Set as AbstractSet
     from pathlib import Path
     from typing import Any
 
@@ -237,14 +238,6 @@ def make_job_dir(jobs_dir: str | os.PathLike[str], job_id: str, uid: int | None 
     return path
 
 
-def remove_job_dir(jobs_dir: str | os.PathLike[str], job_id: str) -> bool:
-    """Retire the job's directory (``retire_job_dir``) and sweep the trash within the
-    default budget; False when there was no directory."""
-    retired = retire_job_dir(jobs_dir, job_id)
-    sweep_trash(jobs_dir)
-    return retired is not None
-
-
 # ------------------------------------------------------------------ removing, bounded
 
 #: Retired job directories wait here (mode 0700, root's) until a sweep deletes them.
@@ -285,7 +278,9 @@ def _trash(jobs_dir: str | os.PathLike[str]) -> str:
 
 class Sweep:
     """What one ``sweep_trash`` did: ``removed`` entries, ``done`` (the trash is empty),
-    ``errors`` (entries that could not be removed: left for a later sweep)."""
+    ``errors`` (entries that could not be removed: left for a later sweep). ``busy``:
+    entries that filled up again while being emptied (a process still writing, another
+    sweep at work): not errors, left for the next sweep."""
 
     def __init__(self, max_entries: int, max_s: float) -> None:
         import time
@@ -293,6 +288,7 @@ class Sweep:
         self.removed = 0
         self.done = False
         self.errors: dict[str, str] = {}
+        self.busy: set[str] = set()
         self._left = max_entries
         self._until = time.monotonic() + max_s
 
@@ -323,22 +319,31 @@ def sweep_trash(jobs_dir: str | os.PathLike[str], max_entries: int = SWEEP_ENTRI
         return sweep
     try:
         while not sweep.spent():
-            name = _next_entry(trash, sweep.errors)
+            name = _next_entry(trash, sweep.errors.keys() | sweep.busy)
             if name is None:
-                sweep.done = not sweep.errors
+                sweep.done = not sweep.errors and not sweep.busy
                 break
-            try:
-                _empty(trash, name, sweep)
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                sweep.errors[name] = f"{type(exc).__name__}: {exc}"
+            _empty_or_note(trash, name, sweep)
     finally:
         os.close(trash)
     return sweep
 
 
-def _next_entry(trash: int, skip: Mapping[str, str]) -> str | None:
+def _empty_or_note(trash: int, name: str, sweep: Sweep) -> None:
+    import errno
+
+    try:
+        _empty(trash, name, sweep)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        if exc.errno == errno.ENOTEMPTY:
+            sweep.busy.add(name)
+        else:
+            sweep.errors[name] = f"{type(exc).__name__}: {exc}"
+
+
+def _next_entry(trash: int, skip: AbstractSet[str]) -> str | None:
     with os.scandir(trash) as entries:
         for entry in entries:
             if entry.name not in skip:

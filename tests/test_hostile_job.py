@@ -241,9 +241,9 @@ def test_a_dead_link_thread_is_started_again_and_one_that_keeps_dying_stops_the_
 
 @as_root
 def test_one_poisoned_file_never_hides_another_jobs_ack(node_factory: Callable[..., Node]) -> None:
-    """Job 801 turns its request into 60,000 '[' after it arrived; job 802's ack is still
-    relayed, and 801's file is one log line, not one per poll (was: neither ack ever seen,
-    98 tracebacks in 5 s)."""
+    """Job 801 turns its request into 60,000 '[' after it arrived, then 70,000 '{'; job
+    802's ack is still relayed, and 801's file is one log line, not one per poll nor per
+    rewrite (was: no other ack ever seen, 98 tracebacks in 5 s)."""
     node = node_factory()
     for job_id in ("801", "802"):
         plant(node.jobs, job_id)
@@ -251,7 +251,9 @@ def test_one_poisoned_file_never_hides_another_jobs_ack(node_factory: Callable[.
         assert result["result"]["state"] == "delivered", result
     poisoned = node.jobs / "801" / "checkpoint"
     poisoned.write_text(DEEP_BRACKETS)
-    time.sleep(1.0)  # 20 polls of the poisoned file
+    time.sleep(0.5)  # 10 polls of the poisoned file
+    poisoned.write_text("{" * 70_000)  # a new version: still within the job's log allowance
+    time.sleep(0.5)
     (node.jobs / "802" / "checkpoint").write_text("done")
     acked = node.collector.wait_for(lambda e: e.type == "command-result"
                                     and e.body["result"].get("state") == "acked").envelope

@@ -38,6 +38,8 @@ EXPIRE_AFTER_S = 3600.0
 FALLBACK_EVERY_S = 600.0
 #: With only acked requests left, look for their directories going this often.
 ACKED_POLL_S = 30.0
+#: A job's file that is not understood is logged at most this often (per job).
+POISON_LOG_EVERY_S = 60.0
 #: Of a process's environment (its user chose its size), only this much is read.
 ENVIRON_MAX_BYTES = 1 << 20
 
@@ -84,7 +86,8 @@ class CheckpointWatcher:
         self._lock = threading.Lock()
         self._requests: dict[str, Request] = {}
         self._fallback_at: dict[str, float] = {}  # job id -> monotonic time it was signalled
-        self._poisoned: dict[str, float] = {}  # job id -> mtime of a file logged as not understood
+        # job id -> (mtime, monotonic time) of the file last logged as not understood
+        self._poisoned: dict[str, tuple[float, float]] = {}
         self._failed: dict[str, str] = {}  # job id -> the error last logged while watching it
         self._write_error: str | None = None  # a request that could not be written (ENOSPC, ...)
         self._wake = threading.Event()
@@ -191,11 +194,20 @@ class CheckpointWatcher:
         per version of the file (its mtime), not at every poll."""
         parsed = jobfiles.parse(current[0] if current else None)
         error = parsed.get("error")
-        if error and current is not None and self._poisoned.get(job_id) != current[1]:
-            self._poisoned[job_id] = current[1]
+        if error and current is not None and self._log_poisoned(job_id, current[1]):
             self.log.warning("checkpoint_file_not_understood", job=job_id, error=str(error),
                              state=parsed["state"], bytes=len(current[0]))
         return parsed
+
+    def _log_poisoned(self, job_id: str, mtime: float) -> bool:
+        """Log this version of a job's file? Once per version, and at most once per
+        POISON_LOG_EVERY_S per job (the job chooses how often its file changes)."""
+        now = self.clock.monotonic()
+        last = self._poisoned.get(job_id)
+        if last is not None and (last[0] == mtime or now - last[1] < POISON_LOG_EVERY_S):
+            return False
+        self._poisoned[job_id] = (mtime, now)
+        return True
 
     def check_once(self) -> None:
         """One look at every request: acks, jobs gone, requests expired. Each job on its
