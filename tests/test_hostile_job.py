@@ -349,6 +349,42 @@ def test_a_sweep_that_cannot_finish_says_so_and_the_next_one_goes_on(tmp_path: P
     assert os.listdir(jobs / jobfiles.TRASH_NAME) == []
 
 
+@as_root
+def test_what_no_sweep_can_delete_is_said_and_swept_again(tmp_path: Path) -> None:
+    """An entry the sweep cannot remove (here a mount point: EBUSY) is left, logged, and
+    an ``agent.jobs_dir`` WARN in the agent's report until a later sweep removes it."""
+    jobs = tmp_path / "jobs"
+    directory = plant(jobs, "905")
+    (directory / "stuck").mkdir()
+    (directory / "file").write_text("x")
+    if os.system(f"mount -t tmpfs -o size=64k slurmgpu-test {directory / 'stuck'} 2>/dev/null") != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    settings = Settings()
+    settings.agent.spool_dir = str(tmp_path / "spool")
+    settings.agent.jobs_dir = str(jobs)
+    facts = make_facts("n1", gpus=2)
+    agent = Agent(settings, "n1", sources=Sources(FakeNvmlSource(facts.nvml), FakeIbSource(facts.ib),
+                                                 FakeVersionSource(facts.versions), FakeClock()),
+                  environ={})
+    try:
+        assert _gate(tmp_path, jobs, "905", FakeSlurmClient(["gpu-n1"])).epilog() == 0
+        assert not directory.exists()
+        agent.sweep_jobs_trash()
+        _, verdict = agent.poll()
+        [finding] = [f for f in verdict.findings if f.check == "agent.jobs_dir"]
+        assert finding.severity.name == "WARN" and "not deleted" in finding.message
+    finally:
+        mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
+                  if line.startswith("slurmgpu-test ") and str(jobs) in line]
+        for mount in mounts:
+            os.system(f"umount {mount}")
+    agent.sweep_soon()
+    agent.sweep_jobs_trash()
+    _, verdict = agent.poll()
+    assert not [f for f in verdict.findings if f.check == "agent.jobs_dir"]
+    assert os.listdir(jobs / ".trash") == []
+
+
 # ------------------------------------ 4. the warm path: bounded inside the root agent
 
 
