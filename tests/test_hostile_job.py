@@ -172,6 +172,45 @@ def test_parsing_a_jobs_file_is_total(text: str) -> None:
     assert parsed.get("acked_at") is None and "error" in parsed
 
 
+def test_a_command_whose_handler_raises_never_ends_the_link(tmp_path: Path) -> None:
+    """Whatever a command's handler raises (RecursionError, as a poisoned file did): the
+    link logs it and goes on; a message spooled after it still reaches the collector."""
+    from slurmgpu import wire
+    from slurmgpu.agent.core import load_client_keys
+
+    called = threading.Event()
+
+    def handler(message: wire.Envelope) -> None:
+        called.set()
+        raise RecursionError("maximum recursion depth exceeded while decoding a JSON array")
+
+    keys_dir, secret = make_bundle(tmp_path)
+    port = free_port()
+    spool = Spool(tmp_path / "spool")
+    collector = FakeCollector(port, secret).start()
+    link = Link(addresses=[f"tcp://127.0.0.1:{port}"], node="n1", keys=load_client_keys(str(keys_dir)),
+                spool=spool, heartbeat_s=0.2, on_command=handler)
+    link.start()
+
+    def send(mtype: str, body: dict[str, Any]) -> None:
+        spool.append(mtype, lambda seq: wire.message_frame(mtype, "n1", seq, body, epoch=spool.epoch))
+        link.wake()
+
+    try:
+        send(wire.HELLO, {"version": "x", "gpus": 0, "interval_s": 1.0})
+        collector.wait_for(lambda e: e.type == wire.HELLO)
+        collector.send_command("n1", "checkpoint", job_id="1")
+        assert called.wait(10)
+        send(wire.EVENT, {"kind": "xid", "gpu": 0, "data": 79, "verdict": "FAIL", "findings": []})
+        collector.wait_for(lambda e: e.type == wire.EVENT)
+        assert link.is_alive() and link.commands_failed == 1
+    finally:
+        link.stop()
+        link.join(5)
+        collector.stop()
+        spool.close()
+
+
 def _settings(tmp_path: Path, port: int) -> Settings:
     settings = Settings()
     settings.agent.spool_dir = str(tmp_path / "spool")
