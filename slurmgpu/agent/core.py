@@ -4,7 +4,9 @@ Threads: the main loop (``run``) polls every ``[agent] interval_s`` and pings th
 systemd watchdog; ``EventWatcher`` waits on NVML events and calls
 ``on_nvml_event``; ``Link`` owns the collector socket; the local query socket (if
 present) calls ``latest``/``facts_for``. Shared state is guarded by one lock; NVML
-collection and evaluation run outside it.
+collection and evaluation run outside it. The main loop also starts a dead link, event or
+checkpoint thread again (and stops the watchdog pings when one keeps dying), and deletes
+retired job directories (``jobfiles.sweep_trash``, bounded per turn).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from slurmgpu import __version__, jobfiles, wire
@@ -48,6 +50,14 @@ MAX_EVENTS_PER_EVAL = 16
 KMSG_LOOKBACK_S = 10.0
 SPOOL_CHECK = "agent.spool"
 STATE_DIR_CHECK = "agent.state_dir"
+JOBS_DIR_CHECK = "agent.jobs_dir"
+# A vital thread (the link, the NVML event watcher, the checkpoint watcher) that dies is
+# started again by the main loop, at most RESTARTS_MAX times in RESTART_WINDOW_S; past
+# that the watchdog pings stop, so systemd restarts the agent.
+RESTARTS_MAX = 5
+RESTART_WINDOW_S = 600.0
+# With retired job directories left to delete, the main loop sweeps again this soon.
+SWEEP_AGAIN_S = 1.0
 
 
 def load_client_keys(bundle_dir: str) -> tuple[bytes, bytes, bytes]:
@@ -115,6 +125,11 @@ class Agent:
         self._refresh_ids: list[str] = []
         self._keys_retry_at = 0.0
         self._state_error: str | None = None  # gate bookkeeping that failed (warm path)
+        self.restarts_max = RESTARTS_MAX
+        self._restarts: dict[str, list[float]] = {}  # thread -> monotonic times restarted
+        self.vital_dead: str | None = None  # a vital thread that is dead for good
+        self._sweep_at: float | None = 0.0  # monotonic time the jobs trash is swept next
+        self._sweep_error: str | None = None
         # Event coalescing, per GPU (None: could not tell which): events waiting for the
         # next evaluation, when the last one ran, when a deferred one is due, what the
         # last evaluation found (an unchanged one is not a message), and when each health
@@ -193,6 +208,9 @@ class Agent:
             state_error, self._state_error = self._state_error, None
         if state_error:
             extra.append(Finding(STATE_DIR_CHECK, Severity.WARN, state_error))
+        jobs_error = self._jobs_dir_error()
+        if jobs_error:
+            extra.append(Finding(JOBS_DIR_CHECK, Severity.WARN, jobs_error))
         verdict = Verdict(self.node, verdict.findings + tuple(extra), verdict.duration_ms)
         with self._lock:
             self._facts, self._verdict, self._at = facts, verdict, now
@@ -200,6 +218,11 @@ class Agent:
             self._gpu_at = {g.index: now for g in facts.gpus}
             self.polls += 1
         return facts, verdict
+
+    def _jobs_dir_error(self) -> str | None:
+        """A checkpoint request not written, or job directories the sweep cannot delete."""
+        errors = [e for e in (self.checkpoints.take_error(), self._sweep_error) if e]
+        return "; ".join(errors) or None
 
     def report_body(self, facts: NodeFacts, verdict: Verdict, *, full: bool = True) -> dict[str, Any]:
         """Problems in full; checks that found nothing wrong by id only (the collector
@@ -486,13 +509,92 @@ class Agent:
                 self._refresh_ids.append(message.id)
             self._wake.set()
         elif command == "checkpoint":
-            args = message.body.get("args")
-            ok, result = self.checkpoints.request(message.id, args if isinstance(args, dict) else {})
+            ok, result = self._checkpoint(message)
             self.submit(wire.COMMAND_RESULT, {"command_id": message.id, "ok": ok, "result": result})
         else:
             self.submit(wire.COMMAND_RESULT, {"command_id": message.id, "ok": False,
                                               "result": {"error": "unknown command",
                                                          "command": str(command)}})
+
+    def _checkpoint(self, message: wire.Envelope) -> tuple[bool, dict[str, Any]]:
+        """The checkpoint command; anything it raises is its error result."""
+        args = message.body.get("args")
+        try:
+            return self.checkpoints.request(message.id, args if isinstance(args, dict) else {})
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {str(exc)[:200]}"
+            self.log.exception("checkpoint_command_failed", command_id=message.id, error=error)
+            job_id = args.get("job_id") if isinstance(args, dict) else None
+            return False, {"job_id": str(job_id)[:64], "error": error}
+
+    # ------------------------------------------------------------ job directories
+
+    def sweep_soon(self) -> None:
+        """A job directory was retired (warm-path epilog): the main loop deletes it."""
+        with self._lock:
+            self._sweep_at = self.clock.monotonic()
+        self._wake.set()
+
+    def sweep_jobs_trash(self) -> None:
+        """Delete retired job directories within one sweep's budget; with more left, sweep
+        again in SWEEP_AGAIN_S, and say what cannot be deleted (a finding)."""
+        now = self.clock.monotonic()
+        with self._lock:
+            due = self._sweep_at is not None and now >= self._sweep_at
+            if due:
+                self._sweep_at = None
+        if not due:
+            return
+        try:
+            sweep = jobfiles.sweep_trash(jobfiles.jobs_dir(self.settings))
+        except OSError as exc:
+            self._sweep_error = f"cannot sweep retired job directories: {exc}"
+            return
+        self._sweep_error = None
+        if sweep.errors:
+            self._sweep_error = (f"{len(sweep.errors)} retired job directories not deleted: "
+                                 + "; ".join(list(sweep.errors.values())[:3]))
+            self.log.warning("job_dir_cleanup_failed", errors=dict(list(sweep.errors.items())[:5]))
+        if not sweep.done:
+            with self._lock:
+                self._sweep_at = now + (SWEEP_AGAIN_S if not sweep.errors else self.settings.agent.interval_s)
+
+    # ------------------------------------------------------------ vital threads
+
+    def revive_threads(self) -> None:
+        """Start a dead vital thread again (one log line); past RESTARTS_MAX in
+        RESTART_WINDOW_S, mark it dead for good: the watchdog pings stop."""
+        if self.stop_event.is_set():
+            return
+        for name, dead, restart in self._vital_threads():
+            if dead and self.vital_dead is None:
+                self._restart(name, restart)
+
+    def _vital_threads(self) -> list[tuple[str, bool, Callable[[], object]]]:
+        link, events = self.link, self.events
+        return [
+            ("link", link is not None and not link.is_alive(), self.start_link),
+            ("events", events is not None and not events.is_alive() and not events.gave_up,
+             self.start_events),
+            ("checkpoints", self.checkpoints.dead, self.checkpoints.restart),
+        ]
+
+    def _restart(self, name: str, restart: Callable[[], object]) -> None:
+        now = self.clock.monotonic()
+        times = [t for t in self._restarts.get(name, []) if now - t < RESTART_WINDOW_S]
+        if len(times) >= self.restarts_max:
+            self.vital_dead = name
+            self.log.error("vital_thread_dead", thread=name, restarts=len(times),
+                           note="watchdog pings stop: systemd restarts the agent")
+            return
+        self._restarts[name] = [*times, now]
+        self.log.error("vital_thread_restarted", thread=name, restarts=len(times) + 1)
+        restart()
+
+    def ping_watchdog(self) -> None:
+        """WATCHDOG=1 when due, unless a vital thread is dead for good."""
+        if self.vital_dead is None:
+            self.notifier.ping_if_due(self.clock.monotonic())
 
     # ------------------------------------------------------------ lifecycle
 
@@ -561,6 +663,9 @@ class Agent:
                     wait = min(wait, self._keys_retry_at - now)
                 if deferred is not None:
                     wait = min(wait, deferred)
+                with self._lock:
+                    if self._sweep_at is not None:
+                        wait = min(wait, self._sweep_at - now)
                 self._wake.wait(max(0.0, min(wait, 60.0)))
                 self._wake.clear()
                 if self.stop_event.is_set():
@@ -576,7 +681,9 @@ class Agent:
                         next_poll = now + interval
                 if self.link is None and now >= self._keys_retry_at:
                     self.start_link()
-                self.notifier.ping_if_due(self.clock.monotonic())
+                self.revive_threads()
+                self.sweep_jobs_trash()
+                self.ping_watchdog()
         finally:
             self.notifier.stopping()
             self.shutdown()

@@ -213,7 +213,8 @@ class LocalService:
                     decided.set()
 
         gate = Gate(settings, env, lambda: self.client_factory(env), facts=self.cached_facts(env),
-                    exit=finish, record_extra={"path": "agent"})
+                    exit=finish, record_extra={"path": "agent"},
+                    sweep_job_dirs=getattr(self.agent, "sweep_soon", None))
 
         def run() -> None:
             try:

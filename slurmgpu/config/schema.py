@@ -339,7 +339,8 @@ class AgentSettings:
     events: bool = True
     # flap_window_s, flap_count and flap_strikes moved to [ib]; the loader reads them here too.
     # Per-job directories (<jobs_dir>/<job id>/checkpoint): made by the prolog, owned by
-    # the job's user, removed by the epilog; SLURMGPU_JOBS_DIR overrides.
+    # the job's user, moved into <jobs_dir>/.trash by the epilog and deleted within a
+    # budget (jobfiles.sweep_trash); SLURMGPU_JOBS_DIR overrides.
     jobs_dir: str = "/run/slurmgpu/jobs"
     # While a checkpoint request is open, look for the job's ack this often.
     checkpoint_poll_s: Annotated[float, Range(0.01, 60)] = 0.25
