@@ -115,12 +115,13 @@ def hostile_loop(address: str, bundle: Path, rate: float, duration_s: float, out
     rejected = sent = 0
     end = time.monotonic() + duration_s
     next_send = time.monotonic()
-    while time.monotonic() < end:
-        if time.monotonic() >= next_send:
+    while (now := time.monotonic()) < end or (rejected < sent and now < end + 5.0):  # (then its last acks)
+        if end > now >= next_send:
             node.send(wire.REPORT, {"verdict": "WARN", "findings": [NUL_FINDING]})
             sent += 1
             next_send += 1.0 / rate
-        for env in node.acks(max(0.0, min(next_send, end) - time.monotonic())):
+        until = min(next_send, end) if now < end else end + 5.0
+        for env in node.acks(max(0.0, until - time.monotonic())):
             rejected += len(env.body.get("rejected") or ())
     out.put((sent, rejected))
     ctx.destroy(linger=0)
