@@ -86,7 +86,7 @@ def _from_inbox(row: InboxRow) -> Fresh:
 
 def _message_fault(exc: BaseException) -> bool:
     """Whether a failed ``store_batch`` points at a message (a value SQLite cannot bind,
-    a constraint, a bug on odd input: retry message by message and reject the culprit)
+    a constraint, a bug on odd input: isolate the culprit by halving the batch and reject it)
     rather than at the store itself (disk full, I/O error, locked, corrupt, closed:
     stop acking, agents keep spooling)."""
     if isinstance(exc, (sqlite3.InterfaceError, sqlite3.IntegrityError, sqlite3.DataError)):
