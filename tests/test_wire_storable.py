@@ -46,10 +46,13 @@ KINDS = ["abc", 7, 1.5, 1e300, -(2**63), True, None]
 
 
 def frame(mtype: str, path: tuple[Any, ...], value: Any, seq: int, node: str = "gpu-s1") -> bytes:
+    """A valid frame of ``mtype`` (``BODIES``'; a report's or event's finding with data)
+    with ``value`` at ``path`` (at ``data``: as a key and as a value), the report's facts
+    and summary packed as agents send them."""
     tree: dict[str, Any] = {"v": 1, "id": f"{seq:032x}", "node": node, "seq": seq, "ts": 1.79e9,
                             "type": mtype, "epoch": "e0", "body": copy.deepcopy(BODIES[mtype])}
-    tree["body"]["findings"] = [dict(BODIES[REPORT]["findings"][0], data={"k": "v"})] \
-        if mtype in (REPORT, wire.EVENT) else tree["body"].get("findings")
+    if mtype in (REPORT, wire.EVENT):
+        tree["body"]["findings"] = [dict(BODIES[REPORT]["findings"][0], data={"k": "v"})]
     target: Any = tree
     for key in path[:-1]:
         target = target[key]
@@ -57,8 +60,6 @@ def frame(mtype: str, path: tuple[Any, ...], value: Any, seq: int, node: str = "
     if mtype == REPORT:
         tree["body"]["facts"] = wire.packed(tree["body"]["facts"])
         tree["body"]["summary"] = wire.packed(tree["body"]["summary"])
-    if tree["body"].get("findings") is None:
-        tree["body"].pop("findings")
     return msgpack.packb(tree, use_bin_type=True)
 
 
@@ -133,6 +134,7 @@ def test_a_message_the_store_refuses_costs_its_batch_a_few_transactions(
         return (replace(env, seq=2**63 + env.seq) if (env.node, env.seq) == ("gpu-a", 7) else env), body
 
     monkeypatch.setattr(collector.transport, "_decode_received", lax_decode)
+    monkeypatch.setattr(collector.transport, "max_batch_read_s", 30.0)  # (a loaded machine: still one batch)
     good.report(1)
     bad.report(1)  # (both connections up: the batch below arrives whole)
     serve_until(collector, 2)
