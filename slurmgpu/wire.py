@@ -198,8 +198,10 @@ def encode_unchecked(message: Envelope) -> bytes:
 def message_frame(mtype: str, node: str, seq: int, body: dict[str, Any], *, epoch: str = "",
                   ts: float | None = None, id: str | None = None) -> bytes:
     """An acked message from an agent (hello, report, event, command-result), validated:
-    what the agent spools and sends. ``ts`` defaults to now, ``id`` to a fresh uuid4."""
-    return encode(Envelope(type=mtype, node=node, seq=seq, body=body, epoch=epoch,
+    what the agent spools and sends (NUL in its text as U+FFFD, ``text_safe``: a kernel
+    log line or a device string with NUL is still sent). ``ts`` defaults to now, ``id``
+    to a fresh uuid4."""
+    return encode(Envelope(type=mtype, node=node, seq=seq, body=text_safe(body), epoch=epoch,
                            ts=time.time() if ts is None else ts,
                            id=uuid.uuid4().hex if id is None else id))
 
@@ -531,14 +533,29 @@ def _verdict_findings(mtype: str, body: dict[str, Any]) -> tuple[Finding, ...]:
 
 
 def plain(value: Any) -> Any:
-    """Make finding data msgpack-safe (sets, tuples, odd objects)."""
+    """Make finding data msgpack-safe and storable (sets, tuples, odd objects; NUL in
+    text as U+FFFD, ``text_safe``)."""
     if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
+        return {text_safe(str(k)): plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
         return [plain(v) for v in value]
-    if value is None or isinstance(value, (bool, int, float, str, bytes)):
+    if isinstance(value, str):
+        return text_safe(value)
+    if value is None or isinstance(value, (bool, int, float, bytes)):
         return value
-    return str(value)
+    return text_safe(str(value))
+
+
+def text_safe(value: Any) -> Any:
+    """``value`` with each NUL in its text (maps, their keys and lists walked) as U+FFFD,
+    which a receiver accepts (it refuses NUL: PostgreSQL's text cannot hold it)."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+    if isinstance(value, dict):
+        return {text_safe(k): text_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [text_safe(v) for v in value]
+    return value
 
 
 def encode_finding(finding: Finding) -> dict[str, Any]:

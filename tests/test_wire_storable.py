@@ -176,3 +176,23 @@ def test_a_node_sending_nul_leaves_other_nodes_alone(rig: tuple[Collector, Agent
     assert collector.counters.rejected["malformed"] == 40
     assert collector.counters.store_errors == 0 and not collector.counters.rejected.get("store")
     assert collector.store.count("messages") == 40
+
+
+def test_an_agents_text_with_nul_is_sent_with_a_replacement_character() -> None:
+    """The sending side of the rule: an agent's report or event whose text holds NUL (a
+    device string, a kernel log line, a finding's message or data) is still encoded and
+    accepted, each NUL as U+FFFD, instead of being dropped as unencodable."""
+    from slurmgpu.result import Finding, Severity
+    from slurmgpu.summary import report_fields
+    from slurmgpu.testing import make_facts
+
+    facts = make_facts()
+    facts.nvml.gpus[0].serial = "SN\x00001"
+    finding = Finding("xid.recent", Severity.FAIL, "Xid 79\x00", gpu=0, data={"text\x00": ["a\x00"]})
+    report = {"verdict": "FAIL", "findings": wire.encode_findings([finding]), **report_fields(facts)}
+    event = {"kind": "xid", "gpu": 0, "data": 79, "verdict": "FAIL", "findings": [], "message": "NVRM\x00 Xid"}
+    for mtype, body in ((REPORT, report), (wire.EVENT, event)):
+        env, _body = decode_received(wire.message_frame(mtype, "gpu-s2", 1, body, epoch="e0"))
+        assert "\x00" not in repr(env.body) and "\ufffd" in repr(env.body)
+    summary = msgpack.unpackb(report["summary"])
+    assert summary["gpus"][0][1] == "SN\ufffd001"
