@@ -12,8 +12,9 @@ The fast path answers exactly what ``wire.decode`` would, or not at all: it take
 frame whose every key is known and every value has the one type and bound ``wire.decode``
 accepts, from a node name, epoch and summary ``wire.decode`` has already accepted once
 (its findings are then made by ``wire.decode_finding``, as ``wire.decode`` makes them).
-Anything else (another message type, facts sent as a map, an unknown key, a finding's
-data nested deeper than checks make it, a first frame from a node, any invalid frame)
+Anything else (another message type, facts sent as a map, an unknown key, a repeated
+key, NUL in a string, a finding's data nested deeper than checks make it, a first frame
+from a node, any invalid frame)
 goes to ``wire.decode``, which decides it and says what is wrong. ``tests/test_wirefast.py`` holds the two to the same
 answers over generated and mutated frames.
 """
