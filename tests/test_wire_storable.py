@@ -196,3 +196,13 @@ def test_an_agents_text_with_nul_is_sent_with_a_replacement_character() -> None:
         assert "\x00" not in repr(env.body) and "\ufffd" in repr(env.body)
     summary = msgpack.unpackb(report["summary"])
     assert summary["gpus"][0][1] == "SN\ufffd001"
+
+
+def test_the_wire_knows_a_kind_for_every_summary_field() -> None:
+    """The summary's column kinds follow slurmgpu.summary's fields, one for one."""
+    from slurmgpu import wiresummary
+    from slurmgpu.summary import GPU_FIELDS, IB_FIELDS, VERSION_FIELDS
+
+    assert len(wiresummary._GPU_COLUMNS) == len(GPU_FIELDS)
+    assert len(wiresummary._IB_COLUMNS) == len(IB_FIELDS)
+    assert len(wiresummary._VERSION_COLUMNS) == len(VERSION_FIELDS)
