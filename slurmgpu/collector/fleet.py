@@ -33,6 +33,7 @@ from slurmgpu.collector.counters import Counters, LimitedLog
 from slurmgpu.collector.store import Store
 from slurmgpu.collector.store.coordination import InboxRow
 from slurmgpu.collector.transport import Batch, Stored
+from slurmgpu.collector.validation import VALIDATION, judge_stragglers
 from slurmgpu.config.schema import CollectorSettings
 from slurmgpu.log import get_logger
 from slurmgpu.result import Finding
@@ -255,6 +256,7 @@ class Fleet:
         """The newly stored messages of an acked batch: automation, then checkpoints. With
         several collectors they go through the leader's inbox (this batch's rows included),
         so the leader, whichever collector it is, sees every collector's messages once."""
+        self._stragglers(batch, new)
         if self.automation is None and self.checkpoints is None:
             return
         if self.coordination is not None:
@@ -262,6 +264,23 @@ class Fleet:
                 self._handle_inbox()
             return
         self._handle(_fresh(batch, new, self._stale), now)
+
+    def _stragglers(self, batch: Batch, new: list[tuple[str, int]]) -> None:
+        """Each newly stored validation: its node against the fleet (``validate.straggler``)."""
+        fresh = set(new)
+        events = [(node, env) for node, env, _ in batch if (node, env.seq) in fresh and env.type == EVENT
+                  and isinstance(env.body, dict) and env.body.get("kind") == VALIDATION]
+        if not events:
+            return
+        try:
+            found = judge_stragglers(self.store, self.settings, [node for node, _ in events])
+            for node, env in events:
+                if found.get(node):
+                    self.store.add_findings(node, env.seq, env.ts, found[node])
+                    self.log.warning("validate_straggler", node=node, findings=[f.message for f in found[node]])
+        except Exception as exc:  # the database is failing: stragglers wait for the next validation
+            self.counters.store_errors += 1
+            self.log.error("straggler_check_failed", error=f"{type(exc).__name__}: {exc}")
 
     def _handle(self, items: list[Fresh], now: float) -> None:
         if self.automation is not None:

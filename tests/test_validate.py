@@ -1,0 +1,159 @@
+"""`slurmgpu validate` end to end on the simulator: the real CLI in a subprocess, over the
+fake libnvidia-ml.so.1 and the scenario's ``active`` section, whose tools
+(``python -m slurmgpu.sim.active``) print the real tools' formats into the real parsers.
+Every bundled active fault fails with its test named; healthy scenarios pass; a hung test
+ends within its budget with nothing left running."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurmgpu.sim.scenario import resolve_scenario
+from tests.simfixtures import bundled_scenario, sim_env, write_scenario_atomic
+from tests.test_validate_runner import alive
+
+#: bundled scenario -> (the failing finding's check, where)
+FAULTS = {
+    "fault-sdc": ("validate.gemm", "gpu3"),
+    "fault-hbm-slow": ("validate.hbm", "gpu5"),
+    "fault-pcie-slow": ("validate.pcie", "gpu1"),
+    "fault-nvlink-slow": ("validate.p2p", "gpu2->gpu5"),
+    "fault-nccl-slow": ("validate.nccl", "8 GPUs"),
+    "fault-ib-bw-low": ("validate.ib", "mlx5_3->mlx5_2"),
+    "fault-test-hang": ("validate.nccl", None),
+    "fault-dcgm-diag": ("validate.dcgm", "memory"),  # (on gpu6: the message names it)
+}
+HEALTHY = ["h100-sxm-8", "h100-sxm-8-r535", "h100-sxm-8-r570", "h200-r580", "a100-sxm-8", "a100-sxm-8-r535"]
+# Short tiers for tests (IB: 8 HCA pairs, each a server and a client process).
+FAST = "[validate]\nquick_test_timeout_s = 10\nquick_burn_s = 0.1\n"
+HANG_FAST = "[validate]\nquick_test_timeout_s = 1\n"
+
+
+def validate(lib: Path, scenario: str | Path, *args: str, config: str = FAST, tmp: Path,
+             **env: str) -> tuple[int, dict[str, Any]]:
+    conf = tmp / "slurmgpu.toml"
+    conf.write_text(config)
+    proc = subprocess.run([sys.executable, "-m", "slurmgpu", "validate", "--json", "--config", str(conf), *args],
+                          env=sim_env(lib, resolve_scenario(scenario), **env), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.stdout, proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def failing(doc: dict[str, Any]) -> set[tuple[str, str | None]]:
+    return {(f["check"], f["subject"] or (f"gpu{f['gpu']}" if f["gpu"] is not None else None))
+            for f in doc["findings"] if f["severity"] == "FAIL"}
+
+
+@pytest.mark.parametrize("scenario", sorted(FAULTS))
+def test_each_bundled_fault_fails_quick_with_its_test_named(fake_nvml_lib: Path, tmp_path: Path,
+                                                            scenario: str) -> None:
+    config = HANG_FAST if scenario == "fault-test-hang" else FAST
+    code, doc = validate(fake_nvml_lib, scenario, "--tier", "quick", tmp=tmp_path, config=config)
+    check, where = FAULTS[scenario]
+    assert (code, doc["verdict"]) == (2, "FAIL")
+    assert {c for c, _ in failing(doc)} == {check}
+    assert (check, where) in failing(doc)
+
+
+def test_every_bundled_active_fault_is_tested() -> None:
+    from slurmgpu.sim.scenario import list_scenarios, load_scenario
+
+    active = {name for name, _ in list_scenarios() if name.startswith("fault-") and "active" in load_scenario(name)}
+    assert active == set(FAULTS)
+
+
+@pytest.mark.parametrize("scenario", HEALTHY)
+def test_healthy_scenarios_pass(fake_nvml_lib: Path, tmp_path: Path, scenario: str) -> None:
+    code, doc = validate(fake_nvml_lib, scenario, tmp=tmp_path)
+    assert (code, doc["verdict"]) == (0, "OK"), [f for f in doc["findings"] if f["severity"] != "OK"]
+    ran = {t["test"]: t["result"] for t in doc["tests"]}
+    pairs = "OK" if len(bundled_scenario(scenario)["gpus"]) > 1 else "N/A"  # (one GPU: no pair)
+    assert ran == {"gemm": "OK", "hbm": "OK", "pcie": "OK", "p2p": pairs, "nccl": pairs, "dcgm": "OK", "ib": "N/A"}
+
+
+def test_a_hang_ends_within_the_budget_and_leaves_nothing_running(fake_nvml_lib: Path, tmp_path: Path) -> None:
+    pidfile = tmp_path / "hang.pids"
+    started = time.monotonic()
+    code, doc = validate(fake_nvml_lib, "fault-test-hang", "--tests", "nccl,dcgm", tmp=tmp_path,
+                         config="[validate]\nquick_test_timeout_s = 30\nquick_budget_s = 2\n",
+                         SLURMGPU_SIM_HANG_PIDFILE=str(pidfile))
+    elapsed = time.monotonic() - started
+    hang = next(f for f in doc["findings"] if f["check"] == "validate.nccl")
+    assert (code, hang["severity"]) == (2, "FAIL")
+    assert hang["message"].startswith("validate.nccl did not finish in 2 s")
+    dcgm = next(f for f in doc["findings"] if f["check"] == "validate.dcgm")
+    assert dcgm["severity"] == "UNKNOWN" and "budget of 2 s was spent" in dcgm["message"]
+    assert elapsed < 60  # (the 3600 s sleep was cut at the 2 s budget)
+    pids = [int(p) for p in pidfile.read_text().split()]
+    assert len(pids) == 2 and [p for p in pids if alive(p)] == []
+
+
+def test_hang_severity_is_configurable(fake_nvml_lib: Path, tmp_path: Path) -> None:
+    code, doc = validate(fake_nvml_lib, "fault-test-hang", "--tests", "nccl", tmp=tmp_path,
+                         config="[validate]\nquick_test_timeout_s = 0.5\nhang_severity = \"warn\"\n")
+    assert (code, doc["verdict"]) == (1, "WARN")
+
+
+def test_host_thresholds_apply_per_hosts_section(fake_nvml_lib: Path, tmp_path: Path) -> None:
+    config = FAST + ('[[hosts]]\nnodes = "gpu-[1-4]"\n[hosts.validate]\nnccl_busbw_gbps = 500\n'
+                     'gemm_tflops = 650\n')
+    code, doc = validate(fake_nvml_lib, "h100-sxm-8", "--tests", "gemm,nccl", "--node", "gpu-2",
+                         tmp=tmp_path, config=config)
+    bad = [f for f in doc["findings"] if f["severity"] == "FAIL"]
+    assert code == 2 and [f["check"] for f in bad] == ["validate.nccl"]
+    assert "below 500.0 GB/s ([validate] nccl_busbw_gbps)" in bad[0]["message"]
+    code, _ = validate(fake_nvml_lib, "h100-sxm-8", "--tests", "gemm,nccl", "--node", "gpu-9",
+                       tmp=tmp_path, config=config)
+    assert code == 0
+
+
+def test_missing_tools_are_not_applicable_and_builtins_take_over(fake_nvml_lib: Path, tmp_path: Path) -> None:
+    data = bundled_scenario("fault-nvlink-slow")
+    data["active"]["tools"] = ["probe"]  # no nvbandwidth, nccl-tests, DCGM or perftest
+    path = write_scenario_atomic(tmp_path / "probe-only.json", data)
+    code, doc = validate(fake_nvml_lib, path, tmp=tmp_path)
+    assert code == 2
+    results = {t["test"]: t["result"] for t in doc["tests"]}
+    assert results == {"gemm": "OK", "hbm": "OK", "pcie": "OK", "p2p": "FAIL", "nccl": "OK", "dcgm": "N/A",
+                       "ib": "N/A"}
+    dcgm = next(f for f in doc["findings"] if f["check"] == "validate.dcgm")
+    assert dcgm["not_applicable"] and "dcgmi is not installed" in dcgm["message"]
+
+
+def test_gpus_and_tests_scope_the_run(fake_nvml_lib: Path, tmp_path: Path) -> None:
+    code, doc = validate(fake_nvml_lib, "fault-sdc", "--tests", "gemm,pcie", "--gpus", "0-2", tmp=tmp_path)
+    assert code == 0 and doc["gpus"] == [0, 1, 2]
+    assert {t["test"] for t in doc["tests"]} == {"gemm", "pcie"}
+    assert {f["gpu"] for f in doc["findings"]} == {0, 1, 2}
+    code, doc = validate(fake_nvml_lib, "fault-sdc", "--tests", "gemm", "--gpus", "2-4", tmp=tmp_path)
+    assert code == 2 and failing(doc) == {("validate.gemm", "gpu3")}
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--tests", "gemm,burn"], "--tests: unknown test burn"),
+    (["--gpus", "x"], "--gpus: 'x' is not a GPU index"),
+    (["--tier", "slow"], "Invalid value for '--tier'"),
+])
+def test_bad_arguments_are_one_line_and_exit_3(tmp_path: Path, args: list[str], message: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "slurmgpu", "validate", *args], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 3 and proc.stdout == ""
+    assert len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr
+
+
+def test_bad_threshold_is_one_line_with_file_and_line(tmp_path: Path) -> None:
+    conf = tmp_path / "bad.toml"
+    conf.write_text('[validate]\nquick_budget_s = 60\n\n[[hosts]]\nnodes = "gpu-1"\n[hosts.validate]\nhbm_gbps = -3\n')
+    proc = subprocess.run([sys.executable, "-m", "slurmgpu", "validate", "--config", str(conf)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3
+    assert proc.stderr.strip() == (f"slurmgpu: error: {conf}:7: hosts[0].validate.hbm_gbps: "
+                                   "must be from 0.001 to 100000; got -3")
