@@ -157,3 +157,47 @@ def test_bad_threshold_is_one_line_with_file_and_line(tmp_path: Path) -> None:
     assert proc.returncode == 3
     assert proc.stderr.strip() == (f"slurmgpu: error: {conf}:7: hosts[0].validate.hbm_gbps: "
                                    "must be from 0.001 to 100000; got -3")
+
+
+@pytest.mark.parametrize(("mutate", "check", "words"), [
+    (lambda a: a.update(gpus={"4": {"wrong_result": "sometimes"}}), "validate.gemm", "2 different results over 640"),
+    (lambda a: a.update(gpus={"2": {"hbm_mismatches": 12}}), "validate.hbm", "12 words read back wrong"),
+    (lambda a: a.update(nccl_wrong=5), "validate.nccl", "5 wrong elements"),
+])
+def test_corruption_is_fail(fake_nvml_lib: Path, tmp_path: Path, mutate: Any, check: str, words: str) -> None:
+    data = bundled_scenario("h100-sxm-8")
+    data["active"] = {}
+    mutate(data["active"])
+    path = write_scenario_atomic(tmp_path / "corrupt.json", data)
+    code, doc = validate(fake_nvml_lib, path, "--tests", check.split(".")[1], tmp=tmp_path)
+    bad = [f for f in doc["findings"] if f["severity"] == "FAIL"]
+    assert code == 2 and len(bad) == 1 and bad[0]["check"] == check and words in bad[0]["message"]
+
+
+def test_the_probe_imports_without_cuda_and_says_why_it_cannot_run() -> None:
+    proc = subprocess.run([sys.executable, "-c", "import sys, slurmgpu.validate.probe as p; "
+                           "sys.modules['cupy'] = None; sys.modules['torch'] = None; sys.exit(p.main(['gemm']))"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3 and proc.stdout == ""
+    assert "neither CuPy nor PyTorch is usable" in proc.stderr
+
+
+def test_node_platform_finds_tools_and_active_hcas(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurmgpu.config.schema import ValidateSettings
+    from slurmgpu.validate.platform import NodePlatform
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("dcgmi", "all_reduce_perf"):
+        (bin_dir / tool).write_text("#!/bin/sh\n")
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    sysfs = tmp_path / "infiniband"
+    for hca, state in (("mlx5_0", "4: ACTIVE"), ("mlx5_1", "1: DOWN"), ("mlx5_2", "4: ACTIVE")):
+        (sysfs / hca / "ports" / "1").mkdir(parents=True)
+        (sysfs / hca / "ports" / "1" / "state").write_text(state + "\n")
+    platform = NodePlatform(ValidateSettings(nvbandwidth=str(tmp_path / "none")), sysfs=str(sysfs))
+    assert platform.tool("dcgmi") == [str(bin_dir / "dcgmi")]
+    assert platform.tool("ib_write_bw") is None and platform.tool("nvbandwidth") is None
+    assert platform.hcas() == ["mlx5_0", "mlx5_2"]
+    assert "pip install slurmgpu[validate]" in platform.describe("probe")

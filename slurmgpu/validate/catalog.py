@@ -40,7 +40,11 @@ def _probe(ctx: Context, test: str, *extra: str) -> list[dict[str, Any]]:
     result = ctx.run([*ctx.need(PROBE), test, "--seconds", f"{ctx.burn_s:g}", *extra])
     if result.rc != 0:
         raise failed(result)
-    return [item for item in parse_probe(result.stdout) if item.get("test") == test]
+    items = [item for item in parse_probe(result.stdout) if item.get("test") == test]
+    unsupported = [str(item["unsupported"]) for item in items if item.get("unsupported")]
+    if unsupported:
+        raise NotApplicable(unsupported[0])
+    return items
 
 
 def _per_gpu(ctx: Context, items: list[dict[str, Any]], key: Callable[[dict[str, Any]], float]) -> list[Measured]:
@@ -58,11 +62,12 @@ def _sdc_within(ctx: Context, items: list[dict[str, Any]]) -> list[Finding]:
     out = []
     for item in items:
         digests = list(item.get("digests") or [])
+        iterations = int(item.get("iterations") or len(digests))
         if len(set(digests)) > 1:
             index = ctx.gpu(int(item["gpu"])).index
             out.append(Finding("validate.gemm", Severity.FAIL,
                                f"gpu{index}: the same product gave {len(set(digests))} different results "
-                               f"over {len(digests)} iterations (silent data corruption)", index,
+                               f"over {iterations} iterations (silent data corruption)", index,
                                data={"sdc": "iterations", "digests": sorted(set(digests))[:4]}))
     return out
 
