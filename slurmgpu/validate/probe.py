@@ -67,12 +67,14 @@ class CupyBackend:
         self.cp.cuda.Device(ordinal).synchronize()
 
     def gemm_inputs(self, ordinal: int) -> tuple[Any, Any, str]:
-        import numpy
-
-        rng = numpy.random.default_rng(SEED)
-        host = rng.standard_normal((2, GEMM_N, GEMM_N), dtype=numpy.float32).astype(numpy.float16)
+        """Two fixed N x N fp16 matrices in [-0.5, 0.5), hashed from their indices on the
+        device (no host RNG: the same bits on every GPU, at once)."""
+        cp = self.cp
         with self.on(ordinal):
-            return self.cp.asarray(host[0]), self.cp.asarray(host[1]), "fp16"
+            index = cp.arange(2 * GEMM_N * GEMM_N, dtype=cp.uint64)
+            unit = ((index * 2654435761 + SEED) & 0xFFFFFFFF).astype(cp.float32) / 2**32 - 0.5
+            pair = unit.astype(cp.float16).reshape(2, GEMM_N, GEMM_N)
+            return pair[0], pair[1], "fp16"
 
     def matmul(self, a: Any, b: Any, out: Any | None) -> Any:
         return self.cp.matmul(a, b, out=out)
@@ -150,9 +152,10 @@ class TorchBackend(CupyBackend):
         self.torch.cuda.synchronize(ordinal)
 
     def gemm_inputs(self, ordinal: int) -> tuple[Any, Any, str]:
-        generator = self.torch.Generator().manual_seed(SEED)
-        host = self.torch.randn((2, GEMM_N, GEMM_N), generator=generator, dtype=self.torch.float32)
-        pair = host.to(device=f"cuda:{ordinal}", dtype=self.torch.bfloat16)
+        torch = self.torch
+        index = torch.arange(2 * GEMM_N * GEMM_N, dtype=torch.int64, device=f"cuda:{ordinal}")
+        unit = ((index * 2654435761 + SEED) & 0xFFFFFFFF).to(torch.float32) / 2**32 - 0.5
+        pair = unit.to(torch.bfloat16).reshape(2, GEMM_N, GEMM_N)
         return pair[0], pair[1], "bf16"
 
     def matmul(self, a: Any, b: Any, out: Any | None) -> Any:
