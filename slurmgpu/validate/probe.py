@@ -12,6 +12,8 @@ prints one JSON object per result line (``slurmgpu.validate.parsers.parse_probe`
 * ``p2p``: per ordered GPU pair, {"src", "dst", "gbps"}.
 * ``nccl``: {"busbw_gbps", "wrong"}: NCCL all-reduce over every GPU in this one process
   (CuPy's NCCL binding; PyTorch alone: {"unsupported": why}).
+* ``context``: per GPU, {"seconds"} to create its CUDA context (the first allocation):
+  the fixed overhead each probe run pays (bench/real_gpu.sh).
 
 CuPy (``pip install slurmgpu[validate]``) or else PyTorch; either is imported only when a
 test runs, so this module imports anywhere, CUDA or not.
@@ -347,6 +349,15 @@ def nccl_all(b: CupyBackend, count: int, seconds: float) -> None:
     emit({"test": "nccl", "gpus": count, "busbw_gbps": round(algbw * 2 * (count - 1) / count, 2), "wrong": wrong})
 
 
+def context_all(b: CupyBackend, count: int) -> None:
+    for i in range(count):
+        started = time.perf_counter()
+        with b.on(i):
+            b.bytes_on(i, 1)
+            b.sync(i)
+        emit({"test": "context", "gpu": i, "name": b.device_name(i), "seconds": round(time.perf_counter() - started, 4)})
+
+
 def each_gpu_at_once(count: int, work: Callable[[int], dict[str, Any]]) -> None:
     results: dict[int, dict[str, Any]] = {}
     threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, work(i))) for i in range(count)]
@@ -372,12 +383,14 @@ def run(test: str, seconds: float, share: float) -> int:
         p2p_all(b, count, seconds)
     elif test == "nccl":
         nccl_all(b, count, seconds)
+    elif test == "context":
+        context_all(b, count)
     return 0
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m slurmgpu.validate.probe")
-    parser.add_argument("test", choices=["gemm", "hbm", "pcie", "p2p", "nccl"])
+    parser.add_argument("test", choices=["gemm", "hbm", "pcie", "p2p", "nccl", "context"])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--share", type=float, default=0.1)
     args = parser.parse_args(argv)
