@@ -36,7 +36,7 @@ from slurmgpu.collector.transport import Batch, Stored
 from slurmgpu.collector.validation import VALIDATION, judge_stragglers
 from slurmgpu.config.schema import CollectorSettings
 from slurmgpu.log import get_logger
-from slurmgpu.result import Finding
+from slurmgpu.result import Finding, Severity
 from slurmgpu.slurm import NodeState, SlurmClient
 from slurmgpu.wire import COMMAND_RESULT, EVENT, REPORT, decode_finding, decode_severity
 
@@ -336,6 +336,8 @@ class Fleet:
                 continue
             try:
                 verdict = decode_severity(item.body["verdict"])  # (a str: decode validated it)
+                if verdict is Severity.OK and item.body.get("kind") == VALIDATION:
+                    continue  # (active tests passing say nothing of the passive checks: no healthy streak)
                 decisions.extend(automation.on_report(item.node, verdict, item.findings(), now))
             except Exception as exc:  # a policy bug must not take the collector down
                 self.counters.automation_errors += 1
