@@ -201,3 +201,38 @@ def test_node_platform_finds_tools_and_active_hcas(tmp_path: Path, monkeypatch: 
     assert platform.tool("ib_write_bw") is None and platform.tool("nvbandwidth") is None
     assert platform.hcas() == ["mlx5_0", "mlx5_2"]
     assert "pip install slurmgpu[validate]" in platform.describe("probe")
+
+
+def test_send_hands_the_findings_to_the_agent_socket(fake_nvml_lib: Path, tmp_path: Path) -> None:
+    import threading
+
+    from slurmgpu.agent.local import serve_local
+    from slurmgpu.config.schema import Settings
+    from tests.test_validate_fleet import RecordingAgent
+
+    agent = RecordingAgent()
+    agent.settings = Settings()
+    sock = tmp_path / "agent.sock"
+    stop, ready = threading.Event(), threading.Event()
+    server = threading.Thread(target=serve_local, args=(agent, str(sock), stop), kwargs={"ready": ready}, daemon=True)
+    server.start()
+    assert ready.wait(10)
+    try:
+        code, doc = validate(fake_nvml_lib, "fault-pcie-slow", "--tests", "pcie", "--send", tmp=tmp_path,
+                             config=FAST + f'[agent]\nsocket = "{sock}"\n')
+    finally:
+        stop.set()
+        server.join(10)
+    [(_, body)] = agent.sent
+    assert code == 2 and body["kind"] == "validation" and body["verdict"] == "FAIL"
+    assert body["findings"] == doc["findings"]
+
+
+def test_send_without_an_agent_warns_and_keeps_the_verdict(fake_nvml_lib: Path, tmp_path: Path) -> None:
+    conf = tmp_path / "slurmgpu.toml"
+    conf.write_text(FAST + f'[agent]\nsocket = "{tmp_path / "none.sock"}"\n')
+    proc = subprocess.run([sys.executable, "-m", "slurmgpu", "validate", "--tests", "pcie", "--send", "--config",
+                           str(conf)], env=sim_env(fake_nvml_lib, resolve_scenario("fault-pcie-slow")),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "validate.pcie" in proc.stdout
+    assert proc.stderr.startswith(f"slurmgpu: warning: not sent: no agent at {tmp_path / 'none.sock'}")

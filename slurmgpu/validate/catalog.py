@@ -227,7 +227,7 @@ def _ib_pair(ctx: Context, tool: list[str], server: str, client: str, port: int)
         time.sleep(IB_SERVER_WAIT_S)
         result = ctx.run([*tool, "-d", client, *common, "localhost"])
     finally:
-        ctx.checked(listener.finish(min(2.0, max(0.0, ctx.left()))))
+        ctx.checked(listener.finish(min(2.0, max(0.0, ctx.left()))), overlapped=True)
     if result.rc != 0:
         raise failed(result)
     return parse_ib_write_bw(result.stdout).avg_gbps
