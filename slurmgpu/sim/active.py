@@ -68,8 +68,10 @@ def probe(node: Node, test: str) -> int:
         if test == "gemm":
             wrong = node.value(gpu, "wrong_result")
             digests = [DIGEST, WRONG] if wrong == "sometimes" else [WRONG] if wrong else [DIGEST]
-            _emit({**base, "dtype": "bf16", "tflops": node.value(gpu, "gemm_tflops"), "digests": digests,
-                   "iterations": 640})
+            tflops = float(node.value(gpu, "gemm_tflops"))
+            _emit({**base, "dtype": "bf16", "tflops": tflops, "digests": digests, "iterations": 640})
+            _emit({**base, "dtype": "fp32", "tflops": round(tflops / 14, 2), "digests": [DIGEST[::-1]],
+                   "iterations": 48})
         elif test == "hbm":
             _emit({**base, "copy_gbps": node.value(gpu, "hbm_gbps"), "checked_bytes": 8 << 30,
                    "mismatches": int(node.value(gpu, "hbm_mismatches") or 0)})

@@ -27,7 +27,6 @@ Test = Callable[[Context], list[Finding]]
 IB_PORT_BASE = 18515
 IB_SERVER_WAIT_S = 0.3
 
-GEMM = Metric("validate.gemm", "gemm_tflops", "TFLOP/s", "bf16 GEMM")
 HBM = Metric("validate.hbm", "hbm_gbps", "GB/s", "device memory copy")
 PCIE = Metric("validate.pcie", "pcie_gbps", "GB/s", "host<->device, pinned (slower direction)")
 P2P = Metric("validate.p2p", "p2p_gbps", "GB/s", "GPU to GPU")
@@ -66,35 +65,47 @@ def _sdc_within(ctx: Context, items: list[dict[str, Any]]) -> list[Finding]:
         if len(set(digests)) > 1:
             index = ctx.gpu(int(item["gpu"])).index
             out.append(Finding("validate.gemm", Severity.FAIL,
-                               f"gpu{index}: the same product gave {len(set(digests))} different results "
-                               f"over {iterations} iterations (silent data corruption)", index,
-                               data={"sdc": "iterations", "digests": sorted(set(digests))[:4]}))
+                               f"gpu{index}: the same {item.get('dtype')} product gave {len(set(digests))} different "
+                               f"results over {iterations} iterations (silent data corruption)", index,
+                               data={"sdc": "iterations", "dtype": item.get("dtype"), "digests": digests[:4]}))
     return out
 
 
 def _sdc_across(ctx: Context, items: list[dict[str, Any]]) -> list[Finding]:
-    by_model: dict[str | None, list[tuple[int, str]]] = {}
+    """Per GPU model and dtype: a GPU whose product differs from the most common one."""
+    groups: dict[tuple[str | None, str], list[tuple[int, str]]] = {}
     for item in items:
         part = ctx.gpu(int(item["gpu"]))
         if item.get("digests"):
-            by_model.setdefault(part.model, []).append((part.index, str(item["digests"][0])))
+            groups.setdefault((part.model, str(item.get("dtype"))), []).append((part.index, str(item["digests"][0])))
     out = []
-    for model, results in by_model.items():
-        reference, count = Counter(d for _, d in results).most_common(1)[0] if results else ("", 0)
+    for (model, dtype), results in groups.items():
+        reference, count = Counter(d for _, d in results).most_common(1)[0]
         for gpu, digest in results:
             if len(results) > 1 and digest != reference:
                 out.append(Finding("validate.gemm", Severity.FAIL,
-                                   f"gpu{gpu}: its product differs from {count} of {len(results)} {model or 'GPUs'} "
-                                   f"given the same inputs (silent data corruption)", gpu,
-                                   data={"sdc": "gpus", "digest": digest, "expected": reference}))
+                                   f"gpu{gpu}: its {dtype} product differs from {count} of {len(results)} "
+                                   f"{model or 'GPUs'} given the same inputs (silent data corruption)", gpu,
+                                   data={"sdc": "gpus", "dtype": dtype, "digest": digest, "expected": reference}))
+    return out
+
+
+def _gemm_speed(ctx: Context, items: list[dict[str, Any]]) -> list[Finding]:
+    """The first dtype (bf16 or fp16) against the floors, the others against the median."""
+    dtypes = list(dict.fromkeys(str(i.get("dtype")) for i in items))
+    out = []
+    for n, dtype in enumerate(dtypes):
+        metric = Metric("validate.gemm", "gemm_tflops" if n == 0 else f"gemm_{dtype}_tflops", "TFLOP/s",
+                        f"{dtype} GEMM")
+        same = [i for i in items if str(i.get("dtype")) == dtype]
+        out += judge(metric, _per_gpu(ctx, same, lambda i: i["tflops"]), ctx.floors(metric.name),
+                     ctx.settings.outlier_fraction)
     return out
 
 
 def test_gemm(ctx: Context) -> list[Finding]:
     items = _probe(ctx, "gemm")
-    speed = judge(GEMM, _per_gpu(ctx, items, lambda i: i["tflops"]), ctx.floors(GEMM.name),
-                  ctx.settings.outlier_fraction)
-    return _sdc_within(ctx, items) + _sdc_across(ctx, items) + speed
+    return _sdc_within(ctx, items) + _sdc_across(ctx, items) + _gemm_speed(ctx, items)
 
 
 # ------------------------------------------------------------------ hbm, pcie

@@ -2,7 +2,8 @@
 runs one test on every visible GPU (``CUDA_VISIBLE_DEVICES``; ordinals in its output) and
 prints one JSON object per result line (``slurmgpu.validate.parsers.parse_probe``):
 
-* ``gemm``: per GPU, {"tflops", "dtype", "digests" (the distinct bit-exact checksums of the
+* ``gemm``: per GPU and dtype (CuPy: fp16, fp32; PyTorch: bf16, fp16, fp32; the first gets
+  half the time), {"tflops", "dtype", "digests" (the distinct bit-exact checksums of the
   same product of fixed inputs, in order; healthy: one, equal on every GPU), "iterations"};
   all GPUs at once, one thread each.
 * ``hbm``: per GPU, {"copy_gbps" (device-to-device copy, read + write bytes), "checked_bytes",
@@ -68,21 +69,25 @@ class CupyBackend:
     def sync(self, ordinal: int) -> None:
         self.cp.cuda.Device(ordinal).synchronize()
 
-    def gemm_inputs(self, ordinal: int) -> tuple[Any, Any, str]:
-        """Two fixed N x N fp16 matrices in [-0.5, 0.5), hashed from their indices on the
-        device (no host RNG: the same bits on every GPU, at once)."""
+    #: The products run, the first judged against the floors (CuPy has no bfloat16).
+    dtypes: tuple[str, ...] = ("fp16", "fp32")
+
+    def gemm_inputs(self, ordinal: int, dtype: str) -> tuple[Any, Any]:
+        """Two fixed N x N matrices in [-0.5, 0.5), hashed from their indices on the device
+        (no host RNG: the same bits on every GPU, at once)."""
         cp = self.cp
         with self.on(ordinal):
             index = cp.arange(2 * GEMM_N * GEMM_N, dtype=cp.uint64)
             unit = ((index * 2654435761 + SEED) & 0xFFFFFFFF).astype(cp.float32) / 2**32 - 0.5
-            pair = unit.astype(cp.float16).reshape(2, GEMM_N, GEMM_N)
-            return pair[0], pair[1], "fp16"
+            pair = unit.astype({"fp16": cp.float16, "fp32": cp.float32}[dtype]).reshape(2, GEMM_N, GEMM_N)
+            return pair[0], pair[1]
 
     def matmul(self, a: Any, b: Any, out: Any | None) -> Any:
         return self.cp.matmul(a, b, out=out)
 
     def product_digest(self, product: Any) -> str:
-        return checksum(self.cp, product.ravel().view(self.cp.int16).astype(self.cp.int64))
+        words = product.ravel().view(self.cp.int16 if product.itemsize == 2 else self.cp.int32)
+        return checksum(self.cp, words.astype(self.cp.int64))
 
     def free_bytes(self, ordinal: int) -> int:
         with self.on(ordinal):
@@ -153,18 +158,22 @@ class TorchBackend(CupyBackend):
     def sync(self, ordinal: int) -> None:
         self.torch.cuda.synchronize(ordinal)
 
-    def gemm_inputs(self, ordinal: int) -> tuple[Any, Any, str]:
+    dtypes = ("bf16", "fp16", "fp32")
+
+    def gemm_inputs(self, ordinal: int, dtype: str) -> tuple[Any, Any]:
         torch = self.torch
         index = torch.arange(2 * GEMM_N * GEMM_N, dtype=torch.int64, device=f"cuda:{ordinal}")
         unit = ((index * 2654435761 + SEED) & 0xFFFFFFFF).to(torch.float32) / 2**32 - 0.5
-        pair = unit.to(torch.bfloat16).reshape(2, GEMM_N, GEMM_N)
-        return pair[0], pair[1], "bf16"
+        kind = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+        pair = unit.to(kind).reshape(2, GEMM_N, GEMM_N)
+        return pair[0], pair[1]
 
     def matmul(self, a: Any, b: Any, out: Any | None) -> Any:
         return self.torch.matmul(a, b, out=out)
 
     def product_digest(self, product: Any) -> str:
-        words = product.reshape(-1).view(self.torch.int16).to(self.torch.int64)
+        torch = self.torch
+        words = product.reshape(-1).view(torch.int16 if product.element_size() == 2 else torch.int32).to(torch.int64)
         index = self.torch.arange(words.shape[0], device=words.device, dtype=self.torch.int64) % 65521 + 1
         return f"{int(words.sum()):x}-{int((words * index).sum()):x}"
 
@@ -226,8 +235,8 @@ def timed(seconds: float, step: Callable[[], None], sync: Callable[[], None]) ->
     return runs, time.perf_counter() - started
 
 
-def gemm_one(b: CupyBackend, ordinal: int, seconds: float) -> dict[str, Any]:
-    x, y, dtype = b.gemm_inputs(ordinal)
+def gemm_one(b: CupyBackend, ordinal: int, dtype: str, seconds: float) -> dict[str, Any]:
+    x, y = b.gemm_inputs(ordinal, dtype)
     with b.on(ordinal):
         out = b.matmul(x, y, None)
         digests: list[str] = []
@@ -244,6 +253,13 @@ def gemm_one(b: CupyBackend, ordinal: int, seconds: float) -> dict[str, Any]:
     return {"test": "gemm", "gpu": ordinal, "name": b.device_name(ordinal), "dtype": dtype,
             "tflops": round(flops / elapsed / 1e12, 2), "digests": digests[:16],
             "iterations": runs * DIGEST_EVERY}
+
+
+def gemm_all(b: CupyBackend, ordinal: int, seconds: float) -> list[dict[str, Any]]:
+    """Every dtype in turn, the first (the floors' one) getting half the time."""
+    rest = len(b.dtypes) - 1
+    shares = [seconds / 2] + [seconds / 2 / rest] * rest if rest else [seconds]
+    return [gemm_one(b, ordinal, dtype, share) for dtype, share in zip(b.dtypes, shares, strict=True)]
 
 
 def copy_gbps(b: CupyBackend, ordinal: int, seconds: float) -> float:
@@ -358,24 +374,25 @@ def context_all(b: CupyBackend, count: int) -> None:
         emit({"test": "context", "gpu": i, "name": b.device_name(i), "seconds": round(time.perf_counter() - started, 4)})
 
 
-def each_gpu_at_once(count: int, work: Callable[[int], dict[str, Any]]) -> None:
-    results: dict[int, dict[str, Any]] = {}
+def each_gpu_at_once(count: int, work: Callable[[int], list[dict[str, Any]]]) -> None:
+    results: dict[int, list[dict[str, Any]]] = {}
     threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, work(i))) for i in range(count)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     for i in sorted(results):
-        emit(results[i])
+        for item in results[i]:
+            emit(item)
 
 
 def run(test: str, seconds: float, share: float) -> int:
     b = backend()
     count = b.count()
     if test == "gemm":
-        each_gpu_at_once(count, lambda i: gemm_one(b, i, seconds))
+        each_gpu_at_once(count, lambda i: gemm_all(b, i, seconds))
     elif test == "hbm":
-        each_gpu_at_once(count, lambda i: hbm_one(b, i, seconds, share))
+        each_gpu_at_once(count, lambda i: [hbm_one(b, i, seconds, share)])
     elif test == "pcie":
         for i in range(count):
             emit(pcie_one(b, i, max(0.1, seconds / count)))
