@@ -109,10 +109,9 @@ class CupyBackend:
         dst[...] = src
 
     def pinned(self, nbytes: int) -> Any:
-        import numpy
+        import cupyx
 
-        memory = self.cp.cuda.alloc_pinned_memory(nbytes)
-        return numpy.frombuffer(memory, dtype=numpy.uint8, count=nbytes)
+        return cupyx.empty_pinned(nbytes, dtype="uint8")
 
     def h2d(self, dst: Any, host: Any) -> None:
         self.cp.cuda.runtime.memcpy(dst.data.ptr, host.ctypes.data, host.nbytes, 1)
