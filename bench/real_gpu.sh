@@ -717,11 +717,14 @@ fi
 log "== 5. slurmgpu validate --tier quick"
 if have_sg; then
     VALIDATE_CFG=$WORK/validate.toml
-    { cat "$COLD_CFG"; printf '\n[validate]\nquick_burn_s = %s\n' "$VALIDATE_BURN_S"; } >"$VALIDATE_CFG"
+    { cat "$COLD_CFG"; printf '\n[validate]\nquick_burn_s = %s\n' "$VALIDATE_BURN_S"
+      # (the probe in the Python the GPU load found with torch or cupy, when that is another one)
+      if [ "$SIM" != 1 ] && [ -n "${LOAD_PY:-}" ] && [ "$LOAD_PY" != "$PY" ]; then
+          printf 'probe_python = "%s"\n' "$LOAD_PY"; fi; } >"$VALIDATE_CFG"
     cp "$VALIDATE_CFG" "$OUT/configs/"
     if [ "$SIM" != 1 ]; then  # the probe's CUDA context creation per GPU, alone (CuPy or PyTorch)
         step validate-context 120 --ok 0,1,2,3 --stdout "$OUT/validate-context.jsonl" -- \
-            "$PY" -m slurmgpu.validate.probe context
+            "${LOAD_PY:-$PY}" -m slurmgpu.validate.probe context
     fi
     t0=$(now_s)
     step validate-quick 150 --ok 0,1,2,3 --stdout "$OUT/validate.json" -- \

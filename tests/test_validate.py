@@ -236,3 +236,16 @@ def test_send_without_an_agent_warns_and_keeps_the_verdict(fake_nvml_lib: Path, 
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "validate.pcie" in proc.stdout
     assert proc.stderr.startswith(f"slurmgpu: warning: not sent: no agent at {tmp_path / 'none.sock'}")
+
+
+def test_the_probe_can_run_in_another_python(tmp_path: Path) -> None:
+    from slurmgpu.config.schema import ValidateSettings
+    from slurmgpu.validate import runner
+    from slurmgpu.validate.platform import NodePlatform
+
+    argv = NodePlatform(ValidateSettings(probe_python=sys.executable)).tool("probe")
+    assert argv is not None and argv[0] == sys.executable
+    result = runner.run([*argv, "gemm"], 60, env={"PATH": "/usr/bin:/bin"})  # (no PYTHONPATH: it finds slurmgpu)
+    assert result.rc == 3 and "neither CuPy nor PyTorch is usable" in result.stderr
+    missing = NodePlatform(ValidateSettings(probe_python=str(tmp_path / "python9")))
+    assert missing.tool("probe") is None and "python9 is not an executable" in missing.describe("probe")

@@ -509,6 +509,8 @@ class ValidateSettings:
     ib_use_cuda: bool = False
     nccl_tests_dir: str = ""
     nvbandwidth: str = ""
+    # The Python that runs the built-in probe ("": slurmgpu's own); one with CuPy or PyTorch.
+    probe_python: str = ""
 
 
 @dataclass

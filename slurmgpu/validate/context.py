@@ -109,6 +109,8 @@ def tool_name(argv: Sequence[str]) -> str:
     """The tool an argv runs (``python -m MODULE TOOL ...``: TOOL)."""
     if len(argv) > 3 and argv[1] == "-m":
         return argv[3] if argv[2] == SIM_MODULE else argv[2].rsplit(".", 1)[-1]
+    if len(argv) > 2 and argv[1] == "-c":
+        return "probe"
     return argv[0].rsplit("/", 1)[-1]
 
 

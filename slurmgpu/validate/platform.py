@@ -57,9 +57,21 @@ class NodePlatform:
 
     def tool(self, name: str) -> list[str] | None:
         if name == PROBE:
-            return [sys.executable, "-m", "slurmgpu.validate.probe"] if probe_backend() else None
+            return self._probe()
         path = self._path(name)
         return [path] if path else None
+
+    def _probe(self) -> list[str] | None:
+        """slurmgpu's Python when it has CuPy or PyTorch; else ``probe_python``, which is
+        handed this slurmgpu's package directory (it needs only the standard library)."""
+        other = self.settings.probe_python
+        if not other:
+            return [sys.executable, "-m", "slurmgpu.validate.probe"] if probe_backend() else None
+        if not os.access(other, os.X_OK):
+            return None
+        root = str(Path(__file__).resolve().parents[2])
+        return [other, "-c", f"import sys; sys.path.insert(0, {root!r}); from slurmgpu.validate.probe import main; "
+                "sys.exit(main(sys.argv[1:]))"]
 
     def hcas(self) -> list[str]:
         if not self.sysfs.is_dir():
@@ -67,6 +79,8 @@ class NodePlatform:
         return sorted(p.name for p in self.sysfs.iterdir() if _active(p))
 
     def describe(self, name: str) -> str:
+        if name == PROBE and self.settings.probe_python:
+            return f"[validate] probe_python {self.settings.probe_python} is not an executable"
         if name == PROBE:
             return "neither CuPy nor PyTorch is installed (pip install slurmgpu[validate])"
         return f"{name} is not installed (not on $PATH)"
