@@ -228,8 +228,8 @@ def test_dcgm(ctx: Context) -> list[Finding]:
 # ------------------------------------------------------------------ ib
 
 
-def _ib_pair(ctx: Context, tool: list[str], server: str, client: str, port: int) -> float:
-    seconds = str(max(1, math.ceil(min(ctx.burn_s, 10))))
+def _ib_pair(ctx: Context, tool: list[str], server: str, client: str, port: int, pairs: int) -> float:
+    seconds = str(max(1, math.ceil(ctx.burn_s / pairs)))  # (-D: whole seconds; the tier's burn split)
     common = ["--report_gbits", "-F", "-D", seconds, "-p", str(port)]
     if ctx.settings.ib_use_cuda and ctx.gpus:
         common.append("--use_cuda=0")
@@ -252,7 +252,7 @@ def test_ib(ctx: Context) -> list[Finding]:
     measured = []
     for i, server in enumerate(hcas):
         client = hcas[(i + 1) % len(hcas)]
-        gbps = _ib_pair(ctx, tool, server, client, IB_PORT_BASE + i)
+        gbps = _ib_pair(ctx, tool, server, client, IB_PORT_BASE + i, len(hcas))
         measured.append(Measured(gbps, subject=f"{client}->{server}"))
     floor = ctx.floors(IB.name).get(None)
     return judge(IB, measured, {None: floor}, ctx.settings.outlier_fraction)
