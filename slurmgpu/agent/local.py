@@ -22,6 +22,9 @@ newline-terminated):
     "wait_s": <the longest it may take>}`` once the request is accepted, so a client can
     give up quickly on a hung agent yet wait for a slow drain of a live one.
 
+``{"op": "validation", "verdict": ..., "findings": [validate.* findings]}`` (`slurmgpu
+    validate --send`) -> ``{"ok": true, "seq": ...}``: spooled as a ``validation`` event.
+
 Anything else (bad JSON, unknown op, a disallowed peer) -> ``{"ok": false, "error": ...}``.
 """
 
@@ -38,6 +41,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from slurmgpu import wire
 from slurmgpu.config.env import apply_env
 from slurmgpu.config.schema import Settings
 from slurmgpu.engine import Progress, add_kernel_xids, evaluate
@@ -59,6 +63,7 @@ from slurmgpu.localproto import (
 from slurmgpu.result import Verdict
 from slurmgpu.slurm import SlurmClient
 from slurmgpu.sources import procs
+from slurmgpu.validate.report import validation_event
 
 POLL_S = 0.2
 
@@ -74,6 +79,8 @@ class AgentLike(Protocol):
     def latest(self) -> tuple[NodeFacts, Verdict, float] | None: ...
 
     def facts_for(self, gpus: frozenset[int] | None, max_age_s: float) -> NodeFacts: ...
+
+    def submit(self, mtype: str, body: dict[str, Any], *, ts: float | None = None) -> int | None: ...
 
 
 # ------------------------------------------------------------------------ facts
@@ -141,7 +148,18 @@ class LocalService:
             return self.hook(str(op), {**agent_paths(os.environ), **job_env(request.get("env", {}))}, ack)
         if op == "healthcheck":
             return self.healthcheck({**agent_paths(os.environ), **job_env(request.get("env", {}))}, ack)
-        return error_reply(f"unknown op {op!r} (status, gate, prolog, epilog, healthcheck)")
+        if op == "validation":
+            return self.validation(request)
+        return error_reply(f"unknown op {op!r} (status, gate, prolog, epilog, healthcheck, validation)")
+
+    def validation(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """`slurmgpu validate --send`: its findings, spooled as a ``validation`` event."""
+        try:
+            body = validation_event(request)
+        except ValueError as exc:
+            return error_reply(f"bad validation: {exc}")
+        seq = self.agent.submit(wire.EVENT, body)
+        return {"ok": seq is not None, "seq": seq, **({} if seq is not None else {"error": "no spool"})}
 
     def healthcheck(self, env: dict[str, str],
                     ack: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
