@@ -25,14 +25,7 @@ from slurmgpu.agent.core import Agent
 from slurmgpu.agent.local import serve_local
 from slurmgpu.config.load import load_config
 from slurmgpu.gate import mark_job_end
-from slurmgpu.sim.scenario import (
-    ENV_LIBRARY,
-    ENV_SCENARIO,
-    inject_xid,
-    list_scenarios,
-    load_scenario,
-    write_scenario,
-)
+from slurmgpu.sim import scenario as sim
 from slurmgpu.testing import FakeSlurmClient
 from tests.agenthelpers import wait_until
 
@@ -50,7 +43,7 @@ ALL = "0,1,2,3,4,5,6,7"
 ONE_SAMPLE = "issue 28 item 5: the cold path takes no second clock sample"
 HELD_BRAKE = {"fault-power-brake", "fault-hw-thermal"}
 GROWN_THROTTLE = {"fault-power-brake"}
-FAULTS = [name for name, _ in list_scenarios()]
+FAULTS = [name for name, _ in sim.list_scenarios()]
 # Faults no NVML event announces, which the warm path admitted from its cache (issue 36).
 UNANNOUNCED = ("fault-row-remap-pending", "fault-nvlink-down", "fault-fabric-not-started",
                "fault-ecc-dbe")
@@ -93,23 +86,23 @@ class SimNode:
         return str(self.tmp / "agent.sock")
 
     def env(self) -> dict[str, str]:
-        return {ENV_LIBRARY: str(self.lib), ENV_SCENARIO: str(self.scenario),
+        return {sim.ENV_LIBRARY: str(self.lib), sim.ENV_SCENARIO: str(self.scenario),
                 "SLURMGPU_CONFIG": str(self.tmp / "slurmgpu.toml"), "SLURMGPU_STATE_DIR": str(self.state_dir),
                 "SLURMGPU_KMSG": str(self.kmsg), "SLURMGPU_JOBS_DIR": str(self.tmp / "jobs")}
 
     def show(self, name: str, mutate: Callable[[dict[str, Any]], None] | None = None) -> None:
         """The node's GPUs become those of scenario ``name`` (no NVML event)."""
-        self.data = load_scenario(name)
+        self.data = sim.load_scenario(name)
         if mutate is not None:
             mutate(self.data)
-        write_scenario(self.scenario, self.data)
+        sim.write_scenario(self.scenario, self.data)
 
     def xid(self, gpu: int, xid: int, text: str = "simulated XID", *, event: bool = True) -> None:
         """The driver reports an XID: a kernel-log line and (``event``) an NVML event; with
         the agent up, wait until it judged the event."""
         before = self.agent.events_evaluated if self.agent is not None else 0
-        inject_xid(self.data, gpu, xid, kernel_log=self.kmsg, text=text, event=event)
-        write_scenario(self.scenario, self.data)
+        sim.inject_xid(self.data, gpu, xid, kernel_log=self.kmsg, text=text, event=event)
+        sim.write_scenario(self.scenario, self.data)
         if event and self.agent is not None and self.agent.events is not None:
             agent = self.agent
             wait_until(lambda: agent.events_evaluated > before, 20, f"the agent judging XID {xid}")
@@ -146,7 +139,7 @@ class SimNode:
         events = self.agent is not None and self.agent.settings.agent.events
         self.stop_agent()
         self.data["events"] = []
-        write_scenario(self.scenario, self.data)
+        sim.write_scenario(self.scenario, self.data)
         self.start_agent(events=events)
 
     def prolog(self, gpus: str = ALL) -> Decision:
@@ -155,7 +148,8 @@ class SimNode:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(REPO),
                "SLURMGPU_PYTHON": sys.executable, "SLURMGPU_AGENT_SOCKET": self.socket,
                "SLURMD_NODENAME": NODE, "SLURM_JOB_ID": str(7000 + self.jobs), "SLURM_JOB_GPUS": gpus,
-               "CUDA_VISIBLE_DEVICES": gpus, "SLURM_JOB_USER": "alice", **self.env()}
+               "CUDA_VISIBLE_DEVICES": gpus, "SLURM_JOB_USER": "alice",
+               "SLURMGPU_AGENT_TIMEOUT": "10", **self.env()}  # a loaded CI machine is no agent down
         proc = subprocess.run([str(REPO / "prolog" / "slurmgpu-prolog")], env=env, capture_output=True,
                               text=True, timeout=60, check=False, cwd="/")
         record = decision_record(proc.stderr)
@@ -186,12 +180,12 @@ def decision_record(stderr: str) -> dict[str, Any]:
 def node(tmp_path: Path, fake_nvml_lib: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimNode]:
     (tmp_path / "slurmgpu.toml").write_text(CONFIG)
     (tmp_path / "kmsg").write_text("")
-    sim = SimNode(tmp_path, fake_nvml_lib, monkeypatch, tmp_path / "state")
-    for key, value in sim.env().items():  # the agent's own environment (its paths, its NVML)
+    simulated = SimNode(tmp_path, fake_nvml_lib, monkeypatch, tmp_path / "state")
+    for key, value in simulated.env().items():  # the agent's own environment (paths, NVML)
         monkeypatch.setenv(key, value)
-    sim.show(BASE)
-    yield sim
-    sim.stop_agent()
+    simulated.show(BASE)
+    yield simulated
+    simulated.stop_agent()
 
 
 def same(warm: Decision, cold: Decision, expect: tuple[int, str] | None = None) -> None:
@@ -215,7 +209,7 @@ def test_a_state_the_agent_polled(node: SimNode, name: str) -> None:
 
 
 @pytest.mark.parametrize("name", [one_sample(n, GROWN_THROTTLE) for n in FAULTS
-                                  if len(load_scenario(n).get("gpus") or []) >= 7])
+                                  if len(sim.load_scenario(n).get("gpus") or []) >= 7])
 def test_a_fault_that_appears_after_the_agents_poll(node: SimNode, name: str) -> None:
     """No NVML event says so (row remap pending, NVLink down, fabric manager gone, an
     uncorrected ECC count with no DBE event, ...): was admitted warm, drained cold."""

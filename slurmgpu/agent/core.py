@@ -165,13 +165,13 @@ class Agent:
             return self._facts, self._verdict, self.clock.monotonic() - self._at
 
     def facts_for(self, gpus: frozenset[int] | None, max_age_s: float) -> NodeFacts:
-        """Cached facts when every requested GPU was read within ``max_age_s``; else
-        re-read just those GPUs (and update the cache with them). Either way with the
+        """Cached facts when every requested GPU was read within ``max_age_s`` (0: never);
+        else re-read just those GPUs (and update the cache with them). Either way with the
         XIDs the agent remembers and its last sample as ``previous``."""
         now = self.clock.monotonic()
         with self._lock:
             base = self._facts
-            if base is not None:
+            if base is not None and max_age_s > 0:
                 wanted = gpus if gpus is not None else {g.index for g in base.gpus}
                 fresh = all(i in self._gpu_at and now - self._gpu_at[i] <= max_age_s for i in wanted)
                 if gpus is None:
