@@ -15,9 +15,9 @@ newline-terminated):
 ``{"op": "prolog"|"epilog", "env": {SLURM*, SLURMGPU*, CUDA_VISIBLE_DEVICES}}``
     -> ``{"ok": true, "exit": <hook exit code>, "record": <last gate record>,
     "records": [every record of this run]}``. The decision is ``slurmgpu.gate.Gate``,
-    the same code as ``slurmgpu prolog``, fed from the agent's cached facts
-    (``CachedFacts``: ``Agent.facts_for``, the job's GPUs read afresh) instead of sysfs; its records carry
-    ``"path": "agent"``.
+    the same code as ``slurmgpu prolog``, fed from the agent (``CachedFacts``:
+    ``Agent.facts_for``, the job's GPUs read afresh, IB and versions from its cache); its
+    records carry ``"path": "agent"``.
     With ``"ack": true`` in the request the agent first sends ``{"ack": true,
     "wait_s": <the longest it may take>}`` once the request is accepted, so a client can
     give up quickly on a hung agent yet wait for a slow drain of a live one.

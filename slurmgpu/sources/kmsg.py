@@ -74,6 +74,8 @@ def parse_records(lines: Iterable[str], gpu_by_pci: Mapping[tuple[int, int, int]
                   since: float | None = None) -> list[XidEvent]:
     events = []
     for line in lines:
+        if "NVRM: Xid" not in line:  # most records: no regex
+            continue
         head, sep, message = line.partition(";")
         match = _XID.search(message) if sep else None
         if not match:
