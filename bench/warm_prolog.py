@@ -194,6 +194,7 @@ def main() -> int:
            "SLURMGPU_CONFIG": str(config), "SLURMD_NODENAME": NODE,
            "SLURM_JOB_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "0,1", "SLURM_JOB_USER": "bench",
            "SLURMGPU_STATE_DIR": str(work / "state"), "SLURMGPU_KMSG": str(work / "kmsg"),
+           "SLURMGPU_JOBS_DIR": str(work / "jobs"),
            "SLURMGPU_AGENT_SOCKET": sock}
     if args.server_side:
         result = server_side(env, str(config), args.server_side)

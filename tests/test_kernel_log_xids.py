@@ -38,6 +38,7 @@ def settings_in(tmp_path: Path) -> Settings:
     settings.paths.state_dir = str(tmp_path / "state")
     settings.paths.kmsg = str(tmp_path / "kmsg")
     settings.agent.spool_dir = str(tmp_path / "spool")
+    settings.agent.jobs_dir = str(tmp_path / "jobs")
     return settings
 
 
