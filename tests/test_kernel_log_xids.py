@@ -20,7 +20,7 @@ from slurmgpu.agent.core import XIDS_FILE, Agent
 from slurmgpu.agent.local import CachedFacts
 from slurmgpu.config.schema import Settings
 from slurmgpu.engine import SourceFacts, Sources, add_kernel_xids, assemble, evaluate
-from slurmgpu.facts import XidEvent
+from slurmgpu.facts import NvmlFacts, XidEvent
 from slurmgpu.gate import Gate, mark_job_end
 from slurmgpu.result import Severity
 from slurmgpu.sources import kmsg
@@ -116,6 +116,18 @@ def test_a_starting_agent_takes_the_kernel_logs_xids_of_the_window(tmp_path: Pat
     facts, verdict = make_agent(settings).poll()
     assert [(x.xid, x.gpu) for x in facts.xids] == [(119, 4), (154, 4)]
     assert verdict.severity is Severity.FAIL
+
+
+def test_an_agent_started_before_the_driver_seeds_once_nvml_answers(tmp_path: Path) -> None:
+    """Without NVML no PCI address maps a logged XID to its GPU (it would count for every
+    job): the agent seeds at its first poll that reached NVML."""
+    log_xid(tmp_path, 3, 79)
+    facts = make_facts(NODE)
+    nvml = FakeNvmlSource(NvmlFacts(available=False, error="NVIDIA driver not loaded"))
+    agent = make_agent(settings_in(tmp_path), nvml)
+    assert agent.poll()[0].xids == []
+    nvml.facts = facts.nvml
+    assert [(x.xid, x.gpu) for x in agent.poll()[0].xids] == [(79, 3)]
 
 
 def test_an_unwritable_state_dir_keeps_the_xids_in_memory_and_says_so(tmp_path: Path) -> None:

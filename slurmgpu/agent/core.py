@@ -203,7 +203,7 @@ class Agent:
             xids = self._recent_xids()
         facts = gather(self.sources, node=self.node, xids=xids, previous=previous,
                        want_versions=want_versions)
-        if not self._xids_seeded:
+        if not self._xids_seeded and facts.nvml.available:  # (PCI addresses map the log's XIDs)
             self._seed_xids(facts.nvml)
             with self._lock:
                 facts.xids = self._recent_xids()
@@ -284,8 +284,8 @@ class Agent:
         return list(self._xids)
 
     def _seed_xids(self, nvml: NvmlFacts) -> None:
-        """Once, at the first poll: the XIDs saved before a restart and those the kernel
-        log holds, over the window the hooks read (``kmsg.xid_window``)."""
+        """Once, at the first poll that reached NVML: the XIDs saved before a restart and
+        those the kernel log holds, over the window the hooks read (``kmsg.xid_window``)."""
         since = kmsg.xid_window(self.settings, self.clock.time())
         saved = [x for x in load_xids(self._xids_path) if x.timestamp is not None and x.timestamp >= since]
         try:
