@@ -90,7 +90,8 @@ def _xid_from(item: dict[str, Any]) -> XidEvent:
     timestamp, gpu, message = item.get("timestamp"), item.get("gpu"), item.get("message")
     return XidEvent(xid=int(item["xid"]), gpu=None if gpu is None else int(gpu),
                     timestamp=None if timestamp is None else float(timestamp),
-                    source=str(item.get("source", "saved")), message=kmsg.bounded(message) if message else None)
+                    source=str(item.get("source", "saved")),
+                    message=kmsg.bounded(message) if message else None)
 
 
 def _restrict(facts: NodeFacts, gpus: frozenset[int] | None) -> NodeFacts:

@@ -172,7 +172,8 @@ def xid_window(settings: Settings, now: float | None = None) -> float:
     kernel log's XIDs: ``[xid] kernel_log_lookback_s`` back, never before the boot or the
     end of the node's previous job (its epilog judged the XIDs before)."""
     now = time.time() if now is None else now
-    return window_start(now, settings.xid.kernel_log_lookback_s, previous_job_end(Path(settings.paths.state_dir)))
+    ended = previous_job_end(Path(settings.paths.state_dir))
+    return window_start(now, settings.xid.kernel_log_lookback_s, ended)
 
 
 def previous_job_end(state_dir: Path) -> float | None:
