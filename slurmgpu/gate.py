@@ -43,15 +43,6 @@ from slurmgpu.sources import kmsg
 EXIT_OK, EXIT_REFUSE = 0, 1
 
 
-def mark_job_end(state_dir: Path, at: float) -> None:
-    """Note when this job's epilog took its facts (``kmsg.xid_window`` starts there)."""
-    path = state_dir / kmsg.JOB_END_FILE
-    state_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(f"{at!r}\n")
-    os.replace(tmp, path)
-
-
 @dataclass(frozen=True)
 class JobContext:
     node: str
@@ -184,7 +175,8 @@ class Gate:
                 return self._internal_error("prolog", job, f"bad request: {job.bad_gpus}", cfg.on_error)
             self._best_effort("replay", self._replay_pending)
             try:
-                facts = self.provider(job.gpus, xids_since=kmsg.xid_window(self.settings), progress=dog)
+                since = kmsg.xid_window(self.settings, gpus=job.gpus)
+                facts = self.provider(job.gpus, xids_since=since, progress=dog)
                 verdict = evaluate(facts, self.settings, scope=job.gpus, progress=dog)
             except Exception as exc:  # a bug must not drain the cluster (fail-open by default)
                 return self._job_dir_if_ok(job, self._internal_error("prolog", job, _describe(exc),
@@ -225,7 +217,8 @@ class Gate:
                 code = self._decide("epilog", job, verdict, drain=cfg.drain, exit_on_fail=EXIT_OK)
             self._best_effort("job summary", lambda: self._record_summary(job, facts, before, verdict, strays))
             self._best_effort("job state", lambda: self._drop_job_state(job))
-            self._best_effort("job end", lambda: mark_job_end(self.state_dir, facts.collected_at))
+            self._best_effort("job end", lambda: kmsg.mark_job_end(self.state_dir, facts.collected_at,
+                                                                   job.gpus))
             return code
 
     # -- healthcheck -----------------------------------------------------------

@@ -18,7 +18,7 @@ from slurmgpu.actions import Actions, drain_reason
 from slurmgpu.config.schema import Settings
 from slurmgpu.engine import Sources, source_facts
 from slurmgpu.facts import NodeFacts, NvmlFacts
-from slurmgpu.gate import Gate, job_context, mark_job_end, parse_gpu_indices
+from slurmgpu.gate import Gate, job_context, parse_gpu_indices
 from slurmgpu.result import Finding, Severity
 from slurmgpu.slurm import NodeState, SlurmUnreachable
 from slurmgpu.sources import kmsg
@@ -215,7 +215,7 @@ def test_unreachable_slurmctld_journals_the_drain_and_replays_it(tmp_path: Path)
 def test_epilog_drains_on_xid_during_the_job(tmp_path: Path) -> None:
     kmsg.append_xid(str(tmp_path / "kmsg"), make_facts(NODE).gpus[2].pci_bus_id or "", 48)  # before the job
     time.sleep(0.01)
-    mark_job_end(tmp_path / "state", time.time())  # ... and before the previous job's epilog
+    kmsg.mark_job_end(tmp_path / "state", time.time(), {2, 3})  # ... and before the last epilog on 2, 3
     gate, client = make_gate(tmp_path)
     assert gate.prolog() == 0
     time.sleep(0.01)

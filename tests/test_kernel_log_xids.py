@@ -21,7 +21,7 @@ from slurmgpu.agent.local import CachedFacts
 from slurmgpu.config.schema import Settings
 from slurmgpu.engine import SourceFacts, Sources, add_kernel_xids, assemble, evaluate
 from slurmgpu.facts import NvmlFacts, XidEvent
-from slurmgpu.gate import Gate, mark_job_end
+from slurmgpu.gate import Gate
 from slurmgpu.result import Severity
 from slurmgpu.sources import kmsg
 from slurmgpu.testing import FakeNvmlSource, FakeSlurmClient, make_facts
@@ -110,7 +110,7 @@ def test_a_restarted_agent_remembers_its_xids_with_their_text(tmp_path: Path) ->
 def test_a_starting_agent_takes_the_kernel_logs_xids_of_the_window(tmp_path: Path) -> None:
     settings = settings_in(tmp_path)
     log_xid(tmp_path, 3, 48)
-    mark_job_end(tmp_path / "state", time.time())  # judged by that job's epilog
+    kmsg.mark_job_end(tmp_path / "state", time.time(), None)  # judged by a whole-node epilog
     log_xid(tmp_path, 4, 119)
     log_xid(tmp_path, 4, 154, RESET_REQUIRED)
     facts, verdict = make_agent(settings).poll()
@@ -161,8 +161,21 @@ def test_the_window_starts_at_the_lookback_the_boot_or_the_previous_jobs_end(tmp
     assert kmsg.window_start(now, 10**6, now + 3600) == now  # a job end in the future: now
     settings = settings_in(tmp_path)
     (tmp_path / "state").mkdir()
-    (tmp_path / "state" / kmsg.JOB_END_FILE).write_text("inf")
+    (tmp_path / "state" / kmsg.JOB_END_FILE).write_text('{"*": "inf", "0": 1e999}')
     assert kmsg.xid_window(settings, now) == pytest.approx(kmsg.window_start(now, 3600, None), abs=0.01)
+
+
+def test_each_gpus_window_starts_at_the_last_epilog_that_judged_it(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    kmsg.mark_job_end(state, 100.0, [0, 1])
+    kmsg.mark_job_end(state, 200.0, [1])
+    kmsg.mark_job_end(state, 150.0, [1])  # an epilog that finished earlier writes later
+    assert kmsg.previous_job_end(state, [0, 1]) == 100.0 and kmsg.previous_job_end(state, [1]) == 200.0
+    assert kmsg.previous_job_end(state, [0, 5]) is None  # GPU 5: no epilog judged it
+    assert kmsg.previous_job_end(state, None) is None
+    kmsg.mark_job_end(state, 120.0, None)  # a job that had every GPU
+    assert kmsg.previous_job_end(state, [0, 5]) == 120.0 and kmsg.previous_job_end(state, None) == 120.0
+    assert kmsg.previous_job_end(state, [1]) == 200.0
 
 
 def test_a_huge_kernel_log_file_is_read_from_its_end(tmp_path: Path) -> None:

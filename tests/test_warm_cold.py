@@ -24,8 +24,8 @@ import pytest
 from slurmgpu.agent.core import Agent
 from slurmgpu.agent.local import serve_local
 from slurmgpu.config.load import load_config
-from slurmgpu.gate import mark_job_end
 from slurmgpu.sim import scenario as sim
+from slurmgpu.sources.kmsg import mark_job_end
 from slurmgpu.testing import FakeSlurmClient
 from tests.agenthelpers import wait_until
 
@@ -273,11 +273,14 @@ def test_an_xid_on_a_gpu_the_job_was_not_given(node: SimNode) -> None:
     same(*node.warm_then_cold("0,1"), expect=(0, "OK"))
 
 
-def test_an_xid_the_previous_jobs_epilog_judged(node: SimNode) -> None:
+@pytest.mark.parametrize(("judged", "expect"), [(range(8), (0, "OK")), ((0, 1), (1, "FAIL"))])
+def test_an_xid_before_the_previous_jobs_epilog(node: SimNode, judged: range | tuple[int, ...],
+                                                expect: tuple[int, str]) -> None:
+    """That epilog judged its own GPUs' XIDs, not another GPU's (a shared node)."""
     node.start_agent()
     node.xid(3, 79)
-    mark_job_end(node.state_dir, time.time())
-    same(*node.warm_then_cold(), expect=(0, "OK"))
+    mark_job_end(node.state_dir, time.time(), judged)
+    same(*node.warm_then_cold(), expect=expect)
 
 
 def test_an_agent_restart_after_an_xid(node: SimNode) -> None:

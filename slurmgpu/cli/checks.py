@@ -67,8 +67,8 @@ def check(config_file: str | None, gpus: str | None, node: str | None, xids: tup
           as_json: bool, show_all: bool, log_level: str) -> int:
     """Check this node's GPUs, InfiniBand and software versions.
 
-    XIDs: those given with --xid and those the kernel log holds since the node's previous
-    job ended (at most [xid] kernel_log_lookback_s back).
+    XIDs: those given with --xid and those the kernel log holds since the last job on
+    these GPUs ended (at most [xid] kernel_log_lookback_s back).
 
     Exit code: 0 OK, 1 WARN, 2 FAIL, 3 UNKNOWN (a check could not run, or bad
     arguments/config).
@@ -84,7 +84,7 @@ def check(config_file: str | None, gpus: str | None, node: str | None, xids: tup
     settings = load_settings(config_file, node=name, known_checks=True).settings
     sources = system_sources(settings, versions_cache=versions_cache(settings))
     facts = gather(sources, node=name, scope=scope, xids=events, kernel_log=settings.paths.kmsg,
-                   xids_since=xid_window(settings))
+                   xids_since=xid_window(settings, gpus=scope))
     verdict = evaluate(facts, settings, scope=scope)
     duration_ms = (time.perf_counter() - started) * 1000
     if log_level != "error":  # structlog is only imported when someone wants the lines

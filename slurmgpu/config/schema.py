@@ -224,7 +224,7 @@ class XidSettings:
     # Action for an XID the table does not know.
     unknown_action: XidAction = "warn"
     # How far back the hooks, `check` and a starting agent read the kernel log's XIDs: at
-    # most this long, and never before the node's previous job ended or the boot.
+    # most this long, never before the boot or the last epilog that judged those GPUs.
     kernel_log_lookback_s: Annotated[float, Range(0, 7 * 86400)] = 3600.0
 
 

@@ -17,6 +17,8 @@ raises ``KernelLogError`` (the checks then say UNKNOWN, never FAIL).
 from __future__ import annotations
 
 import errno
+import fcntl
+import json
 import math
 import os
 import re
@@ -164,25 +166,55 @@ def window_start(now: float, lookback_s: float, previous_job_end: float | None) 
     return max(now - lookback_s, booted, min(previous_job_end or 0.0, now))
 
 
-JOB_END_FILE = "last-job-end"
+JOB_END_FILE = "job-ends.json"
+ALL_GPUS = "*"
 
 
-def xid_window(settings: Settings, now: float | None = None) -> float:
+def xid_window(settings: Settings, now: float | None = None, gpus: Iterable[int] | None = None) -> float:
     """Since when the prolog, the healthcheck, ``check`` and a starting agent take the
-    kernel log's XIDs: ``[xid] kernel_log_lookback_s`` back, never before the boot or the
-    end of the node's previous job (its epilog judged the XIDs before)."""
+    kernel log's XIDs for ``gpus`` (None: every GPU): ``[xid] kernel_log_lookback_s`` back,
+    never before the boot or the end of the last job on each of them (its epilog judged
+    their XIDs before)."""
     now = time.time() if now is None else now
-    ended = previous_job_end(Path(settings.paths.state_dir))
+    ended = previous_job_end(Path(settings.paths.state_dir), gpus)
     return window_start(now, settings.xid.kernel_log_lookback_s, ended)
 
 
-def previous_job_end(state_dir: Path) -> float | None:
-    """When the node's last epilog took its facts; None when unknown."""
+def previous_job_end(state_dir: Path, gpus: Iterable[int] | None) -> float | None:
+    """When the last job on every one of ``gpus`` had ended (the earliest of their
+    epilogs; None: a GPU no epilog marked). ``gpus`` None: only an epilog that judged
+    every GPU counts."""
+    marks = _job_ends(state_dir)
+    node_wide = marks.get(ALL_GPUS)
+    if gpus is None:
+        return node_wide
+    ends = [max(filter(None, (marks.get(str(g)), node_wide)), default=None) for g in gpus]
+    return None if not ends or None in ends else min(e for e in ends if e is not None)
+
+
+def mark_job_end(state_dir: Path, at: float, gpus: Iterable[int] | None) -> None:
+    """Note that an epilog judged ``gpus``' XIDs (None: every GPU's) up to ``at``."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with open(state_dir / (JOB_END_FILE + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # epilogs of concurrent jobs
+        marks = _job_ends(state_dir)
+        for key in [ALL_GPUS] if gpus is None else [str(g) for g in gpus]:
+            marks[key] = max(marks.get(key, at), at)
+        path = state_dir / JOB_END_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(marks))
+        os.replace(tmp, path)
+
+
+def _job_ends(state_dir: Path) -> dict[str, float]:
     try:
-        at = float((state_dir / JOB_END_FILE).read_text().strip())
+        data = json.loads((state_dir / JOB_END_FILE).read_text())
     except (OSError, ValueError):
-        return None
-    return at if math.isfinite(at) else None
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(k): float(v) for k, v in data.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
 def merge_xids(logged: list[XidEvent], remembered: Iterable[XidEvent]) -> list[XidEvent]:
