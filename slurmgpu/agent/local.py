@@ -15,9 +15,9 @@ newline-terminated):
 ``{"op": "prolog"|"epilog", "env": {SLURM*, SLURMGPU*, CUDA_VISIBLE_DEVICES}}``
     -> ``{"ok": true, "exit": <hook exit code>, "record": <last gate record>,
     "records": [every record of this run]}``. The decision is ``slurmgpu.gate.Gate``,
-    the same code as ``slurmgpu prolog``, fed from the agent's cached facts
-    (``CachedFacts``: ``Agent.facts_for``) instead of NVML/sysfs; its records carry
-    ``"path": "agent"``.
+    the same code as ``slurmgpu prolog``, fed from the agent (``CachedFacts``:
+    ``Agent.facts_for``, the job's GPUs read afresh, IB and versions from its cache); its
+    records carry ``"path": "agent"``.
     With ``"ack": true`` in the request the agent first sends ``{"ack": true,
     "wait_s": <the longest it may take>}`` once the request is accepted, so a client can
     give up quickly on a hung agent yet wait for a slow drain of a live one.
@@ -31,6 +31,7 @@ Anything else (bad JSON, unknown op, a disallowed peer) -> ``{"ok": false, "erro
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import socket
 import socketserver
@@ -87,23 +88,22 @@ class AgentLike(Protocol):
 
 
 class CachedFacts:
-    """The warm path's ``FactsProvider`` (``slurmgpu.engine``): the agent's cached facts
-    (``facts_for``: the GPUs asked for, re-read only when older than ``max_age_s``), so no
-    NVML, sysfs or ctypes work when they are fresh. The kernel log and /proc are read as
-    on the cold path."""
+    """The warm path's ``FactsProvider`` (``slurmgpu.engine``): the agent's facts
+    (``facts_for``) with the GPUs asked for read afresh (``max_age_s``, 0 for the hooks:
+    a fault that raises no NVML event is seen as on the cold path), IB and versions from
+    its cache, its XIDs and previous sample passed through. The kernel log and /proc are
+    read as on the cold path."""
 
-    def __init__(self, agent: AgentLike, kernel_log: str, max_age_s: float | None = None) -> None:
+    def __init__(self, agent: AgentLike, kernel_log: str, max_age_s: float = 0.0) -> None:
         self.agent = agent
         self.kernel_log = kernel_log
-        self.max_age_s = agent.settings.agent.max_age_s if max_age_s is None else max_age_s
+        self.max_age_s = max_age_s
 
     def __call__(self, gpus: frozenset[int] | None, *, xids_since: float | None = None,
                  progress: Progress = lambda step: None) -> NodeFacts:
-        collected_at = time.time()
         progress("gather:nvml")
-        cached = self.agent.facts_for(gpus, self.max_age_s)
-        facts = NodeFacts(node=self.agent.node, collected_at=collected_at, nvml=cached.nvml,
-                          ib=cached.ib, versions=cached.versions)
+        facts = self.agent.facts_for(gpus, self.max_age_s)
+        facts = dataclasses.replace(facts, xids=list(facts.xids))
         if xids_since is not None:
             add_kernel_xids(facts, self.kernel_log, xids_since, progress)
         return facts

@@ -227,6 +227,9 @@ class XidSettings:
     overrides: dict[str, XidAction] = field(default_factory=dict)
     # Action for an XID the table does not know.
     unknown_action: XidAction = "warn"
+    # How far back the hooks, `check` and a starting agent read the kernel log's XIDs: at
+    # most this long, never before the boot or the last epilog that judged those GPUs.
+    kernel_log_lookback_s: Annotated[float, Range(0, 7 * 86400)] = 3600.0
 
 
 @dataclass
