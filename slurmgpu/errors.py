@@ -7,6 +7,17 @@ class SlurmGpuError(Exception):
     """Base of every error slurmgpu raises on purpose."""
 
 
+def error_line(message: str) -> str:
+    """The one line a command prints on stderr when it fails."""
+    return f"slurmgpu: error: {message}"
+
+
+def first_line(exc: BaseException) -> str:
+    """An error as the one line a command prints."""
+    text = str(exc)
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class ConfigError(SlurmGpuError):
     """A configuration file is missing, unreadable or invalid.
 

@@ -1,6 +1,7 @@
-"""The cold path (issue 10): `slurmgpu check` and the Slurm hooks import only what they
-use, leave through os._exit once their output is flushed, and the lazily loaded command
-table stays in step with the commands it points at."""
+"""The cold path (issues 10, 38): `slurmgpu check` and the Slurm hooks import only what
+they use (no click, no structlog, no zmq, no collector), leave through os._exit once
+their output is flushed, and the lazily loaded command table stays in step with the
+commands it points at."""
 
 from __future__ import annotations
 
@@ -29,6 +30,10 @@ SIM_CONFIG = REPO / "etc" / "sim-h100.toml"
 # simulator (slurmgpu.sim: the mini-cluster, simulated agents, the demo) never runs on a node.
 FORBIDDEN = ("zmq", "zmq.*", "slurmgpu.keys", "slurmgpu.collector*", "slurmgpu.report*",
              "prometheus_client*", "slurmgpu.sim", "slurmgpu.sim.*")
+# A one-shot run (not its --help) reads its options and writes its decision line without
+# click and structlog (issue 38): each cost tens of milliseconds per job.
+ONE_SHOT_FORBIDDEN = (*FORBIDDEN, "click", "click.*", "structlog", "structlog.*", "slurmgpu.cli.root",
+                      "slurmgpu.cli.common", "slurmgpu.cli.lazy")
 
 # Runs the real entry point, slurmgpu.cli.main(), and writes sys.modules at the very end:
 # from os._exit (wrapped) for one-shot commands, from atexit otherwise.
@@ -64,8 +69,8 @@ def run_cold(args: list[str], env: dict[str, str], tmp_path: Path) -> tuple[subp
     return proc, json.loads(out.read_text())
 
 
-def forbidden(modules: list[str]) -> list[str]:
-    return [m for m in modules if any(fnmatch.fnmatchcase(m, pattern) for pattern in FORBIDDEN)]
+def forbidden(modules: list[str], patterns: tuple[str, ...] = FORBIDDEN) -> list[str]:
+    return [m for m in modules if any(fnmatch.fnmatchcase(m, pattern) for pattern in patterns)]
 
 
 def cli_modules(modules: list[str]) -> set[str]:
@@ -87,15 +92,26 @@ def test_check_imports_nothing_it_does_not_use(node_env: dict[str, str], tmp_pat
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["verdict"] == "OK"  # all of it flushed before os._exit
     assert seen["via"] == "os._exit"
-    assert forbidden(seen["modules"]) == []
-    assert cli_modules(seen["modules"]) == {"slurmgpu.cli.common", "slurmgpu.cli.lazy", "slurmgpu.cli.checks"}
+    assert forbidden(seen["modules"], ONE_SHOT_FORBIDDEN) == []
+    assert cli_modules(seen["modules"]) == {"slurmgpu.cli.oneshot", "slurmgpu.cli.checkrun", "slurmgpu.cli.loading"}
+
+
+def test_check_logging_its_results_imports_no_structlog(node_env: dict[str, str], tmp_path: Path) -> None:
+    proc, seen = run_cold(["check", "--json", "--config", str(SIM_CONFIG), "--log-level", "info"],
+                          node_env, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert forbidden(seen["modules"], ONE_SHOT_FORBIDDEN) == []
+    lines = [json.loads(line) for line in proc.stderr.splitlines()]
+    assert {line["event"] for line in lines} == {"check_result", "verdict"}
 
 
 def test_check_help_imports_nothing_it_does_not_use(tmp_path: Path) -> None:
     proc, seen = run_cold(["check", "--help"], dict(os.environ), tmp_path)
     assert proc.returncode == 0 and "--gpus LIST" in proc.stdout
     assert forbidden(seen["modules"]) == []
-    assert cli_modules(seen["modules"]) == {"slurmgpu.cli.common", "slurmgpu.cli.lazy", "slurmgpu.cli.checks"}
+    assert cli_modules(seen["modules"]) == {"slurmgpu.cli.common", "slurmgpu.cli.lazy", "slurmgpu.cli.checks",
+                                            "slurmgpu.cli.root", "slurmgpu.cli.oneshot", "slurmgpu.cli.checkrun",
+                                            "slurmgpu.cli.loading"}
 
 
 @pytest.mark.parametrize("phase", ["prolog", "epilog", "healthcheck"])
@@ -107,17 +123,35 @@ def test_hooks_import_nothing_they_do_not_use(node_env: dict[str, str], tmp_path
     proc, seen = run_cold([phase, "--config", str(config)], node_env, tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert seen["via"] == "os._exit"
-    assert forbidden(seen["modules"]) == []
-    assert cli_modules(seen["modules"]) == {"slurmgpu.cli.common", "slurmgpu.cli.lazy", "slurmgpu.cli.slurm_cmds"}
+    assert forbidden(seen["modules"], ONE_SHOT_FORBIDDEN) == []
+    assert cli_modules(seen["modules"]) == {"slurmgpu.cli.oneshot", "slurmgpu.cli.hooks", "slurmgpu.cli.loading"}
     records = [json.loads(line) for line in (tmp_path / "state" / "gate.jsonl").read_text().splitlines()]
     assert [(r["phase"], r["verdict"]) for r in records] == [(phase, "OK")]
+    lines = [json.loads(line) for line in proc.stderr.splitlines()]
+    decision = next(line for line in lines if line["event"] == f"{phase}_decision")
+    assert (decision["level"], decision["verdict"]) == ("info", "OK")
+
+
+@pytest.mark.parametrize("phase", ["prolog", "epilog", "healthcheck"])
+def test_hook_on_error_imports_no_click_nor_structlog(node_env: dict[str, str], tmp_path: Path,
+                                                      phase: str) -> None:
+    """A bad config: the on_error decision line, written without structlog."""
+    config = tmp_path / "slurmgpu.toml"
+    config.write_text("[gpu]\ncount = 'eight'\n")
+    proc, seen = run_cold([phase, "--config", str(config)], node_env, tmp_path)
+    assert proc.returncode == (3 if phase == "healthcheck" else 0), proc.stderr
+    assert forbidden(seen["modules"], ONE_SHOT_FORBIDDEN) == []
+    decision = json.loads(proc.stderr.splitlines()[-1])
+    assert list(decision) == ["phase", "action", "error", "node", "job", "event", "level", "timestamp"]
+    assert decision["event"] == f"{phase}_decision" and decision["level"] == "error"
 
 
 def test_top_level_help_imports_no_command(tmp_path: Path) -> None:
     proc, seen = run_cold(["--help"], dict(os.environ), tmp_path)
     assert proc.returncode == 0 and "Commands:" in proc.stdout
     assert seen["via"] == "atexit"  # not a one-shot command: the usual exit
-    assert cli_modules(seen["modules"]) == {"slurmgpu.cli.common", "slurmgpu.cli.lazy"}
+    assert cli_modules(seen["modules"]) == {"slurmgpu.cli.common", "slurmgpu.cli.lazy", "slurmgpu.cli.root",
+                                            "slurmgpu.cli.loading"}
 
 
 def test_every_listed_command_resolves() -> None:

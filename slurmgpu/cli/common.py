@@ -1,8 +1,9 @@
 """What every `slurmgpu` command shares: its options (``--config``, ``--json``, ``--db``),
 how it loads its settings, and how it says it failed.
 
-Settings: ``load_settings`` is the one way a command gets them, in the order of
-``slurmgpu.config.env`` (defaults < the file < ``SLURMGPU_*`` < the command's flags).
+Settings: ``load_settings`` (``slurmgpu.cli.loading``, re-exported here) is the one way
+a command gets them, in the order of ``slurmgpu.config.env`` (defaults < the file <
+``SLURMGPU_*`` < the command's flags).
 
 Errors: a command raises, and only the root prints (``RootGroup.main`` in
 ``slurmgpu.cli``): ``CliError`` for a message and an exit code of its own (3 unless told
@@ -16,18 +17,16 @@ Light: click and ``slurmgpu.config.env`` (the root group imports this, and `slur
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, TypeVar
+from typing import IO, Any, TypeVar
 
 import click
 
+from slurmgpu.cli.loading import Loaded, load_settings  # noqa: F401  (re-exported: every command loads this way)
 from slurmgpu.config.env import CONFIG_ENV, DEFAULT_CONFIG_PATH, env_for
-
-if TYPE_CHECKING:
-    from slurmgpu.config.load import LoadedConfig
-    from slurmgpu.config.schema import Settings
+from slurmgpu.errors import error_line, first_line  # noqa: F401  (first_line: re-exported)
 
 EXIT_UNKNOWN = 3
 F = TypeVar("F", bound=Callable[..., Any])
@@ -57,18 +56,13 @@ class CliError(click.ClickException):
 
 def report(message: str) -> None:
     """The one error line (the root's; ``CliError.show``)."""
-    click.echo(f"slurmgpu: error: {message}", err=True)
+    click.echo(error_line(message), err=True)
 
 
 def os_error(exc: OSError) -> CliError:
     """An OSError as one line: ``FILE: why``."""
     where = f"{exc.filename}: " if exc.filename else ""
     return CliError(f"{where}{exc.strerror or exc}")
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc)
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 # --------------------------------------------------------------------------- options
@@ -94,33 +88,6 @@ def db_option(f: F) -> F:
 
 
 # --------------------------------------------------------------------------- settings
-
-
-@dataclass(frozen=True)
-class Loaded:
-    """The config as read, and the settings a command runs with."""
-
-    config: LoadedConfig
-    settings: Settings
-
-
-def load_settings(config_file: str | None, *, node: str | None = None,
-                  flags: Mapping[str, Any] | None = None, known_checks: bool = False,
-                  environ: Mapping[str, str] = os.environ) -> Loaded:
-    """The config file (``--config``, ``$SLURMGPU_CONFIG``, the default path) and the
-    settings for ``node`` (None: the top level): defaults < file < ``SLURMGPU_*`` <
-    ``flags`` (``{"collector.db": db}``; None values are flags not given).
-    ``known_checks``: ``[checks] disabled`` must name registered checks. Raises
-    ConfigError."""
-    from slurmgpu.config.load import load_config
-
-    checks: Iterable[str] | None = None
-    if known_checks:
-        from slurmgpu.checks.registry import all_checks
-
-        checks = [c.id for c in all_checks()]
-    config = load_config(config_file, environ=environ, known_checks=checks)
-    return Loaded(config, config.settings_for(node, environ, flags))
 
 
 # --------------------------------------------------------------------------- the fleet database

@@ -47,7 +47,7 @@ def validate(ctx: click.Context, config_file: str | None, tier: str, tests: str 
     """
     if ctx.invoked_subcommand is not None:
         return 0
-    from slurmgpu.cli.checks import parse_gpu_list, render_table
+    from slurmgpu.cli.checkrun import parse_gpu_list, render_table
     from slurmgpu.engine import node_name
     from slurmgpu.validate.session import parse_tests
 
