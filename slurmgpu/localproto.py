@@ -95,6 +95,81 @@ def query_timeout(environ: Mapping[str, str], configured: object = None) -> floa
 # ------------------------------------------------------------------------ lines
 
 
+#: The ``[agent]`` keys the quick client reads from the config file.
+AGENT_KEYS = ("socket", "query_timeout_s")
+
+
+class Unsure(ValueError):
+    """A TOML line that ``scan_table`` cannot read for sure: parse the file instead."""
+
+
+def scan_table(text: str, table: str, keys: tuple[str, ...]) -> dict[str, Any] | None:
+    """``keys`` of ``[table]`` in a TOML text, read line by line without a TOML parser
+    (the quick client runs once per job; tomllib costs ~7 ms): plain ``key = "text"``,
+    ``key = 'text'`` or ``key = number`` lines. None when the text may say more than such
+    lines show: a multi-line string anywhere, a quoted table name, ``table`` as a dotted
+    key or an inline table at the top level, a quoted key or another kind of value for
+    one of ``keys``."""
+    found: dict[str, Any] = {}
+    current: str | None = ""
+    try:
+        for raw in text.splitlines():
+            line = raw.strip()
+            if '"""' in line or "'''" in line:
+                raise Unsure(line)
+            if line.startswith("["):
+                current = _header(line)
+            elif line and not line.startswith("#"):
+                _scan_line(line, current, table, keys, found)
+    except Unsure:
+        return None
+    return found
+
+
+def _header(line: str) -> str | None:
+    """A table header's name (None: an array of tables, never ``[agent]``); a line of a
+    multi-line array or a quoted name is Unsure."""
+    name = line.split("#", 1)[0].strip()
+    if name.startswith("[[") and name.endswith("]]"):
+        return None
+    if not name.endswith("]") or any(not (c.isalnum() or c in "_-. ") for c in name[1:-1]):
+        raise Unsure(line)
+    return ".".join(part.strip() for part in name[1:-1].split("."))
+
+
+def _scan_line(line: str, current: str | None, table: str, keys: tuple[str, ...],
+               found: dict[str, Any]) -> None:
+    key, _, value = line.partition("=")
+    key = key.strip()
+    if current == "" and key.split(".", 1)[0].strip().strip("\"'") == table:
+        raise Unsure(line)  # agent.socket = ..., agent = { ... }
+    if current != table:
+        return
+    if key[:1] in ("\"", "'"):
+        raise Unsure(line)
+    if key in keys:
+        found[key] = _scalar(value.strip())
+
+
+def _scalar(text: str) -> str | int | float:
+    """A one-line TOML string (no escapes) or number, with an optional comment after it."""
+    if text[:1] in ("\"", "'"):
+        end = text.find(text[0], 1)
+        rest = text[end + 1:].strip() if end > 0 else "?"
+        if end < 0 or (text[0] == '"' and "\\" in text[1:end]) or (rest and not rest.startswith("#")):
+            raise Unsure(text)
+        return text[1:end]
+    number = text.split("#", 1)[0].strip()
+    try:
+        return int(number)
+    except ValueError:
+        pass
+    try:
+        return float(number)
+    except ValueError:
+        raise Unsure(text) from None
+
+
 def encode(message: Mapping[str, Any]) -> bytes:
     """One message as its line."""
     return json.dumps(message, default=str).encode() + b"\n"

@@ -20,7 +20,8 @@ drains its nodes. A full path killed after a FAIL verdict still refuses (exit 1)
 
 Socket: ``$SLURMGPU_AGENT_SOCKET``, else ``[agent] socket`` of the config file
 (``--config``, ``$SLURMGPU_CONFIG`` or /etc/slurmgpu/slurmgpu.toml, read only when it
-exists), else /run/slurmgpu/agent.sock. The agent must accept within
+exists, line by line: tomllib only when the lines are not plain), else
+/run/slurmgpu/agent.sock. The agent must accept within
 ``$SLURMGPU_AGENT_TIMEOUT`` / ``[agent] query_timeout_s`` (default 0.5 s). The protocol
 is ``slurmgpu/localproto.py`` (shared with the agent), loaded from beside this file.
 
@@ -79,22 +80,47 @@ def config_file(args: Sequence[str], environ: Mapping[str, str]) -> str:
     return environ.get(CONFIG_ENV) or DEFAULT_CONFIG
 
 
-def read_config(path: str) -> dict[str, Any]:
-    """The config file's tables, or {} when it is absent or unreadable (the full path
-    reports config errors; this one only needs ``[agent]``)."""
+def read_text(path: str) -> str | None:
+    """The config file's text, or None when it is absent or unreadable (the full path
+    reports config errors; this one only needs a few settings)."""
     if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode("utf-8")
+    except (OSError, ValueError):
+        return None
+
+
+def parse_config(text: str | None) -> dict[str, Any]:
+    """The config's tables, or {} when there is no text or it is not TOML."""
+    if text is None:
         return {}
     try:
         import tomllib
     except ImportError:  # Python < 3.11 runs the quick client, not slurmgpu: no config
         return {}
-
     try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except (OSError, ValueError):
+        data = tomllib.loads(text)
+    except ValueError:
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def read_config(path: str) -> dict[str, Any]:
+    """The config file's tables, or {} when it is absent, unreadable or not TOML."""
+    return parse_config(read_text(path))
+
+
+def agent_settings(path: str) -> Mapping[str, Any]:
+    """``[agent] socket`` and ``query_timeout_s`` of the config file: scanned line by line
+    (``localproto.scan_table``: no TOML parser on the warm path), parsed only when the
+    scan cannot be sure."""
+    text = read_text(path)
+    if text is None:
+        return {}
+    found = protocol().scan_table(text, "agent", protocol().AGENT_KEYS)
+    return found if found is not None else _table(parse_config(text), "agent")
 
 
 def _table(config: Mapping[str, Any], name: str) -> Mapping[str, Any]:
@@ -108,7 +134,7 @@ def agent_endpoint(args: Sequence[str], environ: Mapping[str, str]) -> tuple[str
     proto = protocol()
     agent: Mapping[str, Any] = {}
     if not environ.get(proto.SOCKET_ENV) or not environ.get(proto.TIMEOUT_ENV):
-        agent = _table(read_config(config_file(args, environ)), "agent")
+        agent = agent_settings(config_file(args, environ))
     return (proto.socket_path(environ, agent.get("socket")),
             proto.query_timeout(environ, agent.get("query_timeout_s")))
 
@@ -123,6 +149,10 @@ DECIDED_FD_ENV = "SLURMGPU_DECIDED_FD"
 #: tell this client's answer from an interpreter that could not run it at all.
 WRAPPER_ENV = "SLURMGPU_WRAPPER"
 WRAPPED_OFFSET = 100
+#: The oldest Python this client runs on (localproto's syntax, os.posix_spawn): an older
+#: one says so and exits NOT_AN_ANSWER, so that a wrapper tries its next interpreter.
+MIN_PYTHON = (3, 8)
+NOT_AN_ANSWER = 2
 #: Interpreters a package installs slurmgpu for, tried after $SLURMGPU_PYTHON and a
 #: ``slurmgpu`` console script on PATH: the RPM's private venv, then Debian's python3.
 PACKAGED_PYTHONS = ("/usr/lib/slurmgpu/venv/bin/python", "/usr/bin/python3")
@@ -318,6 +348,10 @@ def gate(phase: str, args: Sequence[str], environ: Mapping[str, str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if sys.version_info < MIN_PYTHON:
+        old, oldest = ".".join(map(str, sys.version_info[:2])), ".".join(map(str, MIN_PYTHON))
+        sys.stderr.write(f"slurmgpu-quickgate: {sys.executable} is Python {old}, older than {oldest}\n")
+        return NOT_AN_ANSWER
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] not in PHASES:
         sys.stderr.write("usage: slurmgpu-quickgate prolog|epilog|healthcheck [--config FILE]\n")
