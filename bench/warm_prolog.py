@@ -5,7 +5,13 @@ libnvidia-ml.so.1, scenario h100-sxm-8), and of the fallback when no agent answe
 (quickgate -> exec `slurmgpu prolog`, the full path, on the same simulated GPUs).
 
     python bench/warm_prolog.py [--runs 200] [--fallback-runs 20] [--json]
+    python bench/warm_prolog.py --goals [--runs 100]
     python bench/warm_prolog.py --server-side 400
+
+``--goals``: issue 38's two hook goals only, each interleaved with its baseline in the
+same run: the warm prolog through the shipped wrapper against ``/usr/bin/python3 -I -S
+-c pass`` (goal: <= 3x) and the cold prolog (`slurmgpu prolog`, no agent) against
+``python -c "import pynvml"`` (goal: <= +100 ms); the full run times them the same way.
 
 ``--server-side N``: the agent's side of a warm prolog alone, in this process (one real
 Agent, ``LocalService.hook``), N times each way, interleaved so a loaded machine slows both
@@ -16,7 +22,7 @@ The server runs in its own process: slurmgpu.agent.core.Agent when it can be bui
 Settings, else a minimal agent here (engine.gather over the system sources, cached, the
 job's GPUs refreshed when older than max_age_s). Drains go to an in-memory Slurm.
 
-Target: warm p50 <= 50 ms, p99 <= 100 ms.
+Targets: warm p50 <= 50 ms, p99 <= 100 ms; issue 38's ratios above.
 """
 
 from __future__ import annotations
@@ -149,19 +155,61 @@ def server_side(env: dict[str, str], config: str, rounds: int) -> dict[str, Any]
 # ----------------------------------------------------------------- client side
 
 
+def one_run(cmd: list[str], env: dict[str, str], job: int) -> tuple[float, int]:
+    """Wall time (ms) and exit code of one run of ``cmd`` as job ``job``."""
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, env={**env, "SLURM_JOB_ID": str(job)}, capture_output=True, check=False)
+    elapsed = (time.perf_counter() - start) * 1000
+    if proc.returncode not in (0, 1):
+        sys.stderr.write(proc.stderr.decode(errors="replace"))
+    return elapsed, proc.returncode
+
+
 def time_runs(cmd: list[str], env: dict[str, str], runs: int, warmup: int = 5) -> tuple[list[float], set[int]]:
     samples, codes = [], set()
     for i in range(runs + warmup):
-        run_env = {**env, "SLURM_JOB_ID": str(500000 + i)}
-        start = time.perf_counter()
-        proc = subprocess.run(cmd, env=run_env, capture_output=True, check=False)
-        elapsed = (time.perf_counter() - start) * 1000
-        codes.add(proc.returncode)
-        if proc.returncode not in (0, 1):
-            sys.stderr.write(proc.stderr.decode(errors="replace"))
+        elapsed, code = one_run(cmd, env, 500000 + i)
+        codes.add(code)
         if i >= warmup:
             samples.append(elapsed)
     return samples, codes
+
+
+def time_pair(cmd: list[str], baseline: list[str], env: dict[str, str], runs: int,
+              warmup: int = 5) -> dict[str, Any]:
+    """``cmd`` and its ``baseline`` alternately, so load from elsewhere slows both alike:
+    each one's summary, the ratio and the difference of the medians."""
+    samples: list[float] = []
+    floor: list[float] = []
+    codes: set[int] = set()
+    for i in range(runs + warmup):
+        elapsed, code = one_run(cmd, env, 700000 + i)
+        base_elapsed, _ = one_run(baseline, env, 700000 + i)
+        codes.add(code)
+        if i >= warmup:
+            samples.append(elapsed)
+            floor.append(base_elapsed)
+    mine, base = summary(samples), summary(floor)
+    return {**mine, "exit_codes": sorted(codes), "baseline": " ".join(baseline), "baseline_p50_ms": base["p50_ms"],
+            "ratio_p50": round(mine["p50_ms"] / base["p50_ms"], 2),
+            "difference_p50_ms": round(mine["p50_ms"] - base["p50_ms"], 1)}
+
+
+#: The floor of a warm prolog: the system interpreter started as the wrapper starts it.
+BARE_INTERPRETER = ["/usr/bin/python3", "-I", "-S", "-c", "pass"]
+
+
+def goals(env: dict[str, str], work: Path, runs: int) -> dict[str, Any]:
+    """Issue 38's two hook goals, each interleaved with its baseline: the warm prolog
+    through the shipped wrapper against a bare interpreter start (goal: <= 3x), and the
+    cold prolog (`slurmgpu prolog`, no agent) against `import pynvml` (goal: <= +100 ms)."""
+    shipped = [str(REPO / "prolog" / "slurmgpu-prolog")]
+    cold_env = {**env, "SLURMGPU_AGENT_SOCKET": str(work / "down.sock")}
+    direct = os.environ.get("SLURMGPU_BIN", "").split() or [sys.executable, "-m", "slurmgpu"]
+    return {"load_average": os.getloadavg(),
+            "warm_shipped_wrapper": time_pair(shipped, BARE_INTERPRETER, env, runs),
+            "cold_prolog": time_pair([*direct, "prolog"], [sys.executable, "-c", "import pynvml"], cold_env,
+                                     max(runs // 4, 10), warmup=3)}
 
 
 def summary(samples: list[float]) -> dict[str, float]:
@@ -176,6 +224,9 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--server-side", type=int, metavar="N", default=0,
                         help="time the agent's side alone, N runs each way (see above)")
+    parser.add_argument("--goals", action="store_true",
+                        help="only issue 38's goals: the shipped wrapper against a bare interpreter, "
+                             "`slurmgpu prolog` (no agent) against `import pynvml`, each interleaved")
     parser.add_argument("--serve", nargs=2, metavar=("SOCKET", "CONFIG"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -213,6 +264,9 @@ def main() -> int:
                 print("agent-side server did not start", file=sys.stderr)
                 return 1
             time.sleep(0.05)
+        if args.goals:
+            result.update(goals(env, work, args.runs))
+            return report(result, args.json)
         quick_m = [sys.executable, "-m", "slurmgpu.quickgate", "prolog"]
         samples, codes = time_runs(quick_m, env, args.runs)
         result["warm_python_m"] = {**summary(samples), "exit_codes": sorted(codes)}
@@ -228,8 +282,8 @@ def main() -> int:
         # As shipped: prolog/slurmgpu-prolog -> prolog/slurmgpu-quickgate (shebang
         # `env -S python3 -I -S`, the system python3), no overrides in the environment.
         shipped = {k: v for k, v in env.items() if k != "SLURMGPU_QUICKGATE"}
-        samples, codes = time_runs([str(REPO / "prolog" / "slurmgpu-prolog")], shipped, args.runs)
-        result["warm_shipped_wrapper"] = {**summary(samples), "exit_codes": sorted(codes)}
+        result["warm_shipped_wrapper"] = time_pair([str(REPO / "prolog" / "slurmgpu-prolog")],
+                                                   BARE_INTERPRETER, shipped, args.runs)
         script = shutil.which("slurmgpu-quickgate") or str(Path(sys.executable).parent / "slurmgpu-quickgate")
         if os.access(script, os.X_OK):
             samples, codes = time_runs([script, "prolog"], env, args.runs)
@@ -240,13 +294,17 @@ def main() -> int:
         samples, codes = time_runs(quick_m, down, args.fallback_runs, warmup=2)
         result["fallback_agent_down"] = {**summary(samples), "exit_codes": sorted(codes)}
         direct = os.environ.get("SLURMGPU_BIN", "").split() or [sys.executable, "-m", "slurmgpu"]
-        samples, codes = time_runs([*direct, "prolog"], env, args.fallback_runs, warmup=2)
-        result["direct_full_path"] = {**summary(samples), "exit_codes": sorted(codes)}
+        result["direct_full_path"] = time_pair([*direct, "prolog"], [sys.executable, "-c", "import pynvml"],
+                                               down, args.fallback_runs, warmup=2)
     finally:
         server.terminate()
         server.wait(10)
         shutil.rmtree(work, ignore_errors=True)
-    if args.json:
+    return report(result, args.json)
+
+
+def report(result: dict[str, Any], as_json: bool) -> int:
+    if as_json:
         print(json.dumps(result, indent=2))
     else:
         for k, v in result.items():

@@ -27,6 +27,8 @@ from slurmgpu.xid import XidPolicy
 
 @dataclass
 class Sources:
+    """The fact sources a gather reads."""
+
     nvml: NvmlSource
     ib: IbSource
     versions: VersionSource

@@ -56,6 +56,8 @@ def _nobody(what: str) -> None:
 
 @dataclass(frozen=True)
 class JobContext:
+    """The job a hook runs for, from Slurm's environment."""
+
     node: str
     job_id: str | None = None
     user: str | None = None

@@ -26,6 +26,8 @@ ACTION_SEVERITY = XID_ACTION_SEVERITY
 
 @dataclass(frozen=True)
 class XidVariant:
+    """An XID whose action depends on the driver's message."""
+
     pattern: re.Pattern[str]
     action: str
     name: str
@@ -34,6 +36,8 @@ class XidVariant:
 
 @dataclass(frozen=True)
 class XidRule:
+    """What to do about one XID code."""
+
     code: int
     name: str
     category: str

@@ -30,6 +30,8 @@ from slurmgpu.xid import XidPolicy
 
 @dataclass(frozen=True)
 class CheckContext:
+    """What a check reads: the facts, the settings, the XID policy."""
+
     facts: NodeFacts
     settings: Settings
     xid_policy: XidPolicy
@@ -70,6 +72,8 @@ class Origin:
 
 @dataclass(frozen=True)
 class CheckSpec:
+    """A registered check: its id, function, severity and the facts it reads."""
+
     id: str
     func: CheckFunc = field(compare=False)
     # The worst severity this check raises with default settings.
@@ -101,6 +105,8 @@ _REGISTRY: dict[str, CheckSpec] = {}
 
 @dataclass
 class _Scope:
+    """The checks one origin (built-in or a plugin) registered."""
+
     origin: Origin
     namespaces: tuple[str, ...]
     registered: list[str] = field(default_factory=list)

@@ -69,6 +69,8 @@ MAX_CONFIG_BYTES = 1024 * 1024
 
 @dataclass(frozen=True)
 class ExplainRow:
+    """One effective setting and where its value came from."""
+
     key: str  # "gpu.count", 'ib.counters_max."symbol_error"'
     value: Any
     source: str  # "default", "top-level" or a section label: "hosts[1] (gpu-h100-[001-128])"
@@ -76,6 +78,8 @@ class ExplainRow:
 
 @dataclass
 class LoadedConfig:
+    """A validated config file: its top-level tables and host sections."""
+
     path: str | None  # None: no file, defaults only
     base: Tables = field(default_factory=dict)  # validated top-level tables
     hosts: list[HostSection] = field(default_factory=list)

@@ -67,6 +67,8 @@ MigMode = Literal["disabled", "enabled", "any"]
 
 @dataclass
 class GpuSettings:
+    """The ``[gpu]`` table: how many GPUs, persistence mode, MIG."""
+
     # Expected GPUs on the node. None: do not check the count. 0: this node has no GPUs,
     # so a missing NVML library is fine. Up to 1024 (no node comes near it).
     count: Annotated[int | None, Range(0, 1024)] = None
@@ -94,6 +96,8 @@ class PinSettings:
 
 @dataclass
 class EccSettings:
+    """The ``[ecc]`` table: ECC mode and error-counter limits."""
+
     require_enabled: bool = True
     # Volatile (since last reset) uncorrected errors above this fail the node.
     uncorrected_volatile_max: Annotated[int, COUNTER] = 0
@@ -109,6 +113,8 @@ class EccSettings:
 
 @dataclass
 class MemorySettings:
+    """The ``[memory]`` table: retired pages and row remapping."""
+
     # Retired pages (SBE + DBE) above this fail; NVIDIA's RMA guidance is 60 (of 64 slots).
     retired_pages_max: Annotated[int, Range(0, 1024)] = 60
     # Uncorrectable remapped rows above this fail (the bank is running out of spares).
@@ -119,6 +125,8 @@ class MemorySettings:
 
 @dataclass
 class ThermalSettings:
+    """The ``[thermal]`` table: temperatures and clock brakes."""
+
     # Degrees below the slowdown threshold at which to warn, and to fail.
     margin_warn_c: Annotated[int, Range(0, 150)] = 5
     margin_fail_c: Annotated[int, Range(0, 150)] = 0
@@ -138,6 +146,8 @@ class ThermalSettings:
 
 @dataclass
 class PcieSettings:
+    """The ``[pcie]`` table: link generation, width and replays."""
+
     # Pinned expectation; None: compare against the GPU's own maximum. Gen 1-7 and
     # width x1-x32 are all the PCIe specification defines.
     gen: Annotated[int | None, Range(1, 7)] = None
@@ -154,6 +164,8 @@ class PcieSettings:
 
 @dataclass
 class NvlinkSettings:
+    """The ``[nvlink]`` table: NVLink state and error counters."""
+
     # Active links expected per GPU. None: every link NVML reports must be active.
     links: Annotated[int | None, Range(0, 64)] = None
     replay_max: Annotated[int, COUNTER] = 1000
@@ -165,12 +177,16 @@ class NvlinkSettings:
 
 @dataclass
 class FabricSettings:
+    """The ``[fabric]`` table: the NVSwitch fabric."""
+
     # None: check only where NVML reports a fabric (NVSwitch systems); True: require one.
     required: bool | None = None
 
 
 @dataclass
 class IbSettings:
+    """The ``[ib]`` table: InfiniBand ports, rates and counters."""
+
     # Ports expected in scope (see devices): each one must be ACTIVE/LinkUp (ib.port_state),
     # so this is the number of ports expected active. None: do not check.
     count: Annotated[int | None, Range(0, 256)] = None
@@ -223,6 +239,8 @@ XidAction = Literal["ignore", "warn", "checkpoint", "drain", "reset", "reboot"]
 
 @dataclass
 class XidSettings:
+    """The ``[xid]`` table: the XID policy and the kernel-log look-back."""
+
     # Site overrides of the bundled policy table: XID number (as a string key) -> action.
     overrides: dict[str, XidAction] = field(default_factory=dict)
     # Action for an XID the table does not know.
@@ -234,6 +252,8 @@ class XidSettings:
 
 @dataclass
 class ChecksSettings:
+    """The ``[checks]`` table: disabled checks and site plugins."""
+
     # Check ids (or globs like "ib.*") that do not run on these nodes.
     disabled: list[str] = field(default_factory=list)
     # Load site checks from the "slurmgpu.checks" entry points (docs/adding-a-check.md);
@@ -243,6 +263,8 @@ class ChecksSettings:
 
 @dataclass
 class NvmlSettings:
+    """The ``[nvml]`` table: the NVML library."""
+
     # Absolute path of libnvidia-ml.so.1; SLURMGPU_NVML_LIBRARY overrides it.
     library: str | None = None
     # A GPU query that fails (other than NotSupported) is asked once more after this many
@@ -252,6 +274,8 @@ class NvmlSettings:
 
 @dataclass
 class VersionsSettings:
+    """The ``[versions]`` table: where software versions are read."""
+
     nccl_library: str | None = None  # default: linker path, then the nvidia-nccl-cu* wheel
     cudart_library: str | None = None
     cuda_root: str = "/usr/local/cuda"
@@ -262,6 +286,8 @@ OnError = Literal["fail-open", "fail-closed"]
 
 @dataclass
 class PrologSettings:
+    """The ``[prolog]`` table: the Prolog hook."""
+
     # The whole prolog (gather + checks + drain) is bounded by this watchdog; its Slurm
     # calls (tries and pauses) get half of it at most (slurmgpu.gate.SLURM_SHARE).
     timeout_s: Annotated[float, HOOK_TIMEOUT] = 20.0
@@ -275,6 +301,8 @@ class PrologSettings:
 
 @dataclass
 class EpilogSettings:
+    """The ``[epilog]`` table: the Epilog hook."""
+
     timeout_s: Annotated[float, HOOK_TIMEOUT] = 30.0
     on_error: OnError = "fail-open"
     drain: bool = True
@@ -291,12 +319,16 @@ class EpilogSettings:
 
 @dataclass
 class HealthcheckSettings:
+    """The ``[healthcheck]`` table: the HealthCheckProgram hook."""
+
     # Resume nodes drained by slurmgpu once they check healthy again.
     resume: bool = True
 
 
 @dataclass
 class SlurmSettings:
+    """The ``[slurm]`` table: how slurmgpu talks to Slurm."""
+
     # Directory holding scontrol/squeue/sinfo/scancel (default: PATH, then /usr/bin).
     bin_dir: str | None = None
     # Tries for a command when slurmctld does not answer (at least 1), and the pause
@@ -310,6 +342,8 @@ class SlurmSettings:
 
 @dataclass
 class PathsSettings:
+    """The ``[paths]`` table: state directory and kernel log."""
+
     # Per-job state (prolog -> epilog), pending actions; SLURMGPU_STATE_DIR overrides.
     state_dir: str = "/var/lib/slurmgpu"
     # Kernel log to read XIDs from; SLURMGPU_KMSG overrides.
@@ -318,6 +352,8 @@ class PathsSettings:
 
 @dataclass
 class AgentSettings:
+    """The ``[agent]`` table: the node agent."""
+
     # Full poll of every fact (checks run on each); NVML events arrive in between.
     # At least 1 s: 0 made the poll loop spin (87 % of a CPU).
     interval_s: Annotated[float, Range(1, 3600)] = 15.0
@@ -354,6 +390,8 @@ class AgentSettings:
 
 @dataclass
 class CollectorSettings:
+    """The ``[collector]`` table: the fleet collector."""
+
     # Where agents connect (the head node), and what the collector binds. ``address``: one
     # endpoint, or a list of them for two or more collectors sharing one PostgreSQL
     # database and one keys_dir (one server key). An agent connects to the first and moves
@@ -524,6 +562,8 @@ class ValidateSettings:
 
 @dataclass
 class Settings:
+    """Every table of the config file, each with its defaults."""
+
     gpu: GpuSettings = field(default_factory=GpuSettings)
     pins: PinSettings = field(default_factory=PinSettings)
     ecc: EccSettings = field(default_factory=EccSettings)
