@@ -19,10 +19,9 @@ runs on any python3 >= 3.8), and only cheap imports (the quick client runs once 
 
 from __future__ import annotations
 
-import contextlib
+import _socket  # socket.py's enums cost the quick client ~4 ms; the C module does the same
 import json
 import os
-import socket
 import struct
 import time
 
@@ -186,7 +185,7 @@ def decode(line: bytes) -> Any:
 class LineReader:
     """Newline-terminated lines from a stream socket, each bounded in size and in time."""
 
-    def __init__(self, sock: socket.socket, max_bytes: int = MAX_REPLY_BYTES) -> None:
+    def __init__(self, sock: _socket.socket, max_bytes: int = MAX_REPLY_BYTES) -> None:
         self.sock = sock
         self.max_bytes = max_bytes
         self.buf = b""
@@ -216,9 +215,9 @@ class LineReader:
 # ------------------------------------------------------------------------ peers
 
 
-def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+def peer_credentials(sock: _socket.socket) -> tuple[int, int, int]:
     """(pid, uid, gid) of the process at the other end of a Unix socket."""
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+    raw = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, _PEERCRED.size)
     pid, uid, gid = _PEERCRED.unpack(raw)
     return pid, uid, gid
 
@@ -248,7 +247,7 @@ def peer_allowed(uid: int, allowed: frozenset[int]) -> bool:
     return uid in allowed
 
 
-def check_server(sock: socket.socket) -> None:
+def check_server(sock: _socket.socket) -> None:
     """Only the agent (root, or this client's own user) may answer: whoever else created a
     socket at that path would decide whether jobs run."""
     _pid, uid, _gid = peer_credentials(sock)
@@ -275,24 +274,33 @@ def ask(path: str, request: Mapping[str, Any], timeout: float) -> dict[str, Any]
     reply)."""
     deadline = time.monotonic() + timeout
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(timeout)
-            sock.connect(path)
-            check_server(sock)
-            # A refusal may be answered, and the socket closed, before the request is read:
-            # the reply is still there to read.
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                sock.sendall(encode(request))
-            lines = LineReader(sock)
-            reply = _reply(lines.read(deadline))
-            if reply.get("ack") is True:
-                wait = reply.get("wait_s")
-                wait = float(wait) if isinstance(wait, (int, float)) else 0.0
-                reply = _reply(lines.read(time.monotonic() + wait + ACK_MARGIN_S))
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        try:
+            reply = _exchange(sock, path, request, timeout, deadline)
+        finally:
+            sock.close()
     except OSError as exc:  # no socket, refused, permission, timeout
         raise AgentUnavailable(str(exc)) from None
     except ProtocolError as exc:
         raise AgentUnavailable(f"bad reply: {exc}") from None
+    return reply
+
+
+def _exchange(sock: _socket.socket, path: str, request: Mapping[str, Any], timeout: float,
+              deadline: float) -> dict[str, Any]:
+    sock.settimeout(timeout)
+    sock.connect(path)
+    check_server(sock)
+    try:  # noqa: SIM105  (contextlib costs the quick client start-up time)
+        sock.sendall(encode(request))
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # a refusal may be answered, and the socket closed, before the request is read
+    lines = LineReader(sock)
+    reply = _reply(lines.read(deadline))
+    if reply.get("ack") is True:
+        wait = reply.get("wait_s")
+        wait = float(wait) if isinstance(wait, (int, float)) else 0.0
+        reply = _reply(lines.read(time.monotonic() + wait + ACK_MARGIN_S))
     return reply
 
 
@@ -339,7 +347,7 @@ def agent_paths(environ: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in environ.items() if k.startswith(OWN_PREFIX)}
 
 
-def read_request(sock: socket.socket) -> dict[str, Any]:
+def read_request(sock: _socket.socket) -> dict[str, Any]:
     """The client's request line (bounded: ``MAX_REQUEST_BYTES``, ``READ_TIMEOUT_S``):
     ValueError (``bad request: ...``) or a timeout when it is none."""
     try:

@@ -74,7 +74,15 @@ slurmgpu_phase={phase}
 if [ -n "${{SLURMGPU_QUICKGATE:-}}" ] && command -v ${{SLURMGPU_QUICKGATE%% *}} >/dev/null 2>&1; then
     exec $SLURMGPU_QUICKGATE $slurmgpu_phase "$@"
 fi
-slurmgpu_quick=$(dirname "$0")/slurmgpu-quickgate
+case $0 in */*) slurmgpu_quick=${{0%/*}}/slurmgpu-quickgate ;; *) slurmgpu_quick=./slurmgpu-quickgate ;; esac
+# The quick client runs from its cached bytecode (beside its real file): a script would be
+# compiled again on every job.
+slurmgpu_load='import os, sys
+from importlib.machinery import SourceFileLoader
+quick = type(sys)("slurmgpu_quickgate")
+quick.__file__ = os.path.realpath(sys.argv[1])
+SourceFileLoader(quick.__name__, quick.__file__).exec_module(quick)
+sys.exit(quick.main(sys.argv[2:]))'
 slurmgpu_tried=
 if [ -r "$slurmgpu_quick" ]; then
     # Each interpreter in turn runs the quick client, which answers with its exit code plus
@@ -82,7 +90,7 @@ if [ -r "$slurmgpu_quick" ]; then
     # (/bin/false, a shell, the slurmgpu script, a Python too old): the next one is tried.
     for slurmgpu_py in "${{SLURMGPU_PYTHON:-}}" /usr/lib/slurmgpu/venv/bin/python /usr/bin/python3 python3; do
         [ -n "$slurmgpu_py" ] && command -v "$slurmgpu_py" >/dev/null 2>&1 || continue
-        SLURMGPU_WRAPPER=1 "$slurmgpu_py" -I -S "$slurmgpu_quick" $slurmgpu_phase "$@"
+        SLURMGPU_WRAPPER=1 "$slurmgpu_py" -I -S -c "$slurmgpu_load" "$slurmgpu_quick" $slurmgpu_phase "$@"
         slurmgpu_code=$?
         [ "$slurmgpu_code" -ge 100 ] && [ "$slurmgpu_code" -le 227 ] && exit $((slurmgpu_code - 100))
         slurmgpu_tried="$slurmgpu_tried $slurmgpu_py:$slurmgpu_code"
