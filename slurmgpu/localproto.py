@@ -20,15 +20,19 @@ runs on any python3 >= 3.8), and only cheap imports (the quick client runs once 
 from __future__ import annotations
 
 import _socket  # socket.py's enums cost the quick client ~4 ms; the C module does the same
-import json
 import os
 import struct
 import time
 
 TYPE_CHECKING = False  # typing costs ~3 ms of start-up; only type checkers need it
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
     from typing import Any
+
+try:  # the C codec under the json package, whose import (re, enum) costs ~6 ms a job
+    import _json
+except ImportError:  # another Python implementation: the json package itself
+    _json = None  # type: ignore[assignment]
 
 DEFAULT_SOCKET = "/run/slurmgpu/agent.sock"
 SOCKET_ENV = "SLURMGPU_AGENT_SOCKET"
@@ -171,15 +175,67 @@ def _scalar(text: str) -> str | int | float:
 
 def encode(message: Mapping[str, Any]) -> bytes:
     """One message as its line."""
-    return json.dumps(message, default=str).encode() + b"\n"
+    return dumps(message, default=str).encode() + b"\n"
 
 
 def decode(line: bytes) -> Any:
     """A line's JSON value (the caller checks its shape)."""
     try:
-        return json.loads(line)
+        return loads(line)
     except ValueError as exc:
         raise ProtocolError(f"not JSON ({exc})") from None
+
+
+def dumps(value: Any, default: Callable[[Any], Any] | None = None) -> str:
+    """``json.dumps(value, default=default)``, by the C encoder json.dumps itself uses."""
+    if _json is None:
+        import json
+
+        return json.dumps(value, default=default)
+    if isinstance(value, str):
+        return str(_json.encode_basestring_ascii(value))
+    encoder = _json.make_encoder({}, default or _not_serializable, _json.encode_basestring_ascii, None,
+                                 ": ", ", ", False, False, True)
+    return "".join(encoder(value, 0))
+
+
+def _not_serializable(value: Any) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+class _Decoding:
+    """What the C scanner reads of a ``json.JSONDecoder``: ``json.loads``' defaults."""
+
+    def __init__(self) -> None:
+        self.strict = True
+        self.object_hook = None
+        self.object_pairs_hook = None
+        self.parse_float = float
+        self.parse_int = int
+        self.parse_constant = {"-Infinity": float("-inf"), "Infinity": float("inf"), "NaN": float("nan")}.__getitem__
+        self.memo: dict[str, str] = {}
+
+
+def loads(data: bytes) -> Any:
+    """``json.loads`` of UTF-8 text, by the C scanner json.loads itself uses. ValueError
+    for what is not one JSON value."""
+    if _json is None:
+        import json
+
+        return json.loads(data)
+    text = data.decode("utf-8", "surrogatepass")
+    try:
+        scan = _json.make_scanner(_Decoding())  # type: ignore[arg-type]  # (typeshed: a JSONDecoder)
+        value, end = scan(text, _after_blanks(text, 0))
+    except StopIteration as stop:
+        raise ValueError(f"Expecting value: char {stop.value}") from None
+    if _after_blanks(text, end) != len(text):
+        raise ValueError(f"Extra data: char {end}")
+    return value
+
+
+def _after_blanks(text: str, index: int) -> int:
+    return len(text) - len(text[index:].lstrip(" \t\n\r"))
 
 
 class LineReader:

@@ -31,7 +31,6 @@ every import costs start-up time (tests check it).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -314,6 +313,8 @@ def cannot_run(phase: str, args: Sequence[str], environ: Mapping[str, str], erro
         code, action = 3, "none"
     else:
         code, action = (1, "fail-closed") if policy == "fail-closed" else (0, "fail-open")
+    import json
+
     line = json.dumps({"event": f"{phase}_decision", "level": "error", "phase": phase,
                        "action": action, "path": "none", "error": f"cannot run slurmgpu: {error}",
                        "node": environ.get("SLURMD_NODENAME"), "job": environ.get("SLURM_JOB_ID")})
@@ -341,7 +342,7 @@ def gate(phase: str, args: Sequence[str], environ: Mapping[str, str]) -> int:
         except proto.AgentUnavailable:
             pass
         else:
-            sys.stderr.write(json.dumps(record, default=str) + "\n")
+            sys.stderr.write(proto.dumps(record, default=str) + "\n")
             return code
     result = run_full_path(phase, args, environ)
     return result if isinstance(result, int) else cannot_run(phase, args, environ, result)
