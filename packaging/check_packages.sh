@@ -28,7 +28,7 @@ done
 out=${out:-$repo/dist}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-version=$(sed -n 's/^version *= *"\(.*\)"/\1/p' "$repo/pyproject.toml" | head -n1)
+version=$("$repo/packaging/version.sh")
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/slurmgpu-check.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 

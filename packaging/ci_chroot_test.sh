@@ -141,7 +141,7 @@ if [ -z "$deb" ]; then
     step "build the .deb (packaging/deb/build.sh)"
     "$here/deb/build.sh" "$repo/dist" >"$repo/dist/.ci-deb-build.log" 2>&1 ||
         { tail -40 "$repo/dist/.ci-deb-build.log"; exit 1; }
-    version=$(sed -n 's/^version *= *"\(.*\)"/\1/p' "$repo/pyproject.toml" | head -n1)
+    version=$("$repo/packaging/version.sh")
     deb=$(ls "$repo"/dist/slurmgpu_"$version"-*_all.deb | tail -n1)
 fi
 [ -f "$deb" ] || { echo "$0: no such .deb: $deb" >&2; exit 1; }

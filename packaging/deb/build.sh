@@ -34,10 +34,10 @@ if [ -n "$install_deps" ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${build_deps[@]}"
 fi
 
-version=$(sed -n 's/^version *= *"\(.*\)"/\1/p' "$repo/pyproject.toml" | head -n1)
+version=$("$repo/packaging/version.sh")
 deb_version=$(sed -n '1s/^slurmgpu (\([^)]*\)).*/\1/p' "$here/debian/changelog")
 if [ "${deb_version%-*}" != "$version" ]; then
-    echo "$0: debian/changelog is $deb_version but pyproject.toml says $version: add a changelog entry" >&2
+    echo "$0: debian/changelog is $deb_version but slurmgpu/__init__.py says $version: add a changelog entry" >&2
     exit 1
 fi
 
