@@ -133,7 +133,8 @@ if [ -n "$install_deps" ]; then
     step "host: apt-get install debootstrap and the .deb's build dependencies"
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends debootstrap dpkg-dev debhelper dh-python \
-        pybuild-plugin-pyproject python3-all python3-setuptools python3-venv python3-pip
+        pybuild-plugin-pyproject python3-all python3-setuptools python3-click python3-zmq \
+        python3-venv python3-pip
 fi
 command -v debootstrap >/dev/null || { echo "$0: no debootstrap (apt-get install debootstrap, or --install-deps)" >&2; exit 1; }
 

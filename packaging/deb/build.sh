@@ -29,7 +29,8 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin   # Debian's python3, not a pyenv/venv one
 
-build_deps=(dpkg-dev debhelper dh-python pybuild-plugin-pyproject python3-all python3-setuptools)
+build_deps=(dpkg-dev debhelper dh-python pybuild-plugin-pyproject python3-all python3-setuptools
+            python3-click python3-zmq)
 if [ -n "$install_deps" ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${build_deps[@]}"
 fi

@@ -57,20 +57,26 @@ def config() -> None:
 @click.argument("file", required=False)
 @json_option()
 def check(file: str | None, as_json: bool) -> None:
-    """Validate FILE (default: $SLURMGPU_CONFIG, then /etc/slurmgpu/slurmgpu.toml).
+    """Validate FILE (default: $SLURMGPU_CONFIG, then /etc/slurmgpu/slurmgpu.toml) and its
+    drop-ins (FILE's name with .d for .toml: /etc/slurmgpu/slurmgpu.d/*.toml).
 
     Exit status 0 when it is valid (or the default file is absent), 3 when not."""
     path, _ = config_path(file)
     loaded = _load(file, as_json)
     exists = loaded.path is not None
+    dropins = [d.path for d in loaded.dropins]
     if as_json:
         click.echo(json.dumps({"ok": True, "path": path, "exists": exists,
-                               "host_sections": len(loaded.hosts)}, indent=2))
-    elif exists:
-        n = len(loaded.hosts)
-        click.echo(f"OK: {path}: {n} host section{'' if n == 1 else 's'}")
-    else:
-        click.echo(f"OK: {path}: not present, the defaults apply")
+                               "host_sections": len(loaded.all_hosts), "dropins": dropins},
+                              indent=2))
+        return
+    n = len(loaded.all_hosts)
+    said = f"{n} host section{'' if n == 1 else 's'}" if exists else "not present, the defaults apply"
+    click.echo(f"OK: {path}: {said}{_dropins_line(dropins)}")
+
+
+def _dropins_line(dropins: list[str | None]) -> str:
+    return f"; drop-ins, later wins: {', '.join(str(d) for d in dropins)}" if dropins else ""
 
 
 @config.command("explain")

@@ -40,11 +40,13 @@ def check_config(ctx: Context) -> Iterator[Finding]:
                    f"fix {key}{where}, then `slurmgpu config check {where}` must say OK")
         return
     ctx.loaded, ctx.settings = loaded, loaded.settings_for(ctx.node, ctx.environ)
+    dropins = "".join(f", drop-in {d.path}" for d in loaded.dropins)
     if loaded.path is None:
-        yield ok("config", f"{ctx.config_path} not present: the defaults apply")
+        yield ok("config", f"{ctx.config_path} not present: the defaults apply{dropins}")
         return
-    n = len(loaded.hosts)
-    yield ok("config", f"{loaded.path} is valid ({n} [[hosts]] section{'' if n == 1 else 's'})")
+    n = len(loaded.all_hosts)
+    yield ok("config", f"{loaded.path} is valid ({n} [[hosts]] section{'' if n == 1 else 's'}"
+                       f"{dropins})")
 
 
 # --------------------------------------------------------------------------- keys
