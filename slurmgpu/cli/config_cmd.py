@@ -1,9 +1,10 @@
 """`slurmgpu config check [FILE]`, `slurmgpu config explain --node NAME`,
-`slurmgpu config ranges` and `slurmgpu config env`."""
+`slurmgpu config ranges`, `slurmgpu config env` and `slurmgpu config init --from-this-node`."""
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 from typing import Any
 
@@ -131,6 +132,64 @@ def env(as_json: bool) -> None:
                                 "doc": v.doc} for v in config_env.ENV_VARS], indent=2))
         return
     click.echo(config_env.markdown(), nl=False)
+
+
+@config.command("init")
+@click.option("--from-this-node", "from_node", is_flag=True,
+              help="Pin what this node has (the only source so far; required).")
+@click.option("--out", metavar="FILE", default=None,
+              help="Where to write it (default: 50-this-node.toml in the config's drop-in "
+                   "directory, /etc/slurmgpu/slurmgpu.d/); - prints it.")
+@click.option("--force", is_flag=True, help="Replace FILE when it exists.")
+@click.option("--node", metavar="NAME", default=None,
+              help="Node name for the config's [[hosts]] sections (default: this host).")
+@config_option
+def init(from_node: bool, out: str | None, force: bool, node: str | None,
+         config_file: str | None) -> None:
+    """Write a drop-in that pins what this node has: driver, VBIOS, GPU model and count,
+    active NVLinks per GPU, the InfiniBand ports in scope and their rate and firmware, CUDA
+    and NCCL versions. What the node lacks stays unpinned; what looks wrong (a port down, a
+    GPU short of links) is said on stderr and in the file. The result is checked like any
+    config file before it is written."""
+    from slurmgpu.cli import versions_cache
+    from slurmgpu.cli.common import load_settings
+    from slurmgpu.config.from_node import baseline, render
+    from slurmgpu.config.load import dropin_dir, parse_config
+    from slurmgpu.engine import gather, node_name, system_sources
+
+    if not from_node:
+        raise CliError("config init: say what to pin: --from-this-node", EXIT_CONFIG)
+    name = node or node_name()
+    settings = load_settings(config_file, node=name).settings
+    facts = gather(system_sources(settings, versions_cache=versions_cache(settings)), node=name)
+    found = baseline(facts, settings.ib)
+    target = out or os.path.join(dropin_dir(config_path(config_file)[0]), DEFAULT_INIT_NAME)
+    text = render(facts, found, generator="slurmgpu config init --from-this-node")
+    parse_config(text, path=target, known_checks=None)
+    for note in found.notes:
+        click.echo(f"note: {note}", err=True)
+    if out is None:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+    _write_new(target, text, force)
+
+
+DEFAULT_INIT_NAME = "50-this-node.toml"
+
+
+def _write_new(target: str, text: str, force: bool) -> None:
+    """Print ``text`` (``-``) or write it to ``target``, which must not exist unless ``force``."""
+    from slurmgpu.fileutil import write_text_atomic
+
+    if target == "-":
+        click.echo(text, nl=False)
+        return
+    if os.path.lexists(target) and not force:
+        raise CliError(f"config init: {target} exists (--force replaces it)", EXIT_CONFIG)
+    try:
+        write_text_atomic(target, text)
+    except OSError as e:
+        raise CliError(f"config init: cannot write {target}: {e.strerror or e}", EXIT_CONFIG) from None
+    click.echo(f"wrote {target}: `slurmgpu config check` reads it after the config file")
 
 
 def _table(rows: list[ExplainRow]) -> str:
