@@ -85,8 +85,8 @@ def test_another_healthcheck_program_says_how_to_run_both(install: Install) -> N
     nhc = script(install.root / "sbin" / "nhc", "exit 0")
     install.slurm_lines["HealthCheckProgram"] = str(nhc)
     row = install.findings()[1]["slurm.healthcheck"]
-    assert row["severity"] == "SKIP" and "check_cmd_status -t 30 -r 0 /usr/libexec/slurmgpu/slurmgpu-healthcheck" \
-        in row["message"]
+    assert row["severity"] == "SKIP" and \
+        "`* || check_cmd_status -t 30 sh -c '/usr/libexec/slurmgpu/slurmgpu-healthcheck; exit 0'`" in row["message"]
 
 
 # ----------------------------------------------------------------------------- scontrol

@@ -47,6 +47,8 @@ SHIPPED = "/usr/libexec/slurmgpu"
 #: sees what a job's user cannot read or run (an interpreter in root's home directory).
 TASK_PROLOG_USER = "nobody"
 NO_CONF = "needs slurm.conf (see the slurm.conf line)"
+#: The nhc.conf line that runs slurmgpu's health check from NHC (HealthCheckProgram=nhc).
+NHC_LINE = f"`* || check_cmd_status -t 30 sh -c '{SHIPPED}/slurmgpu-healthcheck; exit 0'`"
 
 
 def check_slurm_conf(ctx: Context) -> Iterator[Finding]:
@@ -158,8 +160,8 @@ def check_slurm_hooks(ctx: Context) -> Iterator[Finding]:
         yield skip("slurm.healthcheck", f"HealthCheckProgram={health.value} ({health.where}) is not "
                                         "slurmgpu's, so nodes slurmgpu drained are not resumed when "
                                         "they recover; Slurm runs one program there: run slurmgpu's "
-                                        "from it (NHC: add `* || check_cmd_status -t 30 -r 0 "
-                                        f"{SHIPPED}/slurmgpu-healthcheck` to /etc/nhc/nhc.conf)")
+                                        f"from it, ignoring its exit status (it drains and resumes by "
+                                        f"itself). NHC: {NHC_LINE} in /etc/nhc/nhc.conf")
     else:
         yield _hook(ctx, "slurm.healthcheck", health)
 
