@@ -91,3 +91,12 @@ def test_logrotate_rotates_the_records_and_nothing_else(tmp_path: Path) -> None:
         "gate.jsonl", "gate.jsonl.1", "job-summaries.jsonl", "job-summaries.jsonl.1",
         "pending-actions.jsonl"]
     assert (state / "gate.jsonl").read_text() == "" and (state / "pending-actions.jsonl").read_text()
+
+
+def test_writing_the_pages_leaves_the_commands_as_they_were() -> None:
+    """click caches a command's help option on first use: the pages must build it with
+    the root's -h, or `slurmgpu doctor -h` stops working in the same process."""
+    from click.testing import CliRunner
+
+    assert "-h, --help" in pages(cli)["slurmgpu-doctor.1"].replace("\\-", "-")
+    assert CliRunner().invoke(cli, ["doctor", "-h"]).exit_code == 0

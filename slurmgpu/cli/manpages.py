@@ -76,7 +76,7 @@ def describe(command: click.Command, ctx: click.Context) -> str:
 def subcommands(group: click.Group, ctx: click.Context) -> Iterator[str]:
     """One SS section per subcommand of ``group`` (nested groups walked too)."""
     for name, sub in visible(group, ctx):
-        sub_ctx = click.Context(sub, info_name=name, parent=ctx)
+        sub_ctx = context(sub, name, ctx)
         yield f".SS {escape(sub_ctx.command_path)}\n{usage(sub, sub_ctx)}\n.PP\n" \
               f"{paragraphs(sub.help or sub.short_help or '')}"
         opts = list(options(sub, sub_ctx))
@@ -97,13 +97,19 @@ def definition_list(title: str, rows: tuple[tuple[str, str], ...]) -> str:
 
 
 def command_page(name: str, command: click.Command, root: click.Context) -> str:
-    ctx = click.Context(command, info_name=name, parent=root)
+    ctx = context(command, name, root)
     parts = [header(f"slurmgpu-{name}", command.get_short_help_str(limit=200)),
              describe(command, ctx)]
     if isinstance(command, click.Group):
         parts += [".SH COMMANDS", *subcommands(command, ctx)]
     parts += [definition_list("EXIT STATUS", EXIT_STATUS), f'.SH SEE ALSO\n.BR slurmgpu ({SECTION})']
     return "\n".join(parts) + "\n"
+
+
+def context(command: click.Command, name: str, parent: click.Context | None) -> click.Context:
+    """The context click would make for ``command`` (its context_settings, and the parent's
+    help option names: ``-h`` too), without parsing arguments."""
+    return click.Context(command, info_name=name, parent=parent, **command.context_settings)
 
 
 def visible(group: click.Group, ctx: click.Context) -> list[tuple[str, click.Command]]:
@@ -124,7 +130,7 @@ def root_page(group: click.Group, ctx: click.Context) -> str:
 
 def pages(group: click.Group) -> dict[str, str]:
     """File name -> roff text of every page."""
-    ctx = click.Context(group, info_name="slurmgpu")
+    ctx = context(group, "slurmgpu", None)
     out = {f"slurmgpu.{SECTION}": root_page(group, ctx)}
     for name, command in visible(group, ctx):
         out[f"slurmgpu-{name}.{SECTION}"] = command_page(name, command, ctx)
