@@ -7,18 +7,22 @@
 #  1. the .deb: --deb FILE, else built by packaging/deb/build.sh into dist/;
 #  2. a base root, cached in DIR/SUITE (default /var/cache/slurmgpu-ci/bookworm):
 #     `debootstrap --variant=minbase`, then the test's own tools (gcc, libc6-dev,
-#     libcjson-dev for the GPU simulator; systemd for systemd-analyze). Made once; a
+#     libcjson-dev for the GPU simulator; systemd for systemd-analyze; logrotate). Made once; a
 #     later run reuses it (delete the directory to refresh it);
 #  3. a throw-away root on it, DIR/SUITE-work (an overlay, else a copy), where `dpkg -i` + `apt-get -f install -y`
 #     install the package and the Debian dependencies it names (downloaded .debs are kept
 #     in DIR/apt-archives/SUITE for the next run);
-#  4. checks there: `slurmgpu --version`, `slurmgpu check` on the simulated 8x H100 node
+#  4. checks there: `slurmgpu --version` (the package's version), the man pages, bash
+#     completion, logrotate file, alert rules and dashboard; the minimal config passing on
+#     healthy simulated nodes without InfiniBand; a drop-in winning (and one from `config
+#     init --from-this-node`); `slurmgpu check` on the simulated 8x H100 node
 #     (healthy: exit 0; GPU lost: exit 2), the installed prolog and TaskProlog wrappers,
 #     Slurm jobs on a 2-node mini-cluster (slurmctld, slurmd, munged in the root) whose
 #     slurm.conf runs the installed hooks, a broken install (python3-structlog removed,
 #     a module with a syntax error, a wrong interpreter in /etc/default/slurmgpu) that
-#     drains nothing, a lost GPU refused while slurmctld hangs, `systemd-analyze verify`
-#     of the installed units, then a purge.
+#     drains nothing, a lost GPU refused while slurmctld hangs, an upgrade over an edited
+#     config with stdin closed (no prompt), `systemd-analyze verify` of the installed
+#     units, then a purge.
 #
 # /proc, /sys, /dev, /dev/pts and the apt archive are bind-mounted into the work root
 # and always unmounted on exit. Exits non-zero on the first failure; prints each step's
