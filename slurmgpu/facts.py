@@ -196,6 +196,9 @@ class NvmlFacts:
     # Number of GPUs NVML reports (before scoping to a job's GPUs).
     device_count: int = 0
     gpus: list[GpuFacts] = field(default_factory=list)
+    # Every GPU's PCI bus id by index, those outside a job's scope too ("" when NVML did
+    # not say): what maps a logged XID to its GPU.
+    bus_ids: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -272,6 +275,9 @@ class NodeFacts:
     ib: IbFacts
     versions: SoftwareVersions
     xids: list[XidEvent] = field(default_factory=list)
+    # Why the kernel log's XIDs could not be read (timed out, too large, I/O error); None
+    # when read or not asked for. xid.recent then says UNKNOWN.
+    kernel_log_error: str | None = None
     # The previous sample of the same node, when a caller (the agent) keeps one;
     # rate checks (ECC corrected per hour, IB counters rising) use it.
     previous: NodeFacts | None = None

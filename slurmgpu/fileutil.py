@@ -21,3 +21,22 @@ def write_text_atomic(path: str | os.PathLike[str], text: str, mode: int = 0o644
         Path(tmp).unlink(missing_ok=True)
         raise
     return target
+
+
+def private_dir(path: str | os.PathLike[str]) -> Path:
+    """``path`` as a directory; made 0700 (whatever the umask) when missing."""
+    target = Path(path)
+    target.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return target
+
+
+def append_private(path: str | os.PathLike[str], text: str) -> None:
+    """Append ``text``; a new file is made 0600 (whatever the umask)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "a", encoding="utf-8") as fh:
+        fh.write(text)
+
+
+def touch_private(path: str | os.PathLike[str]) -> None:
+    """Make ``path`` 0600 when missing (so what opens it next keeps that mode)."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))

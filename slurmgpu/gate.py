@@ -38,9 +38,11 @@ from slurmgpu.facts import (
     NodeFacts,
     clocks_event_names,
 )
+from slurmgpu.fileutil import append_private, private_dir, write_text_atomic
 from slurmgpu.result import Severity, Verdict
 from slurmgpu.slurm import SlurmClient, SlurmError, SlurmUnreachable
 from slurmgpu.slurm.common import ClientBase
+from slurmgpu.sources import kmsg
 
 EXIT_OK, EXIT_REFUSE = 0, 1
 #: The share of a prolog's or epilog's ``timeout_s`` its Slurm calls may take, tries and
@@ -155,6 +157,8 @@ class Gate:
     # The verdict of this run, once there is one; and when the Slurm share of the watchdog ends.
     verdict: Verdict | None = field(default=None, init=False)
     slurm_deadline: float | None = field(default=None, init=False)
+    # Called after the epilog retired a job's directory; None: the epilog sweeps it itself.
+    sweep_job_dirs: Callable[[], None] | None = None
 
     def __post_init__(self) -> None:
         # The hook's SLURMGPU_* variables over the settings (on the agent's warm path:
@@ -202,7 +206,8 @@ class Gate:
                 return self._internal_error("prolog", job, f"bad request: {job.bad_gpus}", cfg.on_error)
             self._best_effort("replay", self._replay_pending)
             try:
-                facts = self.provider(job.gpus, progress=dog)
+                since = kmsg.xid_window(self.settings, gpus=job.gpus)
+                facts = self.provider(job.gpus, xids_since=since, progress=dog)
                 verdict = evaluate(facts, self.settings, scope=job.gpus, progress=dog)
             except Exception as exc:  # a bug must not drain the cluster (fail-open by default)
                 return self._job_dir_if_ok(job, self._internal_error("prolog", job, _describe(exc),
@@ -220,33 +225,41 @@ class Gate:
     # -- epilog ----------------------------------------------------------------
 
     def epilog(self) -> int:
+        """Decide (within the watchdog), then clean up the job's directory (after it: what
+        the job left there never delays nor changes the decision)."""
         job = job_context(self.environ)
         cfg = self.settings.epilog
         self._start_watch(cfg.timeout_s)
         with Watchdog(cfg.timeout_s, lambda step: self._timed_out("epilog", job, step, cfg.on_error)) as dog:
-            if job.bad_gpus:
-                return self._internal_error("epilog", job, f"bad request: {job.bad_gpus}", cfg.on_error)
-            self._best_effort("job directory", lambda: self._remove_job_dir(job))
-            self._best_effort("replay", self._replay_pending)
-            try:
-                before = self._load_job_state(job)
-                started = before.get("started_at") if before else None
-                # All GPUs, so kernel-log XIDs map to the right GPU; the verdict is scoped.
-                facts = self.provider(None, xids_since=started, progress=dog)
-                verdict = evaluate(facts, self.settings, scope=job.gpus, progress=dog)
-                dog("strays")
-                strays = self._strays(job)
-            except Exception as exc:
-                return self._internal_error("epilog", job, _describe(exc), cfg.on_error)
-            self._decided(verdict)
-            dog("act")
-            if verdict.severity is Severity.UNKNOWN:
-                code = self._internal_error("epilog", job, _unknown_summary(verdict), cfg.on_error)
-            else:
-                code = self._decide("epilog", job, verdict, drain=cfg.drain, exit_on_fail=EXIT_OK)
-            self._best_effort("job summary", lambda: self._record_summary(job, facts, before, verdict, strays))
-            self._best_effort("job state", lambda: self._drop_job_state(job))
-            return code
+            code = self._epilog_decision(job, dog)
+        self._best_effort("job directory", lambda: self._remove_job_dir(job))
+        return code
+
+    def _epilog_decision(self, job: JobContext, dog: Watchdog) -> int:
+        cfg = self.settings.epilog
+        if job.bad_gpus:
+            return self._internal_error("epilog", job, f"bad request: {job.bad_gpus}", cfg.on_error)
+        self._best_effort("replay", self._replay_pending)
+        try:
+            before = self._load_job_state(job)
+            started = before.get("started_at") if before else None
+            # All GPUs, so kernel-log XIDs map to the right GPU; the verdict is scoped.
+            facts = self.provider(None, xids_since=started, progress=dog)
+            verdict = evaluate(facts, self.settings, scope=job.gpus, progress=dog)
+            dog("strays")
+            strays = self._strays(job)
+        except Exception as exc:
+            return self._internal_error("epilog", job, _describe(exc), cfg.on_error)
+        self._decided(verdict)
+        dog("act")
+        if verdict.severity is Severity.UNKNOWN:
+            code = self._internal_error("epilog", job, _unknown_summary(verdict), cfg.on_error)
+        else:
+            code = self._decide("epilog", job, verdict, drain=cfg.drain, exit_on_fail=EXIT_OK)
+        self._best_effort("job summary", lambda: self._record_summary(job, facts, before, verdict, strays))
+        self._best_effort("job state", lambda: self._drop_job_state(job))
+        self._best_effort("job end", lambda: kmsg.mark_job_end(self.state_dir, facts.collected_at, job.gpus))
+        return code
 
     # -- healthcheck -----------------------------------------------------------
 
@@ -254,7 +267,7 @@ class Gate:
         job = JobContext(node=node_name(self.environ))
         try:
             self._replay_pending()
-            facts = self.provider(None)
+            facts = self.provider(None, xids_since=kmsg.xid_window(self.settings))
             verdict = evaluate(facts, self.settings)
             self._decided(verdict)
             actions = self._actions()
@@ -345,12 +358,11 @@ class Gate:
         path = self._job_file(job)
         if path is None:
             return
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.state_dir)
+        private_dir(path.parent)
         data = {"started_at": facts.collected_at, "gpus": sorted(job.gpus) if job.gpus is not None else None,
                 "facts": _gpu_snapshot(facts)}
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, path)
+        write_text_atomic(path, json.dumps(data), mode=0o600)
 
     def _load_job_state(self, job: JobContext) -> dict[str, Any] | None:
         path = self._job_file(job)
@@ -386,12 +398,24 @@ class Gate:
         return code
 
     def _remove_job_dir(self, job: JobContext) -> None:
+        """Retire the job's directory (one rename), then sweep: here within
+        ``jobfiles.SWEEP_S`` (what is left waits for the next sweep), or by whoever set
+        ``sweep_job_dirs`` (the agent, in its own loop)."""
         if not job.job_id:
             return
         try:
-            jobfiles.remove_job_dir(self._jobs_dir(), job.job_id)
+            jobfiles.retire_job_dir(self._jobs_dir(), job.job_id)
         except (OSError, ValueError) as exc:
             _log().warning("job_dir_remove_failed", job=job.job_id, error=str(exc))
+            return
+        if self.sweep_job_dirs is not None:
+            self.sweep_job_dirs()
+            return
+        sweep = jobfiles.sweep_trash(self._jobs_dir())
+        if not sweep.done:
+            _log().warning("job_dir_cleanup_pending", job=job.job_id, removed=sweep.removed,
+                           errors=dict(list(sweep.errors.items())[:5]),
+                           note="the rest is removed by a later sweep (the next epilog or the agent)")
 
     # -- epilog extras --------------------------------------------------------------
 
@@ -460,9 +484,8 @@ class Gate:
 
     def _append(self, name: str, entry: dict[str, Any]) -> None:
         try:
-            self.state_dir.mkdir(parents=True, exist_ok=True)
-            with open(self.state_dir / name, "a", encoding="utf-8") as f:
-                f.write(json.dumps(entry, default=str) + "\n")
+            private_dir(self.state_dir)
+            append_private(self.state_dir / name, json.dumps(entry, default=str) + "\n")
         except (OSError, TypeError, ValueError) as exc:  # a full or read-only disk: still decided
             self.bookkeeping_errors.append(f"{self.state_dir / name}: {exc}")
             with contextlib.suppress(Exception):

@@ -1,7 +1,9 @@
 """Per-job directories and checkpoint files: ``<jobs_dir>/<job id>/checkpoint``.
 
-The prolog makes ``<jobs_dir>/<job id>/`` (mode 0700, owned by the job's user), the
-epilog removes it. When the collector asks a job to checkpoint, the node's agent
+The prolog makes ``<jobs_dir>/<job id>/`` (mode 0700, owned by the job's user); the
+epilog moves it into ``<jobs_dir>/.trash/`` (``retire_job_dir``) and a bounded sweep
+deletes it (``sweep_trash``). Everything in a job's directory is the job user's input:
+reading and parsing it never raises, and deleting it is bounded in time, entries and memory. When the collector asks a job to checkpoint, the node's agent
 writes ``checkpoint`` there (JSON, ``"state": "requested"``); the job acks by
 replacing it (``slurmgpu ckpt ack``, or any text whose first word is ack/acked/done,
 or JSON with ``"state": "acked"``) and the agent reports the ack.
@@ -22,6 +24,7 @@ import os
 TYPE_CHECKING = False  # typing costs start-up time; only type checkers need it
 if TYPE_CHECKING:
     from collections.abc import Mapping
+    from collections.abc import Set as AbstractSet
     from pathlib import Path
     from typing import Any
 
@@ -33,6 +36,8 @@ DEFAULT_CONFIG = "/etc/slurmgpu/slurmgpu.toml"
 CHECKPOINT_NAME = "checkpoint"
 #: A checkpoint file bigger than this is not a request nor an ack; only this much is read.
 MAX_FILE_BYTES = 64 * 1024
+#: An ack's note is cut to this many characters.
+MAX_NOTE = 1000
 ACK_WORDS = frozenset({"ack", "acked", "done"})
 REQUESTED, ACKED = "requested", "acked"
 
@@ -124,31 +129,51 @@ def read_text(path: str | os.PathLike[str]) -> str | None:
 
 def parse(text: str | None) -> dict[str, Any]:
     """What a checkpoint file says: ``{"state": "requested"|"acked"|"absent"|"unknown",
-    ...}``; an ack carries ``acked_at`` (a number or None) and ``note`` (JSON "note")."""
+    ...}``; an ack carries ``acked_at`` (a finite number or None) and ``note`` (JSON
+    "note", at most MAX_NOTE characters). Total: any text the job wrote (too deep, a
+    number too large for a float, ...) is ``"unknown"`` with an ``error``, never an
+    exception."""
     if text is None:
         return {"state": "absent"}
-    import json
-
     words = text.split(None, 1)
     if words and words[0].lower() in ACK_WORDS:
         return {"state": ACKED, "acked_at": None, "note": None, "plain": True}
     try:
-        data = json.loads(text)
-    except ValueError:
-        return {"state": "unknown"}
+        return _parse_json(text)
+    except Exception as exc:  # the job's own bytes: whatever they hold is "not understood"
+        return {"state": "unknown", "error": f"{type(exc).__name__}: {str(exc)[:120]}"}
+
+
+def _parse_json(text: str) -> dict[str, Any]:
+    import json
+
+    data = json.loads(text)
     if not isinstance(data, dict):
-        return {"state": "unknown"}
+        return {"state": "unknown", "error": f"JSON {type(data).__name__}, not an object"}
     out = dict(data)
     state = data.get("state")
     if state == ACKED:
-        at = data.get("acked_at")
-        out["acked_at"] = float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) \
-            else None
+        out["acked_at"] = _finite(data.get("acked_at"))
+        if out["acked_at"] is None and data.get("acked_at") is not None:
+            out["error"] = "acked_at is not a finite number (the file's time is used)"
         note = data.get("note")
-        out["note"] = note if note is None or isinstance(note, str) else json.dumps(note)
+        out["note"] = note[:MAX_NOTE] if isinstance(note, str) else \
+            None if note is None else json.dumps(note)[:MAX_NOTE]
     elif state != REQUESTED:
         out["state"] = "unknown"
     return out
+
+
+def _finite(value: object) -> float | None:
+    """A JSON number as a float; None for anything else, and for an integer past a float's
+    range, NaN and infinities."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if number - number == 0.0 else None
 
 
 # ------------------------------------------------------------------ writing
@@ -204,13 +229,151 @@ def make_job_dir(jobs_dir: str | os.PathLike[str], job_id: str, uid: int | None 
     return path
 
 
-def remove_job_dir(jobs_dir: str | os.PathLike[str], job_id: str) -> bool:
-    """Remove the job's directory and all in it; False when there was none."""
-    import shutil
+# ------------------------------------------------------------------ removing, bounded
 
-    path = job_dir(jobs_dir, job_id)
+#: Retired job directories wait here (mode 0700, root's) until a sweep deletes them.
+TRASH_NAME = ".trash"
+#: What one sweep may do at most: entries removed (or moved), and seconds.
+SWEEP_ENTRIES = 100_000
+SWEEP_S = 2.0
+
+
+def retire_job_dir(jobs_dir: str | os.PathLike[str], job_id: str) -> str | None:
+    """Move ``<jobs_dir>/<job_id>/`` into ``<jobs_dir>/.trash/`` under a new name: one
+    rename, whatever the job left in it, and out of the job's reach by path. The path it
+    went to; None when there was no directory."""
+    source = os.fspath(job_dir(jobs_dir, job_id))
+    if not os.path.lexists(source):
+        return None
+    trash = _trash(jobs_dir)
+    target = os.path.join(trash, f"{job_id}.{os.urandom(6).hex()}")
     try:
-        shutil.rmtree(path)
+        os.rename(source, target)
     except FileNotFoundError:
-        return False
-    return True
+        return None
+    return target
+
+
+def _trash(jobs_dir: str | os.PathLike[str]) -> str:
+    """``<jobs_dir>/.trash``, made 0700 when missing; an OSError when it is not this
+    process's own directory."""
+    import stat
+
+    trash = os.path.join(os.fspath(jobs_dir), TRASH_NAME)
+    os.makedirs(trash, 0o700, exist_ok=True)
+    st = os.lstat(trash)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise OSError(f"{trash} is not a directory of uid {os.geteuid()}")
+    return trash
+
+
+class Sweep:
+    """What one ``sweep_trash`` did: ``removed`` entries, ``done`` (the trash is empty),
+    ``errors`` (entries that could not be removed: left for a later sweep). ``busy``:
+    entries that filled up again while being emptied (a process still writing, another
+    sweep at work): not errors, left for the next sweep."""
+
+    def __init__(self, max_entries: int, max_s: float) -> None:
+        import time
+
+        self.removed = 0
+        self.done = False
+        self.errors: dict[str, str] = {}
+        self.busy: set[str] = set()
+        self._left = max_entries
+        self._until = time.monotonic() + max_s
+
+    def spent(self) -> bool:
+        import time
+
+        return self._left <= 0 or time.monotonic() >= self._until
+
+    def count(self) -> None:
+        self.removed += 1
+        self._left -= 1
+
+
+def sweep_trash(jobs_dir: str | os.PathLike[str], max_entries: int = SWEEP_ENTRIES,
+                max_s: float = SWEEP_S) -> Sweep:
+    """Delete what ``<jobs_dir>/.trash`` holds, at most ``max_entries`` entries and
+    ``max_s`` seconds; the rest waits for the next sweep. Streaming (``os.scandir``, one
+    entry at a time: memory does not grow with what a job left), iterative (a
+    subdirectory is moved up into the trash, so nesting depth costs neither stack nor
+    file descriptors) and relative to open directories without following a symlink (a
+    swapped entry is removed itself, never what it points to)."""
+    sweep = Sweep(max_entries, max_s)
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        trash = os.open(os.path.join(os.fspath(jobs_dir), TRASH_NAME), flags)
+    except FileNotFoundError:
+        sweep.done = True
+        return sweep
+    try:
+        while not sweep.spent():
+            name = _next_entry(trash, sweep.errors.keys() | sweep.busy)
+            if name is None:
+                sweep.done = not sweep.errors and not sweep.busy
+                break
+            _empty_or_note(trash, name, sweep)
+    finally:
+        os.close(trash)
+    return sweep
+
+
+def _empty_or_note(trash: int, name: str, sweep: Sweep) -> None:
+    import errno
+
+    try:
+        _empty(trash, name, sweep)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        if exc.errno == errno.ENOTEMPTY:
+            sweep.busy.add(name)
+        else:
+            sweep.errors[name] = f"{type(exc).__name__}: {exc}"
+
+
+def _next_entry(trash: int, skip: AbstractSet[str]) -> str | None:
+    with os.scandir(trash) as entries:
+        for entry in entries:
+            if entry.name not in skip:
+                return entry.name
+    return None
+
+
+def _empty(trash: int, name: str, sweep: Sweep) -> None:
+    """Remove the trash entry ``name``: a file or link at once; a directory's files one by
+    one, its subdirectories moved up into the trash, then the directory itself."""
+    import errno
+
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(name, flags, dir_fd=trash)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+            raise
+        os.unlink(name, dir_fd=trash)
+        sweep.count()
+        return
+    try:
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                if sweep.spent():
+                    return
+                _take(entry, fd, trash)
+                sweep.count()
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=trash)
+    sweep.count()
+
+
+def _take(entry: os.DirEntry[str], parent: int, trash: int) -> None:
+    try:
+        if entry.is_dir(follow_symlinks=False):
+            os.rename(entry.name, f"d{os.urandom(8).hex()}", src_dir_fd=parent, dst_dir_fd=trash)
+        else:
+            os.unlink(entry.name, dir_fd=parent)
+    except FileNotFoundError:
+        pass

@@ -294,3 +294,25 @@ def test_reboot_action_when_allowed(fleet: SimCluster) -> None:
                  node)[0][0] == "reboot-requested"
     line = fleet.scontrol("show", "node", "-o", node)
     assert "REBOOT" in line and "Reason=slurmgpu: ecc.uncorrected" in line, line
+
+
+def test_a_poisoned_checkpoint_file_leaves_the_node_connected(fleet: SimCluster) -> None:
+    """A job plants 60,000 '[' as its checkpoint file, then its node degrades (XID 79): the
+    agent answers the checkpoint command, and a later fault on that node still reaches the
+    collector (was: the agent's link thread died reading the file; nothing more from the
+    node, while systemd's watchdog still heard from it). Issue 37."""
+    set_automation(fleet, OPEN_BREAKER + "checkpoint_deadline_s = 60\n")
+    plant = f"{shlex.quote(sys.executable)} -c " + shlex.quote(
+        "import os; open(os.environ['SLURMGPU_CHECKPOINT_FILE'], 'w').write('[' * 60000)")
+    script = (f"#!/bin/bash\ntrap 'echo got USR1' USR1\n{plant}\necho planted\n"
+              "sleep 600 & wait\nsleep 600 & wait\n")
+    job = fleet.sbatch(script, "--gres=gpu:1", "-w", "gpu-n1", "--open-mode=append")
+    wait_until(lambda: "planted" in _output(fleet, job), 60, "the job to plant its file")
+    fleet.inject_xid("gpu-n1", 0, 79, "GPU has fallen off the bus")
+    wait_until(lambda: "delivered" in timeline(fleet, job), 30, "the agent to answer the checkpoint")
+    later = time.time()
+    fleet.inject_xid("gpu-n1", 5, 48)
+    rows = wait_until(lambda: query(fleet, "SELECT gpu, data FROM events WHERE node = 'gpu-n1' "
+                                           "AND kind = 'xid' AND ts >= ?", later),
+                      30, "the later XID from gpu-n1")
+    assert (5, 48) in rows

@@ -38,6 +38,10 @@ EXPIRE_AFTER_S = 3600.0
 FALLBACK_EVERY_S = 600.0
 #: With only acked requests left, look for their directories going this often.
 ACKED_POLL_S = 30.0
+#: A job's file that is not understood is logged at most this often (per job).
+POISON_LOG_EVERY_S = 60.0
+#: Of a process's environment (its user chose its size), only this much is read.
+ENVIRON_MAX_BYTES = 1 << 20
 
 Submit = Callable[[str, dict[str, Any]], Any]
 
@@ -82,6 +86,10 @@ class CheckpointWatcher:
         self._lock = threading.Lock()
         self._requests: dict[str, Request] = {}
         self._fallback_at: dict[str, float] = {}  # job id -> monotonic time it was signalled
+        # job id -> (mtime, monotonic time) of the file last logged as not understood
+        self._poisoned: dict[str, tuple[float, float]] = {}
+        self._failed: dict[str, str] = {}  # job id -> the error last logged while watching it
+        self._write_error: str | None = None  # a request that could not be written (ENOSPC, ...)
         self._wake = threading.Event()
         self._halt = threading.Event()
         self._thread: threading.Thread | None = None
@@ -110,7 +118,7 @@ class CheckpointWatcher:
                 req = None  # the job's directory went: whatever was open is over
             try:
                 current = jobfiles.read_file(path)
-                parsed = jobfiles.parse(current[0] if current else None)
+                parsed = self._parse(job_id, current)
                 ack_time = self._ack_time(parsed, current)
                 if parsed["state"] == jobfiles.ACKED and (req is not None
                                                           or ack_time >= requested_at):
@@ -129,6 +137,7 @@ class CheckpointWatcher:
                 jobfiles.write_atomic(path, content, owner=owner)
             except OSError as exc:
                 self.log.error("checkpoint_request_failed", job=job_id, error=str(exc))
+                self._write_error = f"checkpoint request for job {job_id} not written: {exc}"
                 return False, {"job_id": job_id, "error": f"{type(exc).__name__}: {exc}"}
             if req is None:
                 self._requests[job_id] = Request(job_id, command_id, path, deadline)
@@ -180,30 +189,66 @@ class CheckpointWatcher:
         with self._lock:
             return sorted(j for j, r in self._requests.items() if r.acked_at is None)
 
+    def _parse(self, job_id: str, current: tuple[str, float] | None) -> dict[str, Any]:
+        """``jobfiles.parse`` of a job's file; what it did not understand is logged once
+        per version of the file (its mtime), not at every poll."""
+        parsed = jobfiles.parse(current[0] if current else None)
+        error = parsed.get("error")
+        if error and current is not None and self._log_poisoned(job_id, current[1]):
+            self.log.warning("checkpoint_file_not_understood", job=job_id, error=str(error),
+                             state=parsed["state"], bytes=len(current[0]))
+        return parsed
+
+    def _log_poisoned(self, job_id: str, mtime: float) -> bool:
+        """Log this version of a job's file? Once per version, and at most once per
+        POISON_LOG_EVERY_S per job (the job chooses how often its file changes)."""
+        now = self.clock.monotonic()
+        last = self._poisoned.get(job_id)
+        if last is not None and (last[0] == mtime or now - last[1] < POISON_LOG_EVERY_S):
+            return False
+        self._poisoned[job_id] = (mtime, now)
+        return True
+
     def check_once(self) -> None:
-        """One look at every request: acks, jobs gone, requests expired."""
+        """One look at every request: acks, jobs gone, requests expired. Each job on its
+        own: one job's file can never keep the others' acks from being seen."""
         now = self.clock.time()
         with self._lock:
             for req in list(self._requests.values()):
-                if not req.path.parent.is_dir():
-                    del self._requests[req.job_id]
-                    self.log.info("checkpoint_job_gone", job=req.job_id, acked=req.acked_at is not None)
-                    continue
-                if now > req.deadline + EXPIRE_AFTER_S:
-                    del self._requests[req.job_id]
-                    self.log.warning("checkpoint_request_expired", job=req.job_id,
-                                     acked=req.acked_at is not None)
-                    continue
-                if req.acked_at is not None:
-                    continue
                 try:
-                    current = jobfiles.read_file(req.path)
-                except OSError as exc:
-                    self.log.warning("checkpoint_file_unreadable", job=req.job_id, error=str(exc))
-                    continue
-                parsed = jobfiles.parse(current[0] if current else None)
-                if parsed["state"] == jobfiles.ACKED:
-                    self._report_ack(req, parsed, self._ack_time(parsed, current))
+                    self._check_request(req, now)
+                except Exception as exc:
+                    self._watch_failed(req.job_id, exc)
+
+    def _check_request(self, req: Request, now: float) -> None:
+        if not req.path.parent.is_dir():
+            del self._requests[req.job_id]
+            self._poisoned.pop(req.job_id, None)
+            self._failed.pop(req.job_id, None)
+            self.log.info("checkpoint_job_gone", job=req.job_id, acked=req.acked_at is not None)
+            return
+        if now > req.deadline + EXPIRE_AFTER_S:
+            del self._requests[req.job_id]
+            self.log.warning("checkpoint_request_expired", job=req.job_id,
+                             acked=req.acked_at is not None)
+            return
+        if req.acked_at is not None:
+            return
+        try:
+            current = jobfiles.read_file(req.path)
+        except OSError as exc:
+            self._watch_failed(req.job_id, exc)
+            return
+        parsed = self._parse(req.job_id, current)
+        if parsed["state"] == jobfiles.ACKED:
+            self._report_ack(req, parsed, self._ack_time(parsed, current))
+
+    def _watch_failed(self, job_id: str, exc: BaseException) -> None:
+        """One line per job and kind of error, not one per poll."""
+        error = f"{type(exc).__name__}: {str(exc)[:200]}"
+        if self._failed.get(job_id) != type(exc).__name__:
+            self._failed[job_id] = type(exc).__name__
+            self.log.warning("checkpoint_watch_failed", job=job_id, error=error)
 
     def _next_wait(self) -> float | None:
         with self._lock:
@@ -224,13 +269,31 @@ class CheckpointWatcher:
             except Exception as exc:  # pragma: no cover - logged; the thread goes on
                 self.log.exception("checkpoint_watch_failed", error=f"{type(exc).__name__}: {exc}")
 
+    def take_error(self) -> str | None:
+        """The last request that could not be written since the last call (for a finding)."""
+        with self._lock:
+            error, self._write_error = self._write_error, None
+        return error
+
+    @property
+    def dead(self) -> bool:
+        """The watching thread was started and is gone, though not stopped."""
+        thread = self._thread
+        return thread is not None and not thread.is_alive() and not self._halt.is_set()
+
     def _start(self) -> None:
         with self._lock:
-            if self._thread is not None or self._halt.is_set():
+            alive = self._thread is not None and self._thread.is_alive()
+            if alive or self._halt.is_set():
                 return
             self._thread = threading.Thread(target=self._run, name="slurmgpu-checkpoints",
                                             daemon=True)
             self._thread.start()
+
+    def restart(self) -> None:
+        """Start the watching thread again (after it died)."""
+        self._start()
+        self._wake.set()
 
     def stop(self) -> None:
         self._halt.set()
@@ -305,6 +368,7 @@ class CheckpointWatcher:
                 }, owner=(st.st_uid, st.st_gid))
             except OSError as exc:
                 self.log.error("local_checkpoint_write_failed", job=job_id, error=str(exc))
+                self._write_error = f"checkpoint request for job {job_id} not written: {exc}"
                 return f"{type(exc).__name__}: {exc}"
         return None
 
@@ -361,7 +425,7 @@ def scan_processes(proc_root: str = "/proc") -> dict[int, tuple[frozenset[str], 
             continue
         try:
             with open(f"{proc_root}/{pid}/environ", "rb") as f:
-                environ = f.read()
+                environ = f.read(ENVIRON_MAX_BYTES)
         except OSError:
             continue  # gone, a kernel thread, or not ours to read
         jobs = _job_ids(environ)

@@ -60,6 +60,7 @@ class EventWatcher(threading.Thread):
         self.stop_event = stop
         self.lost: set[int] = set()  # GPUs whose loss was reported; not re-registered
         self.registered: list[int] = []
+        self.gave_up = False  # ended for good (no pynvml): not a thread to start again
         self.log = get_logger(component="events", node=node)
 
     def run(self) -> None:
@@ -67,6 +68,7 @@ class EventWatcher(threading.Thread):
             import pynvml
         except ImportError as exc:
             self.log.error("nvml_events_unavailable", error=str(exc))
+            self.gave_up = True  # nothing to start again
             return
         error = self.source._init(pynvml)
         while error is not None:

@@ -123,6 +123,7 @@ class Link(threading.Thread):
         self.failovers = 0
         self.received = 0
         self.bad_frames = 0
+        self.commands_failed = 0  # commands whose handler raised (logged; the link goes on)
         self.rejected = 0  # messages the collector refused for good (dropped)
         self.stale_acks = 0  # acks for another spool epoch (ignored)
         self._ctx: zmq.Context[Any] | None = None
@@ -491,9 +492,19 @@ class Link(threading.Thread):
             if message.type == wire.ACK:
                 self._ack(message, main=main)
             elif main and message.type == wire.COMMAND:
-                self.on_command(message)
+                self._command(message)
             elif not main or message.type != wire.HEARTBEAT:
                 self.log.warning("unexpected_message", type=message.type, main=main)
+
+    def _command(self, message: wire.Envelope) -> None:
+        """One command, handled on this thread: whatever it raises is logged and counted,
+        never the end of the link."""
+        try:
+            self.on_command(message)
+        except Exception as exc:
+            self.commands_failed += 1
+            self.log.exception("command_failed", command_id=message.id,
+                               error=f"{type(exc).__name__}: {str(exc)[:200]}")
 
     def _ack(self, message: wire.Envelope, *, main: bool = True) -> None:
         """Drop the acked rows. An ack for another spool epoch (sent for a previous

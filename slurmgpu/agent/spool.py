@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurmgpu.fileutil import private_dir, touch_private
 from slurmgpu.log import get_logger
 
 FILENAME = "spool.db"
@@ -81,7 +82,8 @@ class Spool:
     def _open(self) -> bool:
         self._next_open = time.monotonic() + REOPEN_EVERY_S
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            private_dir(self.path.parent)
+            touch_private(self.path)  # (SQLite gives its -wal and -shm files the same mode)
             conn = sqlite3.connect(self.path, timeout=5.0, check_same_thread=False,
                                    isolation_level=None)
             conn.execute("PRAGMA journal_mode=WAL")

@@ -91,6 +91,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("SLURMGPU_SYSFS_ROOT", None, "test",
            "Root of the sysfs tree InfiniBand ports are read from (default /sys): fixture trees."),
     EnvVar("SLURMGPU_SIM_SCENARIO", None, "sim", "The scenario the fake NVML library plays."),
+    EnvVar("SLURMGPU_SIM_HANG_PIDFILE", None, "sim",
+           "Where a simulated hung validate test writes its pids (tests check none survives)."),
     EnvVar("SLURMGPU_SIM_DIR", None, "sim", "Where the fake NVML library is built."),
     EnvVar("SLURMGPU_NVML_INCLUDE", None, "sim",
            "Directory holding nvml.h for building the fake library (default: the bundled copy)."),

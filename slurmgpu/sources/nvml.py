@@ -176,6 +176,7 @@ class PynvmlSource:
             if index >= facts.device_count:
                 continue  # gpu.count reports requested GPUs the node does not have
             facts.gpus.append(_collect_gpu(nvml, index, _fields_for(facts.driver_version)))
+        facts.bus_ids = _bus_ids(nvml, facts)
         self._retry_errors(nvml, facts)
         return facts
 
@@ -192,6 +193,19 @@ class PynvmlSource:
             again.retried = True
             again.transient_errors = {k: v for k, v in first.errors.items() if k not in again.errors}
             facts.gpus[i] = again
+
+
+def _bus_ids(nvml: Any, facts: NvmlFacts) -> list[str]:
+    """Every GPU's PCI bus id: the collected GPUs' own, one query each for the others."""
+    known = {g.index: g.pci_bus_id or "" for g in facts.gpus}
+    return [known[i] if i in known else _bus_id(nvml, i) for i in range(facts.device_count)]
+
+
+def _bus_id(nvml: Any, index: int) -> str:
+    try:
+        return _text(nvml.nvmlDeviceGetPciInfo(nvml.nvmlDeviceGetHandleByIndex(index)).busId) or ""
+    except nvml.NVMLError:
+        return ""
 
 
 def driver_branch(version: str | None) -> int | None:
