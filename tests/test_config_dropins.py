@@ -82,10 +82,14 @@ def test_dropins_apply_where_the_default_file_is_absent(tmp_path: Path,
     assert loaded.path is None and loaded.settings_for(None, environ={}).gpu.count == 3
 
 
-def test_config_check_lists_the_dropins(config: Path) -> None:
+def test_config_check_and_explain_list_the_dropins(config: Path) -> None:
     site = write(config.parent / "slurmgpu.d" / "50-site.toml", "[gpu]\ncount = 4\n")
     result = CliRunner().invoke(cli, ["config", "check", str(config)])
     assert result.exit_code == 0 and f"drop-ins, later wins: {site}" in result.output
+    result = CliRunner().invoke(cli, ["config", "explain", "--config", str(config), "--node", "n1"])
+    lines = result.output.splitlines()
+    assert lines[0] == f"node n1: config {config}; drop-ins, later wins: {site}"
+    assert any(line.split() == ["gpu.count", "4", "50-site.toml:", "top-level"] for line in lines)
 
 
 def test_the_quick_paths_read_the_dropins_too(config: Path) -> None:

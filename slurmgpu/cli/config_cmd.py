@@ -89,7 +89,8 @@ def _dropins_line(dropins: list[str | None]) -> str:
               help="Show every setting, not only those the config (or the environment) sets.")
 def explain(node: str | None, config_file: str | None, as_json: bool, show_all: bool) -> None:
     """The effective settings for a node and which layer set each: the default, the
-    top level, a [[hosts]] section, or a SLURMGPU_* variable (docs/environment.md)."""
+    top level, a [[hosts]] section, a drop-in ("50-site.toml: top-level"), or a
+    SLURMGPU_* variable (docs/environment.md)."""
     if not node:
         node = socket.gethostname().split(".", 1)[0]
     loaded = _load(config_file, as_json)
@@ -102,13 +103,14 @@ def explain(node: str | None, config_file: str | None, as_json: bool, show_all: 
             "node": node,
             "path": loaded.path,
             "sections": sections,
+            "dropins": [d.path for d in loaded.dropins],
             "settings": [{"key": r.key, "value": r.value, "source": r.source} for r in shown],
             "defaulted": defaulted,
         }
         click.echo(json.dumps(out, indent=2))
         return
     where = loaded.path or f"{config_path(config_file)[0]} (not present)"
-    click.echo(f"node {node}: config {where}")
+    click.echo(f"node {node}: config {where}{_dropins_line([d.path for d in loaded.dropins])}")
     click.echo("sections: " + (", ".join(sections) if sections else "(none match)"))
     click.echo(_table(shown))
     if not show_all:
