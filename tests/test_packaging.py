@@ -389,3 +389,22 @@ def test_slurm_client_is_only_suggested() -> None:
     first in the wrappers' PATH (Recommends are installed by default)."""
     assert "slurm-client" not in control_field("Recommends") + control_field("Depends")
     assert "slurm-client" in control_field("Suggests")
+
+
+#: The .deb's conffiles, as released. dpkg asks about a conffile that both the admin and
+#: the new package changed, and with no terminal (apt-get under clush or Ansible) that
+#: question fails the upgrade. Change one only when it must, and say so in the changelog.
+CONFFILE_SHA256 = {
+    "etc/default-slurmgpu": "5564d5a3d60f0bb4d4dea522335fe15aed563a87ae4cc78db398e0be4668d419",
+    "etc/logrotate-slurmgpu": "6f1eede9eb090832699e407bd560dda6b87dfa92d9a7b9b51eea39aff21843f9",
+}
+
+
+def test_the_conffiles_change_only_on_purpose() -> None:
+    import hashlib
+
+    for path, digest in CONFFILE_SHA256.items():
+        assert hashlib.sha256((REPO / path).read_bytes()).hexdigest() == digest, (
+            f"{path} changed: every node that edited it will be asked about it at the next "
+            "upgrade; if that is meant, update CONFFILE_SHA256 and say so in debian/changelog")
+    assert "etc/slurmgpu.toml" not in CONFFILE_SHA256  # postinst's, not a conffile
