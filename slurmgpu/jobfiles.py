@@ -87,7 +87,8 @@ def configured_jobs_dir(environ: Mapping[str, str], config_file: str | None = No
     """jobs_dir without loading the settings (TaskProlog, ``slurmgpu ckpt``): the order of
     ``slurmgpu.config.env`` for this one key, with the standard library only:
     ``$SLURMGPU_JOBS_DIR``, else ``[agent] jobs_dir`` of the config file's top level (its
-    drop-ins' over it), else the default. An absent, unreadable or bad config file is the default, never an error."""
+    drop-ins' over it), else the default. An absent, unreadable or bad config file is the
+    default, never an error."""
     configured = environ.get(JOBS_DIR_ENV)
     if configured:
         return configured

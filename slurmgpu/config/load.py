@@ -21,8 +21,8 @@ earlier one (its top level and then its matching ``[[hosts]]`` sections, as if i
 appended). The drop-ins apply also where the file itself is absent.
 
 This module reads the file (``config_path``: ``--config``, ``$SLURMGPU_CONFIG``,
-``DEFAULT_PATH``) and its drop-ins, merges the layers (``LoadedConfig``) and describes the numeric
-settings (``numeric_settings``, ``ranges_markdown``). Beside it: ``validate`` (the
+``DEFAULT_PATH``) and its drop-ins, merges the layers (``LoadedConfig``) and describes the
+numeric settings (``numeric_settings``, ``ranges_markdown``). Beside it: ``validate`` (the
 tables against the schema), ``hosts`` (``[[hosts]]`` sections and their hostlists)
 and ``tomltext`` (values, key paths and line numbers as the file spells them).
 """
@@ -172,8 +172,8 @@ def load_config(path: str | None = None, *, environ: Mapping[str, str] = os.envi
     """Read and validate the config. ``path`` is the ``--config`` value (or None).
 
     With no ``--config``/``$SLURMGPU_CONFIG`` and no file at ``DEFAULT_PATH`` the
-    result is the defaults (``path=None``) and the drop-ins. ``known_checks``: check ids that
-    ``checks.disabled`` entries must name (or match, as globs); None skips that check.
+    result is the defaults (``path=None``) and the drop-ins. ``known_checks``: check ids
+    that ``checks.disabled`` entries must name (or match, as globs); None skips that check.
     """
     resolved, explicit = config_path(path, environ)
     dropins = [_read_config(f, True, known_checks) for f in dropin_files(resolved)]
