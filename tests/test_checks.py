@@ -569,3 +569,15 @@ def test_ib_counters_rising_between_fixture_trees() -> None:
     f = problems(run(now, ib_settings(), check="ib.errors"))
     assert [x.subject for x in f] == ["mlx5_2/1"]
     assert {"symbol_error", "link_downed"} <= set(f[0].data["deltas"])
+
+
+def test_gpu_model_pins_what_nvml_names_the_gpus() -> None:
+    facts = make_facts(gpus=2)
+    facts.gpus[0].name, facts.gpus[1].name = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
+    settings = Settings()
+    assert [f.message for f in run(facts, settings, check="gpu.model")] == ["GPU model not pinned"]
+    settings.gpu.model = ["NVIDIA H100*"]
+    (only,) = [f for f in run(facts, settings, check="gpu.model") if f.severity is Severity.FAIL]
+    assert only.gpu == 1 and "NVIDIA A100-SXM4-80GB, expected NVIDIA H100*" in only.message
+    settings.gpu.model = ["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"]
+    assert worst(run(facts, settings, check="gpu.model")) is Severity.OK

@@ -21,7 +21,7 @@ from slurmgpu.config.schema import IbSettings, Settings
 from slurmgpu.config.versions_match import compare_versions, match_any, spec_error, version_matches
 from slurmgpu.errors import ConfigError
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "etc" / "slurmgpu.toml"
+EXAMPLE = Path(__file__).resolve().parent.parent / "etc" / "slurmgpu.example.toml"
 
 
 def write(tmp_path: Path, text: str, name: str = "slurmgpu.toml") -> str:
@@ -481,7 +481,7 @@ def test_cli_check_json(runner: CliRunner) -> None:
     result = runner.invoke(config, ["check", "--json", str(EXAMPLE)])
     assert result.exit_code == 0
     assert json.loads(result.output) == {"ok": True, "path": str(EXAMPLE), "exists": True,
-                                         "host_sections": 2}
+                                         "host_sections": 2, "dropins": []}
 
 
 def test_cli_check_invalid(runner: CliRunner, tmp_path: Path) -> None:

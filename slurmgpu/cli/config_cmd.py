@@ -1,9 +1,10 @@
 """`slurmgpu config check [FILE]`, `slurmgpu config explain --node NAME`,
-`slurmgpu config ranges` and `slurmgpu config env`."""
+`slurmgpu config ranges`, `slurmgpu config env` and `slurmgpu config init --from-this-node`."""
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 from typing import Any
 
@@ -57,20 +58,26 @@ def config() -> None:
 @click.argument("file", required=False)
 @json_option()
 def check(file: str | None, as_json: bool) -> None:
-    """Validate FILE (default: $SLURMGPU_CONFIG, then /etc/slurmgpu/slurmgpu.toml).
+    """Validate FILE (default: $SLURMGPU_CONFIG, then /etc/slurmgpu/slurmgpu.toml) and its
+    drop-ins (FILE's name with .d for .toml: /etc/slurmgpu/slurmgpu.d/*.toml).
 
     Exit status 0 when it is valid (or the default file is absent), 3 when not."""
     path, _ = config_path(file)
     loaded = _load(file, as_json)
     exists = loaded.path is not None
+    dropins = [d.path for d in loaded.dropins]
     if as_json:
         click.echo(json.dumps({"ok": True, "path": path, "exists": exists,
-                               "host_sections": len(loaded.hosts)}, indent=2))
-    elif exists:
-        n = len(loaded.hosts)
-        click.echo(f"OK: {path}: {n} host section{'' if n == 1 else 's'}")
-    else:
-        click.echo(f"OK: {path}: not present, the defaults apply")
+                               "host_sections": len(loaded.all_hosts), "dropins": dropins},
+                              indent=2))
+        return
+    n = len(loaded.all_hosts)
+    said = f"{n} host section{'' if n == 1 else 's'}" if exists else "not present, the defaults apply"
+    click.echo(f"OK: {path}: {said}{_dropins_line(dropins)}")
+
+
+def _dropins_line(dropins: list[str | None]) -> str:
+    return f"; drop-ins, later wins: {', '.join(str(d) for d in dropins)}" if dropins else ""
 
 
 @config.command("explain")
@@ -82,7 +89,8 @@ def check(file: str | None, as_json: bool) -> None:
               help="Show every setting, not only those the config (or the environment) sets.")
 def explain(node: str | None, config_file: str | None, as_json: bool, show_all: bool) -> None:
     """The effective settings for a node and which layer set each: the default, the
-    top level, a [[hosts]] section, or a SLURMGPU_* variable (docs/environment.md)."""
+    top level, a [[hosts]] section, a drop-in ("50-site.toml: top-level"), or a
+    SLURMGPU_* variable (docs/environment.md)."""
     if not node:
         node = socket.gethostname().split(".", 1)[0]
     loaded = _load(config_file, as_json)
@@ -95,13 +103,14 @@ def explain(node: str | None, config_file: str | None, as_json: bool, show_all: 
             "node": node,
             "path": loaded.path,
             "sections": sections,
+            "dropins": [d.path for d in loaded.dropins],
             "settings": [{"key": r.key, "value": r.value, "source": r.source} for r in shown],
             "defaulted": defaulted,
         }
         click.echo(json.dumps(out, indent=2))
         return
     where = loaded.path or f"{config_path(config_file)[0]} (not present)"
-    click.echo(f"node {node}: config {where}")
+    click.echo(f"node {node}: config {where}{_dropins_line([d.path for d in loaded.dropins])}")
     click.echo("sections: " + (", ".join(sections) if sections else "(none match)"))
     click.echo(_table(shown))
     if not show_all:
@@ -125,6 +134,64 @@ def env(as_json: bool) -> None:
                                 "doc": v.doc} for v in config_env.ENV_VARS], indent=2))
         return
     click.echo(config_env.markdown(), nl=False)
+
+
+@config.command("init")
+@click.option("--from-this-node", "from_node", is_flag=True,
+              help="Pin what this node has (the only source so far; required).")
+@click.option("--out", metavar="FILE", default=None,
+              help="Where to write it (default: 50-this-node.toml in the config's drop-in "
+                   "directory, /etc/slurmgpu/slurmgpu.d/); - prints it.")
+@click.option("--force", is_flag=True, help="Replace FILE when it exists.")
+@click.option("--node", metavar="NAME", default=None,
+              help="Node name for the config's [[hosts]] sections (default: this host).")
+@config_option
+def init(from_node: bool, out: str | None, force: bool, node: str | None,
+         config_file: str | None) -> None:
+    """Write a drop-in that pins what this node has: driver, VBIOS, GPU model and count,
+    active NVLinks per GPU, the InfiniBand ports in scope and their rate and firmware, CUDA
+    and NCCL versions. What the node lacks stays unpinned; what looks wrong (a port down, a
+    GPU short of links) is said on stderr and in the file. The result is checked like any
+    config file before it is written."""
+    from slurmgpu.cli import versions_cache
+    from slurmgpu.cli.common import load_settings
+    from slurmgpu.config.from_node import baseline, render
+    from slurmgpu.config.load import dropin_dir, parse_config
+    from slurmgpu.engine import gather, node_name, system_sources
+
+    if not from_node:
+        raise CliError("config init: say what to pin: --from-this-node", EXIT_CONFIG)
+    name = node or node_name()
+    settings = load_settings(config_file, node=name).settings
+    facts = gather(system_sources(settings, versions_cache=versions_cache(settings)), node=name)
+    found = baseline(facts, settings.ib)
+    target = out or os.path.join(dropin_dir(config_path(config_file)[0]), DEFAULT_INIT_NAME)
+    text = render(facts, found, generator="slurmgpu config init --from-this-node")
+    parse_config(text, path=target, known_checks=None)
+    for note in found.notes:
+        click.echo(f"note: {note}", err=True)
+    if out is None:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+    _write_new(target, text, force)
+
+
+DEFAULT_INIT_NAME = "50-this-node.toml"
+
+
+def _write_new(target: str, text: str, force: bool) -> None:
+    """Print ``text`` (``-``) or write it to ``target``, which must not exist unless ``force``."""
+    from slurmgpu.fileutil import write_text_atomic
+
+    if target == "-":
+        click.echo(text, nl=False)
+        return
+    if os.path.lexists(target) and not force:
+        raise CliError(f"config init: {target} exists (--force replaces it)", EXIT_CONFIG)
+    try:
+        write_text_atomic(target, text)
+    except OSError as e:
+        raise CliError(f"config init: cannot write {target}: {e.strerror or e}", EXIT_CONFIG) from None
+    click.echo(f"wrote {target}: `slurmgpu config check` reads it after the config file")
 
 
 def _table(rows: list[ExplainRow]) -> str:

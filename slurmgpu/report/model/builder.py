@@ -86,7 +86,7 @@ class Builder:
         self.db = db
         self.t0, self.t1 = t0, t1
         self.config = config
-        self._hosts = HostIndex(config.hosts if config is not None else ())
+        self._hosts = HostIndex(config.all_hosts if config is not None else ())
         self._settings_cache: dict[tuple[int, ...], Settings] = {}
         self._node_settings: dict[str, Settings] = {}
         self._throttle: list[BackgroundQuery] = []
@@ -138,7 +138,7 @@ class Builder:
     def set_order(self) -> list[str]:
         names: list[str] = []
         if self.config is not None:
-            for s in self.config.hosts:
+            for s in self.config.all_hosts:
                 name = s.name or f"hosts[{s.index}]"
                 if name not in names:
                     names.append(name)
