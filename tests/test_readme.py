@@ -54,3 +54,15 @@ def test_the_report_demo_seeds_where_its_config_reads() -> None:
     report = shlex.split(next(line for line in demo.splitlines() if line.startswith("slurmgpu report")))
     config = tomllib.loads((REPO / report[report.index("--config") + 1]).read_text())
     assert seed[seed.index("--db") + 1] == config["collector"]["db"]  # (lemons included: the database)
+
+
+def test_the_path_is_set_before_the_first_bare_slurmgpu_command() -> None:
+    sh = blocks()
+    first_bare = next(i for i, b in enumerate(sh) if re.search(r"^slurmgpu ", b, re.M))
+    exports = [i for i, b in enumerate(sh) if 'export PATH="$PWD/.venv/bin:$PATH"' in b]
+    assert exports and exports[0] < first_bare
+
+
+def test_the_test_command_says_how_long_the_suite_takes() -> None:
+    test_line = next(line for b in blocks() for line in b.splitlines() if "-m pytest" in line)
+    assert re.search(r"# about \d+ minutes on 2 cores", test_line), test_line

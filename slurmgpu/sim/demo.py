@@ -45,13 +45,14 @@ from slurmgpu.errors import SlurmGpuError
 from slurmgpu.result import Severity
 from slurmgpu.sim.cluster import (
     DEFAULT_SCENARIO,
+    DEMO_DIR,
     STATE_FILE,
     SimCluster,
     node_names,
     repo_root,
 )
 
-DEFAULT_DIR = Path("/tmp/slurmgpu-demo")
+DEFAULT_DIR = DEMO_DIR
 NODES = 4
 GPUS = 8
 #: The longest any one wait may take by default (seconds); `--timeout`.
