@@ -346,13 +346,21 @@ class Automation:
         if trigger is None:
             return []
         check = trigger.check
-        reason = drain_reason([trigger], strikes=strikes.get(check, 1), one_line=True)
+        wants_reboot = str(trigger.data.get("action")) == Action.REBOOT
+        then_reboot = worst is Action.DRAIN_NOW and wants_reboot and self.settings.reboot_allowed
+        reason = drain_reason([trigger], strikes=self._strikes_needed(trigger, strikes.get(check, 1)),
+                              one_line=True, rebooting=then_reboot or worst is Action.REBOOT)
         if worst not in DRAINING:
             result = "dry-run" if self.settings.dry_run else "recorded"
             return [self._decision(node, worst, reason, check, result, now)]
-        wants_reboot = str(trigger.data.get("action")) == Action.REBOOT
-        then_reboot = worst is Action.DRAIN_NOW and wants_reboot and self.settings.reboot_allowed
         return self._drain(node, worst, reason, check, now, then_reboot=then_reboot)
+
+    def _strikes_needed(self, finding: Finding, strikes: int) -> int:
+        """The fewest reports in a row that give ``finding`` its action now: the count a
+        drain reason names (a fault that drains at once names none, however many reports
+        came while a breaker held it)."""
+        action = self.policy.action(finding, strikes)
+        return next(k for k in range(1, strikes + 1) if self.policy.action(finding, k) is action)
 
     def _note_failing(self, check: str, node: str, now: float) -> None:
         window = self.state.failing.setdefault(check, {})
