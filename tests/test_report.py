@@ -378,7 +378,7 @@ def test_service(model: dict[str, Any]) -> None:
     assert (s["lemons_source"], s["lemons_error"]) == ("automation_lemons", None)
     due = {d["node"]: d for d in s["due"]}
     assert set(due) == {"n2", "n3", "n4"}
-    assert due["n2"]["reasons"] == ["GPU 3 remap_pending"]
+    assert due["n2"]["reasons"] == ["GPU 3 remap_pending", "off its version pins (see Version pin drift)"]
     assert due["n3"]["reasons"][0].startswith("drained: slurmgpu: gpu.lost")
     assert due["n4"]["reasons"] == ["2 drains in window"] and due["n4"]["lemon"] is True
 
@@ -399,6 +399,48 @@ def test_mtbf(model: dict[str, Any]) -> None:
     assert rows["A100"]["node_hours"] == 12 and rows["A100"]["mtbf_drain_h"] == 12
     assert rows["A100"]["mtbf_fail_h"] is None  # no failure: infinite
     assert rows["unknown"]["drains"] == 2 and rows["unknown"]["mtbf_drain_h"] == 12
+
+
+def _add_rows(fleet: dict[str, Any], *rows: tuple[str, dict[str, Any]]) -> None:
+    path = Path(fleet["db"]) if not is_postgres(str(fleet["db"])) else fleet["db"]
+    store = Store(path)
+    store.db.execute("BEGIN")
+    for table, cols in rows:
+        _ins(store.db, table, **cols)
+    store.db.execute("COMMIT")
+    store.close()
+
+
+def test_pin_drift_from_the_nodes_own_checks_without_head_pins(fleet: dict[str, Any]) -> None:
+    """Issue 29 item 3: a head config with no [pins] printed a green "0 off-pin" while n3
+    was drained for pin.driver; n3 was not due for service either."""
+    fixed = T0 + 20 * H
+    _add_rows(fleet, ("report_history", {"node": "n3", "seq": 1, "ts": fixed - H, "verdict": "FAIL"}),
+              ("findings", {"node": "n3", "seq": 1, "ts": fixed - H, "check_id": "pin.driver",
+                            "severity": "FAIL", "gpu": None, "subject": None,
+                            "message": "driver 535.104.05 off-pin (pins: 550.90.07)"}),
+              ("report_history", {"node": "n1", "seq": 1, "ts": fixed - H, "verdict": "FAIL"}),
+              ("findings", {"node": "n1", "seq": 1, "ts": fixed - H, "check_id": "pin.vbios",
+                            "severity": "FAIL", "gpu": 0, "subject": None, "message": "old vbios"}),
+              ("report_history", {"node": "n1", "seq": 2, "ts": fixed, "verdict": "OK"}))  # n1 fixed since
+    m = report_from_path(fleet["db"], T0, T1, config=None, generated_at=T1)
+    p = m["pin-drift"]
+    assert (p["nodes_off_pin"], p["off_pin_nodes"], p["config_pins"]) == (1, ["n3"], False)
+    assert [(f["node"], f["check"]) for f in p["by_nodes"]] == [("n3", "pin.driver")]
+    assert p["judged"].startswith("by the nodes' own pin.* checks (each node's [pins]) only")
+    assert m["summary"]["nodes_off_pin"] == 1
+    due = {d["node"]: d["reasons"] for d in m["service"]["due"]}
+    assert "off its version pins (see Version pin drift)" in due["n3"]
+    md = report_md.render(m)
+    assert "**nodes off their version pins**: 1\n" in md and "| n3 | pin.driver | FAIL |" in md
+
+
+def test_pins_nobody_judged_say_so(tmp_path: Path) -> None:
+    Store(tmp_path / "fleet.db").close()
+    m = report_from_path(tmp_path / "fleet.db", T0, T1, config=None, generated_at=T1)
+    assert m["pin-drift"]["nodes_off_pin"] is None and m["pin-drift"]["judged"].startswith("not judged: ")
+    assert "**nodes off their version pins**: not judged\n" in report_md.render(m)
+    assert '<div class="card warn"><b>not judged</b><span>nodes off their version pins' in report_html.render(m)
 
 
 def test_window_without_config(fleet: dict[str, Any]) -> None:

@@ -138,6 +138,17 @@ def test_errors_are_one_line_exit_3(tmp_path: Path) -> None:
     assert (tmp_path / "precious").exists()
 
 
+def test_the_head_config_carries_the_nodes_pins(tmp_path: Path) -> None:
+    """Issue 29 item 3: the fleet report judged pins from a head config without [pins]."""
+    from slurmgpu.config.load import load_config
+
+    (tmp_path / "cluster.json").write_text(json.dumps({"nodes": ["gpu-n1"], "gpus": 8}))
+    c = SimCluster(tmp_path)
+    c.write_config(c.default_config())
+    head = Path(c.shell_env()["SLURMGPU_CONFIG"])
+    assert load_config(str(head)).settings_for("gpu-n1").pins.driver == ["550.90.07"]
+
+
 def test_installed_hooks_that_are_not_there_start_nothing(tmp_path: Path) -> None:
     libexec = tmp_path / "libexec"
     libexec.mkdir()

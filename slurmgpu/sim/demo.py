@@ -504,6 +504,9 @@ def step_report(demo: Demo) -> None:
                     f"{summary.get('jobs_prolog_blocked')} job(s) blocked by the prolog, "
                     f"{summary.get('jobs_checkpointed')} checkpointed, "
                     f"{summary.get('jobs_requeued')} requeued")
+        off = summary.get("off_pin_nodes") or []
+        demo.effect(st, "off-pin", DRIVER_NODE in off,
+                    f"the report shows {', '.join(off) or 'no node'} off its version pins")
 
 
 STEPS: tuple[Callable[[Demo], None], ...] = (
@@ -658,7 +661,7 @@ def write_report(cluster: SimCluster, path: Path, since: str = "1h") -> dict[str
     model = report_from_path(cluster.collector_db(), t0, t1,
                              config=load_config(str(cluster.head_config)), generated_at=now)
     write_text_atomic(str(path), html.render(model))
-    summary: dict[str, Any] = model["summary"]
+    summary: dict[str, Any] = {**model["summary"], "off_pin_nodes": model["pin-drift"]["off_pin_nodes"]}
     return summary
 
 

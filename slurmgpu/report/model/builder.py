@@ -532,6 +532,7 @@ class Builder:
         fields: dict[str, Any] = {}
         off_nodes: set[str] = set()
         off_pin: dict[tuple[Any, tuple[str, ...]], bool] = {}  # (version, pins) -> off them
+        pinned = False
         for column, pin_key in PIN_FIELDS.items():
             counts: Counter[str] = Counter()
             off_counts: Counter[str] = Counter()
@@ -544,6 +545,7 @@ class Builder:
                     continue
                 counts[value] += 1
                 pins = list(getattr(self.settings(name).pins, pin_key))
+                pinned = pinned or bool(pins)
                 key = (value, tuple(pins))
                 if key not in off_pin:  # the same few versions and pins over the fleet
                     parts = [p.strip() for p in str(value).split(",") if p.strip()]
@@ -560,7 +562,28 @@ class Builder:
                 "off_pin": off[:LIST_MAX],
                 "off_pin_count": len(off),
             }
-        return {"nodes_off_pin": len(off_nodes), "fields": fields}
+        by_nodes = self.pin_findings()
+        off_nodes |= {f["node"] for f in by_nodes}
+        judged = pinned or self.nodes_reported()
+        return {"nodes_off_pin": len(off_nodes) if judged else None, "fields": fields,
+                "by_nodes": by_nodes[:LIST_MAX], "by_nodes_count": len(by_nodes),
+                "off_pin_nodes": sorted(off_nodes), "config_pins": pinned,
+                "judged": _pins_judged(pinned, judged)}
+
+    def pin_findings(self) -> list[dict[str, Any]]:
+        """The nodes' own non-OK ``pin.*`` findings in their state at the window's end (the
+        latest ``report_history`` row): judged with each node's own ``[pins]``."""
+        rows = self.q("SELECT f.node, f.check_id, f.severity, f.gpu, f.message FROM findings f "
+                      "JOIN (SELECT node, max(ts) AS ts FROM report_history WHERE ts <= ? "
+                      "GROUP BY node) m ON f.node = m.node AND f.ts = m.ts "
+                      "WHERE f.check_id LIKE 'pin.%' AND f.severity IN ('FAIL', 'WARN') "
+                      "ORDER BY f.node, f.check_id, f.gpu", (self.t1,))
+        return [{"node": node, "check": check, "severity": severity, "gpu": gpu, "message": message}
+                for node, check, severity, gpu, message in rows if node in self.nodes]
+
+    def nodes_reported(self) -> bool:
+        """Whether any node's state (its checks, pins included) is known at the window's end."""
+        return bool(self.q("SELECT 1 FROM report_history WHERE ts <= ? LIMIT 1", (self.t1,)))
 
     # ---- jobs
 
@@ -605,3 +628,14 @@ class Builder:
                     "no_ack": sum(1 for r in requests if r[4] is None and r[2] != "open"),
                     "open": sum(1 for r in requests if r[4] is None and r[2] == "open")},
         }
+
+
+def _pins_judged(config_pins: bool, judged: bool) -> str:
+    """How pin drift was judged, in a sentence for the report."""
+    if not judged:
+        return ("not judged: the report's config has no [pins] and no node has reported "
+                "its own pin checks")
+    nodes = "by the nodes' own pin.* checks (each node's [pins])"
+    if config_pins:
+        return f"{nodes}, and versions against the report config's [pins]"
+    return f"{nodes} only: the report's config has no [pins] to compare versions with"
