@@ -235,14 +235,25 @@ def _automation_status(settings: Settings, store: Store) -> dict[str, Any] | str
 
 def _breaker_text(status: dict[str, Any]) -> str:
     if status["breaker_open"]:
-        state = f"OPEN since {_age(time.time() - status['since']) if status['since'] else '?'}: {status['why']}"
+        state = (f"OPEN since {_age(time.time() - status['since']) if status['since'] else '?'} "
+                 f"(opened on: {status['why']})")
         if status["held"]:
             state += f"; {len(status['held'])} drain(s) held"
     else:
         state = "closed"
     lemons = ", ".join(sorted(status["lemons"])) or "none"
     dry = " (dry run)" if status.get("dry_run") else ""
-    return f"automation{dry}: breaker {state}; lemons: {lemons}"
+    return f"automation{dry}: breaker {state}; {_drained_now(status)}; lemons: {lemons}"
+
+
+def _drained_now(status: dict[str, Any]) -> str:
+    """``now 3 of 4 nodes drained (automation: gpu-n1, gpu-n2; prolog: gpu-n3)``."""
+    drained: dict[str, str] = status.get("drained_now") or {}
+    by: dict[str, list[str]] = {}
+    for node, who in sorted(drained.items()):
+        by.setdefault(who, []).append(node)
+    who_text = "; ".join(f"{who}: {', '.join(nodes)}" for who, nodes in sorted(by.items()))
+    return f"now {len(drained)} of {status.get('fleet', '?')} nodes drained" + (f" ({who_text})" if by else "")
 
 
 # --------------------------------------------------------------------------- breaker

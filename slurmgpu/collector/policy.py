@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from slurmgpu.actions import Actions
-from slurmgpu.collector.store import AutomationState, Store
+from slurmgpu.collector.store import AutomationState, Store, queries
 from slurmgpu.config.schema import AutomationSettings
 from slurmgpu.decision import ACTION_RANK, CHECKPOINTING, DRAINING, Action, drain_reason
 from slurmgpu.decision import PolicyTable as PolicyTable
@@ -290,12 +290,19 @@ class Automation:
             self._record.save((node,))
 
     def status(self) -> dict[str, Any]:
+        """The breaker (``why``: the reason it opened with, then), the drains it holds
+        (not those of nodes someone else has drained since), and the nodes Slurm shows
+        drained now (``drained_now``: node -> who drained it, at the collector's last poll)."""
         b = self.state.breaker
+        now_drained = {node: d.drained_by or "?" for node, d in self._current_drains().items()}
         return {
             "breaker_open": bool(b.get("open")),
             "since": b.get("since"),
             "why": b.get("why"),
-            "held": [dict(v, node=k) for k, v in sorted(self.state.held.items())],
+            "fleet": self._fleet(),
+            "drained_now": now_drained,
+            "held": [dict(v, node=k) for k, v in sorted(self.state.held.items())
+                     if not _moot_hold(v, now_drained.get(k))],
             "released": [dict(v, node=k) for k, v in sorted(self.state.released.items())],
             "lemons": dict(self.state.lemons),
             "drained": sorted(n for n, v in self.state.drained.items() if not v.get("pending")),
@@ -450,6 +457,14 @@ class Automation:
         a job on a failing node can save its state meanwhile. The worst action held wins."""
         st = self.state
         prev = st.held.get(node) or {}
+        elsewhere = self._current_drains(node).get(node)
+        if elsewhere is not None and _moot_hold(prev, elsewhere.drained_by) and action not in CHECKPOINTING:
+            # The prolog, an operator, ... drained it since: nothing is left to hold.
+            if st.held.pop(node, None) is None:
+                return []
+            return [self._decision(node, action, f"{reason} (drained meanwhile by "
+                                   f"{elsewhere.drained_by or '?'}: no longer held)", check,
+                                   "already-drained", now)]
         entry: dict[str, Any] = {"action": action, "reason": reason, "trigger": check, "time": now,
                                  "since": prev.get("since", prev.get("time", now))}
         if ACTION_RANK.get(str(prev.get("action")), -1) > ACTION_RANK[action]:
@@ -506,6 +521,13 @@ class Automation:
         self._record.save((node,))
         return decision
 
+    def _current_drains(self, node: str | None = None) -> dict[str, queries.CurrentDrain]:
+        """Slurm's drained nodes as the collector last polled them (none when it cannot tell)."""
+        try:
+            return queries.current_drains(self.store.db, node)
+        except sqlite3.Error:
+            return {}
+
     def _still_drained(self, node: str) -> bool:
         try:
             return bool(self.client.node(node).drained)
@@ -558,6 +580,13 @@ def _probe_writable(state_dir: Path) -> None:
     except OSError as exc:
         raise ValueError(f"automation state directory {state_dir} is not writable "
                          f"({exc.strerror or exc}): fix it, or run without [automation]") from None
+
+
+def _moot_hold(entry: dict[str, Any], drained_by: str | None) -> bool:
+    """A held drain that has nothing left to do: someone other than the automation has
+    drained the node since, and no job there waits on it (asked to checkpoint: the
+    release still requeues them)."""
+    return drained_by is not None and drained_by != "automation" and not entry.get("checkpoints")
 
 
 def _stored_action(entry: dict[str, Any]) -> Action:
