@@ -461,12 +461,14 @@ def step_breaker(demo: Demo) -> None:
         demo.result.breaker = status
         why = status.get("why") or ""
         held = [f"{h['node']} ({h.get('trigger', '')})" for h in status.get("held", [])]
-        text = (f"OPEN: {why}; held: {', '.join(held) or 'none'}" if status.get("breaker_open")
+        now = status.get("drained_now") or {}
+        text = (f"OPEN (opened on: {why}); held: {', '.join(held) or 'none'}" if status.get("breaker_open")
                 else "closed")
-        demo.effect(st, "status", bool(status.get("breaker_open")) and
-                    any(h["node"] == DRIVER_NODE for h in status.get("held", [])),
-                    f"breaker {text}; drained by the automation: "
-                    f"{', '.join(status.get('drained', [])) or 'none'}")
+        # The driver node's held drain, or (once the collector polled Slurm) the prolog's drain of it.
+        covered = any(h["node"] == DRIVER_NODE for h in status.get("held", [])) or now.get(DRIVER_NODE) == "prolog"
+        demo.effect(st, "status", bool(status.get("breaker_open")) and covered,
+                    f"breaker {text}; now drained: "
+                    f"{', '.join(f'{n} (by {who})' for n, who in sorted(now.items())) or 'none'}")
 
 
 def step_finish(demo: Demo) -> None:
