@@ -41,6 +41,7 @@ from slurmgpu.config.schema import AutomationSettings
 from slurmgpu.decision import ACTION_RANK, CHECKPOINTING, DRAINING, Action, drain_reason
 from slurmgpu.decision import PolicyTable as PolicyTable
 from slurmgpu.log import get_logger
+from slurmgpu.report.render_util import span
 from slurmgpu.result import Finding, Severity
 from slurmgpu.slurm import SlurmClient, SlurmError, SlurmUnreachable
 
@@ -443,7 +444,7 @@ class Automation:
             st.history[node] = history
             if len(history) >= s.lemon_drains and node not in st.lemons:
                 st.lemons[node] = {"since": now, "why": f"{len(history)} drains within "
-                                   f"{s.lemon_window_s:g} s, last: {reason}"}
+                                   f"{span(s.lemon_window_s)}, last: {reason}"}
         if waiting:
             reason = f"{reason} (waiting for {waiting} job checkpoint(s))"
         if released is not None:

@@ -15,9 +15,10 @@ BAR_WIDTH = 20
 
 
 # Text from nodes (drain reasons, versions, messages) ends up in the mail body: no raw
-# HTML (a <script>, an <img onerror>) and no link or code syntax ([x](javascript:...)).
-_MARKUP = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", "[": "\\[", "]": "\\]",
-                         "(": "\\(", ")": "\\)", "`": "\\`"})
+# HTML (a <script>, an <img onerror>) and no link or code syntax ([x](javascript:...)),
+# with Markdown's backslash escapes, never HTML entities: a plain-text mail shows the
+# text as written ("-> reboot", not "-&gt; reboot"), a "<" only with a backslash.
+_MARKUP = str.maketrans({"<": "\\<", "[": "\\[", "]": "\\]", "`": "\\`"})
 
 
 def cell(value: Any) -> str:

@@ -35,6 +35,7 @@ from slurmgpu.report.model.window import (
     parse_time,
     resolve_window,
 )
+from slurmgpu.report.render_util import spans_in_words
 
 if TYPE_CHECKING:
     from slurmgpu.collector.store.backend import Connection
@@ -97,7 +98,8 @@ def _lemons(db: Connection) -> dict[str, Any]:
         if "no such table" in str(exc):
             return {"source": None, "error": None, "nodes": []}
         return {"source": "automation_lemons", "error": f"{type(exc).__name__}: {exc}", "nodes": []}
-    nodes = [{"node": str(node), "since": _ts(since), "why": why} for node, since, why in rows]
+    nodes = [{"node": str(node), "since": _ts(since), "why": spans_in_words(why) if why else why}
+             for node, since, why in rows]
     return {"source": "automation_lemons", "error": None, "nodes": nodes}
 
 

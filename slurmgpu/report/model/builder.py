@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from slurmgpu.config.hosts import HostIndex
 from slurmgpu.report.model.common import (
+    ALL_SET,
     AUTOMATION_MATCH_S,
     BY_GROUPS,
     CATEGORIES,
@@ -125,15 +126,21 @@ class Builder:
             self._node_settings[node] = cached
         return cached
 
+    @property
+    def rest_set(self) -> str:
+        """The host set of the nodes no [[hosts]] section names: ``other``, or ``all nodes``
+        where the config has no sections (one set: the whole fleet)."""
+        return OTHER_SET if self.config is not None and self.config.hosts else ALL_SET
+
     def host_sets(self, node: str) -> list[str]:
         if self.config is None:
-            return [OTHER_SET]
+            return [self.rest_set]
         names: list[str] = []
         for s in self._hosts.matching(node):
             name = s.name or f"hosts[{s.index}]"
             if name not in names:
                 names.append(name)
-        return names or [OTHER_SET]
+        return names or [self.rest_set]
 
     def set_order(self) -> list[str]:
         names: list[str] = []
@@ -142,7 +149,7 @@ class Builder:
                 name = s.name or f"hosts[{s.index}]"
                 if name not in names:
                     names.append(name)
-        return [*names, OTHER_SET]
+        return [*names, self.rest_set]
 
     # ---- node states and availability
 
@@ -243,7 +250,7 @@ class Builder:
         return {
             "fleet": row(fleet, len(self.nodes)),
             "host_sets": [{"name": name, **row(secs, set_nodes[name])}
-                          for name, secs in sets.items() if set_nodes[name] or name != OTHER_SET],
+                          for name, secs in sets.items() if set_nodes[name] or name != self.rest_set],
             "bucket_s": int(self.buckets.size),
             "series": self.buckets.rows(),
             "worst_nodes": [{"node": n.name, "sets": n.sets,
@@ -379,26 +386,33 @@ class Builder:
         changed = {k for k, row in rows.items() if row[0] > self.t0}
         first = self._rows_at(table, key, counters, self.t1, first_after=self.t0) \
             if any(k not in base for k in changed) else {}
-        rises: dict[tuple[Any, ...], dict[str, int]] = {}
-        baselines: dict[tuple[Any, ...], dict[str, Any]] = {}
-        end = len(counters) + 1
-        for k in changed:
-            b = base.get(k) or first.get(k)
-            if b is None or b[1:] == rows[k][1:end]:  # (no counter moved: no rise)
-                continue
-            cur = now[k]
-            rise = {}
-            for c, before in zip(counters, b[1:], strict=True):
-                after = cur[c]
-                if before is None or after is None:
-                    continue
-                delta = after - before if after >= before else after  # went down: reset
-                if delta > 0:
-                    rise[c] = int(delta)
-            if rise:
-                rises[k] = rise
-                baselines[k] = dict(zip(("ts", *counters), b, strict=True))
+        starts = {k: b for k in changed if (b := base.get(k) or first.get(k)) is not None}
+        rises = self._chained_rises(table, key, counters, starts)
+        baselines = {k: dict(zip(("ts", *counters), starts[k], strict=True)) for k in rises}
         return rises, now, baselines
+
+    def _chained_rises(self, table: str, key: str, counters: Sequence[str],
+                       starts: dict[tuple[Any, ...], tuple[Any, ...]]) -> dict[tuple[Any, ...], dict[str, int]]:
+        """Each counter's rise over the window, row after row from ``starts`` (the rows at
+        ``from``, or the first in the window): a counter that went down was reset (a GPU
+        reset, a driver reload) and counts from 0, so errors before a reset in the window
+        are counted too."""
+        last = {k: list(row[1:]) for k, row in starts.items()}
+        rises: dict[tuple[Any, ...], dict[str, int]] = {}
+        for node, k2, *values in self.q(f"SELECT node, {key}, {', '.join(counters)} FROM {table} "
+                                        f"WHERE ts > ? AND ts <= ? ORDER BY node, {key}, ts", self.w):
+            k = (node, k2)
+            before = last.get(k)
+            if before is None:
+                continue
+            for i, (c, after) in enumerate(zip(counters, values, strict=True)):
+                if after is None:
+                    continue
+                delta = after if before[i] is None or after < before[i] else after - before[i]
+                if before[i] is not None and delta > 0:
+                    rises.setdefault(k, {})[c] = rises.get(k, {}).get(c, 0) + int(delta)
+                before[i] = after
+        return rises
 
     def ecc(self) -> dict[str, Any]:
         rises, now, baselines = self._rises("gpu_counters", "gpu", ECC_COUNTERS,
