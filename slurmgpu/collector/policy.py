@@ -307,6 +307,8 @@ class Automation:
             "released": [dict(v, node=k) for k, v in sorted(self.state.released.items())],
             "lemons": dict(self.state.lemons),
             "drained": sorted(n for n, v in self.state.drained.items() if not v.get("pending")),
+            # Drained nodes reporting OK now: [OK reports, since] (auto-resume's streak).
+            "healthy": {n: v for n, v in self.state.healthy.items() if n in self.state.drained},
             "checkpointing": sorted(n for n, v in self.state.drained.items() if v.get("pending")),
             "dry_run": self.settings.dry_run,
         }
