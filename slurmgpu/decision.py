@@ -187,6 +187,14 @@ def _needs(message: str, rebooting: bool) -> str:
     return message
 
 
+def job_comment(what: str, why: str) -> str:
+    """What slurmgpu did to a job and why, one line, for the job's AdminComment (its user
+    reads it with `scontrol show job` and `sacct -o AdminComment`): ``slurmgpu: requeued
+    from gpu-n2: gpu.lost GPU 5 GPU is lost``; ``why`` may be a drain reason (prefixed)."""
+    why = why[len(REASON_PREFIX):] if why.startswith(REASON_PREFIX) else why
+    return " ".join(f"{REASON_PREFIX} {what}: {why}".split())
+
+
 def with_prefix(reason: str) -> str:
     """One line, starting with ``REASON_PREFIX``."""
     reason = " ".join(reason.split())

@@ -5,7 +5,9 @@ sbatch jobs, real scancel/scontrol. Run with `pytest -m slurm`."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -294,3 +296,48 @@ def test_reboot_action_when_allowed(fleet: SimCluster) -> None:
                  node)[0][0] == "reboot-requested"
     line = fleet.scontrol("show", "node", "-o", node)
     assert "REBOOT" in line and "Reason=slurmgpu: ecc.uncorrected" in line, line
+
+
+def _as_user(fleet: SimCluster, *argv: str, script: str | None = None) -> str:
+    """A Slurm client command run as ``nobody`` (a plain user: no admin rights)."""
+    env = {**os.environ, **fleet.env()}
+    proc = subprocess.run(["runuser", "-u", "nobody", "--", *argv], env=env, capture_output=True, text=True,
+                          timeout=30, check=True, cwd="/tmp", input=script)
+    return proc.stdout
+
+
+def test_a_plain_user_reads_why_their_job_moved(fleet: SimCluster) -> None:
+    """Issue 29 item 1: a prolog refusal and a drain-now requeue left nothing a user could
+    find. Both jobs are a plain user's; each carries what happened in its AdminComment
+    (`scontrol show job`; `sacct -o AdminComment` where accounting is on), and `jobs
+    events` shows both."""
+    # (the automation leaves the row-remap failure to the prolog, which refuses the job)
+    set_automation(fleet, OPEN_BREAKER + "checkpoint_deadline_s = 4\npolicy = { \"mem.row_remap\" = \"none\" }\n")
+    fleet.inject("gpu-n2", "fault-row-remap-failure")
+    wait_until(lambda: fleet.agent_status("gpu-n2").get("verdict") == "FAIL", 30, "the agent to see the fault")
+    refused = _as_user(fleet, "sbatch", "--parsable", "-w", "gpu-n2", "--gres=gpu:8", "-o", "/dev/null",
+                       "--wrap", "true").strip()
+    trapped = "#!/bin/bash\ntrap 'echo got USR1' USR1\nsleep 600 & wait\nsleep 600 & wait\n"
+    # The job itself runs the TaskProlog, with this interpreter: as the plain user where it
+    # may run it (not where it lives under a 0700 /root), else as root, read as the user.
+    runs = subprocess.run(["runuser", "-u", "nobody", "--", "test", "-x", sys.executable], check=False).returncode == 0
+    submit = ["sbatch", "--parsable", "--requeue", "-w", "gpu-n1", "--gres=gpu:1", "-o", "/dev/null"]
+    moved = (_as_user(fleet, *submit, script=trapped) if runs else fleet.sbatch(trapped, *submit[2:])).strip()
+    assert fleet.wait_job(moved, ("RUNNING",), timeout=60) == "RUNNING"
+    fleet.inject_xid("gpu-n1", 0, 79, "GPU has fallen off the bus")
+
+    def comments() -> dict[str, str] | None:
+        shown = {job: _as_user(fleet, "scontrol", "show", "job", job) for job in (refused, moved)}
+        found = {job: text.split("AdminComment=", 1)[1].split("\n")[0].strip()
+                 for job, text in shown.items() if "AdminComment=" in text}
+        return found if len(found) == 2 else None
+
+    seen = wait_until(comments, 60, "both jobs' AdminComment, as their user sees it")
+    assert seen[refused].startswith("slurmgpu: refused by the prolog on gpu-n2: ") and "mem.row_remap" in seen[refused]
+    assert seen[moved].startswith("slurmgpu: requeued from gpu-n1: xid.recent GPU 0 XID 79"), seen[moved]
+    reasons = _as_user(fleet, "squeue", "-h", "-j", refused, "-o", "%r").strip()
+    print(f"squeue reason of the refused job: {reasons!r}")
+    assert reasons.startswith(("BeginTime", "ReqNodeNotAvail")), reasons
+    for job, kind in ((refused, "prolog-refused"), (moved, "requeued")):
+        out = fleet._run([sys.executable, "-m", "slurmgpu", "jobs", "events", job, "--db", str(fleet.collector_db())])
+        assert kind in out, out

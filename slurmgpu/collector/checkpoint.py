@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 from slurmgpu.collector.store import Store
 from slurmgpu.config.schema import AutomationSettings
-from slurmgpu.decision import Action
+from slurmgpu.decision import Action, job_comment
 from slurmgpu.log import get_logger
 from slurmgpu.slurm import JobInfo, SlurmClient, SlurmError
 
@@ -292,6 +292,23 @@ class Checkpoints:
                                    "while the collector was unreachable"))
         self._record(events)
 
+    def on_prolog_refusal(self, node: str, body: dict[str, Any], now: float | None = None) -> None:
+        """A ``prolog_blocked`` event: the refusal in the job's timeline, and on the job
+        itself where its user reads it (Slurm requeues a job its prolog refused)."""
+        event = refusal_event(node, body, self.clock() if now is None else now)
+        if event is not None:
+            self._record([event])
+            self.comment(event.job_id, job_comment(f"refused by the prolog on {node}", event.detail or ""))
+
+    def comment(self, job_id: str, text: str) -> None:
+        """Set the job's AdminComment; slurmgpu's own trouble there only logs a line."""
+        if self.settings.dry_run:
+            return
+        try:
+            self.client.set_admin_comment(job_id, text)
+        except SlurmError as exc:
+            self.log.warning("job_comment_failed", job_id=job_id, error=str(exc))
+
     def _find(self, job_id: str, node: str) -> dict[str, Any] | None:
         """The job's open request (or one closed recently) that names ``node``: a node can
         only speak for jobs it runs."""
@@ -365,6 +382,7 @@ class Checkpoints:
             state = self.client.job(jid).state
             if state not in REQUEUEABLE:
                 return JobEvent(jid, self.clock(), "requeue-skipped", node, f"job is {state}")
+            self.comment(jid, job_comment(f"requeued from {node}", str(cp.get("reason") or cp["action"])))
             self.client.requeue(jid)
         except SlurmError as exc:
             return JobEvent(jid, self.clock(), "requeue-failed", node, str(exc))
@@ -397,6 +415,16 @@ class Checkpoints:
     def _add_events(self, events: Iterable[JobEvent]) -> None:
         for e in events:
             self.store.add_job_event(e.job_id, e.ts, e.kind, e.node, e.detail)
+
+
+def refusal_event(node: str, body: dict[str, Any], now: float) -> JobEvent | None:
+    """The ``prolog-refused`` job event of a ``prolog_blocked`` event body (None: it names
+    no job)."""
+    job = body.get("job_id")
+    if not isinstance(job, str) or not job:
+        return None
+    problems = [str(p) for p in body.get("problems") or [] if p]
+    return JobEvent(job, now, "prolog-refused", node, "; ".join(problems) or "the node failed its checks")
 
 
 def _stamp(ts: float) -> str:
