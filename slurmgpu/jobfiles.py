@@ -223,3 +223,15 @@ def remove_job_dir(jobs_dir: str | os.PathLike[str], job_id: str) -> bool:
     except FileNotFoundError:
         return False
     return True
+
+
+#: A checkpoint request's reason ends with this while the circuit breaker holds the drain
+#: (``decision.held_request_note``).
+BREAKER_HOLD = "drain held by the circuit breaker"
+
+
+def held_note_of(reason: str | None) -> str | None:
+    """The breaker's hold note at the end of a request's reason, if there is one."""
+    if not reason or BREAKER_HOLD not in reason:
+        return None
+    return reason[reason.rindex(BREAKER_HOLD):].rstrip(")")

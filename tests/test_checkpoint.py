@@ -197,6 +197,9 @@ def test_held_drain_now_still_asks_the_jobs_to_checkpoint(tmp_path: Path) -> Non
         ("gpu-002", "checkpoint", "2", "drain-now"), ("gpu-003", "checkpoint", "2", "drain-now")]
     assert rig.kinds("2") == ["detected", "signalled"]
     assert "circuit breaker holds the drain" in rig.store.job_events("2")[0]["detail"]
+    # ... and the job reads it in its request (issue 29 item 2: `slurmgpu ckpt status`).
+    assert rig.sent[1][2]["reason"].endswith(
+        "(drain held by the circuit breaker; the job is requeued when an admin releases it)")
     assert rig.auto.status()["held"][0]["checkpoints"] == 1
     # More reports of the held node: no second request.
     rig.clock.advance(15)

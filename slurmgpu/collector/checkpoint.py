@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 from slurmgpu.collector.store import Store
 from slurmgpu.config.schema import AutomationSettings
-from slurmgpu.decision import Action, job_comment
+from slurmgpu.decision import Action, held_request_note, job_comment
 from slurmgpu.log import get_logger
 from slurmgpu.slurm import JobInfo, SlurmClient, SlurmError
 
@@ -225,6 +225,8 @@ class Checkpoints:
         except SlurmError as exc:
             events.append(JobEvent(jid, self.clock(), "signal-failed", node, str(exc)))
         nodes = list(job.nodes) or [node]
+        if held:  # the job reads it in its request file (`slurmgpu ckpt status`)
+            reason = f"{reason} ({held_request_note(action)})"
         row = {"job_id": jid, "action": action, "reason": reason, "trigger_node": node,
                "nodes": nodes, "user": job.user, "requested": now, "deadline": deadline}
         cid = self.store.add_checkpoint(row)
