@@ -76,9 +76,10 @@ def ack(note: str) -> None:
         return
     except (OSError, subprocess.SubprocessError):
         pass  # slurmgpu not on PATH in the job: writing the file is the same ack
-    if path:
+    if path:  # (keeping what was asked, as `slurmgpu ckpt ack` does: `ckpt status` shows it)
         tmp = f"{path}.tmp"
-        Path(tmp).write_text(json.dumps({"state": "acked", "acked_at": time.time(), "note": note}))
+        acked = {**read_request(path), "state": "acked", "acked_at": time.time(), "note": note}
+        Path(tmp).write_text(json.dumps(acked))
         os.replace(tmp, path)
 
 

@@ -341,3 +341,28 @@ def test_a_plain_user_reads_why_their_job_moved(fleet: SimCluster) -> None:
     for job, kind in ((refused, "prolog-refused"), (moved, "requeued")):
         out = fleet._run([sys.executable, "-m", "slurmgpu", "jobs", "events", job, "--db", str(fleet.collector_db())])
         assert kind in out, out
+
+
+def test_a_job_whose_drain_the_breaker_holds_keeps_saving_until_released(fleet: SimCluster,
+                                                                        tmp_path: Path) -> None:
+    """Issue 29 item 2: acked, its drain held by the breaker, the example stopped saving:
+    the steps trained until the release were lost. Now it knows the drain is held
+    (`ckpt status`), keeps saving, and resumes after the release from a later step."""
+    set_automation(fleet, "max_per_hour = 0\ncheckpoint_deadline_s = 300\n")  # every drain is held
+    job, node = submit_training(fleet, tmp_path, steps=400, step_time=0.05)
+    fleet.inject_xid(node, 0, 79, "GPU has fallen off the bus")
+    wait_until(lambda: _output(fleet, job).count("after the ack") >= 2, 60, "two saves after the ack")
+    out = _output(fleet, job)
+    assert "checkpoint requested: slurmgpu: xid.recent GPU 0 XID 79" in out and \
+        "(drain held by the circuit breaker; the job is requeued when an admin releases it)" in out, out
+    acked_at = int(out.split("checkpoint saved at step ")[1].split()[0])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_JOB", "SLURMGPU_CHECKPOINT"))}
+    status = subprocess.run([sys.executable, "-m", "slurmgpu", "ckpt", "status", "--job", job],
+                            env={**env, "SLURMGPU_JOBS_DIR": str(fleet.jobs_dir(node))}, capture_output=True,
+                            text=True, timeout=30, check=True).stdout
+    assert "drain held by the circuit breaker; the job is requeued when an admin releases it" in status, status
+    assert not drained(fleet, node)
+    fleet._run([sys.executable, "-m", "slurmgpu", "breaker", "release", "--config", str(fleet.head_config)])
+    wait_until(lambda: fleet.job(job).get("JobState") == "COMPLETED", 90, "the released job to finish")
+    resumed = int(fleet.job_output(job).split("resumed from step ")[1].split()[0])
+    assert resumed >= acked_at + 20, (acked_at, resumed)

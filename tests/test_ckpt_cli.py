@@ -106,7 +106,7 @@ def test_the_example_keeps_saving_after_its_ack_and_prints_the_reason(jobs: Path
     assert f"checkpoint requested: {HELD}" in lines
     assert "checkpoint saved at step 10 (loss" in proc.stdout
     assert [line.split()[2] for line in lines if line.startswith("saved step")] == ["20", "30", "40"]
-    assert json.loads(path.read_text())["state"] == "acked"
+    assert (json.loads(path.read_text())["state"], json.loads(path.read_text())["reason"]) == ("acked", HELD)
 
 
 def test_plain_done_counts_as_acked(jobs: Path) -> None:
