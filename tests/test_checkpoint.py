@@ -338,6 +338,14 @@ def test_a_failing_job_comment_never_stops_the_requeue(tmp_path: Path) -> None:
     rig.clock.advance(60)
     rig.cp.tick(rig.clock.time())
     assert rig.calls("requeue") == [("requeue", "9")] and rig.kinds("9")[-1] == "requeued"
+    # Tried again at later turns (a job Slurm is requeueing refuses updates for a moment).
+    del rig.client.set_admin_comment
+    rig.clock.advance(1)
+    rig.cp.tick(rig.clock.time())
+    assert rig.calls("admin_comment") == []
+    rig.clock.advance(1)
+    rig.cp.tick(rig.clock.time())
+    assert [c[1] for c in rig.calls("admin_comment")] == ["9"]
 
 
 def test_local_fallback_is_recorded(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import os
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -317,13 +318,17 @@ def test_a_plain_user_reads_why_their_job_moved(fleet: SimCluster) -> None:
     wait_until(lambda: fleet.agent_status("gpu-n2").get("verdict") == "FAIL", 30, "the agent to see the fault")
     refused = _as_user(fleet, "sbatch", "--parsable", "-w", "gpu-n2", "--gres=gpu:8", "-o", "/dev/null",
                        "--wrap", "true").strip()
-    trapped = "#!/bin/bash\ntrap 'echo got USR1' USR1\nsleep 600 & wait\nsleep 600 & wait\n"
+    trapped = "#!/bin/bash\ntrap 'echo got USR1' USR1\necho trap set\nsleep 600 & wait\nsleep 600 & wait\n"
+    output = Path(tempfile.mkstemp(prefix="slurmgpu-e2e-", suffix=".out", dir="/tmp")[1])  # the user writes it
+    output.chmod(0o666)
     # The job itself runs the TaskProlog, with this interpreter: as the plain user where it
     # may run it (not where it lives under a 0700 /root), else as root, read as the user.
     runs = subprocess.run(["runuser", "-u", "nobody", "--", "test", "-x", sys.executable], check=False).returncode == 0
-    submit = ["sbatch", "--parsable", "--requeue", "-w", "gpu-n1", "--gres=gpu:1", "-o", "/dev/null"]
+    submit = ["sbatch", "--parsable", "--requeue", "-w", "gpu-n1", "--gres=gpu:1", "-o", str(output),
+              "--open-mode=append"]
     moved = (_as_user(fleet, *submit, script=trapped) if runs else fleet.sbatch(trapped, *submit[2:])).strip()
-    assert fleet.wait_job(moved, ("RUNNING",), timeout=60) == "RUNNING"
+    # (a signal before the script set its trap would kill it, and nothing would be requeued)
+    wait_until(lambda: "trap set" in output.read_text(), 60, "the job's trap")
     fleet.inject_xid("gpu-n1", 0, 79, "GPU has fallen off the bus")
 
     def comments() -> dict[str, str] | None:
@@ -332,7 +337,15 @@ def test_a_plain_user_reads_why_their_job_moved(fleet: SimCluster) -> None:
                  for job, text in shown.items() if "AdminComment=" in text}
         return found if len(found) == 2 else None
 
-    seen = wait_until(comments, 60, "both jobs' AdminComment, as their user sees it")
+    try:
+        seen = wait_until(comments, 60, "both jobs' AdminComment, as their user sees it")
+    except AssertionError as exc:  # what happened instead
+        said = {job: {k: fleet.job(job).get(k) for k in ("JobState", "Reason", "AdminComment", "Restarts")}
+                for job in (refused, moved)}
+        log = (fleet.dir / "log" / "collector.log").read_text(errors="replace").splitlines()
+        raise AssertionError(f"{exc}; refused {refused}: {timeline(fleet, refused)} {said[refused]}; "
+                             f"moved {moved}: {timeline(fleet, moved)} {said[moved]}; "
+                             f"{[line for line in log if 'job_comment' in line][-3:]}") from None
     assert seen[refused].startswith("slurmgpu: refused by the prolog on gpu-n2: ") and "mem.row_remap" in seen[refused]
     assert seen[moved].startswith("slurmgpu: requeued from gpu-n1: xid.recent GPU 0 XID 79"), seen[moved]
     reasons = _as_user(fleet, "squeue", "-h", "-j", refused, "-o", "%r").strip()
@@ -341,6 +354,7 @@ def test_a_plain_user_reads_why_their_job_moved(fleet: SimCluster) -> None:
     for job, kind in ((refused, "prolog-refused"), (moved, "requeued")):
         out = fleet._run([sys.executable, "-m", "slurmgpu", "jobs", "events", job, "--db", str(fleet.collector_db())])
         assert kind in out, out
+    output.unlink()
 
 
 def test_a_job_whose_drain_the_breaker_holds_keeps_saving_until_released(fleet: SimCluster,

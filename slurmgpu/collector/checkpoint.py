@@ -45,6 +45,10 @@ OPEN, ACKED, EXPIRED = "open", "acked", "expired"
 REQUEUEABLE = frozenset({"RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING", "STOPPED"})
 # A late ack still lands on a checkpoint closed less than this long ago.
 LATE_ACK_S = 3600.0
+# A job comment Slurm refused (the job in transition) is tried again this often, at most
+# COMMENT_TRIES times in all.
+COMMENT_RETRY_S = 2.0
+COMMENT_TRIES = 5
 
 # (node, command, args) -> command id; raises when the node's agent is not connected.
 SendCommand = Callable[[str, str, dict[str, Any]], str]
@@ -83,6 +87,7 @@ class Checkpoints:
         self.log = get_logger(component="checkpoints")
         self._open: dict[int, dict[str, Any]] = {}
         self._pending: dict[str, dict[str, Any]] = {}
+        self._comments_due: dict[str, tuple[str, int, float]] = {}  # job -> (text, tries left, when)
         self.reload()
 
     def reload(self) -> None:
@@ -302,14 +307,27 @@ class Checkpoints:
             self._record([event])
             self.comment(event.job_id, job_comment(f"refused by the prolog on {node}", event.detail or ""))
 
-    def comment(self, job_id: str, text: str) -> None:
-        """Set the job's AdminComment; slurmgpu's own trouble there only logs a line."""
+    def comment(self, job_id: str, text: str, tries: int = COMMENT_TRIES) -> None:
+        """Set the job's AdminComment; refused (a job Slurm is requeueing just then), it is
+        tried again at later ``tick``s, ``tries`` times in all; slurmgpu's own trouble
+        there only logs a line."""
         if self.settings.dry_run:
             return
         try:
             self.client.set_admin_comment(job_id, text)
         except SlurmError as exc:
-            self.log.warning("job_comment_failed", job_id=job_id, error=str(exc))
+            left = tries - 1
+            self.log.warning("job_comment_failed", job_id=job_id, error=str(exc), tries_left=left)
+            if left > 0:
+                self._comments_due[job_id] = (text, left, self.clock() + COMMENT_RETRY_S)
+            return
+        self._comments_due.pop(job_id, None)
+
+    def _retry_comments(self, now: float) -> None:
+        for job_id, (text, left, at) in list(self._comments_due.items()):
+            if at <= now:
+                del self._comments_due[job_id]
+                self.comment(job_id, text, left)
 
     def _find(self, job_id: str, node: str) -> dict[str, Any] | None:
         """The job's open request (or one closed recently) that names ``node``: a node can
@@ -328,6 +346,7 @@ class Checkpoints:
         """Expire requests past their deadline, then finish every node whose jobs are all
         acked or expired. Returns the automation decisions made (drains)."""
         now = self.clock() if now is None else now
+        self._retry_comments(now)
         late = [cp for cp in self._open.values() if cp["state"] == OPEN and cp["deadline"] <= now]
         if late:
             with self.store.transaction():
