@@ -187,16 +187,6 @@ def _needs(message: str, rebooting: bool) -> str:
     return message
 
 
-def held_request_note(action: str) -> str:
-    """What a job's checkpoint request adds to its reason while the circuit breaker holds
-    its node's drain (`slurmgpu ckpt status` shows it: ``jobfiles.held_note_of``):
-    ``drain held by the circuit breaker; the job is requeued when an admin releases it``."""
-    from slurmgpu.jobfiles import BREAKER_HOLD
-
-    after = "the job is requeued" if action == Action.DRAIN_NOW else "the node is drained"
-    return f"{BREAKER_HOLD}; {after} when an admin releases it"
-
-
 def job_comment(what: str, why: str) -> str:
     """What slurmgpu did to a job and why, one line, for the job's AdminComment (its user
     reads it with `scontrol show job` and `sacct -o AdminComment`): ``slurmgpu: requeued

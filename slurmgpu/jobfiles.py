@@ -226,7 +226,7 @@ def remove_job_dir(jobs_dir: str | os.PathLike[str], job_id: str) -> bool:
 
 
 #: A checkpoint request's reason ends with this while the circuit breaker holds the drain
-#: (``decision.held_request_note``).
+#: (``collector.checkpoint.held_request_note``).
 BREAKER_HOLD = "drain held by the circuit breaker"
 
 

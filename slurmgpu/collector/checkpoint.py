@@ -35,7 +35,8 @@ from typing import Any, Protocol
 
 from slurmgpu.collector.store import Store
 from slurmgpu.config.schema import AutomationSettings
-from slurmgpu.decision import Action, held_request_note, job_comment
+from slurmgpu.decision import Action, job_comment
+from slurmgpu.jobfiles import BREAKER_HOLD
 from slurmgpu.log import get_logger
 from slurmgpu.slurm import JobInfo, SlurmClient, SlurmError
 
@@ -436,6 +437,14 @@ class Checkpoints:
     def _add_events(self, events: Iterable[JobEvent]) -> None:
         for e in events:
             self.store.add_job_event(e.job_id, e.ts, e.kind, e.node, e.detail)
+
+
+def held_request_note(action: str) -> str:
+    """What a job's checkpoint request adds to its reason while the circuit breaker holds
+    its node's drain (`slurmgpu ckpt status` shows it: ``jobfiles.held_note_of``):
+    ``drain held by the circuit breaker; the job is requeued when an admin releases it``."""
+    after = "the job is requeued" if action == Action.DRAIN_NOW else "the node is drained"
+    return f"{BREAKER_HOLD}; {after} when an admin releases it"
 
 
 def refusal_event(node: str, body: dict[str, Any], now: float) -> JobEvent | None:
