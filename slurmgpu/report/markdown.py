@@ -167,7 +167,7 @@ def _pin_drift(m: dict[str, Any]) -> str:
     p = m["pin-drift"]
     out = (f"{shared.off_pin_count(p['nodes_off_pin'])} nodes off their [pins] "
            f"({cell(', '.join(p['off_pin_nodes']) or 'none')}; versions: **OFF-PIN**). "
-           f"Judged {cell(p['judged'])}.\n")
+           f"Judged {p['judged']}.\n")  # (slurmgpu's own words: not escaped)
     if p["by_nodes"]:
         out += "\n" + table(["off-pin node", "check", "severity", "message (the node's own check)"],
                             shared.pin_finding_rows(p["by_nodes"]))
