@@ -378,3 +378,15 @@ def _take(entry: os.DirEntry[str], parent: int, trash: int) -> None:
             os.unlink(entry.name, dir_fd=parent)
     except FileNotFoundError:
         pass
+
+
+#: A checkpoint request's reason ends with this while the circuit breaker holds the drain
+#: (``collector.checkpoint.held_request_note``).
+BREAKER_HOLD = "drain held by the circuit breaker"
+
+
+def held_note_of(reason: str | None) -> str | None:
+    """The breaker's hold note at the end of a request's reason, if there is one."""
+    if not reason or BREAKER_HOLD not in reason:
+        return None
+    return reason[reason.rindex(BREAKER_HOLD):].rstrip(")")

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from slurmgpu.cli.common import CliError, config_option, json_option
+from slurmgpu.cli.common import CliError, config_option, first_line, json_option, report
 from slurmgpu.config import env as config_env
 from slurmgpu.config.load import (
     ExplainRow,
@@ -20,7 +20,7 @@ from slurmgpu.config.load import (
     load_config,
     ranges_markdown,
 )
-from slurmgpu.errors import ConfigError
+from slurmgpu.errors import ConfigError, ConfigErrors
 
 EXIT_CONFIG = 3
 
@@ -36,17 +36,28 @@ def _known_checks() -> list[str] | None:
         return None
 
 
-def _load(file: str | None, as_json: bool) -> LoadedConfig:
-    """The config; a CliError (exit 3) when it is bad, with --json the error as an object."""
+def _load(file: str | None, as_json: bool, *, every_error: bool = False) -> LoadedConfig:
+    """The config; a CliError (exit 3) when it is bad, with --json the error as an object.
+    ``every_error``: each problem of the file on its own line (`config check`), the last
+    one the CliError's."""
     path, _ = config_path(file)
     try:
         loaded = load_config(file, known_checks=_known_checks())
         loaded.settings_for(None)  # the SLURMGPU_* variables are checked too
         return loaded
     except ConfigError as e:
-        doc = {"ok": False, "path": e.path or path, "error": str(e), "key": e.key,
-               "line": e.line} if as_json else None
-        raise CliError(str(e), EXIT_CONFIG, document=doc) from None
+        errors = e.errors if isinstance(e, ConfigErrors) else [e]
+        doc = {"ok": False, "path": e.path or path, "error": str(e), "key": e.key, "line": e.line,
+               "errors": [_error_doc(x) for x in errors]} if as_json else None
+        if not every_error or as_json:
+            raise CliError(str(e), EXIT_CONFIG, document=doc) from None
+        for earlier in errors[:-1]:
+            report(str(earlier))
+        raise CliError(str(errors[-1]), EXIT_CONFIG) from None
+
+
+def _error_doc(e: ConfigError) -> dict[str, Any]:
+    return {"error": str(e), "key": e.key, "line": e.line}
 
 
 @click.group("config")
@@ -56,21 +67,30 @@ def config() -> None:
 
 @config.command("check")
 @click.argument("file", required=False)
+@click.option("--slurm", "ask_slurm", is_flag=True,
+              help="Ask Slurm for its nodes (an error when it does not answer): warn about "
+                   "[[hosts]] sections that match none. Without it they are checked whenever "
+                   "slurmctld answers.")
 @json_option()
-def check(file: str | None, as_json: bool) -> None:
+def check(file: str | None, ask_slurm: bool, as_json: bool) -> None:
     """Validate FILE (default: $SLURMGPU_CONFIG, then /etc/slurmgpu/slurmgpu.toml) and its
-    drop-ins (FILE's name with .d for .toml: /etc/slurmgpu/slurmgpu.d/*.toml).
+    drop-ins (FILE's name with .d for .toml: /etc/slurmgpu/slurmgpu.d/*.toml): every
+    problem, one line each.
 
-    Exit status 0 when it is valid (or the default file is absent), 3 when not."""
+    Exit status 0 when it is valid (or the default file is absent; warnings included),
+    3 when not."""
     path, _ = config_path(file)
-    loaded = _load(file, as_json)
+    loaded = _load(file, as_json, every_error=True)
     exists = loaded.path is not None
     dropins = [d.path for d in loaded.dropins]
+    warnings = _hosts_warnings(loaded, ask_slurm)
     if as_json:
         click.echo(json.dumps({"ok": True, "path": path, "exists": exists,
-                               "host_sections": len(loaded.all_hosts), "dropins": dropins},
-                              indent=2))
+                               "host_sections": len(loaded.all_hosts), "dropins": dropins,
+                               "warnings": warnings}, indent=2))
         return
+    for warning in warnings:
+        click.echo(f"WARN: {warning}")
     n = len(loaded.all_hosts)
     said = f"{n} host section{'' if n == 1 else 's'}" if exists else "not present, the defaults apply"
     click.echo(f"OK: {path}: {said}{_dropins_line(dropins)}")
@@ -78,6 +98,44 @@ def check(file: str | None, as_json: bool) -> None:
 
 def _dropins_line(dropins: list[str | None]) -> str:
     return f"; drop-ins, later wins: {', '.join(str(d) for d in dropins)}" if dropins else ""
+
+
+def _hosts_warnings(loaded: LoadedConfig, ask_slurm: bool) -> list[str]:
+    """A line per [[hosts]] section whose hostlist matches no node Slurm knows (none when
+    Slurm does not answer, unless ``ask_slurm``: then a CliError)."""
+    if not loaded.all_hosts:
+        return []
+    known = _slurm_nodes(loaded, ask_slurm)
+    if known is None:
+        return []
+    return [f"{layer.path}:{_section_line(layer, h.index)}: {h.label}: matches none of the "
+            f"{len(known)} nodes Slurm knows"
+            for layer in (loaded, *loaded.dropins) for h in layer.hosts
+            if not any(h.matches(n) for n in known)]
+
+
+def _slurm_nodes(loaded: LoadedConfig, ask_slurm: bool) -> list[str] | None:
+    import dataclasses
+
+    from slurmgpu.slurm import SlurmError
+    from slurmgpu.slurm.factory import make_client
+
+    quick = dataclasses.replace(loaded.settings_for(None).slurm, retries=1)
+    try:
+        return [n.name for n in make_client(quick).nodes()]
+    except (SlurmError, OSError) as exc:
+        if ask_slurm:
+            raise CliError(f"--slurm: Slurm did not list its nodes: {first_line(exc)}") from None
+        return None
+
+
+def _section_line(loaded: LoadedConfig, index: int) -> int | str:
+    from slurmgpu.config.tomltext import find_line
+
+    if loaded.path is None:
+        return "?"
+    with open(loaded.path, encoding="utf-8") as fh:
+        return find_line(fh.read(), ("hosts", index, "nodes")) or "?"
 
 
 @config.command("explain")

@@ -232,9 +232,7 @@ def parse_config(text: str, *, path: str | None = None,
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        m = re.search(r"at line (\d+)", str(e))
-        raise ConfigError(f"invalid TOML: {e}", path=path,
-                          line=int(m.group(1)) if m else None) from None
+        raise ConfigError(f"invalid TOML: {e}", path=path, line=_toml_error_line(str(e), text)) from None
     except RecursionError:  # tomllib recurses per nesting level: a = [[[[...]]]]
         raise ConfigError("invalid TOML: arrays or tables nested too deeply",
                           path=path) from None
@@ -242,9 +240,24 @@ def parse_config(text: str, *, path: str | None = None,
         why = "an integer with too many digits" if "digits" in str(e) else str(e)
         raise ConfigError(f"invalid TOML: {why}", path=path) from None
     v = Validator(path, text, known_checks)
-    base = v.tables(raw, (), extra=("hosts",))
-    hosts = v.hosts(raw.get("hosts", []), "hosts" in raw)
+    base: Tables = {}
+    hosts: list[HostSection] = []
+    with v.collecting():
+        base = v.tables(raw, (), extra=("hosts",))
+    with v.collecting():
+        hosts = v.hosts(raw.get("hosts", []), "hosts" in raw)
+    v.raise_errors()
     return LoadedConfig(path=path, base=base, hosts=hosts)
+
+
+def _toml_error_line(message: str, text: str) -> int:
+    """The line a TOML syntax error is on: tomllib's "at line N", else (an error "at end
+    of document": an unclosed array, string or table) the file's last non-blank line."""
+    m = re.search(r"at line (\d+)", message)
+    if m:
+        return int(m.group(1))
+    lines = text.splitlines()
+    return max((i for i, line in enumerate(lines, 1) if line.strip()), default=1)
 
 
 @dataclass(frozen=True)

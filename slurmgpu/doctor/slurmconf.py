@@ -20,7 +20,7 @@ import subprocess
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurmgpu.doctor.model import (
     HEAD,
@@ -34,6 +34,9 @@ from slurmgpu.doctor.model import (
     warn,
 )
 from slurmgpu.slurm.conf import ENV_VAR, Setting, SlurmConf
+
+if TYPE_CHECKING:
+    from slurmgpu.slurm.cli import CliSlurmClient
 
 # Where ``#!/usr/bin/env python3`` looks for python3 when slurmd gives a hook no PATH at
 # all (Slurm 22.05 does): execvp's default search path.
@@ -383,6 +386,28 @@ def check_slurmctld(ctx: Context) -> Iterator[Finding]:
         return
     answer = "; ".join(line.strip() for line in proc.stdout.splitlines() if line.strip())
     yield ok("slurmctld", answer or "scontrol ping: exit 0")
+    yield from _slurmgpu_drains(client)
+
+
+#: Where an admin reads a whole drain reason (`sinfo -R` cuts it at 20 characters).
+READ_REASONS = '`slurmgpu nodes` or `sinfo -R -o "%60E %19H %N"`'
+
+
+def _slurmgpu_drains(client: CliSlurmClient) -> Iterator[Finding]:
+    """The nodes slurmgpu drained now, and where their whole reasons are read (nothing
+    when there are none or Slurm does not list its nodes)."""
+    from slurmgpu.decision import REASON_PREFIX
+    from slurmgpu.slurm import SlurmError
+
+    try:
+        nodes = client.nodes()
+    except SlurmError:
+        return
+    drained = sorted(n.name for n in nodes if n.drained and (n.reason or "").startswith(REASON_PREFIX))
+    if drained:
+        yield ok("slurm.drains", f"{len(drained)} node(s) drained by slurmgpu ({', '.join(drained)}): "
+                                 f"read the whole reasons with {READ_REASONS} (plain `sinfo -R` shows "
+                                 "20 characters)")
 
 
 def _ping_fix(ctx: Context) -> str:
