@@ -19,9 +19,10 @@ from typing import Any, Protocol
 from slurmgpu.checks.registry import CheckContext, CheckSpec, enabled_checks, unknown
 from slurmgpu.config.env import apply_env
 from slurmgpu.config.schema import Settings, ThermalSettings
-from slurmgpu.facts import IbFacts, NodeFacts, SoftwareVersions, XidEvent
+from slurmgpu.facts import HostFacts, IbFacts, NodeFacts, SoftwareVersions, XidEvent
 from slurmgpu.result import Finding, Severity, Verdict
 from slurmgpu.sources import Clock, IbSource, NvmlSource, SystemClock, VersionSource, kmsg, procs
+from slurmgpu.sources.host import HostSource
 from slurmgpu.xid import XidPolicy
 
 
@@ -31,6 +32,7 @@ class Sources:
     ib: IbSource
     versions: VersionSource
     clock: Clock
+    host: HostSource | None = None  # None: the host layers are not gathered
 
 
 def system_sources(settings: Settings, *, sysfs_root: str | None = None,
@@ -45,7 +47,18 @@ def system_sources(settings: Settings, *, sysfs_root: str | None = None,
     ib = SysfsIbSource(sysfs_root or None, hw_counters=settings.ib.roce_hw_counters)
     versions = SystemVersionSource(settings.versions, cache_path=versions_cache)
     nvml = PynvmlSource(settings.nvml.library, retry_delay_s=settings.nvml.retry_delay_s)
-    return Sources(nvml, ib, versions, SystemClock())
+    return Sources(nvml, ib, versions, SystemClock(), host_source(settings))
+
+
+def host_source(settings: Settings) -> HostSource:
+    """The host layers this node's settings ask for, under ``$SLURMGPU_HOST_ROOT`` (or /)."""
+    from slurmgpu.sources.host import HostConfig, SystemctlReader, SystemHostSource, host_root
+
+    root = host_root()
+    config = HostConfig(settings.services.required, settings.services.fabricmanager, settings.services.imex,
+                        sorted({*settings.disk.free_min, *settings.disk.writable}))
+    reader = SystemctlReader(f"{root.rstrip('/')}/bin/systemctl", settings.services.timeout_s)
+    return SystemHostSource(config, root=root, services=reader)
 
 
 def node_name(environ: Mapping[str, str] | None = None) -> str:
@@ -67,7 +80,8 @@ def _quiet(step: str) -> None:
 
 def gather(sources: Sources, *, node: str, scope: frozenset[int] | None = None,
            xids: Iterable[XidEvent] = (), previous: NodeFacts | None = None,
-           want_ib: bool = True, want_versions: bool = True, kernel_log: str | None = None,
+           want_ib: bool = True, want_versions: bool = True, want_host: bool = True,
+           kernel_log: str | None = None,
            xids_since: float | None = None, progress: Progress = _quiet) -> NodeFacts:
     """Collect facts; with ``kernel_log`` and ``xids_since``, the XIDs logged there since
     then too (``add_kernel_xids``). ``progress`` is told each step first, so a watchdog can
@@ -79,8 +93,10 @@ def gather(sources: Sources, *, node: str, scope: frozenset[int] | None = None,
     ib = sources.ib.collect() if want_ib else IbFacts(available=False, error="not collected")
     progress("gather:versions")
     versions = sources.versions.collect() if want_versions else SoftwareVersions()
+    progress("gather:host")
+    host = sources.host.collect() if want_host and sources.host is not None else HostFacts()
     facts = NodeFacts(node=node, collected_at=collected_at, nvml=nvml, ib=ib, versions=versions,
-                      xids=list(xids), previous=previous)
+                      xids=list(xids), host=host, previous=previous)
     if kernel_log is not None and xids_since is not None:
         add_kernel_xids(facts, kernel_log, xids_since, progress)
     return facts

@@ -51,6 +51,11 @@ FAULTS = {
                              ("volatile_unc_parity", "aggregate_unc_parity", "threshold_exceeded")},
     "fault-gpu-hot": {"gpus[0].temperature"},
     "fault-recovery-action": {"gpus[2].recovery_action"},
+    "fault-disk-full": {"host"},
+    "fault-fabricmanager-down": {"host"},
+    "fault-peermem-missing": {"host"},
+    "fault-driver-mismatch": {"init_error", "nvml_version"},
+    "fault-gpu-hang": {"host", "gpus[3].hang"},
 }
 # The healthy node each fault was made from (tools/make_scenarios.py); default h100-sxm-8.
 FAULT_BASES = {"fault-recovery-action": "h100-sxm-8-r570"}
@@ -208,10 +213,12 @@ def test_build_toolchain_errors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
 
 def test_sim_environment(sim_dir_env: Path) -> None:
     env = sim_environment("fault-pcie-x8")
+    host_root = env.pop("SLURMGPU_HOST_ROOT")
     assert env == {
         "SLURMGPU_NVML_LIBRARY": str(sim_dir_env),
         "SLURMGPU_SIM_SCENARIO": str(SCENARIO_DIR / "fault-pcie-x8.json"),
     }
+    assert "Kernel Module  550.90.07 " in Path(host_root, "proc/driver/nvidia/version").read_text()
     assert all(os.path.isabs(v) for v in env.values())
 
 

@@ -132,6 +132,7 @@ class PynvmlSource:
         self.library = library_path(library, environ)
         # Bounded: a config value of inf or nan must not hang or crash a gather.
         self.retry_delay_s = min(retry_delay_s, MAX_RETRY_DELAY_S) if retry_delay_s > 0 else 0.0
+        self.init_error_code: int | None = None  # the last nvmlInit's failure
 
     def collect(self, gpus: frozenset[int] | None = None) -> NvmlFacts:
         try:
@@ -139,15 +140,20 @@ class PynvmlSource:
         except ImportError as exc:  # packaging problem, not a node problem
             return NvmlFacts(available=False, error=f"nvidia-ml-py is not installed: {exc}")
         error = self._init(pynvml)
+        library_version = _library_version(pynvml)
         if error:
-            return NvmlFacts(available=False, error=error)
+            return NvmlFacts(available=False, error=error, library_version=library_version,
+                             init_error_code=self.init_error_code)
         try:
-            return self._collect(pynvml, gpus)
+            facts = self._collect(pynvml, gpus)
+            facts.library_version = library_version
+            return facts
         finally:
             with contextlib.suppress(pynvml.NVMLError):
                 pynvml.nvmlShutdown()
 
     def _init(self, nvml: Any) -> str | None:
+        self.init_error_code = None
         if self.library and nvml.nvmlLib is None:
             try:
                 nvml.nvmlLib = ctypes.CDLL(self.library)
@@ -160,6 +166,7 @@ class PynvmlSource:
         except nvml.NVMLError_DriverNotLoaded:
             return "NVIDIA driver not loaded (nvmlInit: Driver Not Loaded)"
         except nvml.NVMLError as exc:
+            self.init_error_code = int(exc.value)
             return f"nvmlInit failed: {_describe(exc)}"
         return None
 
@@ -192,6 +199,17 @@ class PynvmlSource:
             again.retried = True
             again.transient_errors = {k: v for k, v in first.errors.items() if k not in again.errors}
             facts.gpus[i] = again
+
+
+def _library_version(nvml: Any) -> str | None:
+    """The loaded library's own version ("550.90.07" from "12.550.90.07"); it answers
+    without nvmlInit, so a library that refuses the kernel module still says it."""
+    try:
+        text = str(_text(nvml.nvmlSystemGetNVMLVersion()))
+    except Exception:  # no library loaded, or one too old to say
+        return None
+    parts = text.split(".")
+    return ".".join(parts[1:]) if len(parts) == 4 else text
 
 
 def driver_branch(version: str | None) -> int | None:
