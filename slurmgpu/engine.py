@@ -46,7 +46,10 @@ def system_sources(settings: Settings, *, sysfs_root: str | None = None,
 
     ib = SysfsIbSource(sysfs_root or None, hw_counters=settings.ib.roce_hw_counters)
     versions = SystemVersionSource(settings.versions, cache_path=versions_cache)
-    nvml = PynvmlSource(settings.nvml.library, retry_delay_s=settings.nvml.retry_delay_s)
+    from slurmgpu.sources.deadline import DeadlineNvmlSource
+
+    nvml = DeadlineNvmlSource(PynvmlSource(settings.nvml.library, retry_delay_s=settings.nvml.retry_delay_s),
+                              settings.nvml.query_deadline_s)
     return Sources(nvml, ib, versions, SystemClock(), host_source(settings))
 
 

@@ -176,6 +176,9 @@ class GpuFacts:
     # None: NVLink not supported. Empty list: supported, zero links.
     nvlinks: list[NvLink] | None = None
     fabric: FabricInfo | None = None
+    # The NVML query that did not answer within [nvml] query_deadline_s (the GPU is not
+    # responding), or why the GPU was not asked at all; None: it answered.
+    unresponsive: str | None = None
     # Queries NVML answered with an error (not NotSupported / FunctionNotFound): fact ->
     # message, and fact -> nvmlReturn_t code. ``retried``: the source asked again after
     # [nvml] retry_delay_s and these errors came back both times; ``transient_errors``
@@ -200,6 +203,9 @@ class NvmlFacts:
     # nvmlInit: "550.90.07"), and the nvmlReturn_t code when nvmlInit failed.
     library_version: str | None = None
     init_error_code: int | None = None
+    # NVML itself did not answer within [nvml] query_deadline_s (nvmlInit or a system
+    # query): what was asked and for how long.
+    unresponsive: str | None = None
 
 
 @dataclass

@@ -9,9 +9,11 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 
 from slurmgpu.config.load import load_config
@@ -248,3 +250,29 @@ def test_a_published_mismatch_names_what_nvidia_smi_names(sim_dir_env: Path, tmp
     (message,) = [f["message"] for f in result["findings"] if f["check"] == "nvml.driver_mismatch"]
     assert entry["text"].splitlines()[0].split(": ", 1)[1] in message
     assert f"kernel module {entry['library']}.06, NVML library {entry['library']}.04" in message
+
+
+def test_the_new_findings_reach_the_collector_and_the_reports_failures_by_check(tmp_path: Path) -> None:
+    from slurmgpu import wire
+    from slurmgpu.agent.core import Agent
+    from slurmgpu.collector.store import Store
+    from slurmgpu.report.model import report_from_path
+
+    settings = Settings()
+    settings.agent.spool_dir = str(tmp_path / "spool")
+    agent = Agent(settings, "gpu-h100-001", environ={})
+    facts = host_facts()
+    facts.host.disks[0].free_bytes = 0
+    facts.host.services[1] = ServiceState("nvidia-fabricmanager", "loaded", "failed", "failed", 0, "exit-code")
+    body = agent.report_body(facts, evaluate(facts, settings))
+    frame = wire.message_frame(wire.REPORT, "gpu-h100-001", 1, body)
+    store = Store(str(tmp_path / "fleet.db"))
+    store.store_batch([("gpu-h100-001", wire.decode(frame))])
+    store.close()
+    now = time.time()
+    model = report_from_path(tmp_path / "fleet.db", now - 3600, now + 60, config=None, generated_at=now)
+    by_check = {(r["check_id"], r["severity"]) for r in model["failures"]["by_check"]}
+    assert by_check == {("host.disk", "FAIL"), ("host.services", "FAIL")}
+    stored = wire.decode(frame).body["facts"]
+    plain = msgpack.unpackb(stored, raw=False) if isinstance(stored, bytes) else stored
+    assert NodeFacts.from_json(plain).host.disks[0].free_bytes == 0

@@ -178,7 +178,7 @@ class Agent:
         with self._lock:
             xids = self._recent_xids()
         facts = NodeFacts(node=self.node, collected_at=self.clock.time(), nvml=nvml, ib=base.ib,
-                          versions=base.versions, xids=xids, previous=_strip(base))
+                          versions=base.versions, xids=xids, host=base.host, previous=_strip(base))
         self._merge_gpus(nvml, now)
         return facts
 
@@ -627,9 +627,12 @@ class Agent:
 
     def start_events(self) -> None:
         from slurmgpu.agent.events import EventWatcher
+        from slurmgpu.sources.deadline import DeadlineNvmlSource
         from slurmgpu.sources.nvml import PynvmlSource
 
-        if not self.settings.agent.events or not isinstance(self.sources.nvml, PynvmlSource):
+        nvml = self.sources.nvml
+        real = nvml.source if isinstance(nvml, DeadlineNvmlSource) else nvml
+        if not self.settings.agent.events or not isinstance(real, PynvmlSource):
             return
         self.events = EventWatcher(self.settings.nvml.library, self.on_nvml_event, self.stop_event,
                                    node=self.node)

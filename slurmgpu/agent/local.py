@@ -96,7 +96,7 @@ class CachedFacts:
         progress("gather:nvml")
         cached = self.agent.facts_for(gpus, self.max_age_s)
         facts = NodeFacts(node=self.agent.node, collected_at=collected_at, nvml=cached.nvml,
-                          ib=cached.ib, versions=cached.versions)
+                          ib=cached.ib, versions=cached.versions, host=cached.host)
         if xids_since is not None:
             add_kernel_xids(facts, self.kernel_log, xids_since, progress)
         return facts

@@ -73,12 +73,27 @@ def library_path(configured: str | None, environ: Mapping[str, str] = os.environ
     return setting_value("nvml.library", configured, environ) or None
 
 
+class QueryWatch:
+    """Where a gather is: the GPU (None: the system) and query it last asked, when, and
+    the facts gathered so far; ``slurmgpu.sources.deadline`` reads it from another thread."""
+
+    def __init__(self) -> None:
+        self.gpu: int | None = None
+        self.query = ""
+        self.since = time.monotonic()
+        self.facts: NvmlFacts | None = None
+
+    def at(self, gpu: int | None, query: str) -> None:
+        self.gpu, self.query, self.since = gpu, query, time.monotonic()
+
+
 class _Query:
     """Runs NVML calls for one GPU, translating errors into facts."""
 
-    def __init__(self, nvml: Any, gpu: GpuFacts) -> None:
+    def __init__(self, nvml: Any, gpu: GpuFacts, watch: QueryWatch | None = None) -> None:
         self.nvml = nvml
         self.gpu = gpu
+        self.watch = watch or QueryWatch()
 
     def __call__(self, fact: str, fn: Callable[..., T] | None, *args: Any) -> T | None:
         try:
@@ -92,6 +107,7 @@ class _Query:
         nvml = self.nvml
         if fn is None:  # an nvidia-ml-py older than the call
             raise _Older()
+        self.watch.at(self.gpu.index, getattr(fn, "__name__", fact))
         try:
             return fn(*args)
         except nvml.NVMLError_NotSupported:
@@ -133,6 +149,7 @@ class PynvmlSource:
         # Bounded: a config value of inf or nan must not hang or crash a gather.
         self.retry_delay_s = min(retry_delay_s, MAX_RETRY_DELAY_S) if retry_delay_s > 0 else 0.0
         self.init_error_code: int | None = None  # the last nvmlInit's failure
+        self.watch = QueryWatch()
 
     def collect(self, gpus: frozenset[int] | None = None) -> NvmlFacts:
         try:
@@ -154,6 +171,8 @@ class PynvmlSource:
 
     def _init(self, nvml: Any) -> str | None:
         self.init_error_code = None
+        self.watch.facts = None
+        self.watch.at(None, "nvmlInit")
         if self.library and nvml.nvmlLib is None:
             try:
                 nvml.nvmlLib = ctypes.CDLL(self.library)
@@ -172,6 +191,7 @@ class PynvmlSource:
 
     def _collect(self, nvml: Any, wanted: frozenset[int] | None) -> NvmlFacts:
         facts = NvmlFacts(available=True)
+        self.watch.at(None, "nvmlSystemGetDriverVersion")
         try:
             facts.driver_version = _text(nvml.nvmlSystemGetDriverVersion())
             facts.cuda_driver_version = _cuda_version(nvml.nvmlSystemGetCudaDriverVersion_v2())
@@ -179,10 +199,11 @@ class PynvmlSource:
         except nvml.NVMLError as exc:
             return NvmlFacts(available=False, error=f"NVML system query failed: {_describe(exc)}")
         indices = range(facts.device_count) if wanted is None else sorted(wanted)
+        self.watch.facts = facts
         for index in indices:
             if index >= facts.device_count:
                 continue  # gpu.count reports requested GPUs the node does not have
-            facts.gpus.append(_collect_gpu(nvml, index, _fields_for(facts.driver_version)))
+            facts.gpus.append(_collect_gpu(nvml, index, _fields_for(facts.driver_version), self.watch))
         self._retry_errors(nvml, facts)
         return facts
 
@@ -195,7 +216,7 @@ class PynvmlSource:
         time.sleep(self.retry_delay_s)
         for i in failed:
             first = facts.gpus[i]
-            again = _collect_gpu(nvml, first.index, _fields_for(facts.driver_version))
+            again = _collect_gpu(nvml, first.index, _fields_for(facts.driver_version), self.watch)
             again.retried = True
             again.transient_errors = {k: v for k, v in first.errors.items() if k not in again.errors}
             facts.gpus[i] = again
@@ -227,9 +248,10 @@ def _fields_for(driver_version: str | None) -> tuple[int, ...]:
     return HEALTH_FIELDS
 
 
-def _collect_gpu(nvml: Any, index: int, field_ids: tuple[int, ...] = HEALTH_FIELDS) -> GpuFacts:
+def _collect_gpu(nvml: Any, index: int, field_ids: tuple[int, ...] = HEALTH_FIELDS,
+                 watch: QueryWatch | None = None) -> GpuFacts:
     gpu = GpuFacts(index=index)
-    q = _Query(nvml, gpu)
+    q = _Query(nvml, gpu, watch)
     try:
         handle = q("handle", nvml.nvmlDeviceGetHandleByIndex, index)
         if handle is None:

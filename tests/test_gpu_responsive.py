@@ -1,0 +1,121 @@
+"""gpu.responsive (issue 33): every NVML query answers within [nvml] query_deadline_s, or
+its GPU is "not responding"; a hung GPU never hangs `check`, a hook or the agent's
+warm path."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from slurmgpu.agent.core import Agent
+from slurmgpu.agent.local import LocalService
+from slurmgpu.config.schema import Settings
+from slurmgpu.engine import Sources, evaluate
+from slurmgpu.facts import HungProcess, NvmlFacts
+from slurmgpu.result import Severity
+from slurmgpu.sim.scenario import sim_environment
+from slurmgpu.sources import SystemClock
+from slurmgpu.sources.deadline import DeadlineNvmlSource
+from slurmgpu.sources.nvml import QueryWatch
+from slurmgpu.testing import FakeIbSource, FakeVersionSource, healthy_host, make_facts
+
+BLOCKED = "nvmlDeviceGetName"
+
+
+class HangingNvml:
+    """A source that blocks on one GPU's query until released, as NVML on a hung GPU."""
+
+    def __init__(self, hung_gpu: int) -> None:
+        self.facts = make_facts().nvml
+        self.hung_gpu = hung_gpu
+        self.release = threading.Event()
+        self.watch = QueryWatch()
+        self.collects = 0
+
+    def collect(self, gpus: frozenset[int] | None = None) -> NvmlFacts:
+        self.collects += 1
+        so_far = NvmlFacts(True, None, self.facts.driver_version, "12.4", self.facts.device_count)
+        self.watch.facts = so_far
+        for gpu in self.facts.gpus:
+            if gpus is None or gpu.index in gpus:
+                self.watch.at(gpu.index, BLOCKED)
+                if gpu.index == self.hung_gpu:
+                    self.release.wait()
+                so_far.gpus.append(gpu)
+        return so_far
+
+
+def test_a_query_past_the_deadline_is_left_behind_and_not_asked_again() -> None:
+    nvml = HangingNvml(3)
+    source = DeadlineNvmlSource(nvml, deadline_s=0.3)
+    facts = source.collect()
+    assert [g.index for g in facts.gpus] == list(range(8))
+    assert facts.gpus[3].unresponsive == f"{BLOCKED} did not answer within 0.3 s"
+    assert facts.gpus[5].unresponsive == "not asked: NVML did not answer on GPU 3"
+    assert facts.gpus[2].unresponsive is None and facts.gpus[2].name
+    again = source.collect(frozenset({3}))  # still stuck: no second worker, an answer at once
+    assert nvml.collects == 1 and "has not answered for" in (again.gpus[0].unresponsive or "")
+    nvml.release.set()
+    deadline = time.monotonic() + 10
+    while source._stuck is not None and source._stuck.thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(g.unresponsive is None for g in source.collect().gpus)
+
+
+def test_gpu_responsive_fails_the_hung_gpu_and_warns_for_the_rest() -> None:
+    facts = make_facts()
+    facts.nvml = DeadlineNvmlSource(HangingNvml(3), deadline_s=0.2).collect()
+    facts.host = healthy_host()
+    facts.host.hung_processes = [HungProcess(4242, "python3", ["/dev/nvidia3", "/dev/nvidiactl"])]
+    found = [(f.severity.name, f.gpu, f.message) for f in evaluate(facts, Settings()).findings
+             if f.check == "gpu.responsive"]
+    assert found[0] == ("FAIL", 3, f"GPU not responding: {BLOCKED} did not answer within 0.2 s")
+    assert ("WARN", 3, "process 4242 (python3) in D state (uninterruptible) holding /dev/nvidia3, "
+            "/dev/nvidiactl") in found
+    assert {(s, g) for s, g, _ in found[1:]} == {("WARN", i) for i in range(3, 8)}
+    scoped = evaluate(facts, Settings(), scope=frozenset({0, 1})).findings
+    assert all(f.severity is Severity.OK for f in scoped if f.check == "gpu.responsive")
+    hung = [f for f in scoped if f.severity is not Severity.OK]
+    assert not hung, hung  # the GPUs that answered are judged as usual; none is blamed
+
+
+def test_the_warm_gate_answers_while_the_agents_poll_is_stuck(tmp_path: Path) -> None:
+    settings = Settings()
+    settings.paths.state_dir = str(tmp_path)
+    settings.agent.spool_dir = str(tmp_path / "spool")
+    nvml = HangingNvml(3)
+    sources = Sources(DeadlineNvmlSource(nvml, deadline_s=1.0), FakeIbSource(make_facts().ib),
+                      FakeVersionSource(make_facts().versions), SystemClock())
+    agent = Agent(settings, "gpu-h100-001", sources=sources, environ={})
+    poll = threading.Thread(target=agent.poll, daemon=True)
+    poll.start()
+    started = time.monotonic()
+    reply = LocalService(agent).gate([3])
+    took = time.monotonic() - started
+    try:
+        assert reply["verdict"] == "FAIL" and any("GPU not responding" in p for p in reply["problems"])
+        assert took < settings.prolog.timeout_s / 2, took
+        assert LocalService(agent).gate([0])["verdict"] == "OK"
+    finally:
+        nvml.release.set()
+        poll.join(10)
+
+
+def test_check_on_a_hung_gpu_ends_within_its_deadline(sim_dir_env: Path, tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text("[nvml]\nquery_deadline_s = 1.0\n")
+    env = {**os.environ, **sim_environment("fault-gpu-hang")}
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "slurmgpu", "check", "--json", "--config", str(config)],
+                          env=env, capture_output=True, text=True, timeout=60, check=False)
+    took = time.monotonic() - started
+    result = json.loads(proc.stdout)
+    failing = {(f["check"], f["gpu"]) for f in result["findings"] if f["severity"] == "FAIL"}
+    assert (proc.returncode, failing) == (2, {("gpu.responsive", 3)})
+    assert any("D state" in f["message"] for f in result["findings"] if f["check"] == "gpu.responsive")
+    assert took < 1.0 + 10, took  # the deadline plus the interpreter's start, on a busy machine
