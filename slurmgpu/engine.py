@@ -59,7 +59,8 @@ def host_source(settings: Settings) -> HostSource:
 
     root = host_root()
     config = HostConfig(settings.services.required, settings.services.fabricmanager, settings.services.imex,
-                        sorted({*settings.disk.free_min, *settings.disk.writable}))
+                        sorted({*settings.disk.free_min, *settings.disk.writable}),
+                        settings.paths.kmsg)
     reader = SystemctlReader(f"{root.rstrip('/')}/bin/systemctl", settings.services.timeout_s)
     return SystemHostSource(config, root=root, services=reader)
 

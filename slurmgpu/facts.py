@@ -307,6 +307,18 @@ class HungProcess:
 
 
 @dataclass
+class SxidEvent:
+    """An NVSwitch SXid from the kernel log:
+    ``nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress ...``."""
+
+    sxid: int
+    switch: str  # "nvidia-nvswitch3"
+    pci: str | None = None  # "0000:05:00.0"
+    timestamp: float | None = None
+    message: str | None = None  # the text after the code, at most XID_MESSAGE_MAX characters
+
+
+@dataclass
 class HostFacts:
     """The layers around NVML: the kernel module, GPU services, disks, GPUDirect RDMA."""
 
@@ -325,6 +337,8 @@ class HostFacts:
     services: list[ServiceState] = field(default_factory=list)
     disks: list[DiskState] = field(default_factory=list)
     hung_processes: list[HungProcess] = field(default_factory=list)
+    # NVSwitch SXids in the kernel log (since boot, as far as the log reaches).
+    sxids: list[SxidEvent] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
 
 

@@ -185,7 +185,7 @@ def test_every_fault_is_caught_on_every_branch(fault_results: dict[str, Any], fa
 
 
 HOST_FAULTS = {"fault-disk-full", "fault-fabricmanager-down", "fault-peermem-missing",
-               "fault-driver-mismatch", "fault-gpu-hang"}
+               "fault-driver-mismatch", "fault-gpu-hang", "fault-sxid-fatal"}
 
 
 def test_every_bundled_fault_is_in_the_suite() -> None:

@@ -16,6 +16,7 @@ from slurmgpu.cli.sim import sim
 from slurmgpu.errors import SimError
 from slurmgpu.sim import build as build_mod
 from slurmgpu.sim.build import SimToolchainError, build_library
+from slurmgpu.sim.hostroot import materialize
 from slurmgpu.sim.scenario import (
     SCENARIO_DIR,
     dump_scenario,
@@ -56,6 +57,7 @@ FAULTS = {
     "fault-peermem-missing": {"host"},
     "fault-driver-mismatch": {"init_error", "nvml_version"},
     "fault-gpu-hang": {"host", "gpus[3].hang"},
+    "fault-sxid-fatal": {"host"},
 }
 # The healthy node each fault was made from (tools/make_scenarios.py); default h100-sxm-8.
 FAULT_BASES = {"fault-recovery-action": "h100-sxm-8-r570"}
@@ -296,7 +298,8 @@ def test_cli_run_execs_command_with_fake(fake_nvml_lib: Path) -> None:
 
 
 def test_cli_record(fake_nvml_lib: Path, tmp_path: Path) -> None:
-    env = sim_env(fake_nvml_lib, SCENARIO_DIR / "fault-gpu-lost.json")
+    host = materialize(bundled_scenario("fault-gpu-lost"), tmp_path / "host")  # not this machine's disks
+    env = sim_env(fake_nvml_lib, SCENARIO_DIR / "fault-gpu-lost.json", SLURMGPU_HOST_ROOT=str(host))
     proc = _cli_subprocess(["record", "--name", "rec"], env)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)

@@ -150,6 +150,11 @@ def host_faults(h100: dict[str, Any]) -> None:
                "h100-sxm-8 after a driver upgrade without a reboot: kernel module 550.90.07, NVML "
                "library 550.127.05, nvmlInit fails with LIB_RM_VERSION_MISMATCH",
                {"init_error": 18, "nvml_version": "12.550.127.05"})
+    sxid = ("nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20034, Fatal, Link 30 LTSSM Fault Up",
+            "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20034, Severity 1 Engine instance 30 Sub-engine instance 00")
+    host_fault(h100, "fault-sxid-fatal",
+               "h100-sxm-8 whose kernel log holds a fatal NVSwitch SXid: 20034 LTSSM Fault Up on nvidia-nvswitch0",
+               {"host": {"kmsg": list(sxid)}})
     host_fault(h100, "fault-gpu-hang",
                "h100-sxm-8 with GPU 3 hung: every NVML call on it blocks; a process in D state holds "
                "/dev/nvidia3",

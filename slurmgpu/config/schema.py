@@ -260,6 +260,13 @@ class ServicesSettings:
 
 
 @dataclass
+class NvswitchSettings:
+    # nvswitch.sxid: a fatal SXid counts since boot (until the NVSwitch is reset); a
+    # non-fatal or notable one only within this many seconds.
+    nonfatal_window_s: Annotated[float, Range(1, 30 * DAY)] = 3600.0
+
+
+@dataclass
 class RdmaSettings:
     # rdma.gpudirect: require GPUDirect RDMA (nvidia_peermem loaded, or dma-buf: the open
     # kernel module on Linux 5.12+). Off: not checked.
@@ -545,6 +552,7 @@ class Settings:
     disk: DiskSettings = field(default_factory=DiskSettings)
     services: ServicesSettings = field(default_factory=ServicesSettings)
     rdma: RdmaSettings = field(default_factory=RdmaSettings)
+    nvswitch: NvswitchSettings = field(default_factory=NvswitchSettings)
     checks: ChecksSettings = field(default_factory=ChecksSettings)
     nvml: NvmlSettings = field(default_factory=NvmlSettings)
     versions: VersionsSettings = field(default_factory=VersionsSettings)

@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from slurmgpu.sources.host import ENV_HOST_ROOT
+from slurmgpu.sources.kmsg import kmsg_record
 
+ENV_KMSG = "SLURMGPU_KMSG"
 KERNEL_MODULE = ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  {version}  "
                  "Thu Jun  6 04:29:46 UTC 2024")
 HEALTHY_UNIT = {"LoadState": "loaded", "ActiveState": "active", "SubState": "running",
@@ -70,6 +72,7 @@ def host_spec(scenario: dict[str, Any]) -> dict[str, Any]:
         "services": units,
         "disks": {"/tmp": ROOMY_DISK, "/var": ROOMY_DISK},
         "hung_processes": [],
+        "kmsg": [],
     }
     spec.update(given)
     spec["services"] = {**units, **given.get("services", {})}
@@ -94,6 +97,8 @@ def materialize(scenario: dict[str, Any], dest: Path) -> Path:
     _write(dest / "statvfs.json", json.dumps(spec["disks"]))
     for proc in spec["hung_processes"]:
         _hung_process(dest / "proc" / str(proc["pid"]), proc)
+    _write(dest / "kmsg", "".join(kmsg_record(line, seq=n, usec=1_000_000 + n)
+                                  for n, line in enumerate(spec["kmsg"])))
     return dest
 
 
@@ -112,7 +117,8 @@ def _hung_process(where: Path, proc: dict[str, Any]) -> None:
 
 def host_environment(scenario: dict[str, Any], cache_dir: Path) -> dict[str, str]:
     """``{SLURMGPU_HOST_ROOT: dir}``: the scenario's host tree under ``cache_dir``, one
-    directory per distinct host (written once, atomically renamed into place)."""
+    directory per distinct host (written once, atomically renamed into place); with
+    kernel-log lines, ``SLURMGPU_KMSG`` too."""
     text = json.dumps(host_spec(scenario), sort_keys=True) + sys.executable
     dest = cache_dir / "hosts" / hashlib.sha256(text.encode()).hexdigest()[:16]
     if not dest.is_dir():
@@ -122,4 +128,28 @@ def host_environment(scenario: dict[str, Any], cache_dir: Path) -> dict[str, str
         with contextlib.suppress(OSError):  # another process put the same tree there first
             os.rename(scratch / "root", dest)
         shutil.rmtree(scratch, ignore_errors=True)
-    return {ENV_HOST_ROOT: str(dest)}
+    if not host_spec(scenario)["kmsg"]:
+        return {ENV_HOST_ROOT: str(dest)}
+    return {ENV_HOST_ROOT: str(dest), ENV_KMSG: str(dest / "kmsg")}
+
+
+def record_host() -> dict[str, Any]:
+    """This host's layers around NVML as a scenario's ``host`` object (what can be read:
+    the kernel module, NVSwitches, IMEX, peermem, the GPU services systemd knows, /tmp and
+    /var, D-state GPU holders, SXid lines in the kernel log)."""
+    from slurmgpu.config.schema import Settings
+    from slurmgpu.engine import host_source
+    from slurmgpu.sources.sxids import sxid_message
+
+    host = host_source(Settings()).collect()
+    return {
+        "kernel_module": host.kernel_module_text, "kernel_release": host.kernel_release,
+        "nvswitches": host.nvswitches, "imex": host.imex,
+        "modules": ["nvidia_peermem"] if host.peermem_loaded else [],
+        "services": {s.name: {"LoadState": s.load_state, "ActiveState": s.active_state, "SubState": s.sub_state,
+                              "NRestarts": s.n_restarts or 0, "Result": s.result} for s in host.services},
+        "disks": {d.path: {"total": d.total_bytes, "free": d.free_bytes, "read_only": d.read_only}
+                  for d in host.disks if d.error is None},
+        "hung_processes": [{"pid": p.pid, "command": p.command, "devices": p.devices} for p in host.hung_processes],
+        "kmsg": [sxid_message(e.pci or "0000:00:00.0", e.sxid, e.message or "", e.switch) for e in host.sxids],
+    }

@@ -1,8 +1,8 @@
 """The layers around NVML, read from the host: the NVIDIA kernel module's version
 (``/proc/driver/nvidia/version``), NVSwitch and IMEX presence, ``nvidia_peermem``, the
 systemd units the GPUs depend on (``systemctl show``, under a deadline, read-only),
-disk space and read-only mounts (statvfs), and processes in D state holding
-``/dev/nvidia*``.
+disk space and read-only mounts (statvfs), processes in D state holding
+``/dev/nvidia*``, and NVSwitch SXids in the kernel log (``[paths] kmsg``, since boot).
 
 Every path is read under a root (``/``, or ``$SLURMGPU_HOST_ROOT`` for fixture trees and
 the simulator); a fixture root brings its own ``bin/systemctl`` and may answer statvfs
@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Protocol
 
 from slurmgpu.facts import DiskState, HostFacts, HungProcess, ServiceState
+from slurmgpu.sources import kmsg
+from slurmgpu.sources.sxids import parse_sxids
 
 ENV_HOST_ROOT = "SLURMGPU_HOST_ROOT"
 DEFAULT_ROOT = "/"
@@ -101,6 +103,8 @@ class HostConfig:
     fabricmanager: bool | None = None
     imex: bool | None = None
     disk_paths: list[str] = field(default_factory=list)
+    # The kernel log NVSwitch SXids are read from ([paths] kmsg); None: not read.
+    kernel_log: str | None = None
 
 
 class HostSource(Protocol):
@@ -131,6 +135,8 @@ class SystemHostSource:
             self._services(facts)
         facts.disks = [self._disk(p) for p in self.config.disk_paths]
         facts.hung_processes = hung_gpu_processes(self._path("proc"))
+        if self.config.kernel_log is not None:
+            facts.sxids = parse_sxids(kmsg.read_records(self.config.kernel_log))
         return facts
 
     def _driver(self, facts: HostFacts) -> None:

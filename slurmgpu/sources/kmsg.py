@@ -78,18 +78,24 @@ def bounded(text: str | None) -> str | None:
 def read_xids(path: str, gpu_by_pci: Mapping[tuple[int, int, int], int],
               since: float | None = None) -> list[XidEvent]:
     """XIDs logged at or after ``since`` (Unix time). A missing or unreadable log gives []."""
+    return parse_records(read_records(path), gpu_by_pci, since)
+
+
+def read_records(path: str) -> list[str]:
+    """Every record of the kernel log at ``path`` (``/dev/kmsg`` or a file in its format);
+    a missing or unreadable log gives []."""
     try:
         mode = os.stat(path).st_mode
     except OSError:
         return []
     if stat.S_ISCHR(mode):
-        return parse_records(_read_device(path), gpu_by_pci, since)
+        return _read_device(path)
     try:
         with open(path, "rb") as f:
             data = f.read(_MAX_BYTES)
     except OSError:
         return []
-    return parse_records(data.decode("utf-8", "replace").splitlines(), gpu_by_pci, since)
+    return data.decode("utf-8", "replace").splitlines()
 
 
 def _read_device(path: str) -> list[str]:
