@@ -32,3 +32,8 @@ class UsageError(SlurmGpuError):
 
 class SimError(SlurmGpuError):
     """The GPU simulator could not be built or a scenario is invalid."""
+
+
+class WireError(SlurmGpuError):
+    """A frame that is not a valid message (too big, not msgpack, bad version/fields).
+    (``slurmgpu.wire.WireError``.)"""

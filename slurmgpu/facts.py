@@ -206,6 +206,9 @@ class NvmlFacts:
     # NVML itself did not answer within [nvml] query_deadline_s (nvmlInit or a system
     # query): what was asked and for how long.
     unresponsive: str | None = None
+    # Every GPU's PCI bus id by index, those outside a job's scope too ("" when NVML did
+    # not say): what maps a logged XID to its GPU.
+    bus_ids: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -351,6 +354,9 @@ class NodeFacts:
     versions: SoftwareVersions
     xids: list[XidEvent] = field(default_factory=list)
     host: HostFacts = field(default_factory=HostFacts)
+    # Why the kernel log's XIDs could not be read (timed out, too large, I/O error); None
+    # when read or not asked for. xid.recent then says UNKNOWN.
+    kernel_log_error: str | None = None
     # The previous sample of the same node, when a caller (the agent) keeps one;
     # rate checks (ECC corrected per hour, IB counters rising) use it.
     previous: NodeFacts | None = None

@@ -2,8 +2,9 @@
 """``slurmgpu-quickgate prolog|epilog``: the warm hook path, standard library only.
 
 Asks the node's agent (``slurmgpu.agent.local``) to run the prolog/epilog gate on its
-cached facts, exits with the agent's exit code and writes the agent's gate record as
-one JSON line on stderr (it carries ``"path": "agent"``). When the agent does not
+facts (the job's GPUs read afresh, IB and versions cached), exits with the agent's exit
+code and writes the agent's gate record as one JSON line on stderr (it carries
+``"path": "agent"``). When the agent does not
 answer (no socket, refused, timeout, bad reply) it runs the full path,
 ``slurmgpu prolog|epilog``, so an agent that is down never blocks a job nor skips the
 gate. The full path is ``$SLURMGPU_BIN`` (split on whitespace) when set, else

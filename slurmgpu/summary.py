@@ -20,6 +20,7 @@ from typing import Any
 import msgpack
 
 from slurmgpu.facts import GpuFacts, NodeFacts
+from slurmgpu.wire import text_safe
 
 # nvmlClocksEventReason* bits (nvml.h).
 HW_SLOWDOWN = 0x8
@@ -70,7 +71,7 @@ def summarize(facts: NodeFacts) -> dict[str, Any]:
     versions = [", ".join(models) or None, facts.nvml.driver_version, facts.nvml.cuda_driver_version,
                 v.nccl, ", ".join(vbios) or None, ", ".join(firmware) or None, v.ofed, v.kernel]
     return {"hw": int(any(r & HW_ANY for r in reasons)), "sw": int(any(r & SW_THERMAL for r in reasons)),
-            "gpus": [_gpu(g) for g in live], "ib": ports, "versions": versions}
+            "gpus": text_safe([_gpu(g) for g in live]), "ib": text_safe(ports), "versions": text_safe(versions)}
 
 
 def report_fields(facts: NodeFacts) -> dict[str, Any]:

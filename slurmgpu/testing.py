@@ -40,6 +40,7 @@ class FakeNvmlSource:
     def collect(self, gpus: frozenset[int] | None = None) -> NvmlFacts:
         self.calls.append(gpus)
         result = copy.deepcopy(self.facts)
+        result.bus_ids = result.bus_ids or [g.pci_bus_id or "" for g in result.gpus]  # as NVML: every GPU's
         if gpus is not None:
             result.gpus = [g for g in result.gpus if g.index in gpus]
         return result

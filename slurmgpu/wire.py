@@ -5,7 +5,8 @@ A frame is one msgpack map:
     {"v": 1, "id": "<uuid4 hex>", "node": "gpu-n1", "seq": 17, "ts": 1790000000.0,
      "type": "report", "body": {...}}
 
-* ``v`` protocol version; a frame with an unknown version is rejected.
+* ``v`` protocol version; a frame with an unknown version is rejected. A frame that
+  repeats one of its keys is rejected too (which ``body`` would count?).
 * ``id`` unique message id; ``seq`` per-node sequence number, strictly increasing for
   messages that need an ack (report, event, command-result, hello); the collector
   deduplicates by (node, epoch, seq).
@@ -17,6 +18,10 @@ A frame is one msgpack map:
   the ``MAX_*`` constants), floats are finite, and every list and string that ends up in
   a table, an in-memory map or a metric label has a length limit, so a frame can neither
   crash the store (``OverflowError`` binding an int >= 2**63) nor grow the collector.
+* Every value the collector stores is one both of its backends can store: no string of a
+  frame contains NUL (PostgreSQL's text cannot hold it; the facts, kept as one opaque
+  blob, are not read), strings are valid UTF-8 (msgpack's decoding is strict, lone
+  surrogates included), and each value of a summary row has its column's type.
 * Every frame is bounded (``MAX_FRAME``) and every body is validated per type, so a
   malformed frame is a ``WireError`` (counted and logged by the receiver), never a crash.
   One whose envelope is valid but whose body is not is a ``BodyError`` carrying the
@@ -85,9 +90,16 @@ from typing import Any, TypeGuard
 
 import msgpack
 
-from slurmgpu.errors import SlurmGpuError
+from slurmgpu.errors import WireError
 from slurmgpu.facts import XID_MESSAGE_MAX
 from slurmgpu.result import Finding, Severity
+from slurmgpu.wiresummary import INT64_MAX as INT64_MAX  # (the wire's bounds: wire.MAX_*)
+from slurmgpu.wiresummary import INT64_MIN as INT64_MIN
+from slurmgpu.wiresummary import MAX_GPUS as MAX_GPUS
+from slurmgpu.wiresummary import MAX_IB_PORTS as MAX_IB_PORTS
+from slurmgpu.wiresummary import MAX_SHORT as MAX_SHORT
+from slurmgpu.wiresummary import MAX_SUMMARY_ROW as MAX_SUMMARY_ROW
+from slurmgpu.wiresummary import is_int, is_str, short, validate_summary
 
 PROTOCOL_VERSION = 1
 MAX_FRAME = 1 << 20  # 1 MiB: a full 8-GPU report is ~20 KiB
@@ -97,23 +109,18 @@ MAX_EPOCH = 64
 # Bounds per message. Generous for any real node (8 GPUs, 8 IB ports, ~40 checks), tight
 # enough that one message cannot add more than a few thousand keys to the collector's
 # in-memory maps and metric labels.
-INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1  # what SQLite can bind
 MAX_SEQ = INT64_MAX
 MAX_TS = 1e11  # seconds since the epoch: year 5138
-MAX_GPUS = 1024  # GPU indices are 0..MAX_GPUS-1, at most MAX_GPUS distinct per message
-MAX_IB_PORTS = 256
 MAX_FINDINGS = 4096
 MAX_CHECKS = 1024  # ok_checks ids per report
 MAX_CHECK_NAME = 128
 MAX_SEVERITY = 16  # also verdicts
 MAX_KIND = 64  # event kinds, command names
-MAX_SHORT = 256  # versions, subjects, port names, summary strings
 MAX_TEXT = 1 << 16  # finding messages (stored truncated; never a key or a label)
 MAX_ACK_SEQS = 100_000
 MAX_BUNDLE = 256  # frames per bundle (and the whole bundle is one frame: MAX_FRAME)
 MAX_THROTTLE = (1 << 32) - 1
 MAX_INTERVAL_S = 1e7
-MAX_SUMMARY_ROW = 64  # values per summary row (GPU_FIELDS, IB_FIELDS: < 12 today)
 _EPOCH_RE = re.compile(r"[A-Za-z0-9._-]+")
 # Slurm node name characters (the same rule the CURVE allow-list uses for file names).
 _NODE_RE = re.compile(r"[A-Za-z0-9._-]+")
@@ -124,17 +131,13 @@ _NODE_RE = re.compile(r"[A-Za-z0-9._-]+")
 EVENT_KINDS = frozenset({"xid", "ecc_dbe", "ecc_sbe", "ecc_sbe_storm", "dram_retirement",
                          "dram_retirement_failure", "poison_nonfatal", "poison_fatal",
                          "gpu_unavailable", "recovery_action", "gpu_lost", "clock", "pstate",
-                         "power_source", "local_checkpoint", "prolog_blocked"})
+                         "power_source", "local_checkpoint", "prolog_blocked", "validation"})
 
 HELLO, REPORT, EVENT, HEARTBEAT, ACK, COMMAND, COMMAND_RESULT, BUNDLE = (
     "hello", "report", "event", "heartbeat", "ack", "command", "command-result", "bundle")
 TYPES = frozenset({HELLO, REPORT, EVENT, HEARTBEAT, ACK, COMMAND, COMMAND_RESULT, BUNDLE})
 # Types the agent spools and the collector acknowledges.
 ACKED = frozenset({HELLO, REPORT, EVENT, COMMAND_RESULT})
-
-
-class WireError(SlurmGpuError):
-    """A frame that is not a valid message (too big, not msgpack, bad version/fields)."""
 
 
 class BodyError(WireError):
@@ -195,8 +198,10 @@ def encode_unchecked(message: Envelope) -> bytes:
 def message_frame(mtype: str, node: str, seq: int, body: dict[str, Any], *, epoch: str = "",
                   ts: float | None = None, id: str | None = None) -> bytes:
     """An acked message from an agent (hello, report, event, command-result), validated:
-    what the agent spools and sends. ``ts`` defaults to now, ``id`` to a fresh uuid4."""
-    return encode(Envelope(type=mtype, node=node, seq=seq, body=body, epoch=epoch,
+    what the agent spools and sends (NUL in its text as U+FFFD, ``text_safe``: a kernel
+    log line or a device string with NUL is still sent). ``ts`` defaults to now, ``id``
+    to a fresh uuid4."""
+    return encode(Envelope(type=mtype, node=node, seq=seq, body=text_safe(body), epoch=epoch,
                            ts=time.time() if ts is None else ts,
                            id=uuid.uuid4().hex if id is None else id))
 
@@ -375,16 +380,18 @@ def decode(frame: bytes) -> Envelope:
         raise WireError(f"not a msgpack frame: {type(exc).__name__}") from None
     if not isinstance(data, dict):
         raise WireError("frame is not a map")
+    if map_size(frame) != len(data):  # (msgpack keeps the last of a repeated key)
+        raise WireError("frame repeats a key")
     get = data.get
     version = get("v")
     # (True == 1 and 1.0 == 1 in Python: insist on a real int)
     if type(version) is not int or version != PROTOCOL_VERSION:
-        raise WireError(f"unsupported protocol version {_short(version)} "
+        raise WireError(f"unsupported protocol version {short(version)} "
                         f"(this side speaks {PROTOCOL_VERSION})")
     mtype, node, seq, body = get("type"), get("node"), get("seq"), get("body")
     mid, ts, epoch = get("id"), get("ts"), get("epoch", "")
     if type(mtype) is not str or mtype not in TYPES:  # (a list is unhashable)
-        raise WireError(f"unknown message type {_short(mtype)}")
+        raise WireError(f"unknown message type {short(mtype)}")
     if type(node) is not str or node not in _GOOD_NODES.items:
         if not isinstance(node, str) or not 0 < len(node) <= MAX_NODE_NAME \
                 or not _NODE_RE.fullmatch(node):
@@ -392,7 +399,7 @@ def decode(frame: bytes) -> Envelope:
         _GOOD_NODES.add(node)
     if type(seq) is not int or not 0 <= seq <= MAX_SEQ:
         raise WireError("bad sequence number")
-    if type(mid) is not str or not 0 < len(mid) <= MAX_ID:
+    if type(mid) is not str or not 0 < len(mid) <= MAX_ID or "\x00" in mid:
         raise WireError("bad message id")
     if type(ts) is float:
         if not (0 <= ts <= MAX_TS and math.isfinite(ts)):
@@ -419,6 +426,19 @@ def decode(frame: bytes) -> Envelope:
     _set_attr(env, "__dict__", {"type": mtype, "node": node, "seq": seq, "body": body, "id": mid, "ts": ts,
                                 "v": version, "epoch": epoch, "findings": findings})
     return env
+
+
+def map_size(frame: bytes) -> int:
+    """The number of keys the msgpack map ``frame`` starts with says it has (-1: no map
+    header). More than its unpacked dict's: a key is repeated."""
+    first = frame[0] if frame else 0
+    if 0x80 <= first <= 0x8F:
+        return first & 0x0F
+    if first == 0xDE and len(frame) >= 3:
+        return int.from_bytes(frame[1:3], "big")
+    if first == 0xDF and len(frame) >= 5:
+        return int.from_bytes(frame[1:5], "big")
+    return -1
 
 
 _unpackb = msgpack.unpackb
@@ -449,17 +469,6 @@ _GOOD_NODES = _BoundedStrSet(32_768)
 _GOOD_EPOCHS = _BoundedStrSet(32_768)
 
 
-def _short(value: Any) -> str:
-    """repr() of an untrusted value, bounded for an error message."""
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _is_int(value: Any, low: int, high: int) -> TypeGuard[int]:
-    """A real int (not a bool) in [low, high]."""
-    return type(value) is int and low <= value <= high
-
-
 def _is_number(value: Any, low: float, high: float) -> TypeGuard[int | float]:
     """A real int or a finite float (not a bool) in [low, high]. (The range check comes
     first for ints: math.isfinite(10**400) raises OverflowError.)"""
@@ -483,8 +492,11 @@ def _require(body: dict[str, Any], key: str, kind: type | tuple[type, ...], mtyp
 def _require_str(body: dict[str, Any], key: str, limit: int, mtype: str, *,
                  optional: bool = False) -> None:
     _require(body, key, str, mtype, optional=optional)
-    if len(body.get(key) or "") > limit:
+    value = body.get(key) or ""
+    if len(value) > limit:
         raise WireError(f"{mtype}: field {key!r} longer than {limit} characters")
+    if "\x00" in value:
+        raise WireError(f"{mtype}: field {key!r} contains NUL")
 
 
 def _require_int(body: dict[str, Any], key: str, low: int, high: int, mtype: str, *,
@@ -521,14 +533,29 @@ def _verdict_findings(mtype: str, body: dict[str, Any]) -> tuple[Finding, ...]:
 
 
 def plain(value: Any) -> Any:
-    """Make finding data msgpack-safe (sets, tuples, odd objects)."""
+    """Make finding data msgpack-safe and storable (sets, tuples, odd objects; NUL in
+    text as U+FFFD, ``text_safe``)."""
     if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
+        return {text_safe(str(k)): plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
         return [plain(v) for v in value]
-    if value is None or isinstance(value, (bool, int, float, str, bytes)):
+    if isinstance(value, str):
+        return text_safe(value)
+    if value is None or isinstance(value, (bool, int, float, bytes)):
         return value
-    return str(value)
+    return text_safe(str(value))
+
+
+def text_safe(value: Any) -> Any:
+    """``value`` with each NUL in its text (maps, their keys and lists walked) as U+FFFD,
+    which a receiver accepts (it refuses NUL: PostgreSQL's text cannot hold it)."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd") if "\x00" in value else value
+    if isinstance(value, dict):
+        return {text_safe(k): text_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [text_safe(v) for v in value]
+    return value
 
 
 def encode_finding(finding: Finding) -> dict[str, Any]:
@@ -563,22 +590,36 @@ def decode_finding(raw: Any, mtype: str = "finding") -> Finding:
     subject, message = raw.get("subject"), raw.get("message")
     if type(check) is not str or len(check) > MAX_CHECK_NAME or type(severity) is not str \
             or len(severity) > MAX_SEVERITY \
-            or (subject is not None and not _is_str(subject, MAX_SHORT)) \
-            or (message is not None and not _is_str(message, MAX_TEXT)):
+            or (subject is not None and not is_str(subject, MAX_SHORT)) \
+            or (message is not None and not is_str(message, MAX_TEXT)):
         raise WireError(f"{mtype}: malformed finding")
     # (the index range also bounds the distinct GPUs per message to MAX_GPUS)
     if gpu is not None and (type(gpu) is not int or not 0 <= gpu < MAX_GPUS):
         raise WireError(f"{mtype}: finding GPU index out of range [0, {MAX_GPUS - 1}]")
     data = raw.get("data")
+    if "\x00" in check or "\x00" in severity or (subject and "\x00" in subject) \
+            or (message and "\x00" in message) or (data and not _nul_free(data)):
+        raise WireError(f"{mtype}: a finding's text contains NUL")
     return Finding(check, decode_severity(severity), message or "", gpu=gpu, subject=subject,
                    not_applicable=bool(raw.get("not_applicable")),
                    data=data if isinstance(data, dict) else {})
 
 
-def _is_str(value: Any, limit: int, *, optional: bool = False) -> bool:
-    if value is None:
-        return optional
-    return isinstance(value, str) and len(value) <= limit
+def _nul_free(value: Any) -> bool:
+    """No string in ``value`` (maps, their keys and lists walked, without recursion:
+    a frame can nest deeper than Python's stack) contains NUL."""
+    todo = [value]
+    while todo:
+        item = todo.pop()
+        if type(item) is str:
+            if "\x00" in item:
+                return False
+        elif type(item) is dict:
+            todo.extend(item)
+            todo.extend(item.values())
+        elif type(item) is list:
+            todo.extend(item)
+    return True
 
 
 def _report(body: dict[str, Any]) -> tuple[Finding, ...]:
@@ -588,7 +629,8 @@ def _report(body: dict[str, Any]) -> tuple[Finding, ...]:
     get = body.get
     verdict, findings, ok_checks = get("verdict"), get("findings"), get("ok_checks")
     facts, summary, throttle = get("facts"), get("summary"), get("throttle")
-    if type(verdict) is not str or len(verdict) > MAX_SEVERITY or type(findings) is not list \
+    if type(verdict) is not str or len(verdict) > MAX_SEVERITY or "\x00" in verdict \
+            or type(findings) is not list \
             or (facts is not None and type(facts) is not bytes and type(facts) is not dict) \
             or (summary is not None and type(summary) is not bytes and type(summary) is not dict) \
             or (throttle is not None and (type(throttle) is not int or not 0 <= throttle <= MAX_THROTTLE)) \
@@ -596,7 +638,7 @@ def _report(body: dict[str, Any]) -> tuple[Finding, ...]:
         return _report_checked(body)
     # (set of the item types, built in C: ~25 ids per report)
     if ok_checks and (len(ok_checks) > MAX_CHECKS or not set(map(type, ok_checks)) <= _STR_TYPE
-                      or max(map(len, ok_checks)) > MAX_CHECK_NAME):
+                      or max(map(len, ok_checks)) > MAX_CHECK_NAME or "\x00" in "".join(ok_checks)):
         return _report_checked(body)
     decoded: tuple[Finding, ...] = ()
     if findings:  # (in _report_checked's order: findings, then the summary)
@@ -627,6 +669,8 @@ def _report_checked(body: dict[str, Any]) -> tuple[Finding, ...]:
     if len(ok_checks) > MAX_CHECKS or max(map(len, ok_checks), default=0) > MAX_CHECK_NAME:
         raise WireError(f"report: at most {MAX_CHECKS} ok_checks of at most "
                         f"{MAX_CHECK_NAME} characters")
+    if "\x00" in "".join(ok_checks):
+        raise WireError("report: an ok_checks id contains NUL")
     summary = body.get("summary")
     if summary is not None:
         validate_summary(summary)
@@ -639,9 +683,7 @@ def _event(body: dict[str, Any]) -> tuple[Finding, ...]:
     _require_int(body, "gpu", 0, MAX_GPUS - 1, EVENT, optional=True)
     _require_int(body, "data", INT64_MIN, INT64_MAX, EVENT, optional=True)
     _require_int(body, "coalesced", 0, INT64_MAX, EVENT, optional=True)
-    _require(body, "message", str, EVENT, optional=True)
-    if len(body.get("message") or "") > XID_MESSAGE_MAX:
-        raise WireError(f"event: message longer than {XID_MESSAGE_MAX} characters")
+    _require_str(body, "message", XID_MESSAGE_MAX, EVENT, optional=True)
     return findings
 
 
@@ -650,7 +692,7 @@ def _seq_list(body: dict[str, Any], key: str, *, optional: bool = False) -> None
     seqs = body.get(key) or ()
     if len(seqs) > MAX_ACK_SEQS:
         raise WireError(f"ack: more than {MAX_ACK_SEQS} {key}")
-    if not all(_is_int(s, 0, MAX_SEQ) for s in seqs):
+    if not all(is_int(s, 0, MAX_SEQ) for s in seqs):
         raise WireError(f"ack: {key} must be non-negative integers")
 
 
@@ -684,106 +726,3 @@ def _command_result(body: dict[str, Any]) -> None:
 _VALIDATORS: dict[str, Callable[[dict[str, Any]], tuple[Finding, ...] | None]] = {
     HELLO: _hello, REPORT: _report, EVENT: _event, HEARTBEAT: lambda body: None, ACK: _ack,
     COMMAND: _command, COMMAND_RESULT: _command_result, BUNDLE: _bundle}
-
-
-# ---------------------------------------------------------------- report summaries
-# (format: slurmgpu.summary). Unpacked and checked here, once per report (~600 bytes,
-# a few microseconds), because the collector's history turns its GPU indices and
-# ports into table rows and in-memory keys.
-
-def validate_summary(summary: dict[str, Any] | bytes) -> None:
-    """A report's ``summary`` (a map, or msgpack bytes of one) within the bounds."""
-    if isinstance(summary, bytes):
-        # A node's summary rarely changes between reports: remember the bytes that passed
-        # (a pure function of them), bounded in bytes (summaries can be up to a frame's
-        # size), so the common case is one set lookup.
-        if summary in _GOOD_SUMMARIES.items:
-            return
-        _validate_packed_summary(summary)
-        _GOOD_SUMMARIES.add(summary)
-        return
-    _validate_summary_map(summary)
-
-
-class _BoundedBytesSet:
-    """A set of bytes holding at most ``max_bytes`` in all; emptied when full."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.items: set[bytes] = set()
-        self.size = 0
-
-    def add(self, value: bytes) -> None:
-        if self.size + len(value) > self.max_bytes:
-            self.items.clear()
-            self.size = 0
-        if len(value) <= self.max_bytes:
-            self.items.add(value)
-            self.size += len(value)
-
-
-# ~600 bytes a summary: ~27,000 nodes' summaries; a node sending a new 1 MiB summary in
-# every report clears it every 16 reports, at no cost but re-validation.
-_GOOD_SUMMARIES = _BoundedBytesSet(16 << 20)
-
-
-def _validate_packed_summary(packed: bytes) -> None:
-    try:
-        summary = msgpack.unpackb(packed, raw=False, strict_map_key=True)
-    except Exception as exc:  # msgpack raises several unrelated types
-        raise WireError(f"report: summary is not msgpack: {type(exc).__name__}") from None
-    _validate_summary_map(summary)
-
-
-def _validate_summary_map(summary: Any) -> None:
-    if not isinstance(summary, dict):
-        raise WireError("report: summary is not a map")
-    gpus, ports, versions = summary.get("gpus"), summary.get("ib"), summary.get("versions")
-    _summary_rows(gpus, MAX_GPUS, "gpus", _gpu_key)
-    _summary_rows(ports, MAX_IB_PORTS, "ib", _port_key)
-    if versions is not None:
-        if not isinstance(versions, list) or len(versions) > MAX_SUMMARY_ROW:
-            raise WireError("report: summary versions is not a short list")
-        _scalars(versions)
-
-
-def _gpu_key(value: Any) -> bool:
-    return _is_int(value, 0, MAX_GPUS - 1)
-
-
-def _port_key(value: Any) -> bool:
-    return _is_str(value, MAX_SHORT)
-
-
-def _summary_rows(rows: Any, limit: int, name: str, key_ok: Callable[[Any], bool]) -> None:
-    """At most ``limit`` rows ``[key, *values]`` with distinct, valid keys."""
-    if rows is None:
-        return
-    if not isinstance(rows, list) or len(rows) > limit:
-        raise WireError(f"report: summary {name} is not a list of at most {limit} rows")
-    keys: set[Any] = set()
-    for row in rows:
-        if not isinstance(row, list) or not row or len(row) > MAX_SUMMARY_ROW \
-                or not key_ok(row[0]) or row[0] in keys:
-            raise WireError(f"report: bad or repeated summary {name} row")
-        keys.add(row[0])
-        _scalars(row[1:])
-
-
-def _scalars(values: list[Any]) -> None:
-    """Summary values: None, bool, an int64, a finite float or a short string. (Inline
-    type dispatch: ~150 values per report, on the ingest hot path.)"""
-    for v in values:
-        t = type(v)
-        if t is int:
-            if INT64_MIN <= v <= INT64_MAX:
-                continue
-        elif t is str:
-            if len(v) <= MAX_SHORT:
-                continue
-        elif t is float:
-            if math.isfinite(v):
-                continue
-        elif v is None or t is bool:
-            continue
-        raise WireError(f"report: summary value {_short(v)} out of range")

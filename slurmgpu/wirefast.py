@@ -12,8 +12,9 @@ The fast path answers exactly what ``wire.decode`` would, or not at all: it take
 frame whose every key is known and every value has the one type and bound ``wire.decode``
 accepts, from a node name, epoch and summary ``wire.decode`` has already accepted once
 (its findings are then made by ``wire.decode_finding``, as ``wire.decode`` makes them).
-Anything else (another message type, facts sent as a map, an unknown key, a finding's
-data nested deeper than checks make it, a first frame from a node, any invalid frame)
+Anything else (another message type, facts sent as a map, an unknown key, a repeated
+key, NUL in a string, a finding's data nested deeper than checks make it, a first frame
+from a node, any invalid frame)
 goes to ``wire.decode``, which decides it and says what is wrong. ``tests/test_wirefast.py`` holds the two to the same
 answers over generated and mutated frames.
 """
@@ -23,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from slurmgpu import wire
+from slurmgpu import wire, wiresummary
 from slurmgpu.result import Finding
 from slurmgpu.wire import (
     ACKED,
@@ -115,9 +116,10 @@ if msgspec is not None:
         BUNDLE: msgspec.msgpack.Decoder(_Bundle).decode}
     _plain_map = msgspec.msgpack.Decoder().decode  # (a checked body: what msgpack.unpackb gives)
     _good_nodes, _good_epochs = wire._GOOD_NODES, wire._GOOD_EPOCHS
-    _good_summaries = wire._GOOD_SUMMARIES
+    _good_summaries = wiresummary._GOOD_SUMMARIES
     _new_envelope, _set_attr = object.__new__, object.__setattr__
     _decode_finding = wire.decode_finding
+    _map_size = wire.map_size
 
     def _fast(frame: bytes) -> Decoded | None:
         """A report or bundle frame decoded in C; None: ``wire.decode`` decides it."""
@@ -132,12 +134,17 @@ if msgspec is not None:
         except Exception:  # msgspec's errors, UnicodeDecodeError: wire.decode says which
             return None
         node, epoch = head.node, head.epoch
+        # (a key repeated, or an empty epoch sent; NUL, which a store cannot keep)
+        if _map_size(frame) != (8 if epoch else 7) or "\x00" in head.id:
+            return None
         if node not in _good_nodes.items or (epoch and epoch not in _good_epochs.items):
             return None
         findings: tuple[Finding, ...] = ()
         if mtype == BUNDLE:
             packed = b""
         else:
+            if "\x00" in body["verdict"] or "\x00" in "".join(body.get("ok_checks") or ()):
+                return None
             if body["findings"]:
                 try:  # (as wire.decode makes them; its checks passed above)
                     findings = tuple([_decode_finding(f, REPORT) for f in body["findings"]])

@@ -23,7 +23,8 @@ from slurmgpu.testing import FakeSlurmClient
 class FileSlurmClient:
     """A ``SlurmClient``: every call loads the shared ``FakeSlurmClient`` under an exclusive
     flock, runs, and writes it back (atomically: a process killed mid-call leaves the state
-    as it was before the call)."""
+    as it was before the call). The fake's ``callers`` holds the pid of the process that
+    made each of its ``calls``."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -57,7 +58,12 @@ class FileSlurmClient:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             with self._locked() as fake:
-                return getattr(fake, name)(*args, **kwargs)
+                before = len(fake.calls)
+                try:
+                    return getattr(fake, name)(*args, **kwargs)
+                finally:  # (which process made each call: ``callers``, beside ``calls``)
+                    callers = fake.__dict__.setdefault("callers", [])
+                    callers += [os.getpid()] * (len(fake.calls) - before)
         return call
 
 

@@ -85,6 +85,9 @@ LAYERS = [
      ("slurmgpu.cli", "slurmgpu.agent", "slurmgpu.collector", "slurmgpu.gate"), "lower layers"),
     (("slurmgpu.slurm",), ("slurmgpu.cli", "slurmgpu.agent", "slurmgpu.collector", "slurmgpu.gate"),
      "the Slurm client knows nothing of who calls it"),
+    (("slurmgpu.validate",), ("slurmgpu.cli", "slurmgpu.agent", "slurmgpu.collector", "slurmgpu.gate",
+                              "slurmgpu.slurm", "slurmgpu.actions"),
+     "active tests judge; the CLI runs them, the agent and the collector carry their findings"),
 ]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -456,6 +457,59 @@ def test_leader_killed_mid_checkpoint(tmp_path: Path, pg_url: str, ctx: zmq.Cont
         leader.stop()
         if follower is not None:
             follower.stop()
+
+
+def test_a_stopped_leader_is_replaced_and_makes_no_slurm_call_when_continued(
+        tmp_path: Path, pg_url: str, ctx: zmq.Context[Any]) -> None:
+    """Issue 28 item 7: the leading collector process SIGSTOPped (its session and TCP
+    keepalives live on): the other ends its session once its lease (leader_timeout_s,
+    3 s) ran out and leads; the old leader, SIGCONTed, leads no more and makes no Slurm
+    call, while a FAIL report it stores is drained by the new leader."""
+    nodes = ["n00", "n01"]
+    keys_dir = tmp_path / "keys"
+    keys.init(keys_dir)
+    for node in nodes:
+        keys.add_node(keys_dir, node)
+    slurm = FileSlurmClient.create(tmp_path / "slurm.pickle", nodes)
+    Store(pg_url).close()
+    ports = [free_port(), free_port()]
+    addresses = [f"tcp://127.0.0.1:{p}" for p in ports]
+
+    def start(i: int, name: str) -> CollectorProcess:
+        return CollectorProcess(tmp_path, name, {
+            "collector": {"address": addresses[i], "bind": addresses[i], "db": pg_url, "keys_dir": str(keys_dir),
+                          "heartbeat_s": 1.0, "leader_timeout_s": 3.0, "slurm_poll_s": 0},
+            "automation": AUTOMATION, "slurm": str(slurm.path), "state_dir": str(tmp_path / f"state-{name}")})
+
+    collectors = [start(0, "a")]
+    old = collectors[0]
+    agent = None
+    try:
+        wait_until(lambda: old.said("leader_elected"), 30, "a leads")
+        collectors.append(start(1, "b"))
+        new = collectors[1]
+        wait_until(lambda: new.said("collector_listening"), 30, "b listens")
+        agent = Agent(ctx, keys_dir, "n00", addresses, first=0)  # connected to a, the leader
+        agent.report()
+        wait_until(lambda: agent.pump() or not agent.unacked, 30, "a acks")
+        old.proc.send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        wait_until(lambda: new.said("leader_elected"), 3.0 + 10.0, "b takes over")
+        assert time.monotonic() - stopped <= 3.0 + 3.0 and new.said("stale_leader_ended")
+        old.proc.send_signal(signal.SIGCONT)
+        agent.report(XID79)  # to a, which stores it; the leader (b) drains n00 from its inbox
+        wait_until(lambda: any(c[0] == "drain" for c in slurm.snapshot().calls), 30, "n00 drained")
+        wait_until(lambda: old.said("leader_lost"), 30, "a knows it does not lead")
+        time.sleep(1.0)  # (a call of a's would come within a loop turn)
+        snapshot = slurm.snapshot()
+        assert [c[:2] for c in snapshot.calls] == [("drain", "n00")]
+        assert snapshot.callers == [new.proc.pid]
+    finally:
+        if agent is not None:
+            agent.sock.close(0)
+        old.proc.send_signal(signal.SIGCONT)
+        for collector in collectors:
+            collector.stop()
 
 
 def test_inbox_body_is_small(pg_url: str) -> None:

@@ -27,6 +27,7 @@ class Lock:
     def __init__(self) -> None:
         self.held = True
         self.polls = 0
+        self.ended: int | None = None  # (a stale leader's session ended by a poll: none here)
 
     def poll(self) -> bool:
         self.polls += 1

@@ -4,6 +4,7 @@ another takes over."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -91,3 +92,41 @@ def test_a_leader_whose_session_was_lost_does_not_lead_from_a_new_one(pg_url: st
 def test_an_unreachable_database_is_not_leading() -> None:
     lead = Leadership("postgresql://slurmgpu@127.0.0.1:1/fleet", timeout_s=2)
     assert not lead.poll() and not lead.leader
+
+
+# A collector's leadership as its loop polls it (every 0.2 s here), saying each change.
+POLLING = """
+import sys, time
+from slurmgpu.collector.store.leader import Leadership
+lead, said = Leadership(sys.argv[1], timeout_s=3), None
+while True:
+    now = lead.poll()
+    if now != said:
+        print("leading" if now else "following", flush=True)
+        said = now
+    time.sleep(0.2)
+"""
+
+
+def test_a_stopped_leader_loses_the_lead_and_knows_it_when_continued(pg_url: str) -> None:
+    """Issue 28 item 7: a SIGSTOPped leader keeps its session (the kernel answers the
+    keepalives), but stops renewing its lease (its polls): a follower ends its session
+    after the lease (3 s here) and leads; the old leader, continued, follows. A leader
+    that keeps polling keeps the lead past the lease."""
+    follower = Leadership(pg_url, timeout_s=3)
+    proc = subprocess.Popen([sys.executable, "-c", POLLING, pg_url], stdout=subprocess.PIPE, text=True,
+                            cwd=REPO)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "leading"
+        time.sleep(4.0)  # (past the lease, renewed all along)
+        assert not follower.poll()
+        proc.send_signal(signal.SIGSTOP)
+        assert wait_for(follower, True, 3.0 + 5.0) >= 2.0  # (not before the lease ran out)
+        assert follower.ended is not None
+        proc.send_signal(signal.SIGCONT)
+        assert proc.stdout.readline().strip() == "following"
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        proc.kill()
+        proc.wait(10)
+        follower.release()

@@ -375,6 +375,27 @@ def test_scrapes_are_cached_bounded_and_time_out(tmp_path: Path, keys_dir: Path)
                 conn.close()
 
 
+def test_idle_connections_hold_no_slot_a_scraper_needs(tmp_path: Path, keys_dir: Path) -> None:  # noqa: F811
+    """Issue 28 item 10: sockets that connect and send nothing, or half a request line,
+    hold none of the MAX_WORKERS slots: with more of them open than slots, a scrape is
+    served at once (it was turned away for up to REQUEST_TIMEOUT_S, 10 s); they are
+    closed after REQUEST_LINE_TIMEOUT_S."""
+    cfg = make_settings(tmp_path, keys_dir, metrics_bind=f"127.0.0.1:{free_port()}")
+    with running(cfg) as collector:
+        server = collector.metrics_server
+        assert server is not None
+        idle = [socket.create_connection((server.host, server.port)) for _ in range(metrics_module.MAX_WORKERS + 4)]
+        idle[0].sendall(b"GET /metr")  # trickling
+        try:
+            assert scrape(server.url)[("slurmgpu_collector_up", frozenset())] == 1.0
+            for conn in idle:
+                conn.settimeout(metrics_module.REQUEST_TIMEOUT_S)
+                assert conn.recv(1) == b""  # closed by the server, never served
+        finally:
+            for conn in idle:
+                conn.close()
+
+
 def test_one_node_cannot_grow_metric_label_cardinality(tmp_path: Path) -> None:
     """Issue 12 item 9: check ids, event kinds and XID codes a node invents become "other";
     at most MAX_GPU_SERIES_PER_NODE per-GPU series per node."""
@@ -427,8 +448,12 @@ def test_metrics_over_tls_and_client_certificates(tmp_path: Path, keys_dir: Path
         with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):  # no client cert
             urllib.request.urlopen(server.url, timeout=10, context=trusting)
         trusting.load_cert_chain(str(client_crt), str(client_key))
+        # (issue 28: connections that never start their handshake hold no slot)
+        idle = [socket.create_connection((server.host, server.port)) for _ in range(metrics_module.MAX_WORKERS)]
         with urllib.request.urlopen(server.url, timeout=10, context=trusting) as resp:
             assert resp.status == 200 and b"slurmgpu_collector_up 1.0" in resp.read()
+        for conn in idle:
+            conn.close()
     half = make_settings(tmp_path, keys_dir, metrics_bind=f"127.0.0.1:{free_port()}",
                          metrics_tls_cert=str(server_crt))
     with pytest.raises(CollectorError, match="set both or neither"):

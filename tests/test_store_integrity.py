@@ -150,3 +150,60 @@ def test_the_collector_checkpoints_the_wal_in_a_thread_of_its_own(tmp_path: Path
     finally:
         store.close()
     assert not checkpointer.is_alive()
+
+
+def collector_stderr(tmp_path: Path, db: str) -> str:
+    """What `slurmgpu collector --db DB` says on stderr; it must refuse to start."""
+    keys = tmp_path / "keys"
+    subprocess.run([sys.executable, "-m", "slurmgpu", "keys", "init", "--dir", str(keys)],
+                   capture_output=True, check=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "slurmgpu", "collector", "--db", db, "--keys-dir", str(keys),
+                           "--bind", "tcp://127.0.0.1:0"], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode != 0
+    return proc.stderr
+
+
+@pytest.mark.parametrize("where", ["a-directory", "under-a-file"])
+def test_a_path_that_cannot_be_opened_is_one_line(tmp_path: Path, where: str) -> None:
+    """Issue 28 item 10: a directory, or a path under a file: one line naming it and
+    what [collector] db needs (not SQLite's or Python's traceback)."""
+    (tmp_path / "file").write_text("")
+    db = str(tmp_path / "dir") if where == "a-directory" else str(tmp_path / "file" / "fleet.db")
+    (tmp_path / "dir").mkdir()
+    with pytest.raises(StoreError, match=r"cannot open the database .*a directory this user can write"):
+        Store(db)
+    lines = [ln for ln in collector_stderr(tmp_path, db).splitlines() if ln.strip()]
+    assert len(lines) == 1 and "cannot open the database" in lines[0], lines
+
+
+READ_ONLY_OPEN = """
+import subprocess, sys
+from slurmgpu.collector.store import Store, StoreError
+subprocess.run(["mount", "--bind", sys.argv[1], sys.argv[1]], check=True)
+subprocess.run(["mount", "-o", "remount,ro,bind", sys.argv[1]], check=True)
+try:
+    Store(sys.argv[1] + "/fleet.db")
+except StoreError as exc:
+    print(exc)
+"""
+
+
+def test_a_good_database_on_a_read_only_filesystem_is_said_to_be_read_only(tmp_path: Path) -> None:
+    """Issue 28 item 10: a healthy database on a read-only mount (a private mount
+    namespace: ``unshare -m``, bind-mounted read-only) is refused as read-only, not as
+    damage to restore from a backup; the file is left as it was."""
+    import os
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) for a read-only bind mount")
+    directory = tmp_path / "ro"
+    directory.mkdir()
+    path = populated(directory)
+    before = path.read_bytes()
+    proc = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, "-c", READ_ONLY_OPEN,
+                           str(directory)], capture_output=True, text=True, timeout=60, check=False)
+    if "mount" in proc.stderr and proc.returncode != 0:
+        pytest.skip(f"no read-only bind mount here: {proc.stderr.strip()[-200:]}")
+    assert "read-only filesystem" in proc.stdout and "backup" not in proc.stdout, (proc.stdout, proc.stderr)
+    assert str(path) in proc.stdout and path.read_bytes() == before

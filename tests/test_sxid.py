@@ -107,3 +107,9 @@ def test_fault_sxid_fatal_fails_check(sim_dir_env: Path, tmp_path: Path) -> None
                           env=healthy, capture_output=True, text=True, timeout=120, check=False)
     (ok,) = [f for f in json.loads(proc.stdout)["findings"] if f["check"] == "nvswitch.sxid"]
     assert ok["severity"] == "OK" and not ok.get("not_applicable")
+
+
+def test_a_kernel_log_that_cannot_be_read_is_unknown_not_fail() -> None:
+    facts = facts_with()
+    facts.host.errors["sxids"] = "/dev/kmsg: not read within 2 s"
+    assert sxid_findings(facts) == [("UNKNOWN", None, "kernel log not read: /dev/kmsg: not read within 2 s")]

@@ -28,7 +28,7 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slurmgpu import keys, wire
+from slurmgpu import keys, wire, wiresummary
 from slurmgpu.collector import transport as transport_mod
 from slurmgpu.collector.app import Collector, build_collector
 from slurmgpu.collector.fleet import _message_fault
@@ -206,12 +206,15 @@ def test_bounds_leave_a_real_report_alone() -> None:
 # --------------------------------------------------------------------------- the collector
 
 @pytest.fixture
-def rig(tmp_path: Path) -> Iterator[tuple[Collector, Agent, Agent]]:
+def rig(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[Collector, Agent, Agent]]:
+    """An in-process collector (its store on ``store_url`` where the test takes it) and
+    two agents, gpu-a and gpu-b."""
     keys_dir = tmp_path / "keys"
     keys.init(keys_dir)
     for node in NODES:
         keys.add_node(keys_dir, node)
-    cfg = make_settings(tmp_path, keys_dir)
+    db = request.getfixturevalue("store_url") if "store_url" in request.fixturenames else None
+    cfg = make_settings(tmp_path, keys_dir, db=db)
     collector = build_collector(cfg)
     ctx = zmq.Context()
     try:
@@ -345,13 +348,13 @@ def test_the_validated_summary_cache_is_bounded_in_bytes() -> None:
     """Issue 12 item 9 (found by bench/collector_memory_flood.py): the cache of summaries
     that passed validation was bounded by count (16,384) while a summary can be ~1 MiB;
     one node sending new large summaries grew the collector by 250 KB a report."""
-    wire._GOOD_SUMMARIES.items.clear()
-    wire._GOOD_SUMMARIES.size = 0
+    wiresummary._GOOD_SUMMARIES.items.clear()
+    wiresummary._GOOD_SUMMARIES.size = 0
     for i in range(80):
         rows = [[g, f"{i:04d}" + "s" * 200, "H100", 0, 0, 0, 0, 0, 0] for g in range(1024)]
         wire.validate_summary(msgpack.packb({"gpus": rows}, use_bin_type=True))
-    assert 0 < wire._GOOD_SUMMARIES.size <= wire._GOOD_SUMMARIES.max_bytes
-    assert wire._GOOD_SUMMARIES.size == sum(len(s) for s in wire._GOOD_SUMMARIES.items)
+    assert 0 < wiresummary._GOOD_SUMMARIES.size <= wiresummary._GOOD_SUMMARIES.max_bytes
+    assert wiresummary._GOOD_SUMMARIES.size == sum(len(s) for s in wiresummary._GOOD_SUMMARIES.items)
 
 
 def test_one_peers_large_frames_end_the_batch(rig: tuple[Collector, Agent, Agent]) -> None:

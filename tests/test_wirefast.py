@@ -177,6 +177,11 @@ def test_a_node_first_heard_takes_the_fast_path_from_its_second_frame() -> None:
     (("body", "findings"), [finding(message=5)]), (("body", "findings"), [finding(data={1: 2})]),
     (("body", "findings"), [finding(data={"a": {2: 1}})]), (("body", "findings"), ["finding"]),
     (("body", "findings"), [finding()] * (wire.MAX_FINDINGS + 1)),
+    # NUL, which PostgreSQL's text cannot store (issue 28)
+    (("id",), "0" * 31 + "\x00"), (("body", "verdict"), "OK\x00"), (("body", "ok_checks"), ["gpu.ecc", "a\x00"]),
+    (("body", "findings"), [finding(check="gpu\x00")]), (("body", "findings"), [finding(severity="\x00")]),
+    (("body", "findings"), [finding(subject="\x00")]), (("body", "findings"), [finding(message="hot\x00")]),
+    (("body", "findings"), [finding(data={"a\x00": 1})]), (("body", "findings"), [finding(data={"a": ["\x00"]})]),
 ])
 def test_bad_frames_get_decodes_error(path: tuple[str, ...], value: Any) -> None:
     t = tree(copy.deepcopy(DELTA))
@@ -203,13 +208,34 @@ def test_broken_bytes_get_decodes_error(frame: bytes) -> None:
     assert outcome(decode_received, frame) == plain
 
 
+def repeating(body_first: dict[str, Any], key: str = "body", value: Any = None) -> bytes:
+    """A report frame whose map has ``key`` twice: first ``value`` (``body_first`` for
+    the body), then the frame's own."""
+    pairs = [frame_of(key) + frame_of(body_first if value is None else value)]
+    pairs += [frame_of(k) + frame_of(v) for k, v in tree(DELTA).items()]
+    return bytes((0x80 | len(pairs),)) + b"".join(pairs)
+
+
+@pytest.mark.parametrize("frame", [
+    repeating(WARN), repeating(DELTA), repeating({}, "node", NODE), repeating({}, "epoch", "e1"),
+    repeating({}, "seq", 1),
+], ids=["body", "same-body", "node", "epoch", "seq"])
+def test_a_frame_repeating_a_key_is_refused_by_both_decoders(frame: bytes) -> None:
+    """Which ``body`` counts? (the plain decoder digested the first and acted on the
+    last; msgspec took the last for both): neither, the frame is refused."""
+    plain = outcome(decode_plain, frame)
+    assert plain[0] == "error" and "repeats a key" in plain[2], plain
+    assert outcome(decode_received, frame) == plain
+
+
 # --------------------------------------------------------------------------- generated frames
 
 VALUES = st.one_of(
     st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1),
     st.sampled_from([0, 1, 2**32 - 1, 2**32, 2**63 - 1, 2**63]),
     st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([-0.0, 1e11, 1.79e9]),
-    st.text(max_size=20), st.sampled_from(["OK", "WARN", "e0", NODE, "x" * 16, "x" * 17, "report", "bundle"]),
+    st.text(max_size=20), st.sampled_from(["OK", "WARN", "e0", NODE, "x" * 16, "x" * 17, "report", "bundle",
+                                           "OK\x00", "\x00"]),
     st.binary(max_size=16), st.just(SUMMARY_FIELDS["summary"]),
     st.lists(st.one_of(st.text(max_size=5), st.integers(0, 3)), max_size=3),
     st.dictionaries(st.one_of(st.text(max_size=4), st.integers(0, 3)), st.integers(0, 3), max_size=2))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 
-from slurmgpu.checks.registry import CheckContext, check, not_applicable, ok, problem
+from slurmgpu.checks.registry import CheckContext, check, not_applicable, ok, problem, unknown
 from slurmgpu.facts import SxidEvent
 from slurmgpu.result import Finding, Severity
 from slurmgpu.sxid import SxidRule, sxid_rule
@@ -20,6 +20,9 @@ def nvswitch_sxid(ctx: CheckContext) -> Iterator[Finding]:
     host = ctx.facts.host
     if not host.available or (host.nvswitches == 0 and not host.sxids):
         yield not_applicable("no NVSwitch on this node")
+        return
+    if "sxids" in host.errors:
+        yield unknown(f"kernel log not read: {host.errors['sxids']}")
         return
     first = _first_lines(host.sxids)
     rules = {key: sxid_rule(key[1], event.message) for key, event in first.items()}

@@ -67,11 +67,15 @@ def check(config_file: str | None, gpus: str | None, node: str | None, xids: tup
           as_json: bool, show_all: bool, log_level: str) -> int:
     """Check this node's GPUs, InfiniBand and software versions.
 
+    XIDs: those given with --xid and those the kernel log holds since the last job on
+    these GPUs ended (at most [xid] kernel_log_lookback_s back).
+
     Exit code: 0 OK, 1 WARN, 2 FAIL, 3 UNKNOWN (a check could not run, or bad
     arguments/config).
     """
     from slurmgpu.cli import versions_cache
     from slurmgpu.engine import evaluate, gather, node_name, second_brake_sample, system_sources
+    from slurmgpu.sources.kmsg import xid_window
 
     started = time.perf_counter()
     scope = parse_gpu_list(gpus) if gpus is not None else None
@@ -79,7 +83,9 @@ def check(config_file: str | None, gpus: str | None, node: str | None, xids: tup
     name = node or node_name()
     settings = load_settings(config_file, node=name, known_checks=True).settings
     sources = system_sources(settings, versions_cache=versions_cache(settings))
-    facts = second_brake_sample(gather(sources, node=name, scope=scope, xids=events), sources, settings.thermal)
+    facts = gather(sources, node=name, scope=scope, xids=events, kernel_log=settings.paths.kmsg,
+                   xids_since=xid_window(settings, gpus=scope))
+    facts = second_brake_sample(facts, sources, settings.thermal)
     verdict = evaluate(facts, settings, scope=scope)
     duration_ms = (time.perf_counter() - started) * 1000
     if log_level != "error":  # structlog is only imported when someone wants the lines

@@ -10,8 +10,9 @@ automation runs on one of them at a time.
 * Leadership: the collector whose database session holds an advisory lock leads
   (``store.leader.Leadership``, no home-made election). Only the leader runs the
   automation, the checkpoint coordination, the Slurm state recording, the unreachable
-  sweep and the pruning. ``leading`` asks at most every ``poll_s``; a leader that died is
-  replaced within ``[collector] leader_timeout_s`` (plus one poll).
+  sweep and the pruning. ``leading`` asks at most every ``poll_s`` (each ask renews the
+  leader's lease); a leader that died, or stopped and kept its session, is replaced
+  within ``[collector] leader_timeout_s`` (plus one poll).
 * The leader's inbox: what any collector stored that the automation must see (reports'
   verdicts and findings, events, command results) is written to ``leader_inbox`` in the
   same transaction as the batch; the leader hands it to the automation in id order and
@@ -77,6 +78,10 @@ class Coordination:
             return self.leader, False
         self._next_poll = mono + self.poll_s
         was, self.leader = self.leader, self.leadership.poll()
+        if self.leadership.ended is not None:
+            self.log.warning("stale_leader_ended", db=self.store.where, backend_pid=self.leadership.ended,
+                             lease_s=self.leadership.timeout_s)
+            self.leadership.ended = None
         if self.leader != was:
             self.log.info("leader_elected" if self.leader else "leader_lost", db=self.store.where)
         return self.leader, self.leader and not was

@@ -2,9 +2,11 @@
 the periodic work that is not the transport's.
 
 * Store: every batch in one transaction (``Store.store_batch``). If a message in it is what
-  failed (``_message_fault``), it is stored message by message and the culprits are
-  refused (the transport acks them as rejected); if the store itself failed, nothing is
-  acked (``store`` returns None) and the agents resend.
+  failed (``_message_fault``), the batch is split in halves, each stored in a transaction
+  of its own, a failing half split again, and a single failing message refused (the
+  transport acks it as rejected): one bad message costs its batch ~2 log2(n)
+  transactions, not n. If the store itself failed, nothing is acked (``store`` returns
+  None) and the agents resend.
 * Automation (optional): after a batch's acks are sent, every newly stored report and
   event is passed to ``Automation.on_report`` and its decisions are stored in the
   ``decisions`` table. A failing automation call is logged and counted; it never stops
@@ -33,9 +35,10 @@ from slurmgpu.collector.counters import Counters, LimitedLog
 from slurmgpu.collector.store import Store
 from slurmgpu.collector.store.coordination import InboxRow
 from slurmgpu.collector.transport import Batch, Stored
+from slurmgpu.collector.validation import VALIDATION, judge_stragglers
 from slurmgpu.config.schema import CollectorSettings
 from slurmgpu.log import get_logger
-from slurmgpu.result import Finding
+from slurmgpu.result import Finding, Severity
 from slurmgpu.slurm import NodeState, SlurmClient
 from slurmgpu.wire import COMMAND_RESULT, EVENT, REPORT, decode_finding, decode_severity
 
@@ -84,7 +87,7 @@ def _from_inbox(row: InboxRow) -> Fresh:
 
 def _message_fault(exc: BaseException) -> bool:
     """Whether a failed ``store_batch`` points at a message (a value SQLite cannot bind,
-    a constraint, a bug on odd input: retry message by message and reject the culprit)
+    a constraint, a bug on odd input: isolate the culprit by halving the batch and reject it)
     rather than at the store itself (disk full, I/O error, locked, corrupt, closed:
     stop acking, agents keep spooling)."""
     if isinstance(exc, (sqlite3.InterfaceError, sqlite3.IntegrityError, sqlite3.DataError)):
@@ -92,6 +95,12 @@ def _message_fault(exc: BaseException) -> bool:
     if isinstance(exc, sqlite3.ProgrammingError):  # a value of a type SQLite cannot bind,
         return "binding parameter" in str(exc)  # else a closed or misused connection
     return not isinstance(exc, (sqlite3.Error, OSError, MemoryError))
+
+
+def _halves(batch: Batch) -> list[Batch]:
+    """``batch`` in two, the first half last (popped first)."""
+    middle = (len(batch) + 1) // 2
+    return [batch[middle:], batch[:middle]]
 
 
 class SlurmPoller(threading.Thread):
@@ -198,8 +207,8 @@ class Fleet:
     # ------------------------------------------------------------------ the store
 
     def commit(self, batch: Batch, now: float) -> Stored | None:
-        """Store the batch in one transaction; if a message in it is what failed, store
-        it message by message and refuse the ones that fail. None: the store itself failed."""
+        """Store the batch in one transaction; if a message in it is what failed, isolate
+        it (``_store_halves``) and refuse it. None: the store itself failed."""
         try:
             new = self.store.store_batch(batch, received_at=now)
         except Exception as exc:
@@ -208,33 +217,44 @@ class Fleet:
                 return None
             self.log.warning("store_batch_isolating", error=f"{type(exc).__name__}: {exc}",
                              messages=len(batch))
-            return self._store_each(batch, now)
+            return self._store_halves(batch, now)
         self.counters.store_failing = 0
         self._note_conflicts()
         self._stale = set(self.store.stale)
         return Stored(new, set())
 
-    def _store_each(self, batch: Batch, now: float) -> Stored | None:
+    def _store_halves(self, batch: Batch, now: float) -> Stored | None:
+        """A batch that failed on a message: its halves stored each in one transaction, a
+        failing half split again (in batch order), a failing single message refused."""
         new: list[tuple[str, int]] = []
         bad: set[tuple[str, str, int]] = set()
         self._stale = set()
-        for item in batch:
-            node, env = item[0], item[1]
+        parts = _halves(batch)
+        while parts:
+            part = parts.pop()
             try:
-                new += self.store.store_batch([item], received_at=now)
-                self._stale |= self.store.stale
+                new += self.store.store_batch(part, received_at=now)
             except Exception as exc:
                 if not _message_fault(exc):
                     self._store_failed(exc, len(batch))
                     return None
-                bad.add((node, env.epoch, env.seq))
-                self.counters.rejected["store"] += 1
-                self._limited.warning("message_rejected", reason="store", node=node, type=env.type,
-                                      epoch=env.epoch, seq=env.seq, error=f"{type(exc).__name__}: {exc}")
+                if len(part) > 1:
+                    parts += _halves(part)
+                else:
+                    bad.add(self._refuse(part[0], exc))
                 continue
+            self._stale |= self.store.stale
             self._note_conflicts()
         self.counters.store_failing = 0
         return Stored(new, bad)
+
+    def _refuse(self, item: Any, exc: BaseException) -> tuple[str, str, int]:
+        """A message the store refused: counted, logged (rate-limited); its key."""
+        node, env = item[0], item[1]
+        self.counters.rejected["store"] += 1
+        self._limited.warning("message_rejected", reason="store", node=node, type=env.type,
+                              epoch=env.epoch, seq=env.seq, error=f"{type(exc).__name__}: {exc}")
+        return (node, env.epoch, env.seq)
 
     def _store_failed(self, exc: BaseException, messages: int) -> None:
         self.counters.store_errors += 1
@@ -255,6 +275,7 @@ class Fleet:
         """The newly stored messages of an acked batch: automation, then checkpoints. With
         several collectors they go through the leader's inbox (this batch's rows included),
         so the leader, whichever collector it is, sees every collector's messages once."""
+        self._stragglers(batch, new)
         if self.automation is None and self.checkpoints is None:
             return
         if self.coordination is not None:
@@ -262,6 +283,23 @@ class Fleet:
                 self._handle_inbox()
             return
         self._handle(_fresh(batch, new, self._stale), now)
+
+    def _stragglers(self, batch: Batch, new: list[tuple[str, int]]) -> None:
+        """Each newly stored validation: its node against the fleet (``validate.straggler``)."""
+        fresh = set(new)
+        events = [(node, env) for node, env, _ in batch if (node, env.seq) in fresh and env.type == EVENT
+                  and isinstance(env.body, dict) and env.body.get("kind") == VALIDATION]
+        if not events:
+            return
+        try:
+            found = judge_stragglers(self.store, self.settings, [node for node, _ in events])
+            for node, env in events:
+                if found.get(node):
+                    self.store.add_findings(node, env.seq, env.ts, found[node])
+                    self.log.warning("validate_straggler", node=node, findings=[f.message for f in found[node]])
+        except Exception as exc:  # the database is failing: stragglers wait for the next validation
+            self.counters.store_errors += 1
+            self.log.error("straggler_check_failed", error=f"{type(exc).__name__}: {exc}")
 
     def _handle(self, items: list[Fresh], now: float) -> None:
         if self.automation is not None:
@@ -317,6 +355,8 @@ class Fleet:
                 continue
             try:
                 verdict = decode_severity(item.body["verdict"])  # (a str: decode validated it)
+                if verdict is Severity.OK and item.body.get("kind") == VALIDATION:
+                    continue  # (active tests passing say nothing of the passive checks: no healthy streak)
                 decisions.extend(automation.on_report(item.node, verdict, item.findings(), now))
             except Exception as exc:  # a policy bug must not take the collector down
                 self.counters.automation_errors += 1

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import select
 import socket
 import sqlite3
 import ssl
@@ -504,8 +505,15 @@ def known_checks() -> frozenset[str]:
 # A scraper gets this long to send its request and read the answer: an idle or trickling
 # connection (slowloris) is closed instead of holding a thread.
 REQUEST_TIMEOUT_S = 10.0
-# At most this many requests are served at once; more are turned away at accept.
+# At most this many requests are served at once; more are turned away.
 MAX_WORKERS = 4
+# A connection holds none of those until its request line has arrived (over TLS: its
+# handshake is done and its first record arrived), which it gets this long for; at most
+# MAX_WAITING connections wait so, more are closed at accept. Idle sockets cannot keep
+# a scraper out.
+REQUEST_LINE_TIMEOUT_S = 2.0
+MAX_WAITING = 64
+_MAX_REQUEST_LINE = 65537  # (http.server's bound)
 # A scrape is computed at most once per this many seconds; scrapers in between (and
 # concurrent ones) get the same bytes, so scrapers cannot load the collector's database.
 CACHE_S = 1.0
@@ -568,15 +576,17 @@ class CachedExposition:
 
 
 class _BoundedServer(WSGIServer):
-    """One thread per request, at most MAX_WORKERS at once; beyond that the connection is
-    closed at once (a scraper retries; a flood does not pile up threads)."""
+    """One thread per connection: at most MAX_WAITING waiting for their request line (for
+    REQUEST_LINE_TIMEOUT_S), at most MAX_WORKERS serving one; a connection past either
+    bound is closed (a scraper retries; a flood does not pile up threads)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.slots = threading.BoundedSemaphore(MAX_WORKERS)
+        self.waiting = threading.BoundedSemaphore(MAX_WAITING)
         super().__init__(*args, **kwargs)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.slots.acquire(blocking=False):
+        if not self.waiting.acquire(blocking=False):
             self.shutdown_request(request)
             return
         thread = threading.Thread(target=self._serve, args=(request, client_address), daemon=True)
@@ -587,12 +597,40 @@ class _BoundedServer(WSGIServer):
 
     def _serve(self, request: Any, client_address: Any) -> None:
         try:
-            self.finish_request(request, client_address)
+            try:
+                arrived = request_line_arrived(request, REQUEST_LINE_TIMEOUT_S)
+            finally:
+                self.waiting.release()
+            if arrived and self.slots.acquire(blocking=False):
+                try:
+                    self.finish_request(request, client_address)
+                finally:
+                    self.slots.release()
         except Exception:
             self.handle_error(request, client_address)
         finally:
             self.shutdown_request(request)
-            self.slots.release()
+
+
+def request_line_arrived(sock: socket.socket, timeout_s: float) -> bool:
+    """Whether ``sock`` sent a whole request line (or closed) within ``timeout_s``. Over
+    TLS (whose records cannot be peeked at): whether it finished its handshake and sent
+    its first record."""
+    deadline = time.monotonic() + timeout_s
+    if isinstance(sock, ssl.SSLSocket):
+        sock.settimeout(timeout_s)
+        sock.do_handshake()
+        return bool(sock.pending()) or _readable(sock, deadline)
+    while time.monotonic() < deadline and _readable(sock, deadline):
+        data = sock.recv(_MAX_REQUEST_LINE, socket.MSG_PEEK)
+        if not data or b"\n" in data or len(data) >= _MAX_REQUEST_LINE:
+            return True
+        time.sleep(0.05)  # (a part of the line: readable at once again)
+    return False
+
+
+def _readable(sock: socket.socket, deadline: float) -> bool:
+    return bool(select.select([sock], [], [], max(0.0, deadline - time.monotonic()))[0])
 
 
 class MetricsServer:

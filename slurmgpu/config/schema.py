@@ -227,6 +227,9 @@ class XidSettings:
     overrides: dict[str, XidAction] = field(default_factory=dict)
     # Action for an XID the table does not know.
     unknown_action: XidAction = "warn"
+    # How far back the hooks, `check` and a starting agent read the kernel log's XIDs: at
+    # most this long, never before the boot or the last epilog that judged those GPUs.
+    kernel_log_lookback_s: Annotated[float, Range(0, 7 * 86400)] = 3600.0
 
 
 @dataclass
@@ -435,6 +438,10 @@ class CollectorSettings:
     # collector runs without it (logged) when it cannot bind it; agents send there only
     # once connected, so a closed port costs nothing but the latency it was meant to save.
     events_port: Annotated[int, Range(0, 65535)] = 7151
+    # `slurmgpu validate` results: a node this fraction below the fleet median (same GPU
+    # model and measurement) gets a validate.straggler WARN, once this many nodes have results.
+    straggler_fraction: Annotated[float, FRACTION] = 0.15
+    straggler_min_nodes: Annotated[int, Range(2, 100_000)] = 3
 
     @property
     def addresses(self) -> list[str]:
@@ -537,6 +544,50 @@ class ReportSettings:
     subject: str = "slurmgpu fleet report {date}: {availability_pct}% available, {drains} drains"
 
 
+HangSeverity = Literal["warn", "fail", "unknown"]
+BANDWIDTH = Range(0.001, 100_000)  # GB/s or Gb/s: well past any link that exists
+
+
+@dataclass
+class ValidateSettings:
+    """`slurmgpu validate` (docs/validation.md): budgets, floors in GB/s, Gb/s (InfiniBand)
+    and TFLOP/s (None: the GPU model's built-in floor), outliers, stragglers."""
+
+    # Total wall time of a tier (every test together); validate ends within it + ~2 s.
+    quick_budget_s: Annotated[float, TIMEOUT] = 60.0
+    full_budget_s: Annotated[float, TIMEOUT] = 900.0
+    # One test's hard limit (its process group is killed then); capped by what is left.
+    quick_test_timeout_s: Annotated[float, TIMEOUT] = 20.0
+    full_test_timeout_s: Annotated[float, TIMEOUT] = 300.0
+    # How long the GEMM burn / bandwidth loops run per test.
+    quick_burn_s: Annotated[float, Range(0.01, 600)] = 5.0
+    full_burn_s: Annotated[float, Range(0.01, 3600)] = 120.0
+    # Share of free GPU memory the HBM write/verify pattern covers.
+    quick_hbm_share: Annotated[float, FRACTION] = 0.1
+    full_hbm_share: Annotated[float, FRACTION] = 0.8
+    # dcgmi diag level per tier.
+    quick_dcgm_level: Annotated[int, Range(1, 4)] = 1
+    full_dcgm_level: Annotated[int, Range(1, 4)] = 3
+    # What a test that did not finish in time is.
+    hang_severity: HangSeverity = "fail"
+    # Floors (None: the GPU model's built-in floor, or none).
+    gemm_tflops: Annotated[float | None, Range(0.001, 100_000)] = None
+    hbm_gbps: Annotated[float | None, BANDWIDTH] = None
+    pcie_gbps: Annotated[float | None, BANDWIDTH] = None
+    p2p_gbps: Annotated[float | None, BANDWIDTH] = None
+    nccl_busbw_gbps: Annotated[float | None, BANDWIDTH] = None
+    ib_gbps: Annotated[float | None, BANDWIDTH] = None
+    # A GPU, GPU pair or IB pair this fraction below the node's median for the same
+    # measurement fails (the slow one among identical parts, whatever the floors say).
+    outlier_fraction: Annotated[float, FRACTION] = 0.25
+    # InfiniBand: GPUDirect (ib_write_bw --use_cuda=<gpu>); tools' paths ("" = $PATH).
+    ib_use_cuda: bool = False
+    nccl_tests_dir: str = ""
+    nvbandwidth: str = ""
+    # The Python that runs the built-in probe ("": slurmgpu's own); one with CuPy or PyTorch.
+    probe_python: str = ""
+
+
 @dataclass
 class Settings:
     gpu: GpuSettings = field(default_factory=GpuSettings)
@@ -565,3 +616,4 @@ class Settings:
     collector: CollectorSettings = field(default_factory=CollectorSettings)
     automation: AutomationSettings = field(default_factory=AutomationSettings)
     report: ReportSettings = field(default_factory=ReportSettings)
+    validate: ValidateSettings = field(default_factory=ValidateSettings)

@@ -224,13 +224,11 @@ def check_nvml(ctx: Context) -> Iterator[Finding]:
 def _gpu_count_finding(ctx: Context, nvml: NvmlFacts) -> Finding:
     """The engine's ``gpu.count`` check on these facts, with a fix for its finding."""
     from slurmgpu.checks.registry import all_checks
-    from slurmgpu.engine import evaluate
-    from slurmgpu.facts import IbFacts, NodeFacts, SoftwareVersions
+    from slurmgpu.engine import assemble, evaluate
     from slurmgpu.result import Severity
 
     assert ctx.settings is not None
-    facts = NodeFacts(node=ctx.node, collected_at=time.time(), nvml=nvml,
-                      ib=IbFacts(available=False), versions=SoftwareVersions())
+    facts = assemble(ctx.node, nvml, collected_at=time.time())
     spec = [c for c in all_checks() if c.id == "gpu.count"]
     problems = evaluate(facts, ctx.settings, checks=spec).problems()
     driver_fix = ("load the NVIDIA driver (`nvidia-smi` must work) or set [nvml] library; "

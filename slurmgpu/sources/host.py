@@ -136,8 +136,14 @@ class SystemHostSource:
         facts.disks = [self._disk(p) for p in self.config.disk_paths]
         facts.hung_processes = hung_gpu_processes(self._path("proc"))
         if self.config.kernel_log is not None:
-            facts.sxids = parse_sxids(kmsg.read_records(self.config.kernel_log))
+            self._sxids(facts, self.config.kernel_log)
         return facts
+
+    def _sxids(self, facts: HostFacts, kernel_log: str) -> None:
+        try:
+            facts.sxids = parse_sxids(kmsg.read_records(kernel_log))
+        except kmsg.KernelLogError as exc:
+            facts.errors["sxids"] = str(exc)
 
     def _driver(self, facts: HostFacts) -> None:
         with contextlib.suppress(OSError):

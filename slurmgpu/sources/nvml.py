@@ -204,6 +204,7 @@ class PynvmlSource:
             if index >= facts.device_count:
                 continue  # gpu.count reports requested GPUs the node does not have
             facts.gpus.append(_collect_gpu(nvml, index, _fields_for(facts.driver_version), self.watch))
+        facts.bus_ids = _bus_ids(nvml, facts, self.watch)
         self._retry_errors(nvml, facts)
         return facts
 
@@ -231,6 +232,20 @@ def _library_version(nvml: Any) -> str | None:
         return None
     parts = text.split(".")
     return ".".join(parts[1:]) if len(parts) == 4 else text
+
+
+def _bus_ids(nvml: Any, facts: NvmlFacts, watch: QueryWatch) -> list[str]:
+    """Every GPU's PCI bus id: the collected GPUs' own, one query each for the others."""
+    known = {g.index: g.pci_bus_id or "" for g in facts.gpus}
+    return [known[i] if i in known else _bus_id(nvml, i, watch) for i in range(facts.device_count)]
+
+
+def _bus_id(nvml: Any, index: int, watch: QueryWatch) -> str:
+    watch.at(index, "nvmlDeviceGetPciInfo")
+    try:
+        return _text(nvml.nvmlDeviceGetPciInfo(nvml.nvmlDeviceGetHandleByIndex(index)).busId) or ""
+    except nvml.NVMLError:
+        return ""
 
 
 def driver_branch(version: str | None) -> int | None:

@@ -12,6 +12,14 @@ the leader is the collector whose database session holds a session-level advisor
   bound. A follower then takes the lock at its next poll.
 * A session that was lost and opened again is a new session: leadership is never
   assumed from an old one (the check is "does *this* session hold the lock").
+* A leader that stops but keeps its session (SIGSTOP, a loop stuck in a call: the
+  server's keepalives are answered by the kernel) stops renewing its lease: its poll,
+  a statement every second, is what keeps its session's ``state_change`` in
+  ``pg_stat_activity`` fresh. A follower that finds the lock held by a session idle for
+  longer than ``timeout_s`` ends that session (``pg_terminate_backend``, which needs the
+  collectors to connect as one role) and takes the lock; the old leader, when it runs
+  again, finds its session gone at its next query (the fence before any Slurm call
+  makes one) and does not act.
 
 With SQLite there is one collector per database file: it always leads.
 
@@ -36,6 +44,15 @@ _HELD = ("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted 
          f"{LEADER_LOCK_KEY}")
 
 
+# The session holding the lock, if it has run no statement for longer than the lease
+# (seconds, the parameter): a leader that stopped renewing it.
+_STALE = ("SELECT a.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+          "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND "
+          f"((l.classid::bigint << 32) | l.objid::bigint) = {LEADER_LOCK_KEY} AND a.state = 'idle' "
+          "AND a.state_change < clock_timestamp() - make_interval(secs => ?)")
+_END_WAIT_MS = 5000  # how long ending a stale leader's session may take
+
+
 class Leadership:
     """This collector's claim to lead (see the module docstring). One owner (the loop)."""
 
@@ -45,6 +62,7 @@ class Leadership:
         self.shared = is_postgres(self.target)  # False: one SQLite file, one collector
         self.leader = not self.shared
         self._db: Connection | None = None
+        self.ended: int | None = None  # the stale leader's session this one's last poll ended
 
     def poll(self) -> bool:
         """Try to become the leader, or check that this collector still is; True while it
@@ -56,11 +74,28 @@ class Leadership:
             if self.leader:
                 self.leader = int(db.execute(_HELD).fetchone()[0]) > 0
             if not self.leader:
-                self.leader = bool(db.execute(f"SELECT pg_try_advisory_lock({LEADER_LOCK_KEY})").fetchone()[0])
+                self.leader = self._try_lock(db) or (self._end_stale_leader(db) and self._try_lock(db))
         except (sqlite3.Error, StoreError):  # (StoreError: no psycopg)
             self._drop()
             self.leader = False
         return self.leader
+
+    @staticmethod
+    def _try_lock(db: Connection) -> bool:
+        return bool(db.execute(f"SELECT pg_try_advisory_lock({LEADER_LOCK_KEY})").fetchone()[0])
+
+    def _end_stale_leader(self, db: Connection) -> bool:
+        """End the session of a leader that stopped renewing its lease (``ended``: its
+        backend pid); whether there was one and it is gone."""
+        self.ended = None
+        row = db.execute(_STALE, (self.timeout_s,)).fetchone()
+        if row is None:
+            return False
+        pid = int(row[0])
+        if not db.execute("SELECT pg_terminate_backend(?, ?)", (pid, _END_WAIT_MS)).fetchone()[0]:
+            return False
+        self.ended = pid
+        return True
 
     def release(self) -> None:
         """Stop leading (a clean shutdown: a follower takes over at its next poll)."""

@@ -498,3 +498,17 @@ def node_changes(db: Connection, version: int) -> NodeChanges:
     return NodeChanges(NodeVerdictColumns([str(r[0]) for r in rows], [float(r[1]) for r in rows],
                                           [1 if r[2] else 0 for r in rows], [r[3] for r in rows]),
                        [r[5] for r in rows], [str(r[0]) for r in rows if r[4] > version], total)
+
+
+# ---------------------------------------------------------------------- validation (slurmgpu validate)
+
+
+def latest_validations(db: Connection) -> list[tuple[str, int, float, dict[str, Any]]]:
+    """Each node's newest ``validation`` event: (node, seq, ts, body decoded)."""
+    rows = db.execute("SELECT e.node, e.seq, e.ts, e.body FROM events e WHERE e.kind = 'validation' AND e.ts = "
+                      "(SELECT max(ts) FROM events l WHERE l.node = e.node AND l.kind = 'validation') "
+                      "ORDER BY e.node, e.seq")
+    latest: dict[str, tuple[str, int, float, dict[str, Any]]] = {}
+    for node, seq, ts, body in rows:
+        latest[node] = (node, int(seq), float(ts), msgpack.unpackb(body, raw=False))
+    return list(latest.values())

@@ -13,6 +13,7 @@ are written in SQLite's DDL and ``Dialect.ddl`` turns each statement into Postgr
 from __future__ import annotations
 
 import functools
+import os
 import sqlite3
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -555,12 +556,19 @@ def _connect_postgres_store(url: str, timeout_s: float) -> Connection:
 
 
 def _connect_sqlite(path: Path, timeout_s: float) -> Connection:
-    """SQLite: WAL, ``synchronous=NORMAL``; an empty or corrupt file is refused."""
+    """SQLite: WAL, ``synchronous=NORMAL``; an empty or corrupt file is refused, and so is
+    one that cannot be opened or written here (said so, in one line)."""
     memory = str(path) == ":memory:"
-    if not memory:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _refuse_empty_file(path)
-    db = sqlite3.connect(str(path), timeout=timeout_s, isolation_level=None, check_same_thread=False)
+    try:
+        if not memory:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _refuse_empty_file(path)
+            _refuse_unwritable(path)
+        db = sqlite3.connect(str(path), timeout=timeout_s, isolation_level=None, check_same_thread=False)
+    except (OSError, sqlite3.Error) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise StoreError(f"{path}: cannot open the database ({reason}); [collector] db must name a "
+                         "file in a directory this user can write") from None
 
     def pragmas() -> None:
         db.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
@@ -600,6 +608,19 @@ def _refuse_empty_file(path: Path) -> None:
         return  # a new database: created by the migrations
     if size == 0:
         raise StoreError(f"{path}: the database file is empty (0 bytes); {RECOVER}")
+
+
+def _refuse_unwritable(path: Path) -> None:
+    """The collector writes the database and its -wal and -shm files beside it: a file or
+    directory it cannot write is said to be so (a good database on a read-only mount is
+    no damage to restore from a backup)."""
+    for target in (path, path.parent):
+        if target.exists() and not os.access(target, os.W_OK):
+            why = ("on a read-only filesystem" if os.statvfs(target).f_flag & os.ST_RDONLY
+                   else f"not writable by uid {os.getuid()}")
+            raise StoreError(f"{target}: the fleet database cannot be written here ({why}); the collector "
+                             "writes it and the -wal and -shm files beside it: mount it read-write, or "
+                             "let this user write the file and its directory")
 
 
 def _check_integrity(db: sqlite3.Connection, path: Path) -> None:

@@ -25,7 +25,6 @@ TASKPROLOG = "prolog/slurmgpu-taskprolog"
 HOOK_WRAPPERS = {"prolog": "prolog/slurmgpu-prolog", "epilog": "epilog/slurmgpu-epilog"}
 SANE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NVIDIA_MAJOR = 195
-XID_EVENT_TYPE = 0x8  # nvmlEventTypeXidCriticalError
 STATE_FILE = "cluster.json"
 COLLECTOR_BASE_PORT = 17600
 COLLECTOR = "collector"
