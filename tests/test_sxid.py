@@ -113,3 +113,31 @@ def test_a_kernel_log_that_cannot_be_read_is_unknown_not_fail() -> None:
     facts = facts_with()
     facts.host.errors["sxids"] = "/dev/kmsg: not read within 2 s"
     assert sxid_findings(facts) == [("UNKNOWN", None, "kernel log not read: /dev/kmsg: not read within 2 s")]
+
+
+def test_the_agent_keeps_a_fatal_sxid_the_ring_buffer_rotated_out(tmp_path: Path) -> None:
+    from slurmgpu.agent.core import Agent
+    from slurmgpu.engine import Sources
+    from slurmgpu.testing import (
+        FakeClock,
+        FakeHostSource,
+        FakeIbSource,
+        FakeNvmlSource,
+        FakeVersionSource,
+    )
+
+    base = make_facts()
+    host = healthy_host()
+    host.sxids = parse_sxids(PUBLISHED["incident"]["lines"][1:2])
+    source = FakeHostSource(host)
+    settings = Settings()
+    settings.paths.state_dir = str(tmp_path)
+    agent = Agent(settings, "gpu-h100-001", environ={}, clock=FakeClock(),
+                  sources=Sources(FakeNvmlSource(base.nvml), FakeIbSource(base.ib),
+                                  FakeVersionSource(base.versions), FakeClock(), source))
+    _, first = agent.poll()
+    source.facts.sxids = []  # rotated out of /dev/kmsg
+    _, second = agent.poll()
+    for verdict in (first, second):
+        assert [(f.severity.name, f.subject) for f in verdict.findings if f.check == "nvswitch.sxid"] == [
+            ("FAIL", "nvidia-nvswitch1")]

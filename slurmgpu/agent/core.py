@@ -33,6 +33,7 @@ from slurmgpu.fileutil import write_text_atomic
 from slurmgpu.log import get_logger
 from slurmgpu.result import Finding, Severity, Verdict
 from slurmgpu.sources import Clock, SystemClock, kmsg
+from slurmgpu.sources.sxids import merge_sxids
 from slurmgpu.summary import report_fields
 
 # XIDs the agent remembers (NVML events, the kernel log's at start), newest kept; they
@@ -231,6 +232,8 @@ class Agent:
         elif self._versions is not None:
             facts.versions = self._versions
         self.flaps.observe(facts.ib, now)
+        if previous is not None:  # the kernel ring buffer may have rotated an SXid out
+            facts.host.sxids = merge_sxids(facts.host.sxids, previous.host.sxids)
         verdict = evaluate(facts, self.settings)
         extra: list[Finding] = []
         spool_error = self.spool.take_error() if self.spool is not None else None

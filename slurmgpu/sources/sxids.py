@@ -39,3 +39,11 @@ def parse_sxids(lines: Iterable[str], *, boot_wall: float | None = None) -> list
 def sxid_message(pci: str, code: int, text: str, switch: str = "nvidia-nvswitch0") -> str:
     """One SXid kernel message, as the NVSwitch driver words it (the simulator's)."""
     return f"{switch}: SXid (PCI:{pci}): {code}, {text}"
+
+
+def merge_sxids(logged: list[SxidEvent], remembered: list[SxidEvent]) -> list[SxidEvent]:
+    """The SXids read now, with those an earlier read had that the log no longer holds (the
+    agent's memory across a rotated ring buffer), oldest first, at most MAX_EVENTS."""
+    seen = {(e.switch, e.sxid, e.timestamp, e.message) for e in logged}
+    kept = [e for e in remembered if (e.switch, e.sxid, e.timestamp, e.message) not in seen]
+    return (kept + logged)[-MAX_EVENTS:]
