@@ -119,3 +119,36 @@ def test_check_on_a_hung_gpu_ends_within_its_deadline(sim_dir_env: Path, tmp_pat
     assert (proc.returncode, failing) == (2, {("gpu.responsive", 3)})
     assert any("D state" in f["message"] for f in result["findings"] if f["check"] == "gpu.responsive")
     assert took < 1.0 + 10, took  # the deadline plus the interpreter's start, on a busy machine
+
+
+def test_the_cold_prolog_on_a_hung_gpu_refuses_the_job_within_its_budget(fake_nvml_lib: Path,
+                                                                          tmp_path: Path) -> None:
+    """The shipped path (quick client, no agent -> `slurmgpu prolog`) on a node whose GPU 3
+    hangs in NVML. Before the deadline the gather never ended: the watchdog failed the job open."""
+    from slurmgpu.sim.hostroot import materialize
+    from slurmgpu.sim.scenario import SCENARIO_DIR
+    from tests.simfixtures import bundled_scenario, sim_env
+
+    repo = Path(__file__).resolve().parent.parent
+    config = tmp_path / "slurmgpu.toml"
+    config.write_text((repo / "etc" / "sim-h100.toml").read_text() + "\n[nvml]\nquery_deadline_s = 1.0\n")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "scontrol").write_text("#!/bin/sh\nexit 0\n")
+    (bindir / "scontrol").chmod(0o755)
+    (tmp_path / "kmsg").write_text("")
+    host = materialize(bundled_scenario("fault-gpu-hang"), tmp_path / "host")
+    env = sim_env(fake_nvml_lib, SCENARIO_DIR / "fault-gpu-hang.json", SLURMGPU_STATE_DIR=str(tmp_path / "state"),
+                  SLURMGPU_KMSG=str(tmp_path / "kmsg"), SLURMD_NODENAME="gpu-h100-001", SLURM_JOB_ID="4242",
+                  SLURM_JOB_GPUS="2,3", SLURMGPU_CONFIG=str(config), SLURMGPU_PYTHON=sys.executable,
+                  SLURMGPU_AGENT_SOCKET=str(tmp_path / "no-agent.sock"), SLURMGPU_HOST_ROOT=str(host),
+                  PATH=f"{bindir}:{os.environ['PATH']}")
+    env.pop("SLURMGPU_BIN", None)
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-I", "-S", str(repo / "slurmgpu" / "quickgate.py"), "prolog"],
+                          env=env, capture_output=True, text=True, timeout=60, check=False, cwd="/")
+    took = time.monotonic() - started
+    assert proc.returncode == 1, proc.stderr
+    (record,) = [json.loads(line) for line in (tmp_path / "state" / "gate.jsonl").read_text().splitlines()]
+    assert record["verdict"] == "FAIL" and "gpu.responsive" in record["reason"], record
+    assert took < Settings().prolog.timeout_s / 2, took
