@@ -276,3 +276,18 @@ def test_the_new_findings_reach_the_collector_and_the_reports_failures_by_check(
     stored = wire.decode(frame).body["facts"]
     plain = msgpack.unpackb(stored, raw=False) if isinstance(stored, bytes) else stored
     assert NodeFacts.from_json(plain).host.disks[0].free_bytes == 0
+
+
+def test_the_new_settings_and_checks_follow_hosts_sections(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[services]\nrequired = ["nvidia-persistenced"]\n\n'
+                    '[[hosts]]\nname = "dcgm"\nnodes = "gpu-[01-04]"\nservices.required = ["nvidia-persistenced", "nvidia-dcgm"]\n'
+                    'disk.free_min = {"/scratch" = "10G"}\nrdma.gpudirect = true\n\n'
+                    '[[hosts]]\nname = "login"\nnodes = "login01"\nchecks.disabled = ["host.services", "nvswitch.sxid"]\n')
+    cfg = load_config(str(path))
+    gpu = cfg.settings_for("gpu-02")
+    assert gpu.services.required == ["nvidia-persistenced", "nvidia-dcgm"] and gpu.rdma.gpudirect
+    assert gpu.disk.free_min == {"/tmp": "1%", "/var": "1%", "/scratch": "10G"}  # tables merge
+    assert cfg.settings_for("gpu-05").services.required == ["nvidia-persistenced"]
+    login = cfg.settings_for("login01")
+    assert {"host.services", "nvswitch.sxid"}.isdisjoint({f.check for f in evaluate(host_facts(), login).findings})
