@@ -231,10 +231,13 @@ def test_each_bundled_fault_fails_check_with_its_finding(sim_dir_env: Path, tmp_
     assert (code, failing(result)) == (2, expected)
 
 
-def test_the_healthy_node_passes_them(sim_dir_env: Path, tmp_path: Path) -> None:
-    code, result = check_under("h100-sxm-8", tmp_path, "[rdma]\ngpudirect = true\n")
-    ours = [f for f in result["findings"] if f["check"].startswith(("host.", "nvml.", "rdma."))]
-    assert code == 0 and len(ours) == 5 and all(f["severity"] == "OK" for f in ours)
+@pytest.mark.parametrize("scenario", ["h100-sxm-8", "h100-sxm-8-r535", "a100-sxm-8", "h200-r580"])
+def test_the_healthy_nodes_pass_them(sim_dir_env: Path, tmp_path: Path, scenario: str) -> None:
+    code, result = check_under(scenario, tmp_path, "[rdma]\ngpudirect = true\n")
+    ours = [f for f in result["findings"] if f["check"].startswith(("host.", "nvml.", "rdma.", "nvswitch.", "gpu.resp"))]
+    assert code == 0 and all(f["severity"] == "OK" for f in ours), ours
+    assert {f["check"] for f in ours if not f.get("not_applicable")} >= {
+        "host.disk", "host.services", "nvml.driver_mismatch", "rdma.gpudirect"}
 
 
 @pytest.mark.parametrize("entry", json.loads((DATA / "nvml_mismatch.json").read_text())["messages"],
