@@ -152,3 +152,44 @@ def test_the_cold_prolog_on_a_hung_gpu_refuses_the_job_within_its_budget(fake_nv
     (record,) = [json.loads(line) for line in (tmp_path / "state" / "gate.jsonl").read_text().splitlines()]
     assert record["verdict"] == "FAIL" and "gpu.responsive" in record["reason"], record
     assert took < Settings().prolog.timeout_s / 2, took
+
+
+def test_a_real_agent_on_a_hung_gpu_keeps_answering_the_warm_prolog(fake_nvml_lib: Path, tmp_path: Path) -> None:
+    """The agent process polls a node whose GPU 3 hangs in NVML; the shipped quick client
+    asks it for a job on GPU 3 (refused) and one on GPU 0 (runs), each well within budget."""
+    from slurmgpu.sim.hostroot import materialize
+    from slurmgpu.sim.scenario import SCENARIO_DIR
+    from tests.agenthelpers import AgentProcess, free_port, make_bundle, wait_until, write_config
+    from tests.simfixtures import bundled_scenario, sim_env
+
+    repo = Path(__file__).resolve().parent.parent
+    spool = tmp_path / "spool"
+    config = write_config(tmp_path / "agent.toml", port=free_port(), spool=spool,
+                          extra=f'[nvml]\nquery_deadline_s = 1.0\n\n[paths]\nstate_dir = "{tmp_path / "state"}"\n')
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "scontrol").write_text("#!/bin/sh\nexit 0\n")
+    (bindir / "scontrol").chmod(0o755)
+    (tmp_path / "kmsg").write_text("")
+    env = sim_env(fake_nvml_lib, SCENARIO_DIR / "fault-gpu-hang.json", SLURMGPU_KMSG=str(tmp_path / "kmsg"),
+                  SLURMGPU_HOST_ROOT=str(materialize(bundled_scenario("fault-gpu-hang"), tmp_path / "host")),
+                  SLURMGPU_STATE_DIR=str(tmp_path / "state"), PATH=f"{bindir}:{os.environ['PATH']}")
+    agent = AgentProcess(config, make_bundle(tmp_path)[0], env, tmp_path / "agent.log", node="gpu-h100-001")
+    try:
+        wait_until(lambda: (spool / "agent.sock").exists(), timeout=30, what="the agent's socket")
+        hook = {**env, "SLURMD_NODENAME": "gpu-h100-001", "SLURM_JOB_ID": "7", "SLURMGPU_PYTHON": sys.executable,
+                "SLURMGPU_AGENT_SOCKET": str(spool / "agent.sock"), "SLURMGPU_CONFIG": str(config)}
+        hook.pop("SLURMGPU_BIN", None)
+        for gpus, expected in (("3", 1), ("0", 0)):
+            started = time.monotonic()
+            proc = subprocess.run([sys.executable, "-I", "-S", str(repo / "slurmgpu" / "quickgate.py"), "prolog"],
+                                  env={**hook, "SLURM_JOB_GPUS": gpus}, capture_output=True, text=True,
+                                  timeout=60, check=False, cwd="/")
+            took = time.monotonic() - started
+            assert proc.returncode == expected, (gpus, proc.stderr, agent.output()[-2000:])
+            assert took < Settings().prolog.timeout_s / 2, (gpus, took)
+        records = [json.loads(line) for line in (tmp_path / "state" / "gate.jsonl").read_text().splitlines()]
+        assert [(r.get("path"), r["verdict"]) for r in records] == [("agent", "FAIL"), ("agent", "OK")], records
+        assert "gpu.responsive" in records[0]["reason"]
+    finally:
+        agent.stop()
