@@ -193,3 +193,16 @@ def test_a_real_agent_on_a_hung_gpu_keeps_answering_the_warm_prolog(fake_nvml_li
         assert "gpu.responsive" in records[0]["reason"]
     finally:
         agent.stop()
+
+
+def test_the_retry_pause_is_not_a_query_past_its_deadline(sim_dir_env: Path, tmp_path: Path) -> None:
+    """A GPU answering errors is read again after [nvml] retry_delay_s (2 s here): that pause
+    is no NVML call, so a 1 s deadline must not call the GPU unresponsive."""
+    config = tmp_path / "c.toml"
+    config.write_text("[nvml]\nquery_deadline_s = 1.0\nretry_delay_s = 2.0\n")
+    env = {**os.environ, **sim_environment("fault-nvml-unknown-error")}
+    proc = subprocess.run([sys.executable, "-m", "slurmgpu", "check", "--json", "--config", str(config)],
+                          env=env, capture_output=True, text=True, timeout=60, check=False)
+    found = json.loads(proc.stdout)["findings"]
+    assert {(f["check"], f["gpu"]) for f in found if f["severity"] == "FAIL"} == {("gpu.nvml_errors", 4)}
+    assert all(f["severity"] == "OK" for f in found if f["check"] == "gpu.responsive")

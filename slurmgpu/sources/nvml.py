@@ -86,6 +86,10 @@ class QueryWatch:
     def at(self, gpu: int | None, query: str) -> None:
         self.gpu, self.query, self.since = gpu, query, time.monotonic()
 
+    def pause(self, seconds: float) -> None:
+        """The gather waits on purpose (the retry delay): the next query's clock starts after."""
+        self.since = time.monotonic() + seconds
+
 
 class _Query:
     """Runs NVML calls for one GPU, translating errors into facts."""
@@ -214,6 +218,7 @@ class PynvmlSource:
         failed = [i for i, g in enumerate(facts.gpus) if g.errors and not g.lost]
         if not failed or self.retry_delay_s <= 0:
             return
+        self.watch.pause(self.retry_delay_s)
         time.sleep(self.retry_delay_s)
         for i in failed:
             first = facts.gpus[i]
