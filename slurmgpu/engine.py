@@ -184,13 +184,19 @@ def source_facts(sources: Sources, settings: Settings, environ: Mapping[str, str
 
 def second_brake_sample(facts: NodeFacts, sources: Sources, thermal: ThermalSettings,
                         progress: Progress = _quiet) -> NodeFacts:
-    """A one-shot gather has no previous sample to tell a held clock brake from a momentary
-    one (``thermal.clock_brake``): where a GPU shows one, sample the braked GPUs again
-    ``[thermal] brake_resample_s`` later, with the first gather as the previous sample."""
+    """A fresh gather whose previous sample (none on the cold path; the agent's last poll on
+    the warm one) does not show a GPU's clock brake cannot tell a held brake from a momentary
+    one (``thermal.clock_brake``): sample those GPUs again ``[thermal] brake_resample_s``
+    later, with the first gather as the previous sample."""
     from slurmgpu.checks.thermal import braked
 
-    held = frozenset(g.index for g in facts.gpus if braked(g, thermal.brake_fraction))
-    if not held or facts.previous is not None or thermal.brake_resample_s <= 0:
+    def seen_before(index: int) -> bool:
+        prev = facts.previous.gpu(index) if facts.previous is not None else None
+        return prev is not None and braked(prev, thermal.brake_fraction)
+
+    held = frozenset(g.index for g in facts.gpus
+                     if braked(g, thermal.brake_fraction) and not seen_before(g.index))
+    if not held or thermal.brake_resample_s <= 0:
         return facts
     progress("gather:brake_resample")
     time.sleep(thermal.brake_resample_s)

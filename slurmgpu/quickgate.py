@@ -20,7 +20,7 @@ drains its nodes. A full path killed after a FAIL verdict still refuses (exit 1)
 
 Socket: ``$SLURMGPU_AGENT_SOCKET``, else ``[agent] socket`` of the config file
 (``--config``, ``$SLURMGPU_CONFIG`` or /etc/slurmgpu/slurmgpu.toml, read only when it
-exists), else /run/slurmgpu/agent.sock. The agent must accept within
+exists, and its drop-ins), else /run/slurmgpu/agent.sock. The agent must accept within
 ``$SLURMGPU_AGENT_TIMEOUT`` / ``[agent] query_timeout_s`` (default 0.5 s). The protocol
 is ``slurmgpu/localproto.py`` (shared with the agent), loaded from beside this file.
 
@@ -80,8 +80,33 @@ def config_file(args: Sequence[str], environ: Mapping[str, str]) -> str:
 
 
 def read_config(path: str) -> dict[str, Any]:
-    """The config file's tables, or {} when it is absent or unreadable (the full path
-    reports config errors; this one only needs ``[agent]``)."""
+    """The config's top-level tables: the file's, then each drop-in's (``slurmgpu.config.load``:
+    ``<name>.d/*.toml`` beside it, in byte order of their names) merged over them key by
+    key; {} for a file that is absent or unreadable (the full path reports config errors;
+    this one only needs a few keys)."""
+    merged: dict[str, Any] = {}
+    for one in [path, *dropin_files(path)]:
+        for name, table in _read_toml(one).items():
+            if isinstance(table, dict) and isinstance(merged.get(name), dict):
+                merged[name] = {**merged[name], **table}
+            else:
+                merged[name] = table
+    return merged
+
+
+def dropin_files(path: str) -> list[str]:
+    """``slurmgpu.config.load.dropin_files`` with the standard library only (no errors)."""
+    root, ext = os.path.splitext(path)
+    directory = (root if ext == ".toml" else path) + ".d"
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    wanted = [n for n in names if n.endswith(".toml") and not n.startswith(".")]
+    return [os.path.join(directory, n) for n in sorted(wanted, key=os.fsencode)]
+
+
+def _read_toml(path: str) -> dict[str, Any]:
     if not os.path.isfile(path):
         return {}
     try:

@@ -27,7 +27,7 @@ from slurmgpu.agent.spool import Spool
 from slurmgpu.config.env import apply_env
 from slurmgpu.config.schema import Settings
 from slurmgpu.decision import Action, PolicyTable
-from slurmgpu.engine import Sources, assemble, evaluate, gather, system_sources
+from slurmgpu.engine import Sources, assemble, evaluate, gather, second_brake_sample, system_sources
 from slurmgpu.facts import NodeFacts, NvmlFacts, SoftwareVersions, XidEvent
 from slurmgpu.fileutil import write_text_atomic
 from slurmgpu.log import get_logger
@@ -209,7 +209,7 @@ class Agent:
         facts = assemble(self.node, nvml, collected_at=self.clock.time(), ib=ib,
                          versions=base.versions, xids=xids, previous=base, host=base.host)
         self._merge_gpus(nvml, now)
-        return facts
+        return second_brake_sample(facts, self.sources, self.settings.thermal)
 
     # ------------------------------------------------------------ polling
 

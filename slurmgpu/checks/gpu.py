@@ -1,10 +1,11 @@
-"""GPU presence, modes and the driver's word: gpu.count, gpu.lost, gpu.responsive,
+"""GPU presence, modes and the driver's word: gpu.count, gpu.model, gpu.lost, gpu.responsive,
 gpu.persistence, gpu.mig, gpu.nvml_errors, gpu.recovery_action."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from fnmatch import fnmatchcase
 
 from slurmgpu.checks.registry import CheckContext, check, not_applicable, ok, problem
 from slurmgpu.facts import (
@@ -40,6 +41,19 @@ def gpu_count(ctx: CheckContext) -> Iterator[Finding]:
                       missing=missing)
     if (expected is None or nvml.device_count == expected) and not missing:
         yield ok(f"{nvml.device_count} GPUs present", present=nvml.device_count)
+
+
+@check("gpu.model", severity=Severity.FAIL, reads=("gpu.name",),
+       summary="every GPU is a model [gpu] model names (NVML's name; globs allowed)")
+def gpu_model(ctx: CheckContext) -> Iterator[Finding]:
+    models = ctx.settings.gpu.model
+    if not models:
+        yield not_applicable("GPU model not pinned")
+        return
+    for gpu in ctx.live_gpus():
+        if gpu.name is None or not any(fnmatchcase(gpu.name, m) for m in models):
+            yield problem(Severity.FAIL, f"GPU is {gpu.name or 'of an unknown model'}, expected "
+                          f"{' or '.join(models)}", gpu=gpu.index, actual=gpu.name, expected=models)
 
 
 @check("gpu.lost", severity=Severity.FAIL, reads=("gpu.lost",),

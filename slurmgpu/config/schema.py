@@ -73,6 +73,9 @@ class GpuSettings:
     # Require persistence mode (avoids slow first-contact init and lost state between jobs).
     persistence: bool = True
     mig: MigMode = "any"
+    # GPU models every GPU must be, as NVML names them ("NVIDIA H100 80GB HBM3"); globs
+    # allowed ("NVIDIA H100*"). Empty: not checked.
+    model: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -11,6 +11,8 @@ from slurmgpu.errors import SimError
 
 ENV_CLUSTER_DIR = "SLURMGPU_CLUSTER_DIR"
 DEFAULT_DIR = Path("/tmp/slurmgpu-cluster")
+#: Where `slurmgpu demo` leaves its cluster up (its default --dir).
+DEMO_DIR = Path("/tmp/slurmgpu-demo")
 DEFAULT_SCENARIO = "h100-sxm-8"
 BUNDLED_GPUS = 8  # bundled scenarios describe 8-GPU nodes
 BASE_PORT = 17100
