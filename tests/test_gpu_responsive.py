@@ -206,3 +206,26 @@ def test_the_retry_pause_is_not_a_query_past_its_deadline(sim_dir_env: Path, tmp
     found = json.loads(proc.stdout)["findings"]
     assert {(f["check"], f["gpu"]) for f in found if f["severity"] == "FAIL"} == {("gpu.nvml_errors", 4)}
     assert all(f["severity"] == "OK" for f in found if f["check"] == "gpu.responsive")
+
+
+class HangingInit(HangingNvml):
+    """nvmlInit itself does not answer (the driver is wedged for every GPU)."""
+
+    def collect(self, gpus: frozenset[int] | None = None) -> NvmlFacts:
+        self.watch.facts = None
+        self.watch.at(None, "nvmlInit")
+        self.release.wait()
+        return self.facts
+
+
+def test_nvml_that_does_not_start_fails_the_node_not_one_gpu() -> None:
+    nvml = HangingInit(hung_gpu=-1)
+    facts = make_facts()
+    facts.nvml = DeadlineNvmlSource(nvml, deadline_s=0.2).collect()
+    try:
+        assert not facts.nvml.available and facts.nvml.error == "NVML not responding: nvmlInit did not answer within 0.2 s"
+        found = [(f.severity.name, f.gpu, f.message) for f in evaluate(facts, Settings()).findings
+                 if f.check == "gpu.responsive"]
+        assert found == [("FAIL", None, "NVML not responding: nvmlInit did not answer within 0.2 s")]
+    finally:
+        nvml.release.set()
