@@ -97,7 +97,11 @@ def check(config_file: str | None, gpus: str | None, node: str | None, xids: tup
         click.echo(json.dumps(verdict_json(verdict, facts.to_json(), scope, duration_ms), indent=2))
     else:
         click.echo(render_table(verdict, show_all=show_all, duration_ms=duration_ms))
+    from slurmgpu.sources.deadline import leave_if_stuck
+
+    leave_if_stuck(verdict.severity.exit_code)
     return verdict.severity.exit_code
+
 
 
 def verdict_json(verdict: Verdict, facts: dict[str, Any], scope: frozenset[int] | None,

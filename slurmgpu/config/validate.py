@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from slurmgpu.config.hosts import HOST_KEYS, HostSection, Table, Tables, parse_nodeset
-from slurmgpu.config.schema import Range, Settings
+from slurmgpu.config.schema import Range, Settings, free_threshold
 from slurmgpu.config.tomltext import DictKey, KeyPath, find_line, format_value, quote, render_key
 from slurmgpu.config.versions_match import spec_error
 from slurmgpu.errors import ConfigError, ConfigErrors
@@ -329,6 +329,11 @@ class Validator:
                     raise self.error(key if single else (*key, i), err)
         elif setting == "collector.address":
             self.addresses(key, [value] if single else value, single)
+        elif setting == "disk.free_min":
+            for k, v in value.items():
+                err = _free_min_error(v)
+                if err:
+                    raise self.error((*key, DictKey(k)), err)
         elif setting == "ib.hw_counters_delta_max":
             for k in value:
                 if not _HW_COUNTER_RE.fullmatch(k):
@@ -402,6 +407,15 @@ def endpoint_error(address: str) -> str | None:
                 'e.g. "tcp://slurm-head:7150"')
     if not 1 <= int(found.group(1)) <= 65535:
         return f"port out of range in {quote(address)} (1 to 65535)"
+    return None
+
+
+def _free_min_error(text: str) -> str | None:
+    try:
+        free_threshold(text)
+    except (ValueError, OverflowError):
+        return (f"not a free-space threshold: {quote(text)}; write a share or a size, "
+                'e.g. "3%", "10G", "500M"')
     return None
 
 

@@ -217,10 +217,13 @@ def check_nvml(ctx: Context) -> Iterator[Finding]:
     if settings.gpu.count == 0:
         yield skip("nvml", "[gpu] count = 0: no GPUs expected on this node")
         return
+    from slurmgpu.sources.deadline import DeadlineNvmlSource
     from slurmgpu.sources.nvml import PynvmlSource
 
-    # frozenset(): the system queries and the device count only, no per-GPU reads.
-    nvml = PynvmlSource(settings.nvml.library, environ=ctx.environ, retry_delay_s=0).collect(frozenset())
+    # frozenset(): the system queries and the device count only, no per-GPU reads; a hung
+    # driver answers within [nvml] query_deadline_s.
+    source = PynvmlSource(settings.nvml.library, environ=ctx.environ, retry_delay_s=0)
+    nvml = DeadlineNvmlSource(source, settings.nvml.query_deadline_s).collect(frozenset())
     yield _gpu_count_finding(ctx, nvml)
 
 
