@@ -765,10 +765,26 @@ def test_pyslurm_available_reports_why(monkeypatch: pytest.MonkeyPatch) -> None:
     assert isinstance(make_client(SlurmSettings()), PyslurmClient)
 
 
+def test_pyslurm_for_another_slurm_is_never_imported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Importing pyslurm loads the libslurm it was built for, which then reads this
+    cluster's slurm.conf: a pyslurm 25.11 must not be imported where 22.05 runs."""
+    from slurmgpu.slurm import pyslurm_client
+
+    monkeypatch.delitem(sys.modules, "pyslurm", raising=False)
+    real_find_spec = pyslurm_client.importlib.util.find_spec
+    monkeypatch.setattr(pyslurm_client.importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "pyslurm" else real_find_spec(name, *a))
+    monkeypatch.setattr(pyslurm_client, "installed_version", lambda: "25.11.2")
+    monkeypatch.setattr(pyslurm_client, "_import_pyslurm", lambda env=None: pytest.fail("imported"))
+    monkeypatch.setattr(CliSlurmClient, "version", lambda self: (22, 5))
+    assert pyslurm_available() == (False, "pyslurm 25.11.2 is for Slurm 25.11, running Slurm is 22.05")
+
+
 # =========================================================================== contract
 
 
-IMPLEMENTATIONS = ["cli", "pyslurm"]
+# The pyslurm case also carries the ``pyslurm`` mark: `-m pyslurm` runs just those.
+IMPLEMENTATIONS = ["cli", pytest.param("pyslurm", marks=pytest.mark.pyslurm)]
 
 
 def make_impl(kind: str, env: Mapping[str, str], **kw: Any) -> Any:
@@ -811,6 +827,36 @@ def lines(path: Path) -> set[str]:
 
 def size(path: Path) -> int:
     return path.stat().st_size if path.exists() else 0
+
+
+def unreachable_conf(cluster: Any, tmp_path: Path) -> Path:
+    """The cluster's slurm.conf with a SlurmctldPort nobody listens on, MessageTimeout=2."""
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    conf = Path(cluster.env()["SLURM_CONF"]).read_text()
+    conf = re.sub(r"(?im)^SlurmctldPort=.*$", f"SlurmctldPort={port}", conf)
+    conf = re.sub(r"(?im)^MessageTimeout=.*$\n?", "", conf) + "MessageTimeout=2\n"
+    bad = tmp_path / "slurm.conf"
+    bad.write_text(conf)
+    return bad
+
+
+# Run in a process of its own (its SLURM_CONF names a port nobody listens on): prints the
+# SlurmUnreachable and the pauses between the tries.
+PYSLURM_UNREACHABLE = """
+import sys
+from slurmgpu.slurm import SlurmUnreachable
+from slurmgpu.slurm.pyslurm_client import PyslurmClient
+sleeps = []
+client = PyslurmClient(retries=3, retry_delay_s=0.1, sleep=sleeps.append)
+try:
+    client.node(sys.argv[1])
+except SlurmUnreachable as exc:
+    print(exc, "sleeps", sleeps)
+    sys.exit(0)
+sys.exit("no SlurmUnreachable")
+"""
 
 
 @slurm_mark
@@ -953,6 +999,24 @@ class TestContract:
         got = client.node(node)
         assert not got.rebooting and not got.drained
 
+    def test_reserved_node(self, client: Any, cluster: Any) -> None:
+        """A node in a maintenance reservation reads as such; drain and resume still work."""
+        node = cluster.nodes[3]
+        cluster.scontrol("create", "reservation", "ReservationName=sgd-maint", "StartTime=now",
+                         "Duration=10", f"Nodes={node}", "Users=root", "Flags=MAINT,IGNORE_JOBS")
+        try:
+            # slurmctld flags the node on its next pass (seconds: measured, 25.11)
+            got = wait_for(lambda: next((n for n in [client.node(node)] if "MAINTENANCE" in n.flags),
+                                        None), timeout=60, what="the MAINTENANCE flag")
+            assert (got.state, got.drained) == ("idle", False)
+            client.drain(node, f"{REASON_PREFIX} reserved")
+            got = client.node(node)
+            assert got.drained and "MAINTENANCE" in got.flags and got.owned_by_slurmgpu
+            client.resume(node)
+            assert not client.node(node).drained
+        finally:
+            cluster.scontrol("delete", "reservation", "sgd-maint")
+
     def test_unknown_node_and_job(self, client: Any) -> None:
         with pytest.raises(SlurmError, match="no such node: gpu-nX") as exc:
             client.node("gpu-nX")
@@ -963,16 +1027,15 @@ class TestContract:
 
     def test_slurmctld_unreachable(self, cluster: Any, impl: str, tmp_path: Path) -> None:
         make_impl(impl, cluster.env())  # skips an unavailable implementation
-        if impl != "cli":
-            pytest.skip("libslurm reads SLURM_CONF once per process: no second config")
-        with socket.socket() as s:  # a port nobody listens on
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        conf = Path(cluster.env()["SLURM_CONF"]).read_text()
-        conf = re.sub(r"(?im)^SlurmctldPort=.*$", f"SlurmctldPort={port}", conf)
-        conf = re.sub(r"(?im)^MessageTimeout=.*$\n?", "", conf) + "MessageTimeout=2\n"
-        bad = tmp_path / "slurm.conf"
-        bad.write_text(conf)
+        bad = unreachable_conf(cluster, tmp_path)
+        if impl != "cli":  # libslurm reads SLURM_CONF once per process: a process of its own
+            proc = subprocess.run([sys.executable, "-c", PYSLURM_UNREACHABLE, cluster.nodes[0]],
+                                  env={**os.environ, **cluster.env(), "SLURM_CONF": str(bad)},
+                                  capture_output=True, text=True, timeout=120, check=False)
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            assert proc.stdout.startswith("slurmctld unreachable after 3 tries: "), proc.stdout
+            assert proc.stdout.rstrip().endswith("sleeps [0.1, 0.1]"), proc.stdout
+            return
         sleeps: list[float] = []
 
         def sleep(s: float) -> None:
@@ -990,3 +1053,11 @@ class TestContract:
         assert elapsed < 4 * 5 + 1, elapsed
         with pytest.raises(SlurmUnreachable):
             c.drain(cluster.nodes[0], "x")
+
+
+@slurm_mark
+def test_client_and_controller_report_the_clusters_version(cluster: Any) -> None:
+    """``version`` (scontrol --version) and ``controller_version`` (what slurmctld says)."""
+    c = CliSlurmClient(env=cluster.env())
+    want = parse_version(cluster.status()["slurm_version"])
+    assert want is not None and c.version() == want and c.controller_version() == want

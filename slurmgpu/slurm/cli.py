@@ -31,6 +31,7 @@ from typing import Any, Unpack
 
 from slurmgpu.slurm import JobInfo, NodeState, SlurmError, SlurmUnreachable
 from slurmgpu.slurm.common import ClientBase, ClientOptions
+from slurmgpu.slurm.versions import already_resumed, legacy_json, parse_version, scontrol_json
 
 # runner(argv, env, timeout_s) -> CompletedProcess; raises subprocess.TimeoutExpired
 # on timeout and OSError when the binary cannot be executed.
@@ -115,12 +116,6 @@ def sanitize_reason(text: str, max_len: int = 256) -> str:
 
 
 # --------------------------------------------------------------------------- parsers
-
-
-def parse_version(text: str) -> tuple[int, int] | None:
-    """``slurm-wlm 22.05.8`` / ``slurm 24.11.5`` -> (22, 5) / (24, 11)."""
-    m = re.search(r"(\d+)\.(\d+)", text or "")
-    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def expand_hostlist(expr: str | None) -> tuple[str, ...]:
@@ -622,13 +617,20 @@ class CliSlurmClient(ClientBase):
             return None
         return doc
 
+    def controller_version(self) -> tuple[int, int] | None:
+        """(major, minor) of the slurmctld this client talks to (``SLURM_VERSION`` of
+        ``scontrol show config``, which the controller fills in); None if it has none."""
+        for line in self.run("scontrol", "show", "config").stdout.splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "SLURM_VERSION":
+                return parse_version(value)
+        return None
+
     def _scontrol_json(self) -> bool:
-        v = self.version()
-        return v is not None and v >= (23, 2)
+        return scontrol_json(self.version())
 
     def _legacy_json(self) -> bool:
-        v = self.version()
-        return v is not None and (20, 11) <= v < (23, 2)
+        return legacy_json(self.version())
 
     # ----------------------------------------------------------------- nodes
 
@@ -679,7 +681,7 @@ class CliSlurmClient(ClientBase):
         try:
             self.run("scontrol", "update", f"nodename={node}", "state=resume")
         except SlurmCommandError as exc:
-            if "invalid node state specified" in exc.output.lower():
+            if already_resumed(exc.output):
                 return  # not drained/down: already resumed
             raise
 
