@@ -20,10 +20,13 @@ import subprocess
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurmgpu.doctor.model import HEAD, STEP_TIMEOUT_S, Context, Finding, fail, ok, skip, warn
 from slurmgpu.slurm.conf import ENV_VAR, Setting, SlurmConf
+
+if TYPE_CHECKING:
+    from slurmgpu.slurm.cli import CliSlurmClient
 
 # Where ``#!/usr/bin/env python3`` looks for python3 when slurmd gives a hook no PATH at
 # all (Slurm 22.05 does): execvp's default search path.
@@ -321,6 +324,25 @@ def check_slurmctld(ctx: Context) -> Iterator[Finding]:
         return
     answer = "; ".join(line.strip() for line in proc.stdout.splitlines() if line.strip())
     yield ok("slurmctld", answer or "scontrol ping: exit 0")
+    yield slurm_version_report(client)
+
+
+def slurm_version_report(client: CliSlurmClient) -> Finding:
+    """The Slurm release slurmctld runs (``scontrol show config``), and whether CI tests it."""
+    from slurmgpu.slurm import SlurmError
+    from slurmgpu.slurm.versions import TESTED, version_text
+
+    tested = ", ".join(version_text(v) for v in TESTED)
+    try:
+        version = client.controller_version()
+    except SlurmError as exc:
+        return warn("slurm.version", f"cannot tell slurmctld's Slurm version: {exc}",
+                    "`scontrol show config` must print SLURM_VERSION")
+    if version is None:
+        return warn("slurm.version", "`scontrol show config` printed no SLURM_VERSION",
+                    "check that scontrol and slurmctld are the same Slurm")
+    note = "tested in CI" if version in TESTED else f"CI tests {tested} only"
+    return ok("slurm.version", f"slurmctld runs Slurm {version_text(version)} ({note})")
 
 
 def _ping_fix(ctx: Context) -> str:
