@@ -374,6 +374,7 @@ def test_reset_restores_a_clean_cluster(plain: SimCluster) -> None:
     assert cluster.status()["nodes"][3]["slurmd_running"]  # reset restarts a dead slurmd
     assert cluster.wait_job(job) == "CANCELLED"
     assert set(cluster.node_states().values()) == {"idle"}
+    assert set(cluster.node_reasons().values()) == {"none"}  # 25.11 keeps it after a resume
     base = json.loads((cluster.dir / "scenario.base.json").read_text())
     assert json.loads(cluster.scenario_path("gpu-n3").read_text()) == base
     assert cluster.kmsg_path("gpu-n4").read_text() == ""

@@ -4,6 +4,7 @@ real mini-cluster (``-m slurm``, fixture ``cluster`` from tests/slurmfixtures.py
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -12,7 +13,7 @@ import subprocess
 import sys
 import time
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -428,6 +429,43 @@ def test_resume_not_drained_is_quiet_success(capfd: pytest.CaptureFixture[str]) 
     assert capfd.readouterr() == ("", "")  # logs nothing
 
 
+@pytest.mark.parametrize("release", ["22.05", "25.11"])
+def test_recorded_rejections_of_both_releases(release: str) -> None:
+    """22.05 refuses a resume of an idle node with "Invalid node state specified", 25.11
+    with "Invalid node state transition": both are "already resumed"; unknown nodes and
+    jobs are SlurmErrors, never retried as an unreachable slurmctld."""
+    errors = load_json(DATA / release / "errors.json")
+
+    def answer(name: str) -> subprocess.CompletedProcess[str]:
+        e = errors[name]
+        return cp(e["returncode"], e["stdout"], e["stderr"])
+
+    c, sleeps = client(FakeRunner({("scontrol", "--version"): cp(1),
+                                   ("scontrol", "update", "nodename=gpu-n1", "state=resume"):
+                                       answer("resume_not_drained"),
+                                   ("scontrol", "-o", "show", "node", "gpu-nX"): answer("show_unknown_node"),
+                                   ("scontrol", "-o", "show", "job", "-d", "999999"): answer("show_unknown_job"),
+                                   ("scontrol", "requeue", "999999"): answer("requeue_unknown_job")}))
+    c.resume("gpu-n1")
+    with pytest.raises(SlurmError, match=r"^no such node: gpu-nX$"):
+        c.node("gpu-nX")
+    with pytest.raises(SlurmError, match=r"^no such job: 999999$"):
+        c.job("999999")
+    with pytest.raises(SlurmError, match="Invalid job id specified") as exc:
+        c.requeue("999999")
+    assert not isinstance(exc.value, SlurmUnreachable) and sleeps == []
+
+
+def test_25_11_a_resumed_nodes_old_reason_is_not_its_reason() -> None:
+    """25.11 keeps the reason of a resumed node until a job runs there (recorded: idle,
+    "slurmgpu: x"); it is no drain of slurmgpu's, in JSON or in text."""
+    node = parse_nodes_json(load_json(DATA / "25.11" / "scontrol_show_node_resumed.json"))[0]
+    assert (node.state, node.drained, node.reason, node.reason_user, node.reason_time) == (
+        "idle", False, None, None, None)
+    assert not node.owned_by_slurmgpu
+    assert parse_node_text((DATA / "25.11" / "scontrol_node_resumed.txt").read_text()) == node
+
+
 def test_22_05_uses_sinfo_json_and_filters() -> None:
     runner = FakeRunner({("scontrol", "--version"): V22,
                          ("sinfo", "--all", "--json"): cp(stdout=(D22 / "sinfo_busy.json").read_text())})
@@ -829,6 +867,33 @@ def size(path: Path) -> int:
     return path.stat().st_size if path.exists() else 0
 
 
+def reboot_program(cluster: Any) -> str | None:
+    m = re.search(r"(?m)^RebootProgram\s*=\s*(\S+)", cluster.scontrol("show", "config"))
+    return None if m is None or m.group(1) == "(null)" else m.group(1)
+
+
+def reconfigure(cluster: Any, conf: str) -> None:
+    """Write slurm.conf and ``scontrol reconfigure`` (25.11's slurmctld and slurmds restart
+    themselves, 22.05's re-read the file); back when every node is idle again."""
+    Path(cluster.env()["SLURM_CONF"]).write_text(conf)
+    cluster.scontrol("reconfigure")
+    want = (re.search(r"(?m)^RebootProgram=(\S+)", conf) or [None, None])[1]
+    wait_for(lambda: cluster._ping() and reboot_program(cluster) == want, timeout=60,
+             what="slurmctld back with the new slurm.conf")
+    cluster.wait_idle(60)
+
+
+@contextlib.contextmanager
+def without_reboot_program(cluster: Any) -> Iterator[None]:
+    """The cluster's slurm.conf without its RebootProgram, for the duration."""
+    conf = Path(cluster.env()["SLURM_CONF"]).read_text()
+    reconfigure(cluster, re.sub(r"(?m)^RebootProgram=.*\n", "", conf))
+    try:
+        yield
+    finally:
+        reconfigure(cluster, conf)
+
+
 def unreachable_conf(cluster: Any, tmp_path: Path) -> Path:
     """The cluster's slurm.conf with a SlurmctldPort nobody listens on, MessageTimeout=2."""
     with socket.socket() as s:  # a port nobody listens on
@@ -958,24 +1023,18 @@ class TestContract:
         client.set_admin_comment(jid, comment)
         assert client.job(jid).admin_comment == sanitize_reason(comment, max_len=1024)
 
-    @staticmethod
-    def _reboot_program(cluster: Any) -> str | None:
-        m = re.search(r"(?m)^RebootProgram\s*=\s*(\S+)", cluster.scontrol("show", "config"))
-        return None if m is None or m.group(1) == "(null)" else m.group(1)
-
     def test_reboot_without_reboot_program_refused(self, client: Any, cluster: Any) -> None:
-        if self._reboot_program(cluster):
-            pytest.skip("the cluster has a RebootProgram: test_reboot covers it")
         node = cluster.nodes[2]
-        with pytest.raises(SlurmError, match=r"^cannot reboot .*no RebootProgram configured.*"
-                                             r"RebootProgram isn't defined$") as exc:
-            client.reboot(node, f"{REASON_PREFIX} reboot test")
-        assert not isinstance(exc.value, SlurmUnreachable)
-        got = client.node(node)  # refused: nothing changed
-        assert got.state == "idle" and not got.drained and not got.rebooting and got.reason is None
+        with without_reboot_program(cluster):
+            with pytest.raises(SlurmError, match=r"^cannot reboot .*no RebootProgram configured.*"
+                                                 r"RebootProgram isn't defined$") as exc:
+                client.reboot(node, f"{REASON_PREFIX} reboot test")
+            assert not isinstance(exc.value, SlurmUnreachable)
+            got = client.node(node)  # refused: nothing changed
+            assert got.state == "idle" and not got.drained and not got.rebooting and got.reason is None
 
     def test_reboot(self, client: Any, cluster: Any) -> None:
-        if not self._reboot_program(cluster):
+        if not reboot_program(cluster):
             pytest.skip("the simulated cluster's slurm.conf has no RebootProgram: "
                         "scontrol reboot is refused (\"RebootProgram isn't defined\")")
         node = cluster.nodes[1]

@@ -31,7 +31,13 @@ from typing import Any, Unpack
 
 from slurmgpu.slurm import JobInfo, NodeState, SlurmError, SlurmUnreachable
 from slurmgpu.slurm.common import ClientBase, ClientOptions
-from slurmgpu.slurm.versions import already_resumed, legacy_json, parse_version, scontrol_json
+from slurmgpu.slurm.versions import (
+    already_resumed,
+    legacy_json,
+    parse_version,
+    reason_applies,
+    scontrol_json,
+)
 
 # runner(argv, env, timeout_s) -> CompletedProcess; raises subprocess.TimeoutExpired
 # on timeout and OSError when the binary cannot be executed.
@@ -232,7 +238,7 @@ def parse_node_json(obj: Mapping[str, Any]) -> NodeState:
     """One node from ``sinfo --json`` (22.05) or ``scontrol show node --json`` (>= 23.02)."""
     flags_in = obj.get("state_flags") or ()
     state, flags = parse_node_state(obj.get("state") or "unknown", flags_in)
-    reason = _str_or_none(obj.get("reason"))
+    reason = _str_or_none(obj.get("reason")) if reason_applies(state, flags) else None
     when = _num(obj.get("reason_changed_at"))
     return NodeState(
         name=str(obj.get("name") or obj.get("hostname") or ""),
@@ -369,7 +375,7 @@ def parse_node_text(line: str) -> NodeState:
     for k, v in text_pairs(line):
         first.setdefault(k, v)
     state, flags = parse_node_state(first.get("State", "UNKNOWN"))
-    reason = _str_or_none(reason.strip()) if reason else None
+    reason = _str_or_none(reason.strip()) if reason and reason_applies(state, flags) else None
     return NodeState(
         name=first.get("NodeName", ""),
         state=state,

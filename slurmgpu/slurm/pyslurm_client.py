@@ -43,7 +43,7 @@ from slurmgpu.slurm.cli import (
     sanitize_reason,
 )
 from slurmgpu.slurm.common import ClientBase, ClientOptions
-from slurmgpu.slurm.versions import already_resumed, version_text
+from slurmgpu.slurm.versions import already_resumed, reason_applies, version_text
 
 T = TypeVar("T")
 
@@ -182,7 +182,7 @@ class PyslurmClient(ClientBase):
     @staticmethod
     def _node_state(n: Any) -> NodeState:
         state, flags = parse_node_state(str(getattr(n, "state", None) or "UNKNOWN"))
-        reason = getattr(n, "reason", None) or None
+        reason = (getattr(n, "reason", None) or None) if reason_applies(state, flags) else None
         when = getattr(n, "reason_time", None)
         return NodeState(
             name=str(n.name),

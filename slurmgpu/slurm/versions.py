@@ -35,6 +35,17 @@ def already_resumed(answer: str) -> bool:
     return any(text in low for text in NOT_RESUMABLE_ANSWERS)
 
 
+#: Node flags under which a node's reason says why it is out of service.
+_REASON_FLAGS = frozenset({"DRAIN", "FAIL", "NOT_RESPONDING", "REBOOT_REQUESTED", "REBOOT_ISSUED"})
+
+
+def reason_applies(state: str, flags: frozenset[str]) -> bool:
+    """Whether a node's reason is current. 22.05 clears the reason on resume; 25.11 keeps
+    it until a job runs on the node, so a resumed idle node still shows the old drain's
+    reason there: it counts only on a drained, failing, down or unreachable node."""
+    return bool(flags & _REASON_FLAGS) or state not in ("idle", "mixed", "allocated")
+
+
 def parse_version(text: str) -> SlurmVersion | None:
     """``slurm-wlm 22.05.8`` / ``slurm 24.11.5`` / ``SLURM_VERSION = 25.11.7`` -> (22, 5) /
     (24, 11) / (25, 11); None when no version is in the text."""

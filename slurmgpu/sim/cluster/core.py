@@ -246,7 +246,8 @@ class SimCluster(SlurmDaemons):
     def reset(self, timeout: float = 60) -> None:
         """Back to the state right after ``up``: no jobs, up() scenario on every node, empty
         kmsg and state dirs, default slurmgpu.toml, hooks as at up, a slurmd for every node
-        (restarted if it died), drained/down nodes resumed, every node idle."""
+        (restarted if it died), drained/down nodes resumed, every node idle and without a
+        reason."""
         from slurmgpu.sim.scenario import load_scenario, write_scenario
 
         if not self._state:
@@ -279,5 +280,6 @@ class SimCluster(SlurmDaemons):
                     self._spawn(["slurmd", "-N", node, "-f", str(self.conf)], node)
             self._resume_all()
             self.wait_idle(timeout)
+            self._clear_stale_reasons(timeout)
         finally:
             self.set_hooks_enabled(enabled)
