@@ -41,6 +41,7 @@ from slurmgpu.facts import (
 from slurmgpu.result import Severity, Verdict
 from slurmgpu.slurm import SlurmClient, SlurmError, SlurmUnreachable
 from slurmgpu.slurm.common import ClientBase
+from slurmgpu.slurm.factory import bounded
 
 EXIT_OK, EXIT_REFUSE = 0, 1
 #: The share of a prolog's or epilog's ``timeout_s`` its Slurm calls may take, tries and
@@ -179,8 +180,10 @@ class Gate:
 
     def _actions(self) -> Actions:
         client = self.client_factory()
-        if self.slurm_deadline is not None and isinstance(client, ClientBase):
-            client.within(self.slurm_deadline - time.monotonic())
+        if self.slurm_deadline is not None:
+            client = bounded(client)
+            if isinstance(client, ClientBase):
+                client.within(self.slurm_deadline - time.monotonic())
         return Actions(client, self.state_dir)
 
     def _start_watch(self, timeout_s: float) -> None:

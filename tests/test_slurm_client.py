@@ -784,6 +784,20 @@ def test_pyslurm_reboot_goes_through_scontrol(monkeypatch: pytest.MonkeyPatch) -
         c.reboot("a b", "x")
 
 
+def test_a_caller_with_a_deadline_gets_the_command_client() -> None:
+    """A hook's Slurm calls must end within its share of the watchdog: a libslurm call
+    waits out MessageTimeout per try, so ``bounded`` swaps pyslurm for the commands."""
+    from slurmgpu.slurm.factory import bounded
+
+    c = PyslurmClient(module=fake_pyslurm(), bin_dir="/opt/s/bin", env={"SLURM_CONF": "/x"},
+                      retries=4, retry_delay_s=0.3, command_timeout_s=7)
+    cli = bounded(c)
+    assert isinstance(cli, CliSlurmClient)
+    assert (cli.bin_dir, cli.retries, cli.retry_delay_s, cli.command_timeout_s) == ("/opt/s/bin", 4, 0.3, 7)
+    assert cli.env["SLURM_CONF"] == "/x"
+    assert bounded(cli) is cli
+
+
 def test_pyslurm_available_reports_why(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 

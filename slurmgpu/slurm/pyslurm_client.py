@@ -13,6 +13,10 @@ pyslurm has no reboot call (``Node`` offers load/create/modify/delete only, and
 libslurm's reboot RPC is not part of its object API), so ``reboot`` runs the same
 ``scontrol reboot`` argv as the CLI client.
 
+A caller with a deadline (a hook) gets the command client instead (``factory.bounded``):
+a libslurm call cannot be cut short. Contract-tested against Slurm 25.11.7 with
+pyslurm 25.11.2 (tests/test_slurm_client.py, ``-m pyslurm``).
+
 pyslurm only builds against the Slurm release it was written for (25.11.x needs
 Slurm 25.11), so ``available()`` checks major.minor against ``scontrol --version``
 and ``make_client`` falls back to the CLI otherwise. pyslurm is imported lazily.
@@ -227,9 +231,10 @@ class PyslurmClient(ClientBase):
     def reboot(self, node: str, reason: str) -> None:
         """pyslurm has no reboot API: ``scontrol reboot ASAP nextstate=RESUME ...``
         through ``CliSlurmClient`` (same argv, sanitising, retries and errors)."""
-        self._cli().reboot(node, reason)
+        self.command_client().reboot(node, reason)
 
-    def _cli(self) -> CliSlurmClient:
+    def command_client(self) -> CliSlurmClient:
+        """The command client with this client's settings and deadline."""
         cli = CliSlurmClient(bin_dir=self.bin_dir, env=self.env, retries=self.retries,
                              retry_delay_s=self.retry_delay_s,
                              command_timeout_s=self.command_timeout_s, sleep=self._sleep)
