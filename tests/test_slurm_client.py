@@ -506,6 +506,23 @@ def test_24_11_uses_scontrol_json() -> None:
         c.node("gpu-nX")
 
 
+def test_25_11_recorded_job_in_json_and_text() -> None:
+    """Slurm 25.11.7 (data_parser v0.0.44), recorded: a 2-node job with gpu:2 per node."""
+    d25 = DATA / "25.11"
+    runner = FakeRunner({
+        ("scontrol", "--version"): cp(stdout=(d25 / "scontrol_version.txt").read_text()),
+        ("scontrol", "show", "job", "1", "--json"): cp(stdout=(d25 / "scontrol_show_job_multinode.json").read_text()),
+        ("squeue", "--all", "--json", "--nodelist", "gpu-n1"): cp(stdout=(d25 / "squeue_node.json").read_text()),
+    })
+    c, _ = client(runner)
+    job = c.job("1")
+    assert (job.job_id, job.state, job.user, job.nodes, job.batch_host, job.restart_count) == (
+        "1", "RUNNING", "root", ("gpu-n1", "gpu-n2"), "gpu-n1", 0)
+    assert job.gpus == {"gpu-n1": (0, 1), "gpu-n2": (0, 1)}
+    assert c.jobs_on_node("gpu-n1") == [job]
+    assert parse_job_text((d25 / "scontrol_job_multinode.txt").read_text()) == job
+
+
 def test_json_unsupported_falls_back_to_text_once() -> None:
     line = (D22 / "scontrol_node_idle.txt").read_text()
     runner = FakeRunner({("scontrol", "--version"): V24,
