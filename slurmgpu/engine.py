@@ -19,9 +19,10 @@ from typing import Any, Protocol
 from slurmgpu.checks.registry import CheckContext, CheckSpec, enabled_checks, unknown
 from slurmgpu.config.env import apply_env
 from slurmgpu.config.schema import Settings, ThermalSettings
-from slurmgpu.facts import IbFacts, NodeFacts, NvmlFacts, SoftwareVersions, XidEvent
+from slurmgpu.facts import HostFacts, IbFacts, NodeFacts, NvmlFacts, SoftwareVersions, XidEvent
 from slurmgpu.result import Finding, Severity, Verdict
 from slurmgpu.sources import Clock, IbSource, NvmlSource, SystemClock, VersionSource, kmsg, procs
+from slurmgpu.sources.host import HostSource
 from slurmgpu.xid import XidPolicy
 
 
@@ -33,6 +34,7 @@ class Sources:
     ib: IbSource
     versions: VersionSource
     clock: Clock
+    host: HostSource | None = None  # None: the host layers are not gathered
 
 
 def system_sources(settings: Settings, *, sysfs_root: str | None = None,
@@ -46,8 +48,23 @@ def system_sources(settings: Settings, *, sysfs_root: str | None = None,
 
     ib = SysfsIbSource(sysfs_root or None, hw_counters=settings.ib.roce_hw_counters)
     versions = SystemVersionSource(settings.versions, cache_path=versions_cache)
-    nvml = PynvmlSource(settings.nvml.library, retry_delay_s=settings.nvml.retry_delay_s)
-    return Sources(nvml, ib, versions, SystemClock())
+    from slurmgpu.sources.deadline import DeadlineNvmlSource
+
+    nvml = DeadlineNvmlSource(PynvmlSource(settings.nvml.library, retry_delay_s=settings.nvml.retry_delay_s),
+                              settings.nvml.query_deadline_s)
+    return Sources(nvml, ib, versions, SystemClock(), host_source(settings))
+
+
+def host_source(settings: Settings) -> HostSource:
+    """The host layers this node's settings ask for, under ``$SLURMGPU_HOST_ROOT`` (or /)."""
+    from slurmgpu.sources.host import HostConfig, SystemctlReader, SystemHostSource, host_root
+
+    root = host_root()
+    config = HostConfig(settings.services.required, settings.services.fabricmanager, settings.services.imex,
+                        sorted({*settings.disk.free_min, *settings.disk.writable}),
+                        settings.paths.kmsg)
+    reader = SystemctlReader(f"{root.rstrip('/')}/bin/systemctl", settings.services.timeout_s)
+    return SystemHostSource(config, root=root, services=reader)
 
 
 def node_name(environ: Mapping[str, str] | None = None) -> str:
@@ -70,7 +87,7 @@ def _quiet(step: str) -> None:
 def gather(sources: Sources, *, node: str, scope: frozenset[int] | None = None,
            xids: Iterable[XidEvent] = (), previous: NodeFacts | None = None,
            want_ib: bool = True, want_versions: bool = True, ib: IbFacts | None = None,
-           versions: SoftwareVersions | None = None, kernel_log: str | None = None,
+           versions: SoftwareVersions | None = None, want_host: bool = True, kernel_log: str | None = None,
            xids_since: float | None = None, progress: Progress = _quiet) -> NodeFacts:
     """Collect facts; ``ib``/``versions`` given (a cache's) are taken as they are instead of
     read. With ``kernel_log`` and ``xids_since``, the XIDs logged there since then too
@@ -85,8 +102,10 @@ def gather(sources: Sources, *, node: str, scope: frozenset[int] | None = None,
     progress("gather:versions")
     if versions is None:
         versions = sources.versions.collect() if want_versions else SoftwareVersions()
+    progress("gather:host")
+    host = sources.host.collect() if want_host and sources.host is not None else None
     facts = assemble(node, nvml, collected_at=collected_at, ib=ib, versions=versions,
-                     xids=xids, previous=previous)
+                     xids=xids, previous=previous, host=host)
     if kernel_log is not None and xids_since is not None:
         add_kernel_xids(facts, kernel_log, xids_since, progress)
     return facts
@@ -94,7 +113,7 @@ def gather(sources: Sources, *, node: str, scope: frozenset[int] | None = None,
 
 def assemble(node: str, nvml: NvmlFacts, *, collected_at: float, ib: IbFacts | None = None,
              versions: SoftwareVersions | None = None, xids: Iterable[XidEvent] = (),
-             previous: NodeFacts | None = None) -> NodeFacts:
+             previous: NodeFacts | None = None, host: HostFacts | None = None) -> NodeFacts:
     """The one place a node's facts are put together (``gather``, the agent's cache and
     events, ``doctor``): nothing a caller holds (its XIDs, its previous sample) is left
     out. ``previous`` is kept one sample deep."""
@@ -103,7 +122,7 @@ def assemble(node: str, nvml: NvmlFacts, *, collected_at: float, ib: IbFacts | N
     return NodeFacts(node=node, collected_at=collected_at, nvml=nvml,
                      ib=ib if ib is not None else IbFacts(available=False, error="not collected"),
                      versions=versions if versions is not None else SoftwareVersions(),
-                     xids=list(xids), previous=previous)
+                     xids=list(xids), host=host if host is not None else HostFacts(), previous=previous)
 
 
 def add_kernel_xids(facts: NodeFacts, kernel_log: str, since: float, progress: Progress = _quiet) -> None:

@@ -20,8 +20,8 @@ drains its nodes. A full path killed after a FAIL verdict still refuses (exit 1)
 
 Socket: ``$SLURMGPU_AGENT_SOCKET``, else ``[agent] socket`` of the config file
 (``--config``, ``$SLURMGPU_CONFIG`` or /etc/slurmgpu/slurmgpu.toml, read only when it
-exists, line by line: tomllib only when the lines are not plain), else
-/run/slurmgpu/agent.sock. The agent must accept within
+exists, and its drop-ins; read line by line, tomllib only when the lines are not plain),
+else /run/slurmgpu/agent.sock. The agent must accept within
 ``$SLURMGPU_AGENT_TIMEOUT`` / ``[agent] query_timeout_s`` (default 0.5 s). The protocol
 is ``slurmgpu/localproto.py`` (shared with the agent), loaded from beside this file.
 
@@ -80,7 +80,7 @@ def config_file(args: Sequence[str], environ: Mapping[str, str]) -> str:
 
 
 def read_text(path: str) -> str | None:
-    """The config file's text, or None when it is absent or unreadable (the full path
+    """A config file's text, or None when it is absent or unreadable (the full path
     reports config errors; this one only needs a few settings)."""
     if not os.path.isfile(path):
         return None
@@ -92,7 +92,7 @@ def read_text(path: str) -> str | None:
 
 
 def parse_config(text: str | None) -> dict[str, Any]:
-    """The config's tables, or {} when there is no text or it is not TOML."""
+    """A config file's tables, or {} when there is no text or it is not TOML."""
     if text is None:
         return {}
     try:
@@ -106,20 +106,50 @@ def parse_config(text: str | None) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def config_files(path: str) -> list[str]:
+    """The config file, then its drop-ins."""
+    return [path, *dropin_files(path)]
+
+
 def read_config(path: str) -> dict[str, Any]:
-    """The config file's tables, or {} when it is absent, unreadable or not TOML."""
-    return parse_config(read_text(path))
+    """The config's top-level tables: the file's, then each drop-in's (``slurmgpu.config.load``:
+    ``<name>.d/*.toml`` beside it, in byte order of their names) merged over them key by
+    key; {} for a file that is absent or unreadable (the full path reports config errors;
+    this one only needs a few keys)."""
+    merged: dict[str, Any] = {}
+    for one in config_files(path):
+        for name, table in parse_config(read_text(one)).items():
+            if isinstance(table, dict) and isinstance(merged.get(name), dict):
+                merged[name] = {**merged[name], **table}
+            else:
+                merged[name] = table
+    return merged
+
+
+def dropin_files(path: str) -> list[str]:
+    """``slurmgpu.config.load.dropin_files`` with the standard library only (no errors)."""
+    root, ext = os.path.splitext(path)
+    directory = (root if ext == ".toml" else path) + ".d"
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    wanted = [n for n in names if n.endswith(".toml") and not n.startswith(".")]
+    return [os.path.join(directory, n) for n in sorted(wanted, key=os.fsencode)]
 
 
 def agent_settings(path: str) -> Mapping[str, Any]:
-    """``[agent] socket`` and ``query_timeout_s`` of the config file: scanned line by line
-    (``localproto.scan_table``: no TOML parser on the warm path), parsed only when the
-    scan cannot be sure."""
-    text = read_text(path)
-    if text is None:
-        return {}
-    found = protocol().scan_table(text, "agent", protocol().AGENT_KEYS)
-    return found if found is not None else _table(parse_config(text), "agent")
+    """``[agent] socket`` and ``query_timeout_s`` of the config file and its drop-ins:
+    scanned line by line (``localproto.scan_table``: no TOML parser on the warm path),
+    parsed (``read_config``) when the scan of any of them cannot be sure."""
+    found: dict[str, Any] = {}
+    for one in config_files(path):
+        text = read_text(one)
+        scanned = protocol().scan_table(text, "agent", protocol().AGENT_KEYS) if text is not None else {}
+        if scanned is None:
+            return _table(read_config(path), "agent")
+        found.update(scanned)
+    return found
 
 
 def _table(config: Mapping[str, Any], name: str) -> Mapping[str, Any]:

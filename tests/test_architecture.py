@@ -77,7 +77,7 @@ LAYERS = [
     (("slurmgpu.collector",), ("slurmgpu.agent",), "node and head meet only on the wire"),
     (("slurmgpu.checks",), ("slurmgpu.actions", "slurmgpu.slurm", "slurmgpu.cli", "slurmgpu.gate",
                             "slurmgpu.agent", "slurmgpu.collector"), "checks are pure"),
-    (("slurmgpu.result", "slurmgpu.facts", "slurmgpu.decision", "slurmgpu.xid", "slurmgpu.errors",
+    (("slurmgpu.result", "slurmgpu.facts", "slurmgpu.decision", "slurmgpu.xid", "slurmgpu.sxid", "slurmgpu.errors",
       "slurmgpu.config"), ("slurmgpu.sources", "slurmgpu.actions", "slurmgpu.slurm", "slurmgpu.cli",
                            "slurmgpu.agent", "slurmgpu.collector", "slurmgpu.gate"),
      "the vocabulary depends on nothing that does I/O"),

@@ -73,3 +73,14 @@ def test_an_old_python_is_not_an_answer(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(sys, "version_info", (3, 7, 9, "final", 0))
     monkeypatch.setenv(quickgate.WRAPPER_ENV, "1")
     assert quickgate.main(["prolog"]) == quickgate.NOT_AN_ANSWER
+
+
+@pytest.mark.parametrize("dropin", ['[agent]\nsocket = "/dropin.sock"\n', 'agent.socket = "/dotted-dropin.sock"\n',
+                                    "[gpu]\ncount = 8\n"])
+def test_dropins_are_scanned_too(tmp_path: Path, dropin: str) -> None:
+    """A drop-in (``<name>.d/*.toml``) overrides the file's keys, scanned or parsed."""
+    config = tmp_path / "slurmgpu.toml"
+    config.write_text(PLAIN[1])
+    (tmp_path / "slurmgpu.d").mkdir()
+    (tmp_path / "slurmgpu.d" / "50-site.toml").write_text(dropin)
+    assert quickgate.agent_settings(str(config)) == quickgate._table(quickgate.read_config(str(config)), "agent")

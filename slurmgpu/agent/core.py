@@ -33,6 +33,7 @@ from slurmgpu.fileutil import write_text_atomic
 from slurmgpu.log import get_logger
 from slurmgpu.result import Finding, Severity, Verdict
 from slurmgpu.sources import Clock, SystemClock, kmsg
+from slurmgpu.sources.sxids import merge_sxids
 from slurmgpu.summary import report_fields
 
 # XIDs the agent remembers (NVML events, the kernel log's at start), newest kept; they
@@ -206,7 +207,7 @@ class Agent:
         with self._lock:
             xids = self._recent_xids()
         facts = assemble(self.node, nvml, collected_at=self.clock.time(), ib=ib,
-                         versions=base.versions, xids=xids, previous=base)
+                         versions=base.versions, xids=xids, previous=base, host=base.host)
         self._merge_gpus(nvml, now)
         return second_brake_sample(facts, self.sources, self.settings.thermal)
 
@@ -231,6 +232,8 @@ class Agent:
         elif self._versions is not None:
             facts.versions = self._versions
         self.flaps.observe(facts.ib, now)
+        if previous is not None:  # the kernel ring buffer may have rotated an SXid out
+            facts.host.sxids = merge_sxids(facts.host.sxids, previous.host.sxids)
         verdict = evaluate(facts, self.settings)
         extra: list[Finding] = []
         spool_error = self.spool.take_error() if self.spool is not None else None
@@ -693,9 +696,12 @@ class Agent:
 
     def start_events(self) -> None:
         from slurmgpu.agent.events import EventWatcher
+        from slurmgpu.sources.deadline import DeadlineNvmlSource
         from slurmgpu.sources.nvml import PynvmlSource
 
-        if not self.settings.agent.events or not isinstance(self.sources.nvml, PynvmlSource):
+        nvml = self.sources.nvml
+        real = nvml.source if isinstance(nvml, DeadlineNvmlSource) else nvml
+        if not self.settings.agent.events or not isinstance(real, PynvmlSource):
             return
         self.events = EventWatcher(self.settings.nvml.library, self.on_nvml_event, self.stop_event,
                                    node=self.node)

@@ -81,6 +81,9 @@ def run_check(config_file: str | None, gpus: str | None, node: str | None, xids:
         print(json.dumps(verdict_json(verdict, facts.to_json(), scope, duration_ms), indent=2), flush=True)
     else:
         print(render_table(verdict, show_all=show_all, duration_ms=duration_ms), flush=True)
+    from slurmgpu.sources.deadline import leave_if_stuck
+
+    leave_if_stuck(verdict.severity.exit_code)
     return verdict.severity.exit_code
 
 
@@ -116,7 +119,8 @@ def render_table(verdict: Verdict, *, show_all: bool, duration_ms: float) -> str
         width = max(len(f.check) for f in shown)
         lines.append(f"{'SEVERITY':<8}  {'CHECK':<{width}}  {'WHERE':<10}  MESSAGE")
         for f in shown:
-            lines.append(f"{f.severity.name:<8}  {f.check:<{width}}  {_where(f):<10}  {f.message}")
+            shown_as = "N/A" if f.not_applicable else f.severity.name
+            lines.append(f"{shown_as:<8}  {f.check:<{width}}  {_where(f):<10}  {f.message}")
         lines.append("")
     counts = {s: sum(1 for f in verdict.findings if f.severity is s) for s in Severity}
     lines.append(

@@ -52,11 +52,15 @@ def run_hook(phase: str, config_file: str | None) -> int:
         except Exception as exc:  # nor a bug before the gate runs (the gate catches its own)
             return _hook_failed(phase, config_file, f"setup: {type(exc).__name__}: {exc}")
     try:
-        return int(getattr(gate, phase)())
+        code = int(getattr(gate, phase)())
     except Exception as exc:  # a bug outside the gate's own guards: a FAIL verdict stands
         if gate.verdict is not None and gate.verdict.severity.name == "FAIL":
             return 1
         return _hook_failed(phase, config_file, f"{phase}: {type(exc).__name__}: {exc}")
+    from slurmgpu.sources.deadline import leave_if_stuck
+
+    leave_if_stuck(code)  # a hung GPU's gather thread must not hold the hook's exit
+    return code
 
 
 def _make_gate(config_file: str | None) -> Any:

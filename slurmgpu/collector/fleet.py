@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from slurmgpu.collector.checkpoint import refusal_event
 from slurmgpu.collector.coordination import INBOX_CHUNK, Coordination
 from slurmgpu.collector.counters import Counters, LimitedLog
 from slurmgpu.collector.store import Store
@@ -277,6 +278,7 @@ class Fleet:
         so the leader, whichever collector it is, sees every collector's messages once."""
         self._stragglers(batch, new)
         if self.automation is None and self.checkpoints is None:
+            self._note_refusals(batch, new, now)
             return
         if self.coordination is not None:
             if self.coordination.leader:
@@ -300,6 +302,23 @@ class Fleet:
         except Exception as exc:  # the database is failing: stragglers wait for the next validation
             self.counters.store_errors += 1
             self.log.error("straggler_check_failed", error=f"{type(exc).__name__}: {exc}")
+
+    def _note_refusals(self, batch: Batch, new: list[tuple[str, int]], now: float) -> None:
+        """Without automation: the prolog's refusals still go to their jobs' timelines
+        (`slurmgpu jobs events`); nothing is set on the jobs."""
+        if not any(env.type == EVENT and isinstance(env.body, dict) and env.body.get("kind") == "prolog_blocked"
+                   for _, env, _ in batch):
+            return
+        events = [e for item in _fresh(batch, new, self._stale)
+                  if item.type == EVENT and item.body.get("kind") == "prolog_blocked"
+                  and (e := refusal_event(item.node, item.body, now)) is not None]
+        try:
+            with self.store.transaction():
+                for e in events:
+                    self.store.add_job_event(e.job_id, e.ts, e.kind, e.node, e.detail)
+        except sqlite3.Error as exc:
+            self.counters.store_errors += 1
+            self.log.error("job_events_store_failed", error=str(exc))
 
     def _handle(self, items: list[Fresh], now: float) -> None:
         if self.automation is not None:
@@ -376,6 +395,8 @@ class Fleet:
                     decisions += checkpoints.on_result(item.node, body, now)
                 elif item.type == EVENT and body.get("kind") == "local_checkpoint":
                     checkpoints.on_local(item.node, body, now)
+                elif item.type == EVENT and body.get("kind") == "prolog_blocked":
+                    checkpoints.on_prolog_refusal(item.node, body, now)
             except Exception as exc:
                 self.counters.automation_errors += 1
                 self.log.error("checkpoint_message_failed", node=item.node, seq=item.seq,

@@ -75,6 +75,9 @@ class GpuSettings:
     # Require persistence mode (avoids slow first-contact init and lost state between jobs).
     persistence: bool = True
     mig: MigMode = "any"
+    # GPU models every GPU must be, as NVML names them ("NVIDIA H100 80GB HBM3"); globs
+    # allowed ("NVIDIA H100*"). Empty: not checked.
+    model: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -251,6 +254,51 @@ class XidSettings:
 
 
 @dataclass
+class DiskSettings:
+    """host.disk (NHC's check_fs_free and check_fs_mount_rw)."""
+
+    # Path -> least free space on the file system holding it: a share ("3%") or a size
+    # ("10G", "500M", "2T"; powers of 1024). A path that does not exist is skipped.
+    free_min: dict[str, str] = field(default_factory=lambda: {"/tmp": "1%", "/var": "1%"})
+    # Paths whose file system must be mounted read-write.
+    writable: list[str] = field(default_factory=lambda: ["/tmp", "/var"])
+    free_severity: SeverityName = "fail"
+
+
+@dataclass
+class ServicesSettings:
+    """host.services: systemd units the GPUs depend on, read with ``systemctl show``."""
+
+    # Units that must be active on every GPU node (besides the automatic ones below). A
+    # site running DCGM adds "nvidia-dcgm" (or "nv-hostengine").
+    required: list[str] = field(default_factory=lambda: ["nvidia-persistenced"])
+    # nvidia-fabricmanager: None: where the driver shows NVSwitches; true/false: always/never.
+    fabricmanager: bool | None = None
+    # nvidia-imex: None: where nvidia-imex is installed (GB200/GB300 NVL); true/false.
+    imex: bool | None = None
+    # A unit restarted by systemd this many times (NRestarts) warns; rising between two
+    # polls of the agent, or restarting now (auto-restart), fails.
+    restarts_max: Annotated[int, Range(1, 1_000_000)] = 3
+    # `systemctl show` must answer within this; otherwise the check is UNKNOWN.
+    timeout_s: Annotated[float, TIMEOUT] = 3.0
+
+
+@dataclass
+class NvswitchSettings:
+    # nvswitch.sxid: a fatal SXid counts since boot (until the NVSwitch is reset); a
+    # non-fatal or notable one only within this many seconds.
+    nonfatal_window_s: Annotated[float, Range(1, 30 * DAY)] = 3600.0
+
+
+@dataclass
+class RdmaSettings:
+    # rdma.gpudirect: require GPUDirect RDMA (nvidia_peermem loaded, or dma-buf: the open
+    # kernel module on Linux 5.12+). Off: not checked.
+    gpudirect: bool = False
+    gpudirect_severity: SeverityName = "fail"
+
+
+@dataclass
 class ChecksSettings:
     """The ``[checks]`` table: disabled checks and site plugins."""
 
@@ -270,6 +318,9 @@ class NvmlSettings:
     # A GPU query that fails (other than NotSupported) is asked once more after this many
     # seconds in the same run: an error on both reads is persistent (FAIL). 0: no retry.
     retry_delay_s: Annotated[float, Range(0, 10)] = 0.2
+    # Every NVML query answers within this many seconds, or its GPU is "not responding"
+    # (gpu.responsive FAIL) and the gather goes on without it (docs/reliability.md).
+    query_deadline_s: Annotated[float, Range(0.1, 600)] = 5.0
 
 
 @dataclass
@@ -444,6 +495,24 @@ class CollectorSettings:
         return with_port(endpoint, self.events_port) if self.events_port else None
 
 
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
+
+
+def free_threshold(text: str) -> tuple[float, str]:
+    """``"3%"`` -> (3.0, "%"); ``"10G"`` -> (10 * 2**30, "B"). ValueError on anything else."""
+    raw = text.strip().upper().removesuffix("B").removesuffix("I")
+    if raw.endswith("%"):
+        share = float(raw[:-1])
+        if not 0 <= share <= 100:
+            raise ValueError(f"share out of range: {text!r} (0% to 100%)")
+        return share, "%"
+    number, unit = (raw[:-1], raw[-1]) if raw[-1:] in tuple("KMGTP") else (raw, "")
+    size = float(number) * _SIZE_UNITS[unit]
+    if not 0 <= size < 1 << 60:
+        raise ValueError(f"size out of range: {text!r}")
+    return size, "B"
+
+
 def with_port(endpoint: str, port: int) -> str | None:
     """``tcp://HOST:PORT`` with another port; None for any other endpoint."""
     head, sep, old = endpoint.rpartition(":")
@@ -574,6 +643,10 @@ class Settings:
     fabric: FabricSettings = field(default_factory=FabricSettings)
     ib: IbSettings = field(default_factory=IbSettings)
     xid: XidSettings = field(default_factory=XidSettings)
+    disk: DiskSettings = field(default_factory=DiskSettings)
+    services: ServicesSettings = field(default_factory=ServicesSettings)
+    rdma: RdmaSettings = field(default_factory=RdmaSettings)
+    nvswitch: NvswitchSettings = field(default_factory=NvswitchSettings)
     checks: ChecksSettings = field(default_factory=ChecksSettings)
     nvml: NvmlSettings = field(default_factory=NvmlSettings)
     versions: VersionsSettings = field(default_factory=VersionsSettings)

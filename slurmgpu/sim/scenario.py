@@ -100,7 +100,7 @@ def validate_scenario(data: Any, *, source: str = "<scenario>") -> None:
         errors = gpu.get("errors")
         if errors is not None and not isinstance(errors, dict):
             raise SimError(f"{source}: gpus[{i}].errors must be an object")
-    for key in ("errors",):
+    for key in ("errors", "host"):
         if key in data and not isinstance(data[key], dict):
             raise SimError(f"{source}: '{key}' must be an object")
     events = data.get("events", [])
@@ -161,12 +161,16 @@ def inject_xid(data: dict[str, Any], gpu: int, xid: int, *, kernel_log: str | os
 
 
 def sim_environment(name_or_path: str | os.PathLike[str]) -> dict[str, str]:
-    """Environment that points slurmgpu's NVML source at the fake library and a scenario.
+    """Environment that points slurmgpu's NVML source at the fake library and a scenario,
+    and its host source at the scenario's host tree (``slurmgpu.sim.hostroot``).
 
     Builds the fake library if needed.
     """
     from slurmgpu.sim.build import build_library
+    from slurmgpu.sim.hostroot import host_environment
 
     scenario = resolve_scenario(name_or_path)
-    load_scenario(scenario)  # fail early on a broken file
-    return {ENV_LIBRARY: str(build_library()), ENV_SCENARIO: str(scenario)}
+    data = load_scenario(scenario)  # fail early on a broken file
+    library = build_library()
+    return {ENV_LIBRARY: str(library), ENV_SCENARIO: str(scenario),
+            **host_environment(data, library.parent)}

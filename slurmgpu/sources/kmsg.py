@@ -107,6 +107,11 @@ def read_xids(path: str, gpu_by_pci: Mapping[tuple[int, int, int], int],
     """XIDs logged at or after ``since`` (Unix time). A missing log, or one this user may
     not read, gives []; a read that fails or passes ``timeout_s``/``max_bytes`` raises
     ``KernelLogError``."""
+    return parse_records(read_records(path, timeout_s=timeout_s, max_bytes=max_bytes), gpu_by_pci, since)
+
+
+def read_records(path: str, *, timeout_s: float = READ_TIMEOUT_S, max_bytes: int = MAX_BYTES) -> list[str]:
+    """The kernel log's records (XIDs, NVSwitch SXids), bounded as ``read_xids`` says."""
     try:
         mode = os.stat(path).st_mode
     except OSError:
@@ -120,7 +125,7 @@ def read_xids(path: str, gpu_by_pci: Mapping[tuple[int, int, int], int],
         raise KernelLogError(f"{path}: {exc.strerror or exc}") from exc
     if time.monotonic() > deadline:
         raise KernelLogError(f"{path}: not read within {timeout_s:g} s")
-    return parse_records(lines, gpu_by_pci, since)
+    return lines
 
 
 def _read_file(path: str, max_bytes: int) -> list[str]:

@@ -451,6 +451,23 @@ def first_job_event(db: Connection, job_id: str, kind: str) -> JobEventAt | None
     return None if row is None else JobEventAt(float(row[0]), row[1], row[2])
 
 
+class CurrentDrain(NamedTuple):
+    """A node Slurm showed drained at the collector's last poll."""
+
+    since: float
+    drained_by: str | None  # automation, prolog, epilog, healthcheck, operator, outside, slurmgpu
+    reason: str | None
+
+
+def current_drains(db: Connection, node: str | None = None) -> dict[str, CurrentDrain]:
+    """The nodes (or ``node``) whose latest drain/resume row in ``node_states`` is a drain."""
+    where, args = ("AND node = ? ", (node,)) if node is not None else ("", ())
+    cur = db.execute("SELECT s.node, s.ts, s.drained_by, s.reason FROM node_states s JOIN "
+                     "(SELECT max(id) AS id FROM node_states WHERE kind IN ('drained', 'resumed') "
+                     f"{where}GROUP BY node) m ON s.id = m.id WHERE s.kind = 'drained'", args)
+    return {str(n): CurrentDrain(float(ts), by, reason) for n, ts, by, reason in cur}
+
+
 # ---------------------------------------------------------------------- issue 15: /metrics at 10k nodes
 # Read for every node at every scrape: columns, not an object per node.
 

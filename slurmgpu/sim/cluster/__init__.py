@@ -21,6 +21,7 @@ from slurmgpu.sim.cluster.common import (
     BUNDLED_GPUS,
     DEFAULT_DIR,
     DEFAULT_SCENARIO,
+    DEMO_DIR,
     ENV_CLUSTER_DIR,
     HOOKS,
     STATE_FILE,
@@ -30,11 +31,12 @@ from slurmgpu.sim.cluster.common import (
     default_directory,
     node_names,
 )
-from slurmgpu.sim.cluster.core import SimCluster
+from slurmgpu.sim.cluster.core import SimCluster, find_cluster
 from slurmgpu.sim.cluster.install import (
     ensure_slurm_installed,
     missing_programs,
     path_additions,
+    prefix_dirs,
     slurm_version,
 )
 from slurmgpu.sim.cluster.procs import (
@@ -60,6 +62,7 @@ __all__ = [
     "BUNDLED_GPUS",
     "DEFAULT_DIR",
     "DEFAULT_SCENARIO",
+    "DEMO_DIR",
     "ENV_CLUSTER_DIR",
     "HOOKS",
     "STATE_FILE",
@@ -70,6 +73,7 @@ __all__ = [
     "check_installed_hooks",
     "default_directory",
     "ensure_slurm_installed",
+    "find_cluster",
     "fit_scenario",
     "hello_times",
     "hook_environment",
@@ -78,6 +82,7 @@ __all__ = [
     "node_names",
     "path_additions",
     "pick_ports",
+    "prefix_dirs",
     "proc_alive",
     "render_agent_config",
     "render_cgroup_conf",

@@ -11,6 +11,8 @@ from slurmgpu.errors import SimError
 
 ENV_CLUSTER_DIR = "SLURMGPU_CLUSTER_DIR"
 DEFAULT_DIR = Path("/tmp/slurmgpu-cluster")
+#: Where `slurmgpu demo` leaves its cluster up (its default --dir).
+DEMO_DIR = Path("/tmp/slurmgpu-demo")
 DEFAULT_SCENARIO = "h100-sxm-8"
 BUNDLED_GPUS = 8  # bundled scenarios describe 8-GPU nodes
 BASE_PORT = 17100
@@ -56,8 +58,10 @@ def node_names(count: int) -> list[str]:
     return [f"{NODE_PREFIX}{i}" for i in range(1, count + 1)]
 
 
-#: Log lines that every 22.05 daemon writes and that never explain a failure.
-_LOG_NOISE = re.compile(r"pmix|MPI: Cannot create context|Node configuration differs")
+#: Log lines that every 22.05 (and 25.11: no http_parser in the build) daemon writes and
+#: that never explain a failure.
+_LOG_NOISE = re.compile(r"pmix|MPI: Cannot create context|Node configuration differs|"
+                        r"http_parser/libhttp_parser")
 
 
 def log_tail(path: Path, lines: int = 6) -> str:

@@ -20,16 +20,19 @@ from slurmgpu.sim.cluster.common import (
     COLLECTOR,
     COLLECTOR_BASE_PORT,
     DEFAULT_SCENARIO,
+    DEMO_DIR,
+    ENV_CLUSTER_DIR,
     NVIDIA_MAJOR,
     STATE_FILE,
     ClusterError,
     SlurmNotAvailable,
+    default_directory,
     empty_dir,
     node_names,
     write_atomic,
 )
 from slurmgpu.sim.cluster.daemons import SlurmDaemons
-from slurmgpu.sim.cluster.install import ensure_slurm_installed, slurm_version
+from slurmgpu.sim.cluster.install import check_slurm_prefix, ensure_slurm_installed, slurm_version
 from slurmgpu.sim.cluster.procs import pick_ports
 from slurmgpu.sim.cluster.render import (
     check_installed_hooks,
@@ -46,7 +49,8 @@ class SimCluster(SlurmDaemons):
     def up(self, nodes: int = 4, gpus: int = 8,
            scenario: str | os.PathLike[str] = DEFAULT_SCENARIO, *,
            hooks_enabled: bool = True, timeout: float = 60, cpus: int | None = None,
-           agents: bool | None = None, installed_hooks: Path | None = None) -> None:
+           agents: bool | None = None, installed_hooks: Path | None = None,
+           slurm_prefix: Path | None = None) -> None:
         """Bring the cluster up (idempotent: a healthy cluster with these settings is kept).
 
         With ``agents`` (True, or None on a fresh cluster: the default) it also makes CURVE
@@ -54,14 +58,17 @@ class SimCluster(SlurmDaemons):
         every agent answers on its socket and has said hello to the collector. On a cluster
         that is already up, True/False starts/stops just the agents and the collector, and
         None keeps the choice made at its ``up``. ``installed_hooks``: slurm.conf's hooks run
-        the wrappers a package installed there (see use_installed_hooks)."""
+        the wrappers a package installed there (see use_installed_hooks). ``slurm_prefix``:
+        run the Slurm that tools/build_slurm.sh built there instead of Debian's packages."""
         if installed_hooks is not None:
             check_installed_hooks(installed_hooks)
+        check_slurm_prefix(slurm_prefix)
         if not 1 <= nodes <= 64:
             raise ClusterError(f"--nodes must be 1..64, not {nodes}")
         if not 1 <= gpus <= 64:
             raise ClusterError(f"--gpus must be 1..64, not {gpus}")
-        wanted = {"nodes": node_names(nodes), "gpus": gpus, "scenario": str(scenario)}
+        wanted = {"nodes": node_names(nodes), "gpus": gpus, "scenario": str(scenario),
+                  "slurm_prefix": str(Path(slurm_prefix).absolute()) if slurm_prefix else None}
         if self.is_up():
             have = {k: self._state.get(k) for k in wanted}
             if have == wanted:
@@ -83,7 +90,8 @@ class SimCluster(SlurmDaemons):
                 return
             raise ClusterError(
                 f"a cluster with {len(self.nodes)} nodes x {self.gpus} GPUs "
-                f"(scenario {self._state.get('scenario')}) is already up in {self.dir}; "
+                f"(scenario {self._state.get('scenario')}, Slurm "
+                f"{self._state.get('slurm_prefix') or 'from the packages'}) is already up in {self.dir}; "
                 "run `slurmgpu sim cluster down` first"
             )
         if self._state or (self.dir / STATE_FILE).exists():
@@ -92,7 +100,7 @@ class SimCluster(SlurmDaemons):
             raise ClusterError(f"{self.dir} exists, is not empty and holds no simulated cluster")
         if os.geteuid() != 0:
             raise SlurmNotAvailable("the simulated Slurm cluster must run as root")
-        ensure_slurm_installed()
+        ensure_slurm_installed(slurm_prefix)
         base = fit_scenario(self._load_named(scenario), gpus) if gpus != BUNDLED_GPUS \
             else self._load_named(scenario)
         agents = True if agents is None else agents
@@ -116,7 +124,7 @@ class SimCluster(SlurmDaemons):
         old_collector = self._state.get("collector_port")
         collector_port = pick_ports(1, start=COLLECTOR_BASE_PORT,
                                     prefer=[old_collector] if old_collector else None)[0]
-        version = slurm_version()
+        version = slurm_version(wanted["slurm_prefix"])
         ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
         return {
             **wanted,
@@ -198,6 +206,14 @@ class SimCluster(SlurmDaemons):
             shutil.rmtree(self.dir, ignore_errors=True)
             self._state = {}
 
+    def running_daemons(self) -> list[str]:
+        """The daemons of this cluster that run now, named for people: ``slurmctld (pid 7)``."""
+        names = ["munged", "slurmctld", *self.nodes]
+        found = [(f"slurmd {n}" if n in self.nodes else n, self._pid(n)) for n in names]
+        found += [(name, self._service_pid(name)) for name in
+                  (COLLECTOR, *(f"agent-{n}" for n in self.nodes))]
+        return [f"{name} (pid {pid})" for name, pid in found if pid is not None]
+
     def status(self) -> dict[str, Any]:
         daemons = {d: self._pid(d) for d in ("munged", "slurmctld")}
         ping = daemons["slurmctld"] is not None and self._ping()
@@ -241,7 +257,8 @@ class SimCluster(SlurmDaemons):
     def reset(self, timeout: float = 60) -> None:
         """Back to the state right after ``up``: no jobs, up() scenario on every node, empty
         kmsg and state dirs, default slurmgpu.toml, hooks as at up, a slurmd for every node
-        (restarted if it died), drained/down nodes resumed, every node idle."""
+        (restarted if it died), drained/down nodes resumed, every node idle and without a
+        reason."""
         from slurmgpu.sim.scenario import load_scenario, write_scenario
 
         if not self._state:
@@ -274,5 +291,20 @@ class SimCluster(SlurmDaemons):
                     self._spawn(["slurmd", "-N", node, "-f", str(self.conf)], node)
             self._resume_all()
             self.wait_idle(timeout)
+            self._clear_stale_reasons(timeout)
         finally:
             self.set_hooks_enabled(enabled)
+
+
+def find_cluster() -> SimCluster:
+    """The cluster in $SLURMGPU_CLUSTER_DIR or /tmp/slurmgpu-cluster, else the demo's;
+    ClusterError naming where it looked when none is there."""
+    looked = [default_directory()]
+    if ENV_CLUSTER_DIR not in os.environ:
+        looked.append(DEMO_DIR)
+    for directory in looked:
+        if (directory / STATE_FILE).is_file():
+            return SimCluster(directory)
+    where = " nor ".join(str(d) for d in looked)
+    raise ClusterError(f"no simulated cluster in {where}: start one with `slurmgpu sim cluster up` "
+                       "(or `slurmgpu demo`), or name it with --dir")
