@@ -84,6 +84,32 @@ def _quiet(step: str) -> None:
     pass
 
 
+class Background:
+    """``work()`` run in a thread of its own from now on; ``result()`` waits for it and
+    returns what it returned (or raises what it raised)."""
+
+    def __init__(self, work: Callable[[], Any]) -> None:
+        import threading
+
+        self._work = work
+        self._outcome: tuple[bool, Any] = (False, None)
+        self._thread = threading.Thread(target=self._run, name="slurmgpu-gather", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._outcome = (True, self._work())
+        except BaseException as exc:  # handed to result(), in the caller's thread
+            self._outcome = (False, exc)
+
+    def result(self) -> Any:
+        self._thread.join()
+        done, value = self._outcome
+        if not done:
+            raise value
+        return value
+
+
 def gather(sources: Sources, *, node: str, scope: frozenset[int] | None = None,
            xids: Iterable[XidEvent] = (), previous: NodeFacts | None = None,
            want_ib: bool = True, want_versions: bool = True, ib: IbFacts | None = None,
@@ -94,6 +120,8 @@ def gather(sources: Sources, *, node: str, scope: frozenset[int] | None = None,
     (``add_kernel_xids``). ``progress`` is told each step first, so a watchdog can say
     which hung."""
     collected_at = sources.clock.time()
+    # The host's layers (files, `systemctl show`: a child process) are read meanwhile.
+    host_work = Background(sources.host.collect) if want_host and sources.host is not None else None
     progress("gather:nvml")
     nvml = sources.nvml.collect(scope)
     progress("gather:infiniband")
@@ -103,7 +131,7 @@ def gather(sources: Sources, *, node: str, scope: frozenset[int] | None = None,
     if versions is None:
         versions = sources.versions.collect() if want_versions else SoftwareVersions()
     progress("gather:host")
-    host = sources.host.collect() if want_host and sources.host is not None else None
+    host = host_work.result() if host_work is not None else None
     facts = assemble(node, nvml, collected_at=collected_at, ib=ib, versions=versions,
                      xids=xids, previous=previous, host=host)
     if kernel_log is not None and xids_since is not None:

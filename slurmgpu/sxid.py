@@ -21,6 +21,8 @@ _NON_FATAL_WORD = re.compile(r"\bnon-?fatal\b", re.I)
 
 @dataclass(frozen=True)
 class SxidRule:
+    """What to do about one NVSwitch SXid code."""
+
     code: int
     name: str
     sxid_class: str  # a key of CLASS_ACTION, or "unknown"

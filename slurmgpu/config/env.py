@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class EnvVar:
+    """One ``SLURMGPU_*`` variable and the setting it overrides."""
+
     name: str
     # "table.key" of the setting it overrides, or None: not a setting.
     setting: str | None

@@ -24,6 +24,8 @@ Tables = dict[str, Table]
 
 @dataclass(frozen=True)
 class HostSection:
+    """One ``[[hosts]]`` section: its nodes and the tables it sets."""
+
     index: int  # position among the [[hosts]] sections, from 0
     nodes: str  # the hostlist as written
     values: Tables  # validated tables this section sets

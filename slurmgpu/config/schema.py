@@ -285,6 +285,8 @@ class ServicesSettings:
 
 @dataclass
 class NvswitchSettings:
+    """The ``[nvswitch]`` table: NVSwitch SXids."""
+
     # nvswitch.sxid: a fatal SXid counts since boot (until the NVSwitch is reset); a
     # non-fatal or notable one only within this many seconds.
     nonfatal_window_s: Annotated[float, Range(1, 30 * DAY)] = 3600.0
@@ -292,6 +294,8 @@ class NvswitchSettings:
 
 @dataclass
 class RdmaSettings:
+    """The ``[rdma]`` table: GPUDirect RDMA."""
+
     # rdma.gpudirect: require GPUDirect RDMA (nvidia_peermem loaded, or dma-buf: the open
     # kernel module on Linux 5.12+). Off: not checked.
     gpudirect: bool = False

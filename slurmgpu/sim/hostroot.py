@@ -32,28 +32,36 @@ MISSING_UNIT = {"LoadState": "not-found", "ActiveState": "inactive", "SubState":
                 "NRestarts": 0, "Result": "success"}
 ROOMY_DISK = {"total": 500 << 30, "free": 400 << 30, "read_only": False}
 
-SYSTEMCTL = '''#!{python}
-"""The simulated host's systemctl: `show -p PROPS UNIT...` from units.json, nothing else."""
-import json, os, sys
-units = json.load(open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "units.json")))
-args = sys.argv[1:]
-if not args or args[0] != "show":
-    sys.exit("simulated systemctl: only `show` is simulated")
-props, names, i = ["Id"], [], 1
-while i < len(args):
-    if args[i] == "-p":
-        props = args[i + 1].split(","); i += 2
-    elif args[i].startswith("-"):
-        i += 1
-    else:
-        names.append(args[i]); i += 1
-missing = {missing}
-blocks = []
-for name in names:
-    unit = dict(units.get(name.removesuffix(".service"), missing), Id=name)
-    blocks.append("\\n".join(f"{{p}}={{unit.get(p, '')}}" for p in props))
-print("\\n\\n".join(blocks))
-'''
+SYSTEMCTL = """#!/bin/sh
+# The simulated host's systemctl: `show -p PROPS UNIT...` from units/<unit> (KEY=VALUE
+# lines), nothing else. A shell script, as quick to start as the real one.
+root=${0%/bin/*}
+[ "$1" = show ] || { echo "simulated systemctl: only \\`show\\` is simulated" >&2; exit 1; }
+shift
+props=Id sep=
+while [ $# -gt 0 ]; do
+    case $1 in
+        -p) props=$2; shift 2; continue ;;
+        -*) shift; continue ;;
+    esac
+    file=$root/units/${1%.service}
+    [ -f "$file" ] || file=$root/units/.missing
+    printf '%s' "$sep"
+    sep='
+'
+    IFS=,
+    for prop in $props; do
+        value=
+        [ "$prop" = Id ] && value=$1
+        while IFS='=' read -r key rest; do
+            [ "$key" = "$prop" ] && value=$rest
+        done <"$file"
+        printf '%s=%s\\n' "$prop" "$value"
+    done
+    unset IFS
+    shift
+done
+"""
 
 
 def host_spec(scenario: dict[str, Any]) -> dict[str, Any]:
@@ -92,7 +100,9 @@ def materialize(scenario: dict[str, Any], dest: Path) -> Path:
         (dest / "sys/module" / module).mkdir(parents=True)
     (dest / "run/systemd/system").mkdir(parents=True)
     _write(dest / "units.json", json.dumps(spec["services"]))
-    _write(dest / "bin/systemctl", SYSTEMCTL.format(python=sys.executable, missing=repr(MISSING_UNIT)))
+    for name, unit in [*spec["services"].items(), (".missing", MISSING_UNIT)]:
+        _write(dest / "units" / name, "".join(f"{key}={value}\n" for key, value in unit.items()))
+    _write(dest / "bin/systemctl", SYSTEMCTL)
     (dest / "bin/systemctl").chmod(0o755)
     _write(dest / "statvfs.json", json.dumps(spec["disks"]))
     for proc in spec["hung_processes"]:
@@ -119,7 +129,7 @@ def host_environment(scenario: dict[str, Any], cache_dir: Path) -> dict[str, str
     """``{SLURMGPU_HOST_ROOT: dir}``: the scenario's host tree under ``cache_dir``, one
     directory per distinct host (written once, atomically renamed into place); with
     kernel-log lines, ``SLURMGPU_KMSG`` too."""
-    text = json.dumps(host_spec(scenario), sort_keys=True) + sys.executable
+    text = json.dumps(host_spec(scenario), sort_keys=True) + sys.executable + SYSTEMCTL
     dest = cache_dir / "hosts" / hashlib.sha256(text.encode()).hexdigest()[:16]
     if not dest.is_dir():
         dest.parent.mkdir(parents=True, exist_ok=True)
