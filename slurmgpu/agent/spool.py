@@ -172,10 +172,6 @@ class Spool:
                 self._fail(f"spool delete failed: {exc}")
                 return 0
 
-    def compact(self) -> int:
-        with self._lock:
-            return self._compact()
-
     def _compact(self) -> int:
         assert self._conn is not None
         try:
