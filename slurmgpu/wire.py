@@ -348,6 +348,13 @@ def body_bytes(frame: bytes, body: dict[str, Any], epoch: str,
     return raw_body(frame) or again
 
 
+def decode_received(frame: bytes) -> tuple[Envelope, bytes]:
+    """``decode(frame)`` and, for a type the store keeps, the body's bytes as received
+    (``body_bytes``; b"" for the others: heartbeats, bundles, acks)."""
+    env = decode(frame)
+    return env, (body_bytes(frame, env.body, env.epoch) if env.type in ACKED else b"")
+
+
 def raw_body(frame: bytes) -> bytes | None:
     """The packed bytes of the ``body`` value of a frame ``decode`` accepted, sliced out
     of the frame (no re-packing: unpacking them gives the decoded body); None if not found.
@@ -505,11 +512,6 @@ def _require_int(body: dict[str, Any], key: str, low: int, high: int, mtype: str
     value = body.get(key)
     if value is not None and not low <= value <= high:
         raise WireError(f"{mtype}: field {key!r} out of range [{low}, {high}]")
-
-
-def _validate_body(mtype: str, body: dict[str, Any]) -> tuple[Finding, ...]:
-    """Check ``body``; a report's or event's findings, decoded."""
-    return _VALIDATORS[mtype](body) or ()
 
 
 def _hello(body: dict[str, Any]) -> None:

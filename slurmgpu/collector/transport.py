@@ -103,8 +103,8 @@ from slurmgpu.wire import (
     ReplyFrames,
     WireError,
     command_frame,
+    decode_received,
 )
-from slurmgpu.wirefast import Decoded, decode_received
 
 # At most this many messages a batch (one transaction, then its acks). An event that
 # arrives while a batch is being stored waits for that store and its commit: ~10-20 ms
@@ -252,8 +252,6 @@ class Transport:
         public, secret = keys.server_keys(self.keys_dir)
         self.allowed: dict[bytes, str] = keys.allowed_nodes(self.keys_dir)
         self._frames = ReplyFrames()
-        # (wirefast: reports and bundles decoded in C when msgspec is installed)
-        self._decode_received = decode_received
         self.bundle_offer = 0  # what acks say of bundles now (``_offer_bundles``)
         self._busy_messages = 0  # messages handled since the last offer, and since when
         self._measured_at = time.monotonic()
@@ -556,12 +554,12 @@ class Transport:
         to_ack.append((self.sock, routing_id, node, env.epoch, env.seq, False))
 
     def _decode(self, data: bytes, node: str, routing_id: bytes, to_ack: list[AckItem],
-                sock: zmq.Socket[Any]) -> Decoded | None:
-        """``data`` decoded, with its body's bytes as received (``wirefast``), if it is a
+                sock: zmq.Socket[Any]) -> tuple[Envelope, bytes] | None:
+        """``data`` decoded, with its body's bytes as received (``wire.decode_received``), if it is a
         valid frame of the authenticated ``node``'s (None: refused, counted and logged; a
         bad body of an acked type is acked as rejected)."""
         try:
-            decoded = self._decode_received(data)
+            decoded = decode_received(data)
         except BodyError as exc:
             self._reject("malformed", node=node, error=str(exc))
             self._ack_rejected(exc.envelope, node, routing_id, to_ack, sock)
