@@ -51,6 +51,7 @@ class FakeAgent:
     node: str = NODE
     hang: threading.Event | None = None
     calls: list[tuple[frozenset[int] | None, float]] = field(default_factory=list)
+    told: list[str] = field(default_factory=list)  # sweep_soon, bookkeeping_failed, prolog_blocked
 
     def latest(self) -> tuple[NodeFacts, Verdict, float] | None:
         return self.facts, evaluate(self.facts, self.settings), time.time()
@@ -63,6 +64,15 @@ class FakeAgent:
         if gpus is not None:
             out.nvml.gpus = [g for g in out.nvml.gpus if g.index in gpus]
         return out
+
+    def sweep_soon(self) -> None:
+        self.told.append("sweep_soon")
+
+    def bookkeeping_failed(self, errors: list[str]) -> None:
+        self.told.append("bookkeeping_failed")
+
+    def prolog_blocked(self, job_id: str | None, record: dict[str, Any]) -> None:
+        self.told.append("prolog_blocked")
 
 
 @dataclass

@@ -75,6 +75,15 @@ class AgentLike(Protocol):
 
     def facts_for(self, gpus: frozenset[int] | None, max_age_s: float) -> NodeFacts: ...
 
+    def sweep_soon(self) -> None:
+        """A job directory was retired (warm-path epilog): delete it soon."""
+
+    def bookkeeping_failed(self, errors: list[str]) -> None:
+        """A gate run decided but could not record (its next report says so)."""
+
+    def prolog_blocked(self, job_id: str | None, record: dict[str, Any]) -> None:
+        """The warm-path prolog refused a job (for the fleet report)."""
+
 
 # ------------------------------------------------------------------------ facts
 
@@ -214,7 +223,7 @@ class LocalService:
 
         gate = Gate(settings, env, lambda: self.client_factory(env), facts=self.cached_facts(env),
                     exit=finish, record_extra={"path": "agent"},
-                    sweep_job_dirs=getattr(self.agent, "sweep_soon", None))
+                    sweep_job_dirs=self.agent.sweep_soon)
 
         def run() -> None:
             try:
@@ -228,12 +237,10 @@ class LocalService:
             return error_reply(f"{phase} did not decide in time")
         records = outcome["records"]
         record = records[-1] if records else None
-        failed = getattr(self.agent, "bookkeeping_failed", None)
-        if gate.bookkeeping_errors and failed is not None:
-            failed(list(gate.bookkeeping_errors))
-        blocked = getattr(self.agent, "prolog_blocked", None)
-        if phase == "prolog" and outcome["exit"] != 0 and blocked is not None:
-            blocked(env.get("SLURM_JOB_ID"), record or {})  # for the fleet report
+        if gate.bookkeeping_errors:
+            self.agent.bookkeeping_failed(list(gate.bookkeeping_errors))
+        if phase == "prolog" and outcome["exit"] != 0:
+            self.agent.prolog_blocked(env.get("SLURM_JOB_ID"), record or {})  # for the fleet report
         return hook_reply(outcome["exit"], records)
 
 
