@@ -27,8 +27,8 @@ from typing import Any
 
 import msgpack
 
-from slurmgpu.collector.history import History, Rows
 from slurmgpu.collector.store.backend import Connection, dialect_of
+from slurmgpu.collector.store.history import History, Rows
 from slurmgpu.decision import REASON_PREFIX, reason_actor
 from slurmgpu.result import Severity
 from slurmgpu.slurm.cli import sanitize_reason
