@@ -1,79 +1,13 @@
 """The agent <-> collector wire protocol: one envelope, every message type, msgpack.
 
-A frame is one msgpack map:
+A frame is one msgpack map: {"v": 1, "id": ..., "node": ..., "seq": ..., "ts": ...,
+"type": ..., "body": {...}, "epoch": ...}. Promises: every frame is bounded and every
+body validated per type (``decode``; ``decode_received`` adds the body's bytes as
+received), so a bad frame is a ``WireError`` (``BodyError`` when only its body is bad),
+never a crash, and whatever it accepts both stores can store; ``encode`` refuses what
+the other side would. Every frame either side sends is built here.
 
-    {"v": 1, "id": "<uuid4 hex>", "node": "gpu-n1", "seq": 17, "ts": 1790000000.0,
-     "type": "report", "body": {...}}
-
-* ``v`` protocol version; a frame with an unknown version is rejected. A frame that
-  repeats one of its keys is rejected too (which ``body`` would count?).
-* ``id`` unique message id; ``seq`` per-node sequence number, strictly increasing for
-  messages that need an ack (report, event, command-result, hello); the collector
-  deduplicates by (node, epoch, seq).
-* ``epoch`` (optional, absent = "") the id of the agent's spool that numbered ``seq``: a
-  new spool (reinstall, lost disk, deleted spool.db) starts a new sequence at 1 under a
-  new epoch, so its messages are not mistaken for resends of the old spool's. An ack
-  carries the epoch it acknowledges.
-* Every number is bounded: integers fit SQLite's int64 (most fields much less, see
-  the ``MAX_*`` constants), floats are finite, and every list and string that ends up in
-  a table, an in-memory map or a metric label has a length limit, so a frame can neither
-  crash the store (``OverflowError`` binding an int >= 2**63) nor grow the collector.
-* Every value the collector stores is one both of its backends can store: no string of a
-  frame contains NUL (PostgreSQL's text cannot hold it; the facts, kept as one opaque
-  blob, are not read), strings are valid UTF-8 (msgpack's decoding is strict, lone
-  surrogates included), and each value of a summary row has its column's type.
-* Every frame is bounded (``MAX_FRAME``) and every body is validated per type, so a
-  malformed frame is a ``WireError`` (counted and logged by the receiver), never a crash.
-  One whose envelope is valid but whose body is not is a ``BodyError`` carrying the
-  envelope, so the collector can ack it as rejected (it would fail on every resend).
-
-Message types (body fields):
-    hello           {"version": str, "gpus": int, "interval_s": float}
-    report          {"verdict": str, "findings": [non-OK finding...], "ok_checks": [check id...],
-                     "facts": {...} or msgpack bytes of it (optional: sent every
-                     [agent] full_report_s, on a new connection and when the verdict
-                     changes; the collector keeps the last ones it got),
-                     "throttle": int, "summary": msgpack bytes (slurmgpu.summary: counters and
-                     versions for the fleet history)}
-    event           {"kind": "xid"|"ecc_dbe"|"ecc_sbe_storm"|"dram_retirement"|
-                     "dram_retirement_failure"|"poison_nonfatal"|"poison_fatal"|
-                     "gpu_unavailable"|"recovery_action"|"gpu_lost"|"local_checkpoint"|
-                     "prolog_blocked"|..., "gpu": int|None, "data": int|None, "verdict": str,
-                     "findings": [finding...], "coalesced": int (events folded into this one),
-                     "message": str (an XID's kernel-log text, at most XID_MESSAGE_MAX)}
-    heartbeat       {}                         (no ack, no seq needed: seq 0)
-    bundle          {"frames": [bytes, ...]}   (no ack, seq 0: 1 to MAX_BUNDLE frames of the
-                     acked types, each a whole frame of the same node, as spooled; each is
-                     checked, stored and acked as if it came alone. An agent draining a
-                     backlog sends them once the collector's acks carry ``bundle``: one
-                     message, one CURVE box and one ack for dozens of reports)
-    ack             {"seqs": [int, ...], "rejected": [int, ...], "bundle": int}
-                     (collector -> agent; ``rejected`` optional: seqs also in ``seqs`` that
-                     were refused for good (malformed body, unstorable): the agent drops
-                     them and logs; ``bundle`` optional: this collector takes bundles of up
-                     to that many frames now (it says less as its fleet grows, see the
-                     transport; 1: none now). A collector without it never gets one: one
-                     that predates bundles would refuse them unacked, and the agent would
-                     resend them forever)
-    command         {"command": str, "args": {...}}   (collector -> agent)
-    command-result  {"command_id": str, "ok": bool, "result": {...}}
-
-A finding is ``Finding.to_json()``'s map (``encode_finding``): {"check": str, "severity":
-"OK"|"WARN"|"FAIL"|"UNKNOWN", "gpu": int|None, "subject": str|None, "message": str,
-"not_applicable": bool, "data": {...}}; ``decode`` gives a report's or event's findings
-typed, as ``Envelope.findings`` (``decode_finding``).
-
-``facts``, ``gpu``, ``data``, ``args`` and ``result`` may be absent (or None); every other
-field listed is required. ``node`` is a Slurm node name ([A-Za-z0-9._-], at most 128).
-``encode`` validates too, so a sender never emits a frame the receiver would reject;
-``encode_unchecked`` skips that self-check.
-
-Every frame either side sends is built here, one builder per kind (the "frames" section
-below): ``message_frame`` (an agent's acked message; ``hello_frame`` for a hello from its
-fields), ``heartbeat_frame``, ``command_frame``, and for the hot paths ``ReplyFrames`` (the
-collector's acks and heartbeat replies) and ``ReportFrames`` (reports around a body packed
-once: the load simulator), which pack their constant parts once and give exactly the bytes
-``encode_unchecked`` gives for the same fields.
+The message types, their fields and bounds: docs/design-notes.md (``slurmgpu/wire.py``).
 """
 
 from __future__ import annotations

@@ -6,23 +6,7 @@ ask; the peer is identified with ``SO_PEERCRED``. The protocol (``slurmgpu.local
 shared with the hooks' client): one JSON request line, one JSON response line (UTF-8,
 newline-terminated):
 
-``{"op": "status"}``
-    -> ``{"ok": true, "node": ..., "verdict": "OK"|..|null, "problems": [...],
-    "age_s": seconds since those facts were collected}``
-``{"op": "gate", "gpus": [0, 1]}`` (``gpus`` absent/null: every GPU)
-    -> ``{"ok": true, "verdict": ..., "exit": <severity exit code>, "problems": [...]}``;
-    decides only, acts on nothing.
-``{"op": "prolog"|"epilog", "env": {SLURM*, SLURMGPU*, CUDA_VISIBLE_DEVICES}}``
-    -> ``{"ok": true, "exit": <hook exit code>, "record": <last gate record>,
-    "records": [every record of this run]}``. The decision is ``slurmgpu.gate.Gate``,
-    the same code as ``slurmgpu prolog``, fed from the agent's cached facts
-    (``CachedFacts``: ``Agent.facts_for``) instead of NVML/sysfs; its records carry
-    ``"path": "agent"``.
-    With ``"ack": true`` in the request the agent first sends ``{"ack": true,
-    "wait_s": <the longest it may take>}`` once the request is accepted, so a client can
-    give up quickly on a hung agent yet wait for a slow drain of a live one.
-
-Anything else (bad JSON, unknown op, a disallowed peer) -> ``{"ok": false, "error": ...}``.
+Design notes: docs/design-notes.md (``slurmgpu/agent/local.py``).
 """
 
 from __future__ import annotations

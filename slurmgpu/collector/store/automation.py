@@ -4,22 +4,7 @@
 ``AutomationState`` is the state as the policy (``slurmgpu.collector.policy``) works on it,
 in memory; ``AutomationRecord`` keeps it in the ``automation_*`` tables:
 
-* ``reload`` reads every table; a drained node's ``pending`` (its drain waits for its
-  jobs' checkpoints) comes from ``pending_drains``, the one record of that wait (kept by
-  ``slurmgpu.collector.checkpoint``).
-* ``save`` writes, in one write transaction, only the rows that changed since the last
-  load or save: per table a row per node (``nodes`` scopes a save to some nodes, as a
-  report changes only its node's rows) plus the fleet-wide rows, and bumps
-  ``automation_state.version``. A row someone else changed meanwhile (an operator's
-  ``slurmgpu breaker release``, from another process) keeps their change unless this
-  save changed the same row; when the version shows such a write, the state is read back
-  after the save.
-* ``refresh`` reads the state back when the version moved: the collector calls it each
-  loop turn (one indexed read), so it sees an operator's change without a file to poll.
-
-An operator's command changes the state inside one write transaction (refresh, change,
-save; ``Dialect.begin_write``: SQLite's ``BEGIN IMMEDIATE``, PostgreSQL's store-wide
-advisory lock): a read-modify-write that no other writer can interleave.
+Design notes: docs/design-notes.md (``slurmgpu/collector/store/automation.py``).
 """
 
 from __future__ import annotations
