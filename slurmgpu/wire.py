@@ -12,10 +12,8 @@ The message types, their fields and bounds: docs/design-notes.md (``slurmgpu/wir
 
 from __future__ import annotations
 
-import itertools
 import math
 import re
-import struct
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -148,9 +146,35 @@ def hello_frame(node: str, seq: int, *, version: str, gpus: int, interval_s: flo
 
 
 def heartbeat_frame(node: str, *, ts: float | None = None, id: str | None = None) -> bytes:
-    """An agent's heartbeat (no seq, no ack), validated."""
-    return encode(Envelope(type=HEARTBEAT, node=node, seq=0, ts=time.time() if ts is None else ts,
-                           id=uuid.uuid4().hex if id is None else id))
+    """An agent's heartbeat (no seq, no ack), validated; the collector's is the same
+    frame (``reply_heartbeat_frame``)."""
+    return encode(reply_heartbeat(node, ts, id))
+
+
+def reply_heartbeat_frame(node: str, *, ts: float | None = None, id: str | None = None) -> bytes:
+    """The collector's heartbeat to ``node`` (or its answer to `slurmgpu doctor`'s probe),
+    from an authenticated node's name: not checked again."""
+    return encode_unchecked(reply_heartbeat(node, ts, id))
+
+
+def reply_heartbeat(node: str, ts: float | None, id: str | None) -> Envelope:
+    return Envelope(type=HEARTBEAT, node=node, seq=0, ts=time.time() if ts is None else ts,
+                    id=uuid.uuid4().hex if id is None else id)
+
+
+def ack_frame(node: str, seqs: list[int], *, epoch: str = "", rejected: list[int] | None = None,
+              bundle: int = 0, ts: float | None = None, id: str | None = None) -> bytes:
+    """The collector's ack of ``seqs`` of ``epoch``'s spool; ``rejected``: those refused for
+    good; ``bundle``: the bundle size it takes now (0: not said). Built from what the
+    collector accepted: not checked again."""
+    body: dict[str, Any] = {"seqs": seqs}
+    if rejected:
+        body["rejected"] = rejected
+    if bundle:
+        body["bundle"] = bundle
+    return encode_unchecked(Envelope(type=ACK, node=node, seq=0, body=body, epoch=epoch,
+                                     ts=time.time() if ts is None else ts,
+                                     id=uuid.uuid4().hex if id is None else id))
 
 
 def command_frame(node: str, command: str, args: dict[str, Any] | None, *, id: str,
@@ -175,71 +199,6 @@ def packed(value: Any) -> bytes:
     pre-packed, and ``ReportFrames`` takes a body packed once)."""
     data: bytes = msgpack.packb(value, use_bin_type=True)
     return data
-
-
-class ReplyFrames:
-    """The collector's acks and heartbeat replies, on its hot path: a msgpack map is its
-    header followed by its packed keys and values, so the constant parts are packed once.
-    Message ids are unique per builder (``prefix``, random by default, and a counter),
-    cheaper than a uuid4 each. Exactly ``encode_unchecked`` of the same envelope. One
-    builder is used by one thread (it keeps a msgpack packer). ``bundle``: every ack
-    says this sender takes bundles of up to that many frames (0: not said; 1: none now;
-    ``set_bundle`` changes it)."""
-
-    def __init__(self, *, prefix: str | None = None, clock: Callable[[], float] = time.time,
-                 bundle: int = 0) -> None:
-        # (the map header, 0x87 = 7 keys, is prepended per frame: 8 with an epoch)
-        self._head = packed("v") + packed(PROTOCOL_VERSION) + packed("id")
-        self._node_key = packed("node")
-        self._mid = packed("seq") + packed(0) + packed("ts")
-        self._ack_tail = packed("type") + packed(ACK) + packed("body")
-        self._seqs_key, self._rejected_key = packed("seqs"), packed("rejected")
-        self.set_bundle(bundle)
-        self._epoch_key = packed("epoch")
-        self._heartbeat_tail = packed("type") + packed(HEARTBEAT) + packed("body") + packed({})
-        self._prefix = uuid.uuid4().hex[:16] if prefix is None else prefix
-        # An id is the prefix and 16 hex digits: its packed header and prefix, once.
-        self._id_head = packed(self._prefix + "0" * 16)[:-16]
-        self._counter = itertools.count(1)
-        self._clock = clock
-        self._nodes: dict[str, bytes] = {}
-        self._pack = msgpack.Packer(use_bin_type=True).pack  # (packb makes a Packer per call)
-
-    def _start(self, node: str, keys: int = 7) -> bytes:
-        part = self._nodes.get(node)
-        if part is None:
-            if len(self._nodes) > 1_000_000:
-                self._nodes.clear()
-            part = self._nodes[node] = self._node_key + packed(node) + self._mid
-        n = next(self._counter)
-        mid = self._id_head + b"%016x" % n if n < _ID_COUNTER_END else packed(f"{self._prefix}{n:016x}")
-        ts = self._clock()
-        return b"".join((_MAP_HEADERS[keys], self._head, mid, part,
-                         b"\xcb" + _pack_double(ts) if type(ts) is float else packed(ts)))
-
-    def set_bundle(self, bundle: int) -> None:
-        """What the next acks say of bundles (``bundle`` frames at most; 0: nothing)."""
-        # (the ack body's last key and value, and how many keys that adds to its map)
-        self._bundle_tail, self._bundle_keys = (packed("bundle") + packed(bundle), 1) if bundle else (b"", 0)
-
-    def ack(self, node: str, seqs: list[int], epoch: str = "", rejected: list[int] | None = None) -> bytes:
-        """An ack of ``seqs`` of ``epoch``'s spool; ``rejected``: those refused for good."""
-        pack, extra = self._pack, self._bundle_keys
-        body = (_MAP_HEADERS[2 + extra] + self._seqs_key + pack(seqs) + self._rejected_key + pack(rejected)
-                if rejected else _MAP_HEADERS[1 + extra] + self._seqs_key + pack(seqs)) + self._bundle_tail
-        if epoch:
-            return b"".join((self._start(node, 8), self._ack_tail, body, self._epoch_key, pack(epoch)))
-        return self._start(node, 7) + self._ack_tail + body
-
-    def heartbeat(self, node: str) -> bytes:
-        """A heartbeat to ``node`` (or the answer to `slurmgpu doctor`'s probe)."""
-        return self._start(node) + self._heartbeat_tail
-
-
-# (msgpack: a fixmap header per key count; a float is 0xcb and its big-endian double)
-_MAP_HEADERS = [bytes((0x80 | keys,)) for keys in range(16)]
-_pack_double = struct.Struct(">d").pack
-_ID_COUNTER_END = 1 << 64  # 16 hex digits
 
 
 class ReportFrames:

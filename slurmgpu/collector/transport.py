@@ -45,10 +45,11 @@ from slurmgpu.wire import (
     MAX_FRAME,
     BodyError,
     Envelope,
-    ReplyFrames,
     WireError,
+    ack_frame,
     command_frame,
     decode_received,
+    reply_heartbeat_frame,
 )
 
 # Constants: their reasons and measurements are in docs/architecture.md.
@@ -130,7 +131,6 @@ class Transport:
         self.keys_dir = Path(settings.keys_dir)
         public, secret = keys.server_keys(self.keys_dir)
         self.allowed: dict[bytes, str] = keys.allowed_nodes(self.keys_dir)
-        self._frames = ReplyFrames()
         self.bundles = BundleOffer(settings.unreachable_after * settings.heartbeat_s / BUNDLE_ROUND_SHARE,
                                    time.monotonic())
         self._allow_stamp = self._nodes_dir_stamp()
@@ -409,7 +409,7 @@ class Transport:
                 # `slurmgpu doctor` checking this node's key from another socket: answer at
                 # once, and leave the node's route and last-seen time to its agent.
                 self.counters.probes_answered += 1
-                self._send(routing_id, self._frames.heartbeat(node))
+                self._send(routing_id, reply_heartbeat_frame(node))
                 return
             self.routes[node] = routing_id  # commands follow the authenticated key, not a claimed id
             # in memory only: stored once per interval (tick)
@@ -491,12 +491,12 @@ class Transport:
             else:
                 seqs = peer[1]
                 seqs[seq] = seqs.get(seq, True) and rejected
-        ack, answered, send, main = self._frames.ack, self.answered, self._send, self.sock
+        answered, send, main, bundle = self.answered, self._send, self.sock, self.bundles.offer
         mono = time.monotonic()
         sent = failed = 0
         for (sock, routing_id, epoch), (node, seqs) in per_peer.items():
             refused = [q for q, rejected in seqs.items() if rejected] if True in seqs.values() else None
-            if send(routing_id, ack(node, list(seqs), epoch, refused), sock):
+            if send(routing_id, ack_frame(node, list(seqs), epoch=epoch, rejected=refused, bundle=bundle), sock):
                 sent += 1
                 if sock is main:  # a sign of life on the agent's main connection
                     answered[node] = mono
@@ -549,8 +549,7 @@ class Transport:
     def _offer_bundles(self, mono: float) -> None:
         """The bundle size the acks offer from now on (``BundleOffer``), for the nodes
         heard within the unreachable window (the allow-list before any)."""
-        if self.bundles.update(mono, len(self.seen) or len(self.allowed)):
-            self._frames.set_bundle(self.bundles.offer)
+        self.bundles.update(mono, len(self.seen) or len(self.allowed))
 
     def _hand_over_heard(self, handler: Handler) -> None:
         """Up to HEARD_PER_TURN of the nodes heard by heartbeat since the last time, to the
@@ -584,7 +583,7 @@ class Transport:
         """Heartbeat the next HEARTBEATS_PER_TURN due nodes, but not those acked within the
         last interval."""
         mono = time.monotonic()
-        answered, routes, frame = self.answered, self.routes, self._frames.heartbeat
+        answered, routes, frame = self.answered, self.routes, reply_heartbeat_frame
         due, self._due = self._due[:HEARTBEATS_PER_TURN], self._due[HEARTBEATS_PER_TURN:]
         for node in due:
             if mono - answered.get(node, -1e9) < self.settings.heartbeat_s:
