@@ -9,7 +9,9 @@
 # NVML probe of the calls issue 10 is about), times `check`, the cold and the warm prolog,
 # runs the agent idle and under a GPU load (CPU, RSS, spooled messages by type, the raw
 # NVML clock-event rate next to it), provokes an application XID 31 on GPU 0 and captures
-# what the agent, the kernel log and `slurmgpu check --xid 31:0` made of it. Everything
+# what the agent, the kernel log and `slurmgpu check --xid 31:0` made of it, runs `slurmgpu
+# validate --tier quick` (each test's result and duration, the time inside the tools, the
+# overhead outside them: process start, CUDA context per GPU, parsing). Everything
 # lands in $OUT (default bench/real-gpu-out/<host>-<UTC date>/): commit it as fixtures.
 # summary.md there has the tables.
 #
@@ -31,6 +33,7 @@
 # WARM_RUNS (20), FALLBACK_RUNS (5), AGENT_INTERVAL_S (15), LOAD_GPUS (all | 0,1,..),
 # LOAD_METHOD (auto | torch | cupy | cuda), LOAD_PYTHON, LOAD_READY_TIMEOUT_S (120),
 # XID (1; 0 skips the provocation), XID_GPU (0), XID_ADDR (0xdead00000000), XID_WAIT_S (5),
+# VALIDATE_BURN_S (5; --sim 0.2: each `validate --tier quick` test's burn/bandwidth loop),
 # DMON (1: nvidia-smi dmon during the phases), TOTAL_BUDGET_S (460), NODE (short host name),
 # SIM_SCENARIO (h100-sxm-8), KEEP_WORK (0: remove the temp dir).
 #
@@ -55,8 +58,9 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd) || exit 1
 HELPER=$REPO/bench/real_gpu_helper.py
 cd "$REPO" || exit 1
 
-if [ "$SIM" = 1 ]; then MODE=sim; def_idle=5; def_load=3; else MODE=real; def_idle=60; def_load=20; fi
+if [ "$SIM" = 1 ]; then MODE=sim; def_idle=5; def_load=3; def_burn=0.2; else MODE=real; def_idle=60; def_load=20; def_burn=5; fi
 IDLE_S=${IDLE_S:-$def_idle}
+VALIDATE_BURN_S=${VALIDATE_BURN_S:-$def_burn}
 LOAD_S=${LOAD_S:-$def_load}
 TIMING_RUNS=${TIMING_RUNS:-10}
 WARM_RUNS=${WARM_RUNS:-20}
@@ -708,9 +712,32 @@ if have_hpy; then
         --check "$OUT/xid-check.json" --note "$XID_NOTE" --out "$OUT/xid.json"
 fi
 
-# ----------------------------------------------------------------------- 5. env, summary
+# ----------------------------------------------------------------- 5. validate --tier quick
 
-log "== 5. env.json and summary.md"
+log "== 5. slurmgpu validate --tier quick"
+if have_sg; then
+    VALIDATE_CFG=$WORK/validate.toml
+    { cat "$COLD_CFG"; printf '\n[validate]\nquick_burn_s = %s\n' "$VALIDATE_BURN_S"
+      # (the probe in the Python the GPU load found with torch or cupy, when that is another one)
+      if [ "$SIM" != 1 ] && [ -n "${LOAD_PY:-}" ] && [ "$LOAD_PY" != "$PY" ]; then
+          printf 'probe_python = "%s"\n' "$LOAD_PY"; fi; } >"$VALIDATE_CFG"
+    cp "$VALIDATE_CFG" "$OUT/configs/"
+    if [ "$SIM" != 1 ]; then  # the probe's CUDA context creation per GPU, alone (CuPy or PyTorch)
+        step validate-context 120 --ok 0,1,2,3 --stdout "$OUT/validate-context.jsonl" -- \
+            "${LOAD_PY:-$PY}" -m slurmgpu.validate.probe context
+    fi
+    t0=$(now_s)
+    step validate-quick 150 --ok 0,1,2,3 --stdout "$OUT/validate.json" -- \
+        "${SG[@]}" validate --config "$VALIDATE_CFG" --tier quick --json
+    step validate-json 30 -- "$HPY" "$HELPER" validate-report --validate "$OUT/validate.json" --wall "$(since "$t0")" \
+        --context "$OUT/validate-context.jsonl" --out "$OUT/validate-summary.json"
+else
+    skip validate-quick "no Python for slurmgpu"
+fi
+
+# ----------------------------------------------------------------------- 6. env, summary
+
+log "== 6. env.json and summary.md"
 if have_hpy; then
     commit=${SLURMGPU_COMMIT:-$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo "unknown (no .git)")}
     src_hash=$(cd "$REPO" && find slurmgpu prolog bench -type f \( -name '*.py' -o -name '*.c' -o -name '*.sh' \

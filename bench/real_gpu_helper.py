@@ -1308,6 +1308,8 @@ def cmd_summary(args: argparse.Namespace) -> int:
         lines.append(f"not available: {probe.get('import') or probe.get('nvmlInit') or 'see steps'}")
     lines.append("")
 
+    lines += _validate_lines(d)
+
     # Steps
     lines += ["## Steps", "", "| step | status | seconds | note |", "|---|---|---|---|"]
     steps_file = d / "steps.jsonl"
@@ -1320,6 +1322,48 @@ def cmd_summary(args: argparse.Namespace) -> int:
     lines += ["", "Files: " + ", ".join(sorted(p.name for p in d.iterdir() if p.is_file())), ""]
     (d / "summary.md").write_text("\n".join(lines))
     return 0
+
+
+# ------------------------------------------------------------------------------- validate
+
+
+def cmd_validate_report(args: argparse.Namespace) -> int:
+    """`slurmgpu validate --tier quick --json` on the node: each test's result and duration,
+    the time inside the tools, and the overhead outside them (process start, CUDA context
+    creation per GPU from the probe's `context` run, parsing and judging)."""
+    doc = read_json(Path(args.validate), {})
+    contexts = [json.loads(x) for x in Path(args.context).read_text().splitlines()
+                if x.startswith("{")] if args.context and Path(args.context).is_file() else []
+    tests = doc.get("tests") or []
+    wall = float(args.wall)
+    in_tools = sum(float(t.get("tool_s") or 0) for t in tests)
+    inside = float(doc.get("duration_ms") or 0) / 1000
+    out = {"verdict": doc.get("verdict"), "exit_code": doc.get("exit_code"), "tier": doc.get("tier"),
+           "tests": tests, "wall_s": round(wall, 3), "validate_s": round(inside, 3),
+           "process_start_s": round(wall - inside, 3), "in_tools_s": round(in_tools, 3),
+           "overhead_s": round(wall - in_tools, 3),
+           "overhead_pct": round(100 * (wall - in_tools) / wall, 2) if wall > 0 else None,
+           "cuda_context_s_per_gpu": [c.get("seconds") for c in contexts if c.get("test") == "context"],
+           "problems": [f"{f.get('check')} {f.get('severity')}: {f.get('message')}" for f in doc.get("findings", [])
+                        if f.get("severity") != "OK"][:20]}
+    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+def _validate_lines(d: Path) -> list[str]:
+    v = read_json(d / "validate-summary.json", {})
+    lines = ["## `slurmgpu validate --tier quick`", ""]
+    if not v:
+        return [*lines, "not run (see steps below)", ""]
+    lines += [f"- verdict {v.get('verdict')} (exit {v.get('exit_code')}); wall {_fmt(v.get('wall_s'), ' s')}, "
+              f"of which in the tools {_fmt(v.get('in_tools_s'), ' s')}; overhead outside them "
+              f"{_fmt(v.get('overhead_s'), ' s')} ({_fmt(v.get('overhead_pct'), ' %')}): process start "
+              f"{_fmt(v.get('process_start_s'), ' s')}, CUDA context per GPU {v.get('cuda_context_s_per_gpu') or '—'} s",
+              "", "| test | result | seconds | in tools |", "|---|---|---|---|"]
+    for t in v.get("tests", []):
+        lines.append(f"| {t.get('test')} | {t.get('result')} | {t.get('duration_s')} | {t.get('tool_s')} |")
+    lines += [f"- {p}" for p in v.get("problems", [])]
+    return [*lines, ""]
 
 
 # ------------------------------------------------------------------------------- env/deps
@@ -1484,6 +1528,13 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("summary")
     p.add_argument("--dir", required=True)
     p.set_defaults(fn=cmd_summary)
+
+    p = sub.add_parser("validate-report")
+    p.add_argument("--validate", required=True)
+    p.add_argument("--wall", required=True)
+    p.add_argument("--context")
+    p.add_argument("--out", required=True)
+    p.set_defaults(fn=cmd_validate_report)
 
     p = sub.add_parser("deps")
     p.add_argument("pyproject")

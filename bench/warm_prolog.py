@@ -5,6 +5,12 @@ libnvidia-ml.so.1, scenario h100-sxm-8), and of the fallback when no agent answe
 (quickgate -> exec `slurmgpu prolog`, the full path, on the same simulated GPUs).
 
     python bench/warm_prolog.py [--runs 200] [--fallback-runs 20] [--json]
+    python bench/warm_prolog.py --server-side 400
+
+``--server-side N``: the agent's side of a warm prolog alone, in this process (one real
+Agent, ``LocalService.hook``), N times each way, interleaved so a loaded machine slows both
+alike: the job's GPUs read afresh (as shipped) and the agent's cached facts (its
+``[agent] max_age_s``: the warm path before issue 36).
 
 The server runs in its own process: slurmgpu.agent.core.Agent when it can be built from
 Settings, else a minimal agent here (engine.gather over the system sources, cached, the
@@ -119,6 +125,36 @@ def serve(path: str, config: str) -> int:
     return 0
 
 
+def server_side(env: dict[str, str], config: str, rounds: int) -> dict[str, Any]:
+    """Median and p99 of ``LocalService.hook("prolog")``, fresh GPUs vs cached facts."""
+    from slurmgpu.agent.core import Agent
+    from slurmgpu.agent.local import CachedFacts, LocalService
+    from slurmgpu.config.load import load_config
+    from slurmgpu.testing import FakeSlurmClient
+
+    os.environ.update(env)
+    settings = load_config(config).settings_for(NODE)
+    agent = Agent(settings, NODE)
+    agent.poll()
+    client = FakeSlurmClient([NODE])
+
+    class Cached(LocalService):
+        def cached_facts(self, env: Any) -> CachedFacts:
+            return CachedFacts(self.agent, env.get("SLURMGPU_KMSG", ""), settings.agent.max_age_s)
+
+    services = {"fresh": LocalService(agent, lambda e: client), "cached": Cached(agent, lambda e: client)}
+    times: dict[str, list[float]] = {name: [] for name in services}
+    job = {k: v for k, v in env.items() if k.startswith("SLURM")}
+    for i in range(rounds + 5):
+        for name, service in services.items():
+            start = time.perf_counter()
+            reply = service.hook("prolog", {**job, "SLURM_JOB_ID": str(600000 + i)})
+            if i >= 5:
+                times[name].append((time.perf_counter() - start) * 1000)
+            assert reply["exit"] == 0, reply
+    return {name: summary(samples) for name, samples in times.items()}
+
+
 # ----------------------------------------------------------------- client side
 
 
@@ -147,6 +183,8 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--fallback-runs", type=int, default=20)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--server-side", type=int, metavar="N", default=0,
+                        help="time the agent's side alone, N runs each way (see above)")
     parser.add_argument("--serve", nargs=2, metavar=("SOCKET", "CONFIG"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -165,7 +203,13 @@ def main() -> int:
            "SLURMGPU_CONFIG": str(config), "SLURMD_NODENAME": NODE,
            "SLURM_JOB_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "0,1", "SLURM_JOB_USER": "bench",
            "SLURMGPU_STATE_DIR": str(work / "state"), "SLURMGPU_KMSG": str(work / "kmsg"),
+           "SLURMGPU_JOBS_DIR": str(work / "jobs"),
            "SLURMGPU_AGENT_SOCKET": sock}
+    if args.server_side:
+        result = server_side(env, str(config), args.server_side)
+        shutil.rmtree(work, ignore_errors=True)
+        print(json.dumps(result, indent=2))
+        return 0
     server = subprocess.Popen([sys.executable, __file__, "--serve", sock, str(config)], env=env,
                               stdout=subprocess.PIPE, text=True)
     result: dict[str, Any] = {"gpus_per_node": 8, "job_gpus": 2}

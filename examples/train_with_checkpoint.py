@@ -9,9 +9,12 @@ This loop does what a real one should:
   1. at start, resume from its last checkpoint if there is one (a requeued job restarts
      from the top of the batch script, with SLURM_RESTART_COUNT set);
   2. on SIGUSR1, or when the request file appears, save a checkpoint at the next step
-     boundary (never inside a step) and ack, so slurmgpu can drain the node and requeue
-     the job right away instead of waiting for the deadline;
-  3. keep training until the job is requeued (or finishes).
+     boundary (never inside a step), print the request's reason and ack, so slurmgpu can
+     drain the node and requeue the job right away instead of waiting for the deadline;
+  3. keep training, and saving every 10 steps, until the job is requeued (or finishes):
+     when many nodes fail at once the circuit breaker may hold the drain until an admin
+     releases it, and the job runs on meanwhile (the request's reason then ends with
+     "drain held by the circuit breaker; ..."); what it trains then is not lost.
 
 With PyTorch installed it trains a tiny model with torch and saves with torch.save;
 without it, the same loop runs a pure-Python linear regression (handy for testing the
@@ -48,14 +51,20 @@ def on_signal(signum: int, _frame: Any) -> None:
     print(f"got signal {signal.Signals(signum).name}: checkpoint at the next step", flush=True)
 
 
-def request_file_says_checkpoint(path: str | None) -> bool:
-    """The agent writes {"state": "requested", ...} into the file when a checkpoint is wanted."""
+def read_request(path: str | None) -> dict[str, Any]:
+    """The request file's content ({} when there is none): the agent writes
+    {"state": "requested", "reason": ..., "deadline": ...} when a checkpoint is wanted."""
     if not path:
-        return False
+        return {}
     try:
-        return json.loads(Path(path).read_text()).get("state") == "requested"
-    except (OSError, ValueError, AttributeError):
-        return False
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def request_file_says_checkpoint(path: str | None) -> bool:
+    return read_request(path).get("state") == "requested"
 
 
 def ack(note: str) -> None:
@@ -67,9 +76,10 @@ def ack(note: str) -> None:
         return
     except (OSError, subprocess.SubprocessError):
         pass  # slurmgpu not on PATH in the job: writing the file is the same ack
-    if path:
+    if path:  # (keeping what was asked, as `slurmgpu ckpt ack` does: `ckpt status` shows it)
         tmp = f"{path}.tmp"
-        Path(tmp).write_text(json.dumps({"state": "acked", "acked_at": time.time(), "note": note}))
+        acked = {**read_request(path), "state": "acked", "acked_at": time.time(), "note": note}
+        Path(tmp).write_text(json.dumps(acked))
         os.replace(tmp, path)
 
 
@@ -162,11 +172,18 @@ def main() -> int:
             checkpoint_requested = True
         if checkpoint_requested:
             save(args.ckpt, model, step, rng)
+            reason = read_request(request_file).get("reason") or "(no request file: the signal alone)"
             # Print before the ack: once acked, a drain-now requeue may stop this process
             # at any moment.
+            print(f"checkpoint requested: {reason}", flush=True)
             print(f"checkpoint saved at step {step} (loss {loss:.4f}), acking", flush=True)
             ack(f"saved step {step}")
             checkpoint_requested, acked_request = False, True
+        elif acked_request and step % (args.save_every or 10) == 0:
+            # Acked, still running: the drain may be held (circuit breaker) or the node
+            # only stops taking new jobs. Keep saving until the requeue comes.
+            save(args.ckpt, model, step, rng)
+            print(f"saved step {step} after the ack (until the job is requeued)", flush=True)
         elif args.save_every and step % args.save_every == 0:
             save(args.ckpt, model, step, rng)
     save(args.ckpt, model, args.steps, rng)

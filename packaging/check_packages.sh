@@ -28,7 +28,7 @@ done
 out=${out:-$repo/dist}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-version=$(sed -n 's/^version *= *"\(.*\)"/\1/p' "$repo/pyproject.toml" | head -n1)
+version=$("$repo/packaging/version.sh")
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/slurmgpu-check.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 
@@ -89,17 +89,32 @@ if [ -n "$do_deb" ]; then
         done
         hasnt "deb: no dependency on an nvidia-ml-py package" "$tmp/deb-info" '^ Depends:.*(nvidia|pynvml)'
         has "deb: Provides python3-pynvml (bundled)" "$tmp/deb-info" '^ Provides:.*python3-pynvml \(= '
-        for f in /etc/slurmgpu/slurmgpu.toml /etc/default/slurmgpu; do
+        for f in /etc/default/slurmgpu /etc/logrotate.d/slurmgpu; do
             has "deb: conffile $f" "$tmp/deb-control/conffiles" "^$f\$"
         done
+        hasnt "deb: slurmgpu.toml is not a conffile (postinst's: an upgrade never prompts)" \
+            "$tmp/deb-control/conffiles" '^/etc/slurmgpu/slurmgpu\.toml$'
+        has "deb postinst: writes slurmgpu.toml only where it is absent" "$tmp/deb-control/postinst" \
+            'install -m 0644 /usr/share/slurmgpu/slurmgpu.toml'
+        has "deb postrm: purge removes slurmgpu.toml" "$tmp/deb-control/postrm" 'rm -f /etc/slurmgpu/slurmgpu.toml'
+        hasnt "deb: no Recommends (slurm-client is a Suggests)" "$tmp/deb-info" '^ Recommends:'
+        has "deb: bash completion is click's" "$tmp/deb-root/usr/share/bash-completion/completions/slurmgpu" \
+            'complete .*-F _slurmgpu_completion slurmgpu'
+        has "deb: man page slurmgpu-config(1) documents config check" \
+            <(zcat "$tmp/deb-root/usr/share/man/man1/slurmgpu-config.1.gz") '^\.SS slurmgpu config check$'
+        check "deb: the alert rules pass promtool" promtool check rules "$tmp/deb-root/usr/share/slurmgpu/slurmgpu.rules.yml"
         for p in /usr/bin/slurmgpu /usr/lib/python3/dist-packages/slurmgpu/__init__.py \
                  /usr/lib/python3/dist-packages/slurmgpu/localproto.py \
                  /usr/lib/python3/dist-packages/slurmgpu/sim/fake_nvml.c \
                  /usr/lib/python3/dist-packages/slurmgpu/sim/cluster/__init__.py \
                  /usr/lib/python3/dist-packages/slurmgpu/data/xid_catalog.toml \
-                 /usr/lib/python3/dist-packages/pynvml.py /etc/slurmgpu/slurmgpu.toml /etc/default/slurmgpu \
+                 /usr/lib/python3/dist-packages/pynvml.py /usr/share/slurmgpu/slurmgpu.toml /etc/default/slurmgpu \
                  /usr/share/doc/slurmgpu/README.md /usr/share/doc/slurmgpu/docs/keys.md \
-                 /usr/share/doc/slurmgpu/etc/slurm.conf.example /usr/share/doc/slurmgpu/copyright; do
+                 /usr/share/doc/slurmgpu/etc/slurm.conf.example /usr/share/doc/slurmgpu/etc/slurmgpu.example.toml \
+                 /usr/share/doc/slurmgpu/copyright /etc/logrotate.d/slurmgpu \
+                 /usr/share/slurmgpu/slurmgpu.rules.yml /usr/share/slurmgpu/grafana-dashboard.json \
+                 /usr/share/bash-completion/completions/slurmgpu /usr/share/man/man1/slurmgpu.1.gz \
+                 /usr/share/man/man1/slurmgpu-check.1.gz /usr/share/man/man1/slurmgpu-config.1.gz; do
             has "deb: $p" "$tmp/deb-list" "^-\S* root/root \.$p\$"
         done
         for h in "${hooks[@]}"; do
@@ -117,6 +132,8 @@ if [ -n "$do_deb" ]; then
         for d in /etc/slurmgpu/keys /var/lib/slurmgpu /var/spool/slurmgpu; do
             has "deb: $d root-only (0700)" "$tmp/deb-list" "^drwx------ root/root \.$d/\$"
         done
+        has "deb: the drop-in directory /etc/slurmgpu/slurmgpu.d" "$tmp/deb-list" '^drwxr-xr-x root/root \./etc/slurmgpu/slurmgpu\.d/$'
+        hasnt "deb: no /etc/slurmgpu/slurmgpu.toml in the payload" "$tmp/deb-list" ' \./etc/slurmgpu/slurmgpu\.toml$'
         hasnt "deb: no example.py from the nvidia-ml-py wheel" "$tmp/deb-list" 'dist-packages/example\.py'
         hasnt "deb: no __pycache__ shipped (py3compile at install)" "$tmp/deb-list" '__pycache__'
         has "deb: /etc/default/slurmgpu sets SLURMGPU_PYTHON" "$tmp/deb-root/etc/default/slurmgpu" \
@@ -171,7 +188,9 @@ if [ -n "$do_rpm" ]; then
         sed -n '/^postinstall scriptlet/,/^[a-z]*uninstall scriptlet/p' "$tmp/rpm-scripts" >"$tmp/rpm-post"
         for p in /usr/bin/slurmgpu /usr/lib/slurmgpu/venv/bin/slurmgpu /usr/lib/slurmgpu/venv/pyvenv.cfg \
                  /etc/slurmgpu/slurmgpu.toml /etc/sysconfig/slurmgpu /usr/share/doc/slurmgpu/README.md \
-                 /usr/share/doc/slurmgpu/etc/slurm.conf.example; do
+                 /usr/share/doc/slurmgpu/etc/slurm.conf.example /usr/share/doc/slurmgpu/etc/slurmgpu.example.toml \
+                 /etc/logrotate.d/slurmgpu /usr/share/slurmgpu/slurmgpu.rules.yml \
+                 /usr/share/slurmgpu/grafana-dashboard.json /usr/share/bash-completion/completions/slurmgpu; do
             has "rpm: $p" "$tmp/rpm-list" "^\S+ root $p( -> .*)?\$"
         done
         for m in slurmgpu/__init__.py slurmgpu/localproto.py slurmgpu/sim/fake_nvml.c slurmgpu/sim/cluster/__init__.py \
@@ -196,9 +215,11 @@ if [ -n "$do_rpm" ]; then
         for d in /etc/slurmgpu/keys /var/lib/slurmgpu /var/spool/slurmgpu; do
             has "rpm: $d root-only (0700)" "$tmp/rpm-list" "^drwx------ root $d\$"
         done
-        for f in /etc/slurmgpu/slurmgpu.toml /etc/sysconfig/slurmgpu; do
+        for f in /etc/slurmgpu/slurmgpu.toml /etc/sysconfig/slurmgpu /etc/logrotate.d/slurmgpu; do
             has "rpm: $f is %config(noreplace)" "$tmp/rpm-flags" "^$f cn\$"
         done
+        has "rpm: the drop-in directory /etc/slurmgpu/slurmgpu.d" "$tmp/rpm-list" '^d\S+ root /etc/slurmgpu/slurmgpu\.d$'
+        has "rpm: man page slurmgpu-config(1)" "$tmp/rpm-list" '^-\S+ root /usr/share/man/man1/slurmgpu-config\.1(\.gz)?$'
         has "rpm: /etc/sysconfig/slurmgpu sets SLURMGPU_PYTHON" "$tmp/rpm-root/etc/sysconfig/slurmgpu" \
             '^SLURMGPU_PYTHON=/usr/lib/slurmgpu/venv/bin/python$'
         has "rpm: /usr/bin/slurmgpu runs the venv's python" "$tmp/rpm-root/usr/lib/slurmgpu/venv/bin/slurmgpu" \

@@ -7,18 +7,22 @@
 #  1. the .deb: --deb FILE, else built by packaging/deb/build.sh into dist/;
 #  2. a base root, cached in DIR/SUITE (default /var/cache/slurmgpu-ci/bookworm):
 #     `debootstrap --variant=minbase`, then the test's own tools (gcc, libc6-dev,
-#     libcjson-dev for the GPU simulator; systemd for systemd-analyze). Made once; a
+#     libcjson-dev for the GPU simulator; systemd for systemd-analyze; logrotate). Made once; a
 #     later run reuses it (delete the directory to refresh it);
 #  3. a throw-away root on it, DIR/SUITE-work (an overlay, else a copy), where `dpkg -i` + `apt-get -f install -y`
 #     install the package and the Debian dependencies it names (downloaded .debs are kept
 #     in DIR/apt-archives/SUITE for the next run);
-#  4. checks there: `slurmgpu --version`, `slurmgpu check` on the simulated 8x H100 node
+#  4. checks there: `slurmgpu --version` (the package's version), the man pages, bash
+#     completion, logrotate file, alert rules and dashboard; the minimal config passing on
+#     healthy simulated nodes without InfiniBand; a drop-in winning (and one from `config
+#     init --from-this-node`); `slurmgpu check` on the simulated 8x H100 node
 #     (healthy: exit 0; GPU lost: exit 2), the installed prolog and TaskProlog wrappers,
 #     Slurm jobs on a 2-node mini-cluster (slurmctld, slurmd, munged in the root) whose
 #     slurm.conf runs the installed hooks, a broken install (python3-structlog removed,
 #     a module with a syntax error, a wrong interpreter in /etc/default/slurmgpu) that
-#     drains nothing, a lost GPU refused while slurmctld hangs, `systemd-analyze verify`
-#     of the installed units, then a purge.
+#     drains nothing, a lost GPU refused while slurmctld hangs, an upgrade over an edited
+#     config with stdin closed (no prompt), `systemd-analyze verify` of the installed
+#     units, then a purge.
 #
 # /proc, /sys, /dev, /dev/pts and the apt archive are bind-mounted into the work root
 # and always unmounted on exit. Exits non-zero on the first failure; prints each step's
@@ -133,7 +137,8 @@ if [ -n "$install_deps" ]; then
     step "host: apt-get install debootstrap and the .deb's build dependencies"
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends debootstrap dpkg-dev debhelper dh-python \
-        pybuild-plugin-pyproject python3-all python3-setuptools python3-venv python3-pip
+        pybuild-plugin-pyproject python3-all python3-setuptools python3-click python3-zmq \
+        python3-venv python3-pip
 fi
 command -v debootstrap >/dev/null || { echo "$0: no debootstrap (apt-get install debootstrap, or --install-deps)" >&2; exit 1; }
 
@@ -141,7 +146,7 @@ if [ -z "$deb" ]; then
     step "build the .deb (packaging/deb/build.sh)"
     "$here/deb/build.sh" "$repo/dist" >"$repo/dist/.ci-deb-build.log" 2>&1 ||
         { tail -40 "$repo/dist/.ci-deb-build.log"; exit 1; }
-    version=$(sed -n 's/^version *= *"\(.*\)"/\1/p' "$repo/pyproject.toml" | head -n1)
+    version=$("$repo/packaging/version.sh")
     deb=$(ls "$repo"/dist/slurmgpu_"$version"-*_all.deb | tail -n1)
 fi
 [ -f "$deb" ] || { echo "$0: no such .deb: $deb" >&2; exit 1; }
@@ -187,7 +192,7 @@ mkdir -p "$archives/partial"
 
 # The test's own tools; the marker names the list, so a cache made with an older list is
 # topped up.
-tools="gcc libc6-dev libcjson-dev systemd slurmctld slurmd slurm-client munge"
+tools="gcc libc6-dev libcjson-dev systemd slurmctld slurmd slurm-client munge logrotate"
 tools_marker=$base/.slurmgpu-ci-tools-$(printf '%s' "$tools" | md5sum | cut -c1-12)
 if [ ! -e "$tools_marker" ]; then
     step "base root: the test's tools ($tools)"
@@ -258,9 +263,48 @@ for h in slurmgpu-prolog slurmgpu-epilog slurmgpu-healthcheck slurmgpu-taskprolo
     must in_root test -r "/usr/libexec/slurmgpu/$h"
 done
 in_root slurmgpu config check /etc/slurmgpu/slurmgpu.toml
+must cmp "$work/usr/share/slurmgpu/slurmgpu.toml" "$work/etc/slurmgpu/slurmgpu.toml"
+must [ -z "$(grep -x /etc/slurmgpu/slurmgpu.toml "$work/var/lib/dpkg/info/slurmgpu.conffiles")" ]
+
+step "man pages, bash completion, logrotate, alert rules and dashboard"
+for p in /usr/share/man/man1/slurmgpu.1.gz /usr/share/man/man1/slurmgpu-check.1.gz \
+         /usr/share/man/man1/slurmgpu-config.1.gz /usr/share/man/man1/slurmgpu-doctor.1.gz \
+         /etc/logrotate.d/slurmgpu /usr/share/slurmgpu/slurmgpu.rules.yml \
+         /usr/share/slurmgpu/grafana-dashboard.json /usr/share/doc/slurmgpu/etc/slurmgpu.example.toml; do
+    must [ -s "$work$p" ]
+done
+must zgrep -q '^\.SS slurmgpu config init$' "$work/usr/share/man/man1/slurmgpu-config.1.gz"
+words=$(in_root bash -c 'source /usr/share/bash-completion/completions/slurmgpu
+    COMP_WORDS=(slurmgpu config i); COMP_CWORD=2; _slurmgpu_completion slurmgpu; echo "${COMPREPLY[*]}"')
+echo "   completion of 'slurmgpu config i': $words"
+must [ "$words" = init ]
+in_root logrotate --debug /etc/logrotate.d/slurmgpu 2>&1 | grep -E '^(rotating pattern|considering log)' | sed 's/^/   /'
+must grep -qx /etc/logrotate.d/slurmgpu "$work/var/lib/dpkg/info/slurmgpu.conffiles"
+
+step "the minimal config: a healthy simulated node without InfiniBand passes (8x H100, 1x H200)"
+sim_env=(env SLURMGPU_NVML_INCLUDE=/opt/nvml/include SLURMGPU_SIM_DIR=/var/tmp/slurmgpu-sim)
+must [ ! -e "$work/sys/class/infiniband" ]
+for scenario in h100-sxm-8 h200-r580; do
+    expect_exit 0 "${sim_env[@]}" slurmgpu sim run --scenario "$scenario" -- slurmgpu check
+done
+echo "   /etc/slurmgpu/slurmgpu.toml as installed: exit 0 on both"
+
+step "a drop-in wins: /etc/slurmgpu/slurmgpu.d/ in name order"
+must [ -d "$work/etc/slurmgpu/slurmgpu.d" ]
+printf '[gpu]\ncount = 4\n' >"$work/etc/slurmgpu/slurmgpu.d/50-site.toml"
+out=$(in_root "${sim_env[@]}" slurmgpu sim run --scenario h100-sxm-8 -- slurmgpu check) && rc=0 || rc=$?
+must [ "$rc" = 2 ]
+must grep -q '8 GPUs present, 4 expected' <<<"$out"
+echo "   50-site.toml: count = 4 -> exit 2 (8 GPUs present, 4 expected)"
+in_root "${sim_env[@]}" slurmgpu sim run --scenario h100-sxm-8 -- \
+    slurmgpu config init --from-this-node --out /etc/slurmgpu/slurmgpu.d/60-this-node.toml | sed 's/^/   /'
+expect_exit 0 "${sim_env[@]}" slurmgpu sim run --scenario h100-sxm-8 -- slurmgpu check
+echo "   60-this-node.toml (config init: count = 8, the driver, VBIOS, model pinned) -> exit 0"
+expect_exit 2 "${sim_env[@]}" slurmgpu sim run --scenario h100-sxm-8-r535 -- slurmgpu check
+echo "   the same pins on an R535 node -> exit 2"
+rm -f "$work"/etc/slurmgpu/slurmgpu.d/*.toml
 
 step "slurmgpu check on the simulated 8x H100 node (builds the fake NVML with gcc)"
-sim_env=(env SLURMGPU_NVML_INCLUDE=/opt/nvml/include SLURMGPU_SIM_DIR=/var/tmp/slurmgpu-sim)
 conf=/usr/share/doc/slurmgpu/etc/sim-h100.toml
 expect_exit 0 "${sim_env[@]}" slurmgpu sim run --scenario h100-sxm-8 -- \
     slurmgpu check --config "$conf" --node gpu-h100-001
@@ -365,6 +409,29 @@ must [ "$rc" = 1 ]
 must grep -q '"job": "99".*"verdict": "FAIL".*"exit": 1' "$work$simdir/nodes/gpu-n2/state/gate.jsonl"
 in_root slurmgpu sim cluster down --purge --dir "$simdir"
 
+step "an upgrade over an edited config, stdin closed: no prompt, the edits kept"
+# The next release, as far as dpkg can tell: a higher version whose shipped config changed
+# (and /etc/default/slurmgpu was edited above, by the cluster step).
+echo '[healthcheck]  # edited by the site' >>"$work/etc/slurmgpu/slurmgpu.toml"
+echo 'resume = false' >>"$work/etc/slurmgpu/slurmgpu.toml"
+edited=$(sha256sum <"$work/etc/slurmgpu/slurmgpu.toml")
+repack=$work/tmp/repack
+rm -rf "$repack"
+dpkg-deb -R "$deb" "$repack"
+old_version=$(sed -n 's/^Version: //p' "$repack/DEBIAN/control")
+sed -i "s/^Version: .*/&+upgrade1/" "$repack/DEBIAN/control"
+echo '# (a comment a later release added)' >>"$repack/usr/share/slurmgpu/slurmgpu.toml"
+dpkg-deb --root-owner-group -b "$repack" "$work/tmp/slurmgpu-upgrade.deb" >/dev/null
+rm -rf "$repack"
+in_root dpkg -i /tmp/slurmgpu-upgrade.deb </dev/null >/dev/null
+must grep -qx "install ok installed $old_version+upgrade1" <<<"$(in_root dpkg-query -W -f='${Status} ${Version}\n' slurmgpu)"
+must [ "$(sha256sum <"$work/etc/slurmgpu/slurmgpu.toml")" = "$edited" ]
+must [ -z "$(find "$work/etc/slurmgpu" "$work/etc/default" -name '*.dpkg-*')" ]
+in_root slurmgpu config check
+v=$(in_root slurmgpu --version)
+must [ "$v" = "slurmgpu, version $(in_root dpkg-query -W -f='${Version}' slurmgpu | sed 's/-[^-]*$//')" ]
+echo "   $old_version -> $old_version+upgrade1 with stdin closed: configured, the edited config kept; $v"
+
 step "systemd-analyze verify the installed units"
 units=$(in_root sh -c 'for f in /lib/systemd/system/slurmgpu-* /usr/lib/systemd/system/slurmgpu-*; do
     [ -e "$f" ] && readlink -f "$f"; done | sort -u')
@@ -375,7 +442,8 @@ in_root env SYSTEMD_LOG_LEVEL=warning systemd-analyze verify $units
 
 step "dpkg --purge slurmgpu (maintainer scripts; state removed)"
 in_root dpkg --purge slurmgpu >/dev/null
-for p in /var/lib/slurmgpu /var/spool/slurmgpu /usr/bin/slurmgpu /usr/libexec/slurmgpu; do
+for p in /var/lib/slurmgpu /var/spool/slurmgpu /usr/bin/slurmgpu /usr/libexec/slurmgpu \
+         /etc/slurmgpu/slurmgpu.toml /etc/logrotate.d/slurmgpu; do
     must [ ! -e "$work$p" ]
 done
 step "done"

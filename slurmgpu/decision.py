@@ -142,27 +142,33 @@ _ACTOR_TAG = re.compile(r" \[by (prolog|epilog|healthcheck|operator)(?: ([A-Za-z
 _LOGIN = re.compile(r"[A-Za-z0-9._-]{1,32}")
 
 
+#: The XID policy's "-> action" as a drain reason says it where slurmgpu does not do it.
+_NEEDS = {" -> reboot": " (needs a reboot)", " -> reset": " (needs a GPU reset)"}
+
+
 def drain_reason(findings: Iterable[Finding] = (), *, text: str | None = None, strikes: int = 1,
                  one_line: bool = False, actor: str | None = None,
-                 user: str | None = None) -> str:
+                 user: str | None = None, rebooting: bool = False) -> str:
     """The drain reason slurmgpu gives Slurm, always starting with ``REASON_PREFIX``.
 
     What it says: ``text`` (an internal error, an operator's words, a journaled reason),
     else the worst of ``findings`` with where (`` GPU 3``, `` mlx5_0/1``) and its message,
     the others counted (`` (+2 more)``), and with ``strikes`` > 1 (the collector: reports in
-    a row) `` (3 reports)``; no problem among them: ``unhealthy``.
+    a row) `` (3 reports)``; no problem among them: ``unhealthy``. A finding's
+    `` -> reboot`` / `` -> reset`` (the XID policy's action) reads `` (needs a reboot)`` /
+    `` (needs a GPU reset)`` unless ``rebooting`` (the node is being rebooted).
 
     How: as said, after ``REASON_PREFIX`` (a hook's decision record); with ``one_line``
     or an ``actor``, as Slurm is given it: whitespace folded, prefixed unless it already
     is, then the actor tag (``actor_tag``; ``user``: the operator's login), the text
     before the tag cut ("…") to keep the whole within ``MAX_REASON``."""
-    body = text if text is not None else _findings_text(findings, strikes)
+    body = text if text is not None else _findings_text(findings, strikes, rebooting)
     if one_line or actor is not None:
         return with_actor(with_prefix(body), actor, user)
     return f"{REASON_PREFIX} {body}"
 
 
-def _findings_text(findings: Iterable[Finding], strikes: int) -> str:
+def _findings_text(findings: Iterable[Finding], strikes: int, rebooting: bool) -> str:
     bad = sorted((f for f in findings if f.severity is not Severity.OK),
                  key=lambda f: (-f.severity.rank, f.check, f.gpu if f.gpu is not None else -1))
     if not bad:
@@ -171,7 +177,22 @@ def _findings_text(findings: Iterable[Finding], strikes: int) -> str:
     where = f" GPU {first.gpu}" if first.gpu is not None else (f" {first.subject}" if first.subject else "")
     more = f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""
     times = f" ({strikes} reports)" if strikes > 1 else ""
-    return f"{first.check}{where} {first.message}{more}{times}"
+    return f"{first.check}{where} {_needs(first.message, rebooting)}{more}{times}"
+
+
+def _needs(message: str, rebooting: bool) -> str:
+    for arrow, needs in _NEEDS.items():
+        if message.endswith(arrow) and not (rebooting and arrow == " -> reboot"):
+            return message[: -len(arrow)] + needs
+    return message
+
+
+def job_comment(what: str, why: str) -> str:
+    """What slurmgpu did to a job and why, one line, for the job's AdminComment (its user
+    reads it with `scontrol show job` and `sacct -o AdminComment`): ``slurmgpu: requeued
+    from gpu-n2: gpu.lost GPU 5 GPU is lost``; ``why`` may be a drain reason (prefixed)."""
+    why = why[len(REASON_PREFIX):] if why.startswith(REASON_PREFIX) else why
+    return " ".join(f"{REASON_PREFIX} {what}: {why}".split())
 
 
 def with_prefix(reason: str) -> str:

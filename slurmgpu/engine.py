@@ -19,9 +19,10 @@ from typing import Any, Protocol
 from slurmgpu.checks.registry import CheckContext, CheckSpec, enabled_checks, unknown
 from slurmgpu.config.env import apply_env
 from slurmgpu.config.schema import Settings, ThermalSettings
-from slurmgpu.facts import IbFacts, NodeFacts, SoftwareVersions, XidEvent
+from slurmgpu.facts import HostFacts, IbFacts, NodeFacts, NvmlFacts, SoftwareVersions, XidEvent
 from slurmgpu.result import Finding, Severity, Verdict
 from slurmgpu.sources import Clock, IbSource, NvmlSource, SystemClock, VersionSource, kmsg, procs
+from slurmgpu.sources.host import HostSource
 from slurmgpu.xid import XidPolicy
 
 
@@ -31,6 +32,7 @@ class Sources:
     ib: IbSource
     versions: VersionSource
     clock: Clock
+    host: HostSource | None = None  # None: the host layers are not gathered
 
 
 def system_sources(settings: Settings, *, sysfs_root: str | None = None,
@@ -44,8 +46,23 @@ def system_sources(settings: Settings, *, sysfs_root: str | None = None,
 
     ib = SysfsIbSource(sysfs_root or None, hw_counters=settings.ib.roce_hw_counters)
     versions = SystemVersionSource(settings.versions, cache_path=versions_cache)
-    nvml = PynvmlSource(settings.nvml.library, retry_delay_s=settings.nvml.retry_delay_s)
-    return Sources(nvml, ib, versions, SystemClock())
+    from slurmgpu.sources.deadline import DeadlineNvmlSource
+
+    nvml = DeadlineNvmlSource(PynvmlSource(settings.nvml.library, retry_delay_s=settings.nvml.retry_delay_s),
+                              settings.nvml.query_deadline_s)
+    return Sources(nvml, ib, versions, SystemClock(), host_source(settings))
+
+
+def host_source(settings: Settings) -> HostSource:
+    """The host layers this node's settings ask for, under ``$SLURMGPU_HOST_ROOT`` (or /)."""
+    from slurmgpu.sources.host import HostConfig, SystemctlReader, SystemHostSource, host_root
+
+    root = host_root()
+    config = HostConfig(settings.services.required, settings.services.fabricmanager, settings.services.imex,
+                        sorted({*settings.disk.free_min, *settings.disk.writable}),
+                        settings.paths.kmsg)
+    reader = SystemctlReader(f"{root.rstrip('/')}/bin/systemctl", settings.services.timeout_s)
+    return SystemHostSource(config, root=root, services=reader)
 
 
 def node_name(environ: Mapping[str, str] | None = None) -> str:
@@ -67,30 +84,56 @@ def _quiet(step: str) -> None:
 
 def gather(sources: Sources, *, node: str, scope: frozenset[int] | None = None,
            xids: Iterable[XidEvent] = (), previous: NodeFacts | None = None,
-           want_ib: bool = True, want_versions: bool = True, kernel_log: str | None = None,
+           want_ib: bool = True, want_versions: bool = True, ib: IbFacts | None = None,
+           versions: SoftwareVersions | None = None, want_host: bool = True, kernel_log: str | None = None,
            xids_since: float | None = None, progress: Progress = _quiet) -> NodeFacts:
-    """Collect facts; with ``kernel_log`` and ``xids_since``, the XIDs logged there since
-    then too (``add_kernel_xids``). ``progress`` is told each step first, so a watchdog can
-    say which hung."""
+    """Collect facts; ``ib``/``versions`` given (a cache's) are taken as they are instead of
+    read. With ``kernel_log`` and ``xids_since``, the XIDs logged there since then too
+    (``add_kernel_xids``). ``progress`` is told each step first, so a watchdog can say
+    which hung."""
     collected_at = sources.clock.time()
     progress("gather:nvml")
     nvml = sources.nvml.collect(scope)
     progress("gather:infiniband")
-    ib = sources.ib.collect() if want_ib else IbFacts(available=False, error="not collected")
+    if ib is None:
+        ib = sources.ib.collect() if want_ib else IbFacts(available=False, error="not collected")
     progress("gather:versions")
-    versions = sources.versions.collect() if want_versions else SoftwareVersions()
-    facts = NodeFacts(node=node, collected_at=collected_at, nvml=nvml, ib=ib, versions=versions,
-                      xids=list(xids), previous=previous)
+    if versions is None:
+        versions = sources.versions.collect() if want_versions else SoftwareVersions()
+    progress("gather:host")
+    host = sources.host.collect() if want_host and sources.host is not None else None
+    facts = assemble(node, nvml, collected_at=collected_at, ib=ib, versions=versions,
+                     xids=xids, previous=previous, host=host)
     if kernel_log is not None and xids_since is not None:
         add_kernel_xids(facts, kernel_log, xids_since, progress)
     return facts
 
 
+def assemble(node: str, nvml: NvmlFacts, *, collected_at: float, ib: IbFacts | None = None,
+             versions: SoftwareVersions | None = None, xids: Iterable[XidEvent] = (),
+             previous: NodeFacts | None = None, host: HostFacts | None = None) -> NodeFacts:
+    """The one place a node's facts are put together (``gather``, the agent's cache and
+    events, ``doctor``): nothing a caller holds (its XIDs, its previous sample) is left
+    out. ``previous`` is kept one sample deep."""
+    if previous is not None and previous.previous is not None:
+        previous = dataclasses.replace(previous, previous=None)
+    return NodeFacts(node=node, collected_at=collected_at, nvml=nvml,
+                     ib=ib if ib is not None else IbFacts(available=False, error="not collected"),
+                     versions=versions if versions is not None else SoftwareVersions(),
+                     xids=list(xids), host=host if host is not None else HostFacts(), previous=previous)
+
+
 def add_kernel_xids(facts: NodeFacts, kernel_log: str, since: float, progress: Progress = _quiet) -> None:
-    """Add the XIDs ``kernel_log`` holds from ``since`` on (the epilog: those of the job),
-    each mapped to its GPU by PCI address (so ``facts`` should have every GPU)."""
+    """Make ``facts.xids`` the XIDs ``kernel_log`` holds from ``since`` on (each mapped to
+    its GPU by PCI address), with those ``facts`` already held from then on (the agent's
+    memory) that are not among them. A log that cannot be read is ``kernel_log_error``."""
     progress("kmsg")
-    facts.xids.extend(kmsg.read_xids(kernel_log, kmsg.gpus_by_pci(facts.gpus), since=since))
+    remembered = [x for x in facts.xids if x.timestamp is None or x.timestamp >= since]
+    try:
+        logged = kmsg.read_xids(kernel_log, kmsg.pci_map(facts.nvml), since=since)
+    except kmsg.KernelLogError as exc:
+        facts.kernel_log_error, logged = str(exc), []
+    facts.xids = kmsg.merge_xids(logged, remembered)
 
 
 class FactsProvider(Protocol):
@@ -141,13 +184,19 @@ def source_facts(sources: Sources, settings: Settings, environ: Mapping[str, str
 
 def second_brake_sample(facts: NodeFacts, sources: Sources, thermal: ThermalSettings,
                         progress: Progress = _quiet) -> NodeFacts:
-    """A one-shot gather has no previous sample to tell a held clock brake from a momentary
-    one (``thermal.clock_brake``): where a GPU shows one, sample the braked GPUs again
-    ``[thermal] brake_resample_s`` later, with the first gather as the previous sample."""
+    """A fresh gather whose previous sample (none on the cold path; the agent's last poll on
+    the warm one) does not show a GPU's clock brake cannot tell a held brake from a momentary
+    one (``thermal.clock_brake``): sample those GPUs again ``[thermal] brake_resample_s``
+    later, with the first gather as the previous sample."""
     from slurmgpu.checks.thermal import braked
 
-    held = frozenset(g.index for g in facts.gpus if braked(g, thermal.brake_fraction))
-    if not held or facts.previous is not None or thermal.brake_resample_s <= 0:
+    def seen_before(index: int) -> bool:
+        prev = facts.previous.gpu(index) if facts.previous is not None else None
+        return prev is not None and braked(prev, thermal.brake_fraction)
+
+    held = frozenset(g.index for g in facts.gpus
+                     if braked(g, thermal.brake_fraction) and not seen_before(g.index))
+    if not held or thermal.brake_resample_s <= 0:
         return facts
     progress("gather:brake_resample")
     time.sleep(thermal.brake_resample_s)

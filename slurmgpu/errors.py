@@ -18,12 +18,25 @@ class ConfigError(SlurmGpuError):
         self.path = path
         self.key = key
         self.line = line
+        self.message = message
         where = path or "<config>"
         if line is not None:
             where = f"{where}:{line}"
         if key:
             where = f"{where}: {key}"
         super().__init__(f"{where}: {message}")
+
+
+class ConfigErrors(ConfigError):
+    """Every problem of one config file (``errors``, in file order): as one line, the
+    first and how many more."""
+
+    def __init__(self, errors: list[ConfigError]) -> None:
+        first = errors[0]
+        self.errors = errors
+        more = len(errors) - 1
+        super().__init__(f"{first.message}{f' (and {more} more: slurmgpu config check lists them)' if more else ''}",
+                         path=first.path, key=first.key, line=first.line)
 
 
 class UsageError(SlurmGpuError):

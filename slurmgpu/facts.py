@@ -170,6 +170,9 @@ class GpuFacts:
     # None: NVLink not supported. Empty list: supported, zero links.
     nvlinks: list[NvLink] | None = None
     fabric: FabricInfo | None = None
+    # The NVML query that did not answer within [nvml] query_deadline_s (the GPU is not
+    # responding), or why the GPU was not asked at all; None: it answered.
+    unresponsive: str | None = None
     # Queries NVML answered with an error (not NotSupported / FunctionNotFound): fact ->
     # message, and fact -> nvmlReturn_t code. ``retried``: the source asked again after
     # [nvml] retry_delay_s and these errors came back both times; ``transient_errors``
@@ -190,6 +193,16 @@ class NvmlFacts:
     # Number of GPUs NVML reports (before scoping to a job's GPUs).
     device_count: int = 0
     gpus: list[GpuFacts] = field(default_factory=list)
+    # The user-space library's own version (nvmlSystemGetNVMLVersion, which answers without
+    # nvmlInit: "550.90.07"), and the nvmlReturn_t code when nvmlInit failed.
+    library_version: str | None = None
+    init_error_code: int | None = None
+    # NVML itself did not answer within [nvml] query_deadline_s (nvmlInit or a system
+    # query): what was asked and for how long.
+    unresponsive: str | None = None
+    # Every GPU's PCI bus id by index, those outside a job's scope too ("" when NVML did
+    # not say): what maps a logged XID to its GPU.
+    bus_ids: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -259,6 +272,74 @@ class XidEvent:
 
 
 @dataclass
+class ServiceState:
+    """One systemd unit as ``systemctl show`` reports it."""
+
+    name: str
+    load_state: str | None = None  # "loaded", "not-found", "masked"
+    active_state: str | None = None  # "active", "activating", "inactive", "failed"
+    sub_state: str | None = None  # "running", "auto-restart", "dead", ...
+    n_restarts: int | None = None  # restarts by systemd since the unit was last started
+    result: str | None = None  # "success", "exit-code", "core-dump", ...
+
+
+@dataclass
+class DiskState:
+    """The file system holding one configured path (statvfs)."""
+
+    path: str
+    total_bytes: int | None = None
+    free_bytes: int | None = None  # available to unprivileged users (f_bavail)
+    read_only: bool | None = None
+    error: str | None = None
+
+
+@dataclass
+class HungProcess:
+    """A process in D state (uninterruptible sleep) holding a GPU device file open."""
+
+    pid: int
+    command: str
+    devices: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SxidEvent:
+    """An NVSwitch SXid from the kernel log:
+    ``nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress ...``."""
+
+    sxid: int
+    switch: str  # "nvidia-nvswitch3"
+    pci: str | None = None  # "0000:05:00.0"
+    timestamp: float | None = None
+    message: str | None = None  # the text after the code, at most XID_MESSAGE_MAX characters
+
+
+@dataclass
+class HostFacts:
+    """The layers around NVML: the kernel module, GPU services, disks, GPUDirect RDMA."""
+
+    # False: not gathered (a caller without a host source); the checks are not applicable.
+    available: bool = False
+    # /proc/driver/nvidia/version's kernel module version ("550.90.07"), its first line,
+    # and whether it is the open kernel module.
+    kernel_module_version: str | None = None
+    kernel_module_text: str | None = None
+    open_kernel_module: bool | None = None
+    kernel_release: str | None = None  # uname -r
+    nvswitches: int = 0  # NVSwitch devices the driver exposes
+    imex: bool = False  # an IMEX system (nvidia-imex installed)
+    peermem_loaded: bool | None = None  # /sys/module/nvidia_peermem
+    systemd: bool = False  # systemd runs this host (services can be asked)
+    services: list[ServiceState] = field(default_factory=list)
+    disks: list[DiskState] = field(default_factory=list)
+    hung_processes: list[HungProcess] = field(default_factory=list)
+    # NVSwitch SXids in the kernel log (since boot, as far as the log reaches).
+    sxids: list[SxidEvent] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
 class NodeFacts:
     node: str
     collected_at: float
@@ -266,6 +347,10 @@ class NodeFacts:
     ib: IbFacts
     versions: SoftwareVersions
     xids: list[XidEvent] = field(default_factory=list)
+    host: HostFacts = field(default_factory=HostFacts)
+    # Why the kernel log's XIDs could not be read (timed out, too large, I/O error); None
+    # when read or not asked for. xid.recent then says UNKNOWN.
+    kernel_log_error: str | None = None
     # The previous sample of the same node, when a caller (the agent) keeps one;
     # rate checks (ECC corrected per hour, IB counters rising) use it.
     previous: NodeFacts | None = None

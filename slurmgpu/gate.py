@@ -42,6 +42,7 @@ from slurmgpu.fileutil import append_private, private_dir, write_text_atomic
 from slurmgpu.result import Severity, Verdict
 from slurmgpu.slurm import SlurmClient, SlurmError, SlurmUnreachable
 from slurmgpu.slurm.common import ClientBase
+from slurmgpu.sources import kmsg
 
 EXIT_OK, EXIT_REFUSE = 0, 1
 #: The share of a prolog's or epilog's ``timeout_s`` its Slurm calls may take, tries and
@@ -205,7 +206,8 @@ class Gate:
                 return self._internal_error("prolog", job, f"bad request: {job.bad_gpus}", cfg.on_error)
             self._best_effort("replay", self._replay_pending)
             try:
-                facts = self.provider(job.gpus, progress=dog)
+                since = kmsg.xid_window(self.settings, gpus=job.gpus)
+                facts = self.provider(job.gpus, xids_since=since, progress=dog)
                 verdict = evaluate(facts, self.settings, scope=job.gpus, progress=dog)
             except Exception as exc:  # a bug must not drain the cluster (fail-open by default)
                 return self._job_dir_if_ok(job, self._internal_error("prolog", job, _describe(exc),
@@ -256,6 +258,7 @@ class Gate:
             code = self._decide("epilog", job, verdict, drain=cfg.drain, exit_on_fail=EXIT_OK)
         self._best_effort("job summary", lambda: self._record_summary(job, facts, before, verdict, strays))
         self._best_effort("job state", lambda: self._drop_job_state(job))
+        self._best_effort("job end", lambda: kmsg.mark_job_end(self.state_dir, facts.collected_at, job.gpus))
         return code
 
     # -- healthcheck -----------------------------------------------------------
@@ -264,7 +267,7 @@ class Gate:
         job = JobContext(node=node_name(self.environ))
         try:
             self._replay_pending()
-            facts = self.provider(None)
+            facts = self.provider(None, xids_since=kmsg.xid_window(self.settings))
             verdict = evaluate(facts, self.settings)
             self._decided(verdict)
             actions = self._actions()

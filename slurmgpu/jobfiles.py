@@ -86,23 +86,15 @@ def config_path(environ: Mapping[str, str], config_file: str | None = None) -> s
 def configured_jobs_dir(environ: Mapping[str, str], config_file: str | None = None) -> str:
     """jobs_dir without loading the settings (TaskProlog, ``slurmgpu ckpt``): the order of
     ``slurmgpu.config.env`` for this one key, with the standard library only:
-    ``$SLURMGPU_JOBS_DIR``, else ``[agent] jobs_dir`` of the config file's top level, else
-    the default. An absent, unreadable or bad config file is the default, never an error."""
+    ``$SLURMGPU_JOBS_DIR``, else ``[agent] jobs_dir`` of the config file's top level (its
+    drop-ins' over it), else the default. An absent, unreadable or bad config file is the
+    default, never an error."""
     configured = environ.get(JOBS_DIR_ENV)
     if configured:
         return configured
-    path = config_path(environ, config_file)
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError:
-        return DEFAULT_JOBS_DIR
-    import tomllib
+    from slurmgpu.quickgate import read_config
 
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError):
-        return DEFAULT_JOBS_DIR
+    data = read_config(config_path(environ, config_file))
     agent = data.get("agent")
     value = agent.get("jobs_dir") if isinstance(agent, dict) else None
     return value if isinstance(value, str) and value else DEFAULT_JOBS_DIR
@@ -386,3 +378,15 @@ def _take(entry: os.DirEntry[str], parent: int, trash: int) -> None:
             os.unlink(entry.name, dir_fd=parent)
     except FileNotFoundError:
         pass
+
+
+#: A checkpoint request's reason ends with this while the circuit breaker holds the drain
+#: (``collector.checkpoint.held_request_note``).
+BREAKER_HOLD = "drain held by the circuit breaker"
+
+
+def held_note_of(reason: str | None) -> str | None:
+    """The breaker's hold note at the end of a request's reason, if there is one."""
+    if not reason or BREAKER_HOLD not in reason:
+        return None
+    return reason[reason.rindex(BREAKER_HOLD):].rstrip(")")

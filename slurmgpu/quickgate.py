@@ -59,8 +59,33 @@ def config_file(args: Sequence[str], environ: Mapping[str, str]) -> str:
 
 
 def read_config(path: str) -> dict[str, Any]:
-    """The config file's tables, or {} when it is absent or unreadable (the full path
-    reports config errors; this one only needs ``[agent]``)."""
+    """The config's top-level tables: the file's, then each drop-in's (``slurmgpu.config.load``:
+    ``<name>.d/*.toml`` beside it, in byte order of their names) merged over them key by
+    key; {} for a file that is absent or unreadable (the full path reports config errors;
+    this one only needs a few keys)."""
+    merged: dict[str, Any] = {}
+    for one in [path, *dropin_files(path)]:
+        for name, table in _read_toml(one).items():
+            if isinstance(table, dict) and isinstance(merged.get(name), dict):
+                merged[name] = {**merged[name], **table}
+            else:
+                merged[name] = table
+    return merged
+
+
+def dropin_files(path: str) -> list[str]:
+    """``slurmgpu.config.load.dropin_files`` with the standard library only (no errors)."""
+    root, ext = os.path.splitext(path)
+    directory = (root if ext == ".toml" else path) + ".d"
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    wanted = [n for n in names if n.endswith(".toml") and not n.startswith(".")]
+    return [os.path.join(directory, n) for n in sorted(wanted, key=os.fsencode)]
+
+
+def _read_toml(path: str) -> dict[str, Any]:
     if not os.path.isfile(path):
         return {}
     try:

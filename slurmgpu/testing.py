@@ -11,9 +11,11 @@ from typing import Any
 
 from slurmgpu.facts import (
     CLOCKS_EVENT_GPU_IDLE,
+    DiskState,
     EccCounts,
     FabricInfo,
     GpuFacts,
+    HostFacts,
     IbFacts,
     IbHca,
     IbPort,
@@ -22,6 +24,7 @@ from slurmgpu.facts import (
     NvmlFacts,
     PcieLink,
     RemappedRows,
+    ServiceState,
     SoftwareVersions,
 )
 
@@ -37,6 +40,7 @@ class FakeNvmlSource:
     def collect(self, gpus: frozenset[int] | None = None) -> NvmlFacts:
         self.calls.append(gpus)
         result = copy.deepcopy(self.facts)
+        result.bus_ids = result.bus_ids or [g.pci_bus_id or "" for g in result.gpus]  # as NVML: every GPU's
         if gpus is not None:
             result.gpus = [g for g in result.gpus if g.index in gpus]
         return result
@@ -56,6 +60,43 @@ class FakeVersionSource:
 
     def collect(self) -> SoftwareVersions:
         return copy.deepcopy(self.versions)
+
+
+@dataclass
+class FakeHostSource:
+    facts: HostFacts
+
+    def collect(self) -> HostFacts:
+        return copy.deepcopy(self.facts)
+
+
+@dataclass
+class FakeServiceReader:
+    """``ServiceReader`` answering from a table; a unit it lacks is not-found."""
+
+    states: dict[str, ServiceState] = field(default_factory=dict)
+    asked: list[list[str]] = field(default_factory=list)
+
+    def show(self, units: list[str]) -> list[ServiceState]:
+        self.asked.append(list(units))
+        return [copy.deepcopy(self.states.get(u, ServiceState(u, "not-found", "inactive", "dead", 0)))
+                for u in units]
+
+
+def running(unit: str, restarts: int = 0) -> ServiceState:
+    return ServiceState(unit, "loaded", "active", "running", restarts, "success")
+
+
+def healthy_host() -> HostFacts:
+    """An HGX H100 node's host layers: driver 550.90.07 (proprietary module), 4 NVSwitches,
+    persistenced and fabricmanager running, nvidia_peermem loaded, roomy disks."""
+    disk = DiskState("/tmp", 500 << 30, 400 << 30, False)
+    return HostFacts(
+        available=True, kernel_module_version="550.90.07",
+        kernel_module_text="NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.90.07  Thu Jun  6 04:29:46 UTC 2024",
+        open_kernel_module=False, kernel_release="6.8.0-45-generic", nvswitches=4, peermem_loaded=True,
+        systemd=True, services=[running("nvidia-persistenced"), running("nvidia-fabricmanager")],
+        disks=[disk, dataclasses.replace(disk, path="/var")])
 
 
 @dataclass

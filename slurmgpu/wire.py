@@ -63,7 +63,7 @@ _NODE_RE = re.compile(r"[A-Za-z0-9._-]+")
 EVENT_KINDS = frozenset({"xid", "ecc_dbe", "ecc_sbe", "ecc_sbe_storm", "dram_retirement",
                          "dram_retirement_failure", "poison_nonfatal", "poison_fatal",
                          "gpu_unavailable", "recovery_action", "gpu_lost", "clock", "pstate",
-                         "power_source", "local_checkpoint", "prolog_blocked"})
+                         "power_source", "local_checkpoint", "prolog_blocked", "validation"})
 
 HELLO, REPORT, EVENT, HEARTBEAT, ACK, COMMAND, COMMAND_RESULT, BUNDLE = (
     "hello", "report", "event", "heartbeat", "ack", "command", "command-result", "bundle")

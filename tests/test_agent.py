@@ -389,6 +389,25 @@ def test_agent_process_reports_events_and_acks(tmp_path: Path, fake_nvml_lib: Pa
     assert rc == 0, agent.output()[-3000:]
 
 
+def test_a_clean_exit_removes_the_local_socket(tmp_path: Path, fake_nvml_lib: Path, scenario_file) -> None:  # type: ignore[no-untyped-def]
+    """Issue 29 item 9: an agent without keys yet (no link to stop) exited before its
+    local socket's thread saw the stop, and left the socket file behind."""
+    from tests.simfixtures import sim_env
+
+    spool = tmp_path / "spool"
+    config = write_config(tmp_path / "agent.toml", port=free_port(), spool=spool)
+    (tmp_path / "no-keys").mkdir()
+    agent = AgentProcess(config, tmp_path / "no-keys", sim_env(fake_nvml_lib, scenario_file("h100-sxm-8")),
+                         tmp_path / "agent.log")
+    try:
+        wait_until(lambda: (spool / "agent.sock").is_socket() and "local_socket_listening" in agent.output(),
+                   what="the local socket")
+    finally:
+        rc = agent.stop()
+    assert rc == 0, agent.output()[-3000:]
+    assert not (spool / "agent.sock").exists()
+
+
 def test_spool_outlives_collector_outage_and_kill9(tmp_path: Path, fake_nvml_lib: Path,
                                                    scenario_file, bundle: tuple[Path, Path]) -> None:  # type: ignore[no-untyped-def]
     from tests.simfixtures import sim_env

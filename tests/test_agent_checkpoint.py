@@ -62,6 +62,8 @@ def make_agent(tmp_path: Path, *, poll_s: float = 0.02, clock: FakeClock | None 
     settings = Settings()
     settings.agent.spool_dir = str(tmp_path / "spool")
     settings.agent.jobs_dir = str(tmp_path / "jobs")
+    settings.paths.state_dir = str(tmp_path / "state")  # the XIDs it remembers are saved there
+    settings.paths.kmsg = str(tmp_path / "kmsg")
     settings.agent.checkpoint_poll_s = poll_s
     for key, value in agent_settings.items():
         setattr(settings.agent, key, value)

@@ -211,7 +211,7 @@ def test_an_nvml_xid_takes_its_text_from_the_kernel_log(tmp_path: Path) -> None:
     settings.agent.spool_dir = str(tmp_path / "spool")
     agent = Agent(settings, "n1", sources=Sources(FakeNvmlSource(facts.nvml), FakeIbSource(facts.ib),
                                                   FakeVersionSource(facts.versions), clock),
-                  clock=clock, environ={"SLURMGPU_KMSG": str(log)})
+                  clock=clock, environ={"SLURMGPU_KMSG": str(log), "SLURMGPU_STATE_DIR": str(tmp_path / "state")})
     agent.open_spool()
     agent.poll()
     agent.on_nvml_event("xid", 2, 149)

@@ -91,7 +91,7 @@ LAYERS = [
     (("slurmgpu.collector",), ("slurmgpu.agent",), "node and head meet only on the wire"),
     (("slurmgpu.checks",), ("slurmgpu.actions", "slurmgpu.slurm", "slurmgpu.cli", "slurmgpu.gate",
                             "slurmgpu.agent", "slurmgpu.collector"), "checks are pure"),
-    (("slurmgpu.result", "slurmgpu.facts", "slurmgpu.decision", "slurmgpu.xid", "slurmgpu.errors",
+    (("slurmgpu.result", "slurmgpu.facts", "slurmgpu.decision", "slurmgpu.xid", "slurmgpu.sxid", "slurmgpu.errors",
       "slurmgpu.config"), ("slurmgpu.sources", "slurmgpu.actions", "slurmgpu.slurm", "slurmgpu.cli",
                            "slurmgpu.agent", "slurmgpu.collector", "slurmgpu.gate"),
      "the vocabulary depends on nothing that does I/O"),
@@ -102,6 +102,9 @@ LAYERS = [
     (NODE, ("slurmgpu.collector",), "node modules never import the collector"),
     (HOOKS, ("slurmgpu.collector",), "the prolog/epilog hooks never import the collector"),
     (("slurmgpu.report",), ("slurmgpu.agent",), "the report reads the database, not the agent"),
+    (("slurmgpu.validate",), ("slurmgpu.cli", "slurmgpu.agent", "slurmgpu.collector", "slurmgpu.gate",
+                              "slurmgpu.slurm", "slurmgpu.actions"),
+     "active tests judge; the CLI runs them, the agent and the collector carry their findings"),
 ]
 
 

@@ -215,7 +215,7 @@ def test_lemon_stays_drained(tmp_path: Path) -> None:
             clock.advance(300)
             ok(auto, "gpu-001", clock)
     assert drains(client) == ["gpu-001"] * 3
-    assert "gpu-001" in auto.status()["lemons"]
+    assert auto.status()["lemons"]["gpu-001"]["why"].startswith("3 drains within 7 days, last: ")
     assert client.states["gpu-001"].drained
     assert [c for c in client.calls if c[0] == "resume"] == [("resume", "gpu-001")] * 2
     auto.clear_lemon("gpu-001")
@@ -452,3 +452,41 @@ def test_storm_of_many_nodes_still_trips_on_a_mid_size_fleet(tmp_path: Path) -> 
         auto.on_report(node, Severity.FAIL, pin, clock.time())
     assert len(drains(client)) == 2  # 3 of 12 failing one check is a storm (storm_fraction 0.25)
     assert auto.status()["why"].startswith("storm: pins.driver failing on 3 of 12 nodes")
+
+
+# ---- drain reasons people can read (issue 29 item 6)
+
+
+def test_a_drain_after_a_long_hold_names_no_report_count(tmp_path: Path) -> None:
+    """A FAIL drains at once: the reports that came while the breaker held it are no part
+    of why (they used to leak into Slurm's reason as "(10 reports)")."""
+    auto, client, clock = make(tmp_path, nodes=2)
+    auto.on_report("gpu-001", Severity.FAIL, FAIL, clock.time())
+    for _ in range(9):
+        assert auto.on_report("gpu-002", Severity.FAIL, FAIL, clock.time())[0].held
+        clock.advance(15)
+    auto.release(by="alice")
+    auto.on_report("gpu-002", Severity.FAIL, FAIL, clock.time())
+    assert client.states["gpu-002"].reason == "slurmgpu: ecc.uncorrected GPU 0 3 volatile uncorrected ECC errors"
+
+
+def test_a_warn_that_drains_on_repeats_names_the_repeats_it_needed(tmp_path: Path) -> None:
+    auto, client, clock = make(tmp_path, nodes=2, strikes=3)
+    auto.on_report("gpu-001", Severity.FAIL, FAIL, clock.time())
+    for _ in range(5):
+        auto.on_report("gpu-002", Severity.WARN, THROTTLE, clock.time())
+    auto.release()
+    auto.on_report("gpu-002", Severity.WARN, THROTTLE, clock.time())
+    assert client.states["gpu-002"].reason == "slurmgpu: thermal.throttle GPU 0 HW slowdown active (3 reports)"
+
+
+@pytest.mark.parametrize(("allowed", "says"), [
+    (False, "slurmgpu: xid.recent GPU 0 XID 79: GPU has fallen off the bus (needs a reboot)"),
+    (True, "slurmgpu: xid.recent GPU 0 XID 79: GPU has fallen off the bus -> reboot"),
+])
+def test_a_reboot_is_named_only_where_one_is_done(tmp_path: Path, allowed: bool, says: str) -> None:
+    auto, client, clock = make(tmp_path, reboot_allowed=allowed)
+    xid = finding("xid.recent", message="XID 79: GPU has fallen off the bus -> reboot", xid=79, action="reboot")
+    auto.on_report("gpu-001", Severity.FAIL, [xid], clock.time())
+    assert client.states["gpu-001"].reason == says
+    assert [c[0] for c in client.calls] == (["reboot"] if allowed else ["drain"])

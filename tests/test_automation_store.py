@@ -122,6 +122,7 @@ def test_breaker_status_reads_the_imported_state(tmp_path: Path, store_url: str,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("slurmgpu.slurm.factory.make_client", lambda *a, **k: FakeSlurmClient(NODES))
     monkeypatch.delenv("SLURMGPU_DB", raising=False)
+    monkeypatch.delenv("SLURMGPU_STATE_DIR", raising=False)  # the config's state_dir is read
     path, state_dir = store_url, tmp_path / "state"
     schema_6_database(path)
     state_dir.mkdir()

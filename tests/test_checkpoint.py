@@ -90,8 +90,11 @@ def test_drain_now_signals_waits_for_ack_then_drains_and_requeues(tmp_path: Path
     rig.clock.advance(3)
     [done] = rig.ack("gpu-002", "101")
     assert (done.node, done.action, done.result) == ("gpu-001", "drain-now", "drained")
-    assert [c[0] for c in rig.client.calls] == ["signal", "drain", "requeue"]
+    assert [c[0] for c in rig.client.calls] == ["signal", "drain", "admin_comment", "requeue"]
     assert rig.client.states["gpu-001"].reason.startswith("slurmgpu: xid.recent GPU 3")
+    # Its user reads why it moved on the job itself (issue 29 item 1).
+    assert rig.calls("admin_comment") == [("admin_comment", "101", "slurmgpu: requeued from gpu-001: xid.recent GPU 3 "
+                                                                  "XID 79 GPU has fallen off the bus")]
     assert rig.kinds("101") == ["detected", "signalled", "acked", "drained", "requeued"]
     assert rig.cp.pending() == [] and rig.cp.open_count() == 0
     assert rig.store.checkpoints(job_id="101")[0]["state"] == "acked"
@@ -194,6 +197,9 @@ def test_held_drain_now_still_asks_the_jobs_to_checkpoint(tmp_path: Path) -> Non
         ("gpu-002", "checkpoint", "2", "drain-now"), ("gpu-003", "checkpoint", "2", "drain-now")]
     assert rig.kinds("2") == ["detected", "signalled"]
     assert "circuit breaker holds the drain" in rig.store.job_events("2")[0]["detail"]
+    # ... and the job reads it in its request (issue 29 item 2: `slurmgpu ckpt status`).
+    assert rig.sent[1][2]["reason"].endswith(
+        "(drain held by the circuit breaker; the job is requeued when an admin releases it)")
     assert rig.auto.status()["held"][0]["checkpoints"] == 1
     # More reports of the held node: no second request.
     rig.clock.advance(15)
@@ -303,6 +309,45 @@ def test_job_that_ended_is_not_requeued(tmp_path: Path) -> None:
     assert rig.calls("requeue") == [] and rig.kinds("4")[-1] == "requeue-skipped"
 
 
+def test_a_prolog_refusal_goes_to_the_jobs_timeline_and_on_the_job(tmp_path: Path) -> None:
+    """Issue 29 item 1: `jobs events` said "no slurmgpu events" for a job the prolog refused."""
+    rig = Rig(tmp_path)
+    body = {"kind": "prolog_blocked", "job_id": "31", "verdict": "FAIL", "action": "drain",
+            "problems": ["pin.driver: NVIDIA driver 535.104.05 is off-pin (pinned 550.90.07)"]}
+    rig.cp.on_prolog_refusal("gpu-003", body)
+    assert [(e["kind"], e["node"], e["detail"]) for e in rig.store.job_events("31")] == [
+        ("prolog-refused", "gpu-003", "pin.driver: NVIDIA driver 535.104.05 is off-pin (pinned 550.90.07)")]
+    assert rig.calls("admin_comment") == [("admin_comment", "31", "slurmgpu: refused by the prolog on gpu-003: "
+                                                                 "pin.driver: NVIDIA driver 535.104.05 is off-pin "
+                                                                 "(pinned 550.90.07)")]
+    rig.cp.on_prolog_refusal("gpu-003", {"kind": "prolog_blocked", "job_id": None})  # a refusal of no job
+    assert len(rig.calls("admin_comment")) == 1
+
+
+def test_a_failing_job_comment_never_stops_the_requeue(tmp_path: Path) -> None:
+    from slurmgpu.slurm import SlurmError
+
+    rig = Rig(tmp_path)
+
+    def refuse(job_id: str, comment: str) -> None:
+        raise SlurmError("Access/permission denied")
+
+    rig.client.set_admin_comment = refuse  # type: ignore[method-assign]
+    rig.client.add_job("9", ["gpu-001"])
+    rig.report("gpu-001", XID79)
+    rig.clock.advance(60)
+    rig.cp.tick(rig.clock.time())
+    assert rig.calls("requeue") == [("requeue", "9")] and rig.kinds("9")[-1] == "requeued"
+    # Tried again at later turns (a job Slurm is requeueing refuses updates for a moment).
+    del rig.client.set_admin_comment
+    rig.clock.advance(1)
+    rig.cp.tick(rig.clock.time())
+    assert rig.calls("admin_comment") == []
+    rig.clock.advance(1)
+    rig.cp.tick(rig.clock.time())
+    assert [c[1] for c in rig.calls("admin_comment")] == ["9"]
+
+
 def test_local_fallback_is_recorded(tmp_path: Path) -> None:
     rig = Rig(tmp_path)
     rig.cp.on_local("gpu-001", {"kind": "local_checkpoint", "jobs": [
@@ -383,7 +428,7 @@ def test_checkpoint_escalates_to_drain_now(tmp_path: Path) -> None:
     assert (d.action, d.result) == ("drain-now", "escalated")
     assert len(rig.calls("signal")) == 1  # the job was already told
     rig.ack("gpu-001", "8")
-    assert [c[0] for c in rig.client.calls] == ["signal", "drain", "requeue"]
+    assert [c[0] for c in rig.client.calls] == ["signal", "drain", "admin_comment", "requeue"]
     assert "escalated" in rig.kinds("8")
     assert rig.report("gpu-001", XID79) == []
 
@@ -414,7 +459,7 @@ def test_xid79_reboots_after_the_checkpoint_when_allowed(tmp_path: Path) -> None
     assert (d.action, d.result) == ("drain-now", "checkpointing")
     [done] = rig.ack("gpu-006", "9")
     assert done.result == "reboot-requested"
-    assert [c[0] for c in rig.client.calls] == ["signal", "reboot", "requeue"]
+    assert [c[0] for c in rig.client.calls] == ["signal", "reboot", "admin_comment", "requeue"]
     entry = rig.auto.state.drained["gpu-006"]
     assert entry["trigger"] == "xid.recent" and "pending" not in entry and "then" not in entry
 
@@ -430,4 +475,24 @@ def test_xid79_only_drains_without_reboot_allowed(tmp_path: Path) -> None:
     rig.client.add_job("10", ["gpu-008"])
     rig.report("gpu-008", XID79_REBOOT)
     rig.ack("gpu-008", "10")
-    assert [c[0] for c in rig.client.calls] == ["signal", "drain", "requeue"]
+    assert [c[0] for c in rig.client.calls] == ["signal", "drain", "admin_comment", "requeue"]
+
+
+def test_without_automation_a_prolog_refusal_still_reaches_jobs_events(tmp_path: Path) -> None:
+    """The collector stores the agent's prolog_blocked event; with no automation (no Slurm
+    writes) the refusal still goes to the job's timeline."""
+    from slurmgpu.collector.counters import Counters
+    from slurmgpu.collector.fleet import Fleet
+    from slurmgpu.config.schema import CollectorSettings
+    from slurmgpu.wire import EVENT, Envelope
+
+    store = Store(tmp_path / "fleet.db")
+    fleet = Fleet(CollectorSettings(), store, Counters(), allowed={})
+    body = {"kind": "prolog_blocked", "gpu": None, "data": None, "verdict": "FAIL", "findings": [],
+            "job_id": "12", "problems": ["mem.row_remap: row remapping failed"], "action": "drain"}
+    batch = [("gpu-002", Envelope(type=EVENT, node="gpu-002", seq=1, body=body), b"")]
+    stored = fleet.commit(batch, 100.0)
+    assert stored is not None
+    fleet.acked(batch, stored.new, 100.0)
+    assert [(e["kind"], e["node"]) for e in store.job_events("12")] == [("prolog-refused", "gpu-002")]
+    store.close()

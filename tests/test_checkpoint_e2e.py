@@ -5,8 +5,11 @@ sbatch jobs, real scancel/scontrol. Run with `pytest -m slurm`."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -316,3 +319,86 @@ def test_a_poisoned_checkpoint_file_leaves_the_node_connected(fleet: SimCluster)
                                            "AND kind = 'xid' AND ts >= ?", later),
                       30, "the later XID from gpu-n1")
     assert (5, 48) in rows
+
+
+def _as_user(fleet: SimCluster, *argv: str, script: str | None = None) -> str:
+    """A Slurm client command run as ``nobody`` (a plain user: no admin rights)."""
+    env = {**os.environ, **fleet.env()}
+    proc = subprocess.run(["runuser", "-u", "nobody", "--", *argv], env=env, capture_output=True, text=True,
+                          timeout=30, check=True, cwd="/tmp", input=script)
+    return proc.stdout
+
+
+def test_a_plain_user_reads_why_their_job_moved(fleet: SimCluster) -> None:
+    """Issue 29 item 1: a prolog refusal and a drain-now requeue left nothing a user could
+    find. Both jobs are a plain user's; each carries what happened in its AdminComment
+    (`scontrol show job`; `sacct -o AdminComment` where accounting is on), and `jobs
+    events` shows both."""
+    # (the automation leaves the row-remap failure to the prolog, which refuses the job)
+    set_automation(fleet, OPEN_BREAKER + "checkpoint_deadline_s = 4\npolicy = { \"mem.row_remap\" = \"none\" }\n")
+    fleet.inject("gpu-n2", "fault-row-remap-failure")
+    wait_until(lambda: fleet.agent_status("gpu-n2").get("verdict") == "FAIL", 30, "the agent to see the fault")
+    refused = _as_user(fleet, "sbatch", "--parsable", "-w", "gpu-n2", "--gres=gpu:8", "-o", "/dev/null",
+                       "--wrap", "true").strip()
+    trapped = "#!/bin/bash\ntrap 'echo got USR1' USR1\necho trap set\nsleep 600 & wait\nsleep 600 & wait\n"
+    output = Path(tempfile.mkstemp(prefix="slurmgpu-e2e-", suffix=".out", dir="/tmp")[1])  # the user writes it
+    output.chmod(0o666)
+    # The job itself runs the TaskProlog, with this interpreter: as the plain user where it
+    # may run it (not where it lives under a 0700 /root), else as root, read as the user.
+    runs = subprocess.run(["runuser", "-u", "nobody", "--", "test", "-x", sys.executable], check=False).returncode == 0
+    submit = ["sbatch", "--parsable", "--requeue", "-w", "gpu-n1", "--gres=gpu:1", "-o", str(output),
+              "--open-mode=append"]
+    moved = (_as_user(fleet, *submit, script=trapped) if runs else fleet.sbatch(trapped, *submit[2:])).strip()
+    # (a signal before the script set its trap would kill it, and nothing would be requeued)
+    wait_until(lambda: "trap set" in output.read_text(), 60, "the job's trap")
+    fleet.inject_xid("gpu-n1", 0, 79, "GPU has fallen off the bus")
+
+    def comments() -> dict[str, str] | None:
+        shown = {job: _as_user(fleet, "scontrol", "show", "job", job) for job in (refused, moved)}
+        found = {job: text.split("AdminComment=", 1)[1].split("\n")[0].strip()
+                 for job, text in shown.items() if "AdminComment=" in text}
+        return found if len(found) == 2 else None
+
+    try:
+        seen = wait_until(comments, 60, "both jobs' AdminComment, as their user sees it")
+    except AssertionError as exc:  # what happened instead
+        said = {job: {k: fleet.job(job).get(k) for k in ("JobState", "Reason", "AdminComment", "Restarts")}
+                for job in (refused, moved)}
+        log = (fleet.dir / "log" / "collector.log").read_text(errors="replace").splitlines()
+        raise AssertionError(f"{exc}; refused {refused}: {timeline(fleet, refused)} {said[refused]}; "
+                             f"moved {moved}: {timeline(fleet, moved)} {said[moved]}; "
+                             f"{[line for line in log if 'job_comment' in line][-3:]}") from None
+    assert seen[refused].startswith("slurmgpu: refused by the prolog on gpu-n2: ") and "mem.row_remap" in seen[refused]
+    assert seen[moved].startswith("slurmgpu: requeued from gpu-n1: xid.recent GPU 0 XID 79"), seen[moved]
+    reasons = _as_user(fleet, "squeue", "-h", "-j", refused, "-o", "%r").strip()
+    print(f"squeue reason of the refused job: {reasons!r}")
+    assert reasons.startswith(("BeginTime", "ReqNodeNotAvail")), reasons
+    for job, kind in ((refused, "prolog-refused"), (moved, "requeued")):
+        out = fleet._run([sys.executable, "-m", "slurmgpu", "jobs", "events", job, "--db", str(fleet.collector_db())])
+        assert kind in out, out
+    output.unlink()
+
+
+def test_a_job_whose_drain_the_breaker_holds_keeps_saving_until_released(fleet: SimCluster,
+                                                                        tmp_path: Path) -> None:
+    """Issue 29 item 2: acked, its drain held by the breaker, the example stopped saving:
+    the steps trained until the release were lost. Now it knows the drain is held
+    (`ckpt status`), keeps saving, and resumes after the release from a later step."""
+    set_automation(fleet, "max_per_hour = 0\ncheckpoint_deadline_s = 300\n")  # every drain is held
+    job, node = submit_training(fleet, tmp_path, steps=400, step_time=0.05)
+    fleet.inject_xid(node, 0, 79, "GPU has fallen off the bus")
+    wait_until(lambda: _output(fleet, job).count("after the ack") >= 2, 60, "two saves after the ack")
+    out = _output(fleet, job)
+    assert "checkpoint requested: slurmgpu: xid.recent GPU 0 XID 79" in out and \
+        "(drain held by the circuit breaker; the job is requeued when an admin releases it)" in out, out
+    acked_at = int(out.split("checkpoint saved at step ")[1].split()[0])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_JOB", "SLURMGPU_CHECKPOINT"))}
+    status = subprocess.run([sys.executable, "-m", "slurmgpu", "ckpt", "status", "--job", job],
+                            env={**env, "SLURMGPU_JOBS_DIR": str(fleet.jobs_dir(node))}, capture_output=True,
+                            text=True, timeout=30, check=True).stdout
+    assert "drain held by the circuit breaker; the job is requeued when an admin releases it" in status, status
+    assert not drained(fleet, node)
+    fleet._run([sys.executable, "-m", "slurmgpu", "breaker", "release", "--config", str(fleet.head_config)])
+    wait_until(lambda: fleet.job(job).get("JobState") == "COMPLETED", 90, "the released job to finish")
+    resumed = int(fleet.job_output(job).split("resumed from step ")[1].split()[0])
+    assert resumed >= acked_at + 2 and resumed % 10 == 0, (acked_at, resumed)  # a save after the ack

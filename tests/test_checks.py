@@ -178,7 +178,7 @@ def test_cuda_driver_pin() -> None:
     settings = Settings()
     settings.pins.cuda_driver = [">=12.6"]
     f = run(make_facts(), settings, check="pin.cuda")
-    assert worst(f) is Severity.FAIL and "driver CUDA version 12.4" in problems(f)[0].message
+    assert worst(f) is Severity.FAIL and "driver's CUDA version 12.4" in problems(f)[0].message
 
 
 def test_vbios_pin_and_uniformity() -> None:
@@ -569,3 +569,30 @@ def test_ib_counters_rising_between_fixture_trees() -> None:
     f = problems(run(now, ib_settings(), check="ib.errors"))
     assert [x.subject for x in f] == ["mlx5_2/1"]
     assert {"symbol_error", "link_downed"} <= set(f[0].data["deltas"])
+
+
+def test_gpu_model_pins_what_nvml_names_the_gpus() -> None:
+    facts = make_facts(gpus=2)
+    facts.gpus[0].name, facts.gpus[1].name = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
+    settings = Settings()
+    assert [f.message for f in run(facts, settings, check="gpu.model")] == ["GPU model not pinned"]
+    settings.gpu.model = ["NVIDIA H100*"]
+    (only,) = [f for f in run(facts, settings, check="gpu.model") if f.severity is Severity.FAIL]
+    assert only.gpu == 1 and "NVIDIA A100-SXM4-80GB, expected NVIDIA H100*" in only.message
+    settings.gpu.model = ["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"]
+    assert worst(run(facts, settings, check="gpu.model")) is Severity.OK
+
+
+def test_check_all_marks_not_applicable_rows_and_names_what_pin_cuda_judged() -> None:
+    """Issue 29 item 7: `check --all` printed OK for not-applicable findings, and two
+    pin.cuda rows without saying which CUDA each judged."""
+    from slurmgpu.cli.checks import render_table
+
+    settings = Settings()
+    settings.pins.cuda_driver = ["12.4"]
+    table = render_table(evaluate(make_facts(), settings), show_all=True, duration_ms=1)
+    rows = {line.split()[1] + " " + line.split(None, 3)[3]: line.split()[0]
+            for line in table.splitlines()[1:] if line.startswith(("OK", "N/A"))}
+    assert rows["pin.driver NVIDIA driver not pinned"] == "N/A"
+    assert rows["pin.cuda CUDA toolkit not pinned"] == "N/A"
+    assert rows["pin.cuda driver's CUDA version 12.4"] == "OK"

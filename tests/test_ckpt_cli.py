@@ -67,14 +67,46 @@ def test_status_of_a_request_then_ack_then_status(jobs: Path) -> None:
     assert out["state"] == "acked" and out["note"] == "step 42 saved" and out["job_id"] == "300"
     assert before <= out["acked_at"] <= time.time()
     written = json.loads(path.read_text())
-    assert written == {"job_id": "300", "state": "acked", "acked_at": out["acked_at"],
-                       "note": "step 42 saved"}
+    assert {k: written[k] for k in ("job_id", "state", "acked_at", "note")} == {
+        "job_id": "300", "state": "acked", "acked_at": out["acked_at"], "note": "step 42 saved"}
+    assert (written["action"], written["reason"]) == ("drain-now", "xid.recent GPU 1: XID 79")  # what was asked
     assert [p.name for p in path.parent.iterdir()] == ["checkpoint"]  # no temporary file left
 
     proc = ckpt("status", **env)
     assert proc.returncode == 0 and "checkpoint acked at" in proc.stdout and "step 42" in proc.stdout
     status = json.loads(ckpt("status", "--json", **env).stdout)
     assert status["state"] == "acked" and status["acked_at"] == out["acked_at"]
+
+
+HELD = ("slurmgpu: xid.recent GPU 0 XID 79: GPU has fallen off the bus (needs a reboot) "
+        "(drain held by the circuit breaker; the job is requeued when an admin releases it)")
+
+
+def test_status_says_the_breaker_holds_the_drain_before_and_after_the_ack(jobs: Path) -> None:
+    """Issue 29 item 2: the job saw no sign that its drain was held."""
+    request(jobs, reason=HELD)
+    env = {"SLURM_JOB_ID": "300", "SLURMGPU_JOBS_DIR": str(jobs)}
+    held = "job 300: drain held by the circuit breaker; the job is requeued when an admin releases it\n"
+    assert ckpt("status", **env).stdout.endswith(held)
+    assert ckpt("ack", "--note", "step 10", **env).returncode == 0
+    proc = ckpt("status", **env)
+    assert proc.returncode == 0 and "checkpoint acked at" in proc.stdout and proc.stdout.endswith(held)
+
+
+def test_the_example_keeps_saving_after_its_ack_and_prints_the_reason(jobs: Path, tmp_path: Path) -> None:
+    """Issue 29 item 2: acked, the drain held by the breaker, the example stopped saving:
+    everything it trained until the release was lost."""
+    path = request(jobs, reason=HELD)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SLURMGPU_"))}
+    env.update(SLURM_JOB_ID="300", SLURMGPU_CHECKPOINT_FILE=str(path), PATH="/usr/bin:/bin")  # acks by the file
+    proc = subprocess.run([sys.executable, str(REPO / "examples" / "train_with_checkpoint.py"), "--ckpt",
+                           str(tmp_path / "ckpt.json"), "--steps", "45", "--step-time", "0"],
+                          env=env, capture_output=True, text=True, timeout=60, check=True)
+    lines = proc.stdout.splitlines()
+    assert f"checkpoint requested: {HELD}" in lines
+    assert "checkpoint saved at step 10 (loss" in proc.stdout
+    assert [line.split()[2] for line in lines if line.startswith("saved step")] == ["20", "30", "40"]
+    assert (json.loads(path.read_text())["state"], json.loads(path.read_text())["reason"]) == ("acked", HELD)
 
 
 def test_plain_done_counts_as_acked(jobs: Path) -> None:

@@ -16,7 +16,8 @@ from slurmgpu.cli.common import load_settings
 from slurmgpu.collector.policy import Automation
 from slurmgpu.collector.store import Store
 from slurmgpu.config.schema import AutomationSettings
-from slurmgpu.result import Severity
+from slurmgpu.result import Finding, Severity
+from slurmgpu.slurm import NodeState
 from slurmgpu.testing import FakeSlurmClient
 from slurmgpu.wire import EVENT, REPORT, decode_finding
 from tests.agenthelpers import wait_until
@@ -204,7 +205,38 @@ def test_fleet_prints_breaker_line(tmp_path: Path, config: Path, monkeypatch: py
     auto.fleet_size(1)
     result = CliRunner().invoke(fleet_cmd.fleet, ["--config", str(config), "--db", str(tmp_path / "fleet.db")])
     assert result.exit_code == 0, result.output
-    assert result.output.splitlines()[-1] == "automation: breaker closed; lemons: none"
+    assert result.output.splitlines()[-1] == "automation: breaker closed; now 0 of 1 nodes drained; lemons: none"
+
+
+def test_breaker_status_is_current(tmp_path: Path, config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 29 item 4: a held drain of a node the prolog drained since stayed "held", and
+    the headline showed the reason the breaker opened with as if it were now."""
+    monkeypatch.setattr("slurmgpu.slurm.factory.make_client", lambda *a, **k: FakeSlurmClient())
+    auto, _ = automation(tmp_path)
+    auto.fleet_size(4)
+    auto.state.breaker = {"open": True, "since": 1.0, "why": "fraction: 2 of 4 nodes drained, gpu-c would make 3"}
+    for node in ("gpu-c", "gpu-d"):
+        auto.state.held[node] = {"action": "drain", "reason": f"slurmgpu: pin.driver {node}", "trigger": "pin.driver",
+                                 "time": 1.0}
+    auto._save()
+    poll = [NodeState("gpu-a", "idle", frozenset({"DRAIN"}), "slurmgpu: xid.recent [by prolog]"),
+            NodeState("gpu-b", "idle", frozenset({"DRAIN"}), "fan [by root]"),
+            NodeState("gpu-c", "idle", frozenset({"DRAIN"}), "slurmgpu: pin.driver off-pin [by prolog]")]
+    auto.store.record_slurm_states(poll, 2.0)
+
+    result = CliRunner().invoke(fleet_cmd.breaker, ["status", "--config", str(config)])
+    assert result.exit_code == 0, result.output
+    headline = result.output.splitlines()[0]
+    assert headline.startswith("automation: breaker OPEN since ") and headline.endswith(
+        "(opened on: fraction: 2 of 4 nodes drained, gpu-c would make 3); 1 drain(s) held; now 3 of 4 "
+        "nodes drained (outside: gpu-b; prolog: gpu-a, gpu-c); lemons: none")
+    assert [line for line in result.output.splitlines() if line.startswith("  held:")] == [
+        "  held: gpu-d drain: slurmgpu: pin.driver gpu-d"]
+    # The collector drops the moot hold at the node's next report.
+    [d] = auto.on_report("gpu-c", Severity.FAIL, [Finding("pin.driver", Severity.FAIL, "off-pin")], 3.0)
+    assert (d.result, "gpu-c" in auto.state.held) == ("already-drained", False)
+    assert "drained meanwhile by prolog" in d.reason
+    assert auto.on_report("gpu-c", Severity.FAIL, [Finding("pin.driver", Severity.FAIL, "off-pin")], 4.0) == []
 
 
 def _report(node: str) -> Any:

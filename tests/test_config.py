@@ -19,9 +19,9 @@ from slurmgpu.config.load import (
 )
 from slurmgpu.config.schema import IbSettings, Settings
 from slurmgpu.config.versions_match import compare_versions, match_any, spec_error, version_matches
-from slurmgpu.errors import ConfigError
+from slurmgpu.errors import ConfigError, ConfigErrors
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "etc" / "slurmgpu.toml"
+EXAMPLE = Path(__file__).resolve().parent.parent / "etc" / "slurmgpu.example.toml"
 
 
 def write(tmp_path: Path, text: str, name: str = "slurmgpu.toml") -> str:
@@ -373,6 +373,51 @@ def test_toml_syntax_error(tmp_path: Path) -> None:
     assert "(at line 2, column" in str(e)
 
 
+def test_toml_error_at_the_end_of_the_file_names_a_line(tmp_path: Path) -> None:
+    """Issue 29 item 7: an unclosed array was "invalid TOML: Invalid value (at end of
+    document)" with no line at all."""
+    e = error_of(tmp_path, '[pins]\ndriver = ["550.90.07",\n\n')
+    assert e.line == 2 and ":2: invalid TOML: " in str(e)
+
+
+def test_every_problem_is_reported_not_the_first(tmp_path: Path, runner: CliRunner) -> None:
+    from slurmgpu.cli.config_cmd import config
+
+    text = ('[gpu]\ncount = "x"\ncuont = 4\n[[hosts]]\nnodes = "n[1-2]"\n[hosts.gpu]\ncount = -4\n'
+            '[[hosts]]\nname = "no nodes"\n[wat]\n')
+    e = error_of(tmp_path, text)
+    assert isinstance(e, ConfigErrors) and [x.line for x in e.errors] == [2, 3, 7, 8, 10]
+    assert str(e).endswith('gpu.count: expected an integer, got a string ("x") (and 4 more: '
+                           "slurmgpu config check lists them)")
+    result = runner.invoke(config, ["check", str(tmp_path / "slurmgpu.toml")])
+    assert result.exit_code == 3 and result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert [line.split(":")[3] for line in lines] == ["2", "3", "7", "8", "10"]
+    assert "unknown key 'cuont' (did you mean 'count'?)" in lines[1]
+    assert "missing required key 'nodes'" in lines[3]
+
+
+def test_a_hosts_section_that_matches_no_slurm_node_warns(tmp_path: Path, runner: CliRunner) -> None:
+    from slurmgpu.cli.config_cmd import config
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text('#!/bin/sh\n[ "$1 $2 $3" = "-o show node" ] || exit 1\n'
+                                      'echo "NodeName=gpu-n1 State=IDLE"\necho "NodeName=gpu-n2 State=IDLE"\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    path = write(tmp_path, f'[slurm]\nbin_dir = "{bin_dir}"\n[[hosts]]\nnodes = "gpu-n[1-2]"\n'
+                           '[[hosts]]\nname = "typo"\nnodes = "gpu-m[1-2]"\n')
+    result = runner.invoke(config, ["check", path])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == [
+        f'WARN: {path}:7: hosts[1] typo (gpu-m[1-2]): matches none of the 2 nodes Slurm knows',
+        f"OK: {path}: 2 host sections"]
+    (bin_dir / "scontrol").write_text("#!/bin/sh\nexit 1\n")  # slurmctld does not answer
+    assert runner.invoke(config, ["check", path]).stdout == f"OK: {path}: 2 host sections\n"
+    result = runner.invoke(config, ["check", "--slurm", path])
+    assert result.exit_code == 3 and result.stderr.startswith("slurmgpu: error: --slurm: Slurm did not list its nodes")
+
+
 def test_unknown_check_id(tmp_path: Path) -> None:
     known = ["gpu.count", "ib.count", "ib.rate"]
     e = error_of(tmp_path, '[checks]\ndisabled = ["ib.rate", "gpu.cont"]\n', known_checks=known)
@@ -481,7 +526,7 @@ def test_cli_check_json(runner: CliRunner) -> None:
     result = runner.invoke(config, ["check", "--json", str(EXAMPLE)])
     assert result.exit_code == 0
     assert json.loads(result.output) == {"ok": True, "path": str(EXAMPLE), "exists": True,
-                                         "host_sections": 2}
+                                         "host_sections": 2, "dropins": [], "warnings": []}
 
 
 def test_cli_check_invalid(runner: CliRunner, tmp_path: Path) -> None:

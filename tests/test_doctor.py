@@ -553,6 +553,20 @@ def test_slurmctld_unreachable_names_slurm_conf(install: Install) -> None:
     assert f"SLURM_CONF={install.slurm_conf}" in row["fix"] and "SLURM_CONF" in row["fix"]
 
 
+def test_slurmgpu_drains_point_at_the_whole_reasons(install: Install) -> None:
+    """Issue 29 item 6: `sinfo -R` shows 20 characters of a reason, 10 after the prefix."""
+    (install.bin_dir / "scontrol").write_text(
+        '#!/bin/sh\n[ "$1" = ping ] && echo "Slurmctld(primary) at head is UP" && exit 0\n'
+        '[ "$1 $2 $3" = "-o show node" ] || exit 1\n'
+        'echo "NodeName=gpu-n3 State=IDLE+DRAIN Reason=slurmgpu: pin.driver driver 550.54 off-pin [root@2026-11-27T10:00:00]"\n'
+        'echo "NodeName=gpu-n4 State=IDLE+DRAIN Reason=fan [root@2026-11-27T10:00:00]"\n'
+        'echo "NodeName=gpu-n1 State=IDLE"\n')
+    _, rows = install.findings()
+    row = rows["slurm.drains"]
+    assert row["severity"] == "OK" and row["message"].startswith("1 node(s) drained by slurmgpu (gpu-n3): ")
+    assert '`slurmgpu nodes` or `sinfo -R -o "%60E %19H %N"`' in row["message"]
+
+
 def test_no_slurm_conf_anywhere(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr("slurmgpu.slurm.conf.DEFAULT_PATHS", (str(tmp_path / "a.conf"),))
     assert find_slurm_conf(None, {}) == (None, [str(tmp_path / "a.conf")])

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from slurmgpu.sim.hostroot import host_spec, materialize
 from tests.simfixtures import (
     PYNVML_PRELUDE,
     ScenarioFactory,
@@ -474,10 +475,17 @@ def test_record_round_trip(fake_nvml_lib: Path, scenario_file: ScenarioFactory, 
         r2 = record_node(name="r", description="d")
         emit({{"r1": r1, "r2": r2}})
         """,
-        sim_env(fake_nvml_lib, path),
+        sim_env(fake_nvml_lib, path, SLURMGPU_HOST_ROOT=str(materialize(bundled_scenario(name), path.parent / "host"))),
     )
     assert out["r1"] == out["r2"]
     original = bundled_scenario(name)
+    spec = host_spec(original)  # the host around NVML, recorded from the simulated host's tree
+    recorded = out["r1"]["host"]
+    assert {k: recorded[k] for k in ("kernel_release", "nvswitches", "modules", "disks")} == \
+        {k: spec[k] for k in ("kernel_release", "nvswitches", "modules", "disks")}
+    assert recorded["kernel_module"] == spec["kernel_module"]
+    assert recorded["services"] == {"nvidia-persistenced": spec["services"]["nvidia-persistenced"]} | (
+        {"nvidia-fabricmanager": spec["services"]["nvidia-fabricmanager"]} if spec["nvswitches"] else {})
     r1 = out["r1"]
     for key in ("driver_version", "cuda_driver_version", "nvml_version", "errors", "events"):
         assert r1[key] == original[key]

@@ -216,6 +216,7 @@ def test_unreachable_slurmctld_journals_the_drain_and_replays_it(tmp_path: Path)
 def test_epilog_drains_on_xid_during_the_job(tmp_path: Path) -> None:
     kmsg.append_xid(str(tmp_path / "kmsg"), make_facts(NODE).gpus[2].pci_bus_id or "", 48)  # before the job
     time.sleep(0.01)
+    kmsg.mark_job_end(tmp_path / "state", time.time(), {2, 3})  # ... and before the last epilog on 2, 3
     gate, client = make_gate(tmp_path)
     assert gate.prolog() == 0
     time.sleep(0.01)
@@ -327,8 +328,9 @@ class RecordingFacts:
 
 
 def test_the_gate_takes_every_fact_from_its_provider(tmp_path: Path) -> None:
-    """The job's GPUs for the prolog; every GPU with the kernel log since the job started
-    for the epilog; the holders of the job's device files for its strays."""
+    """The job's GPUs with the kernel log since the window's start (kmsg.xid_window) for
+    the prolog; every GPU with the kernel log since the job started for the epilog; the
+    holders of the job's device files for its strays."""
     facts = make_facts(NODE)
     provider = RecordingFacts(facts)
     settings = Settings()
@@ -336,12 +338,17 @@ def test_the_gate_takes_every_fact_from_its_provider(tmp_path: Path) -> None:
     env = {"SLURMD_NODENAME": NODE, "SLURM_JOB_ID": "42", "SLURM_JOB_GPUS": "2,3", "SLURM_JOB_UID": "1000",
            "SLURMGPU_STATE_DIR": str(tmp_path / "state"), "SLURMGPU_DEVICE_PATTERN": "/dev/x{index}"}
     gate = Gate(settings, env, lambda: FakeSlurmClient([NODE]), provider, exit=lambda code: None)
+    before = time.time()
     assert gate.prolog() == 0 and gate.epilog() == 0
-    assert provider.calls == [(frozenset({2, 3}), None), (None, facts.collected_at)]
+    [(prolog_gpus, prolog_since), epilog_call] = provider.calls
+    assert prolog_gpus == frozenset({2, 3}) and before - 3600 - 1 <= prolog_since <= before  # or the boot
+    assert epilog_call == (None, facts.collected_at)
     assert provider.holder_calls == [({"/dev/x2": 2, "/dev/x3": 3}, 1000)]
     [summary] = records(tmp_path, "job-summaries.jsonl")
     assert [p["pid"] for p in summary["strays"]] == [4242]
-    assert gate.healthcheck() == 0 and provider.calls[-1] == (None, None)
+    assert gate.healthcheck() == 0
+    gpus, since = provider.calls[-1]  # every GPU, the kernel log since the epilog at least
+    assert gpus is None and since is not None and since >= facts.collected_at
 
 
 # healthcheck and actions

@@ -280,7 +280,7 @@ def test_checked_in_trees_match_generator(tmp_path: Path) -> None:
 
 HGX_IB = ["mlx5_0", "mlx5_1", *(f"mlx5_{i}" for i in range(4, 10))]
 HGX_ETHERNET = ["mlx5_2", "mlx5_3", "mlx5_bond_0"]
-EXAMPLE = Path(__file__).resolve().parent.parent / "etc" / "slurmgpu.toml"
+EXAMPLE = Path(__file__).resolve().parent.parent / "etc" / "slurmgpu.example.toml"
 
 
 def _copy(tmp_path: Path, tree: str) -> Path:

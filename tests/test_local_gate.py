@@ -267,7 +267,7 @@ def test_prolog_ok_through_quickgate(served: Served) -> None:
     record = json.loads(proc.stderr.strip().splitlines()[-1])
     assert record["path"] == "agent" and record["verdict"] == "OK" and record["job"] == "42"
     assert record["gpus"] == [2, 3]
-    assert served.agent.calls[0] == (frozenset({2, 3}), 30.0)
+    assert served.agent.calls[0] == (frozenset({2, 3}), 0.0)  # the job's GPUs read afresh
     assert served.client.calls == []
     saved = json.loads((served.tmp / "state" / "gate.jsonl").read_text().splitlines()[-1])
     assert saved["path"] == "agent"

@@ -267,13 +267,42 @@ def test_private_dirs_are_root_only_in_both_packages() -> None:
 # ------------------------------------------------------------- versions and bundled pins
 
 
-def test_versions_agree() -> None:
-    version = pyproject()["project"]["version"]
+def source_version() -> str:
+    """``__version__`` as slurmgpu/__init__.py spells it (what packaging/version.sh prints)."""
+    m = re.search(r'^__version__ = "([^"]+)"$', (REPO / "slurmgpu" / "__init__.py").read_text(), re.M)
+    assert m, "slurmgpu/__init__.py has no __version__ line"
+    return m.group(1)
+
+
+def test_one_version_everywhere() -> None:
+    """slurmgpu/__init__.py is the one source: pyproject.toml reads it, the changelog's
+    newest entry and the spec's Version: must equal it, packaging/version.sh prints it."""
+    version = source_version()
+    project = pyproject()
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "slurmgpu.__version__"}
     changelog = (DEBIAN / "changelog").read_text().splitlines()[0]
     m = re.match(r"slurmgpu \(([^)]+)-\d+\) ", changelog)
     assert m and m.group(1) == version, changelog
     m = re.search(r"^Version:\s*(\S+)$", spec_text(), re.M)
     assert m and m.group(1) == version
+    printed = subprocess.run([str(PACKAGING / "version.sh")], capture_output=True, text=True, check=True)
+    assert printed.stdout.strip() == version
+
+
+def test_the_installed_metadata_has_the_source_version() -> None:
+    """What `pip install` recorded (the dist-info pyproject.toml's dynamic version made) is
+    __init__.py's version, and so is `slurmgpu --version`."""
+    from importlib.metadata import version as dist_version
+
+    from slurmgpu import __version__
+
+    assert dist_version("slurmgpu") == __version__ == source_version()
+
+
+def test_license_is_an_spdx_string() -> None:
+    """PEP 639: setuptools stops reading the `license` table after 2027-02-18."""
+    assert pyproject()["project"]["license"] == "Apache-2.0"
 
 
 def test_bundled_pins_cover_pyproject_and_agree_everywhere() -> None:
@@ -346,3 +375,36 @@ def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60, check=False,
                           env={**os.environ, "SYSTEMD_LOG_LEVEL": "warning"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def control_field(name: str) -> list[str]:
+    """The package names a debian/control field of the binary package lists."""
+    text = re.sub(r"^#.*\n", "", (DEBIAN / "control").read_text(), flags=re.M)
+    m = re.search(rf"^{name}:(.*(?:\n[ \t].*)*)", text.split("\nPackage:", 1)[1], re.M)
+    return [] if m is None else [p.split()[0] for p in m.group(1).replace("\n", " ").split(",") if p.strip()]
+
+
+def test_slurm_client_is_only_suggested() -> None:
+    """A site's own Slurm build has its scontrol: Debian's must not be pulled in to come
+    first in the wrappers' PATH (Recommends are installed by default)."""
+    assert "slurm-client" not in control_field("Recommends") + control_field("Depends")
+    assert "slurm-client" in control_field("Suggests")
+
+
+#: The .deb's conffiles, as released. dpkg asks about a conffile that both the admin and
+#: the new package changed, and with no terminal (apt-get under clush or Ansible) that
+#: question fails the upgrade. Change one only when it must, and say so in the changelog.
+CONFFILE_SHA256 = {
+    "etc/default-slurmgpu": "5564d5a3d60f0bb4d4dea522335fe15aed563a87ae4cc78db398e0be4668d419",
+    "etc/logrotate-slurmgpu": "6f1eede9eb090832699e407bd560dda6b87dfa92d9a7b9b51eea39aff21843f9",
+}
+
+
+def test_the_conffiles_change_only_on_purpose() -> None:
+    import hashlib
+
+    for path, digest in CONFFILE_SHA256.items():
+        assert hashlib.sha256((REPO / path).read_bytes()).hexdigest() == digest, (
+            f"{path} changed: every node that edited it will be asked about it at the next "
+            "upgrade; if that is meant, update CONFFILE_SHA256 and say so in debian/changelog")
+    assert "etc/slurmgpu.toml" not in CONFFILE_SHA256  # postinst's, not a conffile

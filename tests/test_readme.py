@@ -54,3 +54,29 @@ def test_the_report_demo_seeds_where_its_config_reads() -> None:
     report = shlex.split(next(line for line in demo.splitlines() if line.startswith("slurmgpu report")))
     config = tomllib.loads((REPO / report[report.index("--config") + 1]).read_text())
     assert seed[seed.index("--db") + 1] == config["collector"]["db"]  # (lemons included: the database)
+
+
+def test_the_path_is_set_before_the_first_bare_slurmgpu_command() -> None:
+    sh = blocks()
+    first_bare = next(i for i, b in enumerate(sh) if re.search(r"^slurmgpu ", b, re.M))
+    exports = [i for i, b in enumerate(sh) if 'export PATH="$PWD/.venv/bin:$PATH"' in b]
+    assert exports and exports[0] < first_bare
+
+
+def test_the_test_command_says_how_long_the_suite_takes() -> None:
+    test_line = next(line for b in blocks() for line in b.splitlines() if "-m pytest" in line)
+    assert re.search(r"# about \d+ minutes on 2 cores", test_line), test_line
+
+
+def test_the_guides_quote_what_the_code_says() -> None:
+    """Issue 29: the user guide's hold note and squeue reason, the admin guide's sinfo
+    format, as the code writes them and Slurm shows them (tests/test_checkpoint_e2e.py)."""
+    from slurmgpu.collector.checkpoint import held_request_note
+    from slurmgpu.decision import Action
+    from slurmgpu.doctor.slurmconf import READ_REASONS
+
+    user = (REPO / "docs" / "user-guide.md").read_text()
+    assert f"`({held_request_note(Action.DRAIN_NOW)})`" in " ".join(user.split())
+    assert "launch failed requeued" not in user and "`BeginTime`" in user
+    admin = (REPO / "docs" / "admin-guide.md").read_text()
+    assert 'sinfo -R -o "%60E %19H %N"' in admin and 'sinfo -R -o "%60E %19H %N"' in READ_REASONS

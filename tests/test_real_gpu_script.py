@@ -14,7 +14,7 @@ from tests.simfixtures import REPO_ROOT
 
 FILES = ("summary.md", "steps.jsonl", "env.json", "probe.json", "record.json", "check.json",
          "timings.json", "footprint.json", "agent-messages.json", "xid.json", "xid-kmsg.txt",
-         "xid-check.json")
+         "xid-check.json", "validate.json", "validate-summary.json")
 
 
 def test_real_gpu_script_in_sim_mode(fake_nvml_lib: Path, tmp_path: Path) -> None:
@@ -33,3 +33,6 @@ def test_real_gpu_script_in_sim_mode(fake_nvml_lib: Path, tmp_path: Path) -> Non
     messages = json.loads((out / "agent-messages.json").read_text())["messages"]
     assert [m["kind"] for m in messages if m["type"] == "event"] == ["xid"]  # the injected XID 31 only
     assert json.loads((out / "record.json").read_text())["gpus"]
+    validated = json.loads((out / "validate-summary.json").read_text())
+    assert validated["verdict"] == "OK" and {t["test"] for t in validated["tests"]} >= {"gemm", "nccl", "dcgm"}
+    assert validated["overhead_s"] > 0 and "slurmgpu validate --tier quick" in (out / "summary.md").read_text()

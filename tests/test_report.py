@@ -339,6 +339,21 @@ def test_ecc_rise(model: dict[str, Any]) -> None:
                                  "since": T0 + 6 * H}]
 
 
+def test_ecc_rises_before_a_reset_in_the_window_count(fleet: dict[str, Any]) -> None:
+    """Issue 29 item 9: a GPU reset sets the volatile counters back to 0; the rise before
+    it was lost (5 -> 9, reset, 2: counted 2) or the GPU not listed at all (0 -> 3 -> 0)."""
+    def row(gpu: int, ts: float, corrected: int) -> tuple[str, dict[str, Any]]:
+        return ("gpu_counters", {"node": "n4", "gpu": gpu, "ts": ts, "serial": f"Sn4{gpu}", "model": "H100",
+                                 "ecc_corrected": corrected, "ecc_uncorrected": 0, "remap_corrected": 0,
+                                 "remap_uncorrected": 0, "remap_pending": 0, "remap_failure": 0})
+    _add_rows(fleet, row(0, T0 - H, 5), row(0, T0 + H, 9), row(0, T0 + 2 * H, 0), row(0, T0 + 3 * H, 2),
+              row(1, T0 - H, 0), row(1, T0 + H, 3), row(1, T0 + 2 * H, 0))
+    e = report_from_path(fleet["db"], T0, T1, config=None, generated_at=T1)["ecc-trends"]
+    rises = {(g["node"], g["gpu"]): g["rise"]["ecc_corrected"] for g in e["gpus"]}
+    assert (rises[("n4", 0)], rises[("n4", 1)], rises[("n1", 0)]) == (4 + 2, 3, 30)
+    assert e["gpus_rising"] == 5
+
+
 def test_throttle_share(model: dict[str, Any]) -> None:
     t = model["throttling"]
     assert t["reports"] == 48 * 240
@@ -374,11 +389,11 @@ def test_pin_drift_per_host_set(model: dict[str, Any]) -> None:
 
 def test_service(model: dict[str, Any]) -> None:
     s = model["service"]
-    assert s["lemons"] == [{"node": "n4", "since": T0, "why": "3 drains within 604800 s"}]
+    assert s["lemons"] == [{"node": "n4", "since": T0, "why": "3 drains within 7 days"}]  # as stored: 604800 s
     assert (s["lemons_source"], s["lemons_error"]) == ("automation_lemons", None)
     due = {d["node"]: d for d in s["due"]}
     assert set(due) == {"n2", "n3", "n4"}
-    assert due["n2"]["reasons"] == ["GPU 3 remap_pending"]
+    assert due["n2"]["reasons"] == ["GPU 3 remap_pending", "off its version pins (see Version pin drift)"]
     assert due["n3"]["reasons"][0].startswith("drained: slurmgpu: gpu.lost")
     assert due["n4"]["reasons"] == ["2 drains in window"] and due["n4"]["lemon"] is True
 
@@ -401,11 +416,54 @@ def test_mtbf(model: dict[str, Any]) -> None:
     assert rows["unknown"]["drains"] == 2 and rows["unknown"]["mtbf_drain_h"] == 12
 
 
-def test_window_without_config(fleet: dict[str, Any]) -> None:
-    """No config: one host set ("other"), nothing pinned; the lemons are the database's
-    (the automation's state lives there, not in a file the config names)."""
+def _add_rows(fleet: dict[str, Any], *rows: tuple[str, dict[str, Any]]) -> None:
+    path = Path(fleet["db"]) if not is_postgres(str(fleet["db"])) else fleet["db"]
+    store = Store(path)
+    store.db.execute("BEGIN")
+    for table, cols in rows:
+        _ins(store.db, table, **cols)
+    store.db.execute("COMMIT")
+    store.close()
+
+
+def test_pin_drift_from_the_nodes_own_checks_without_head_pins(fleet: dict[str, Any]) -> None:
+    """Issue 29 item 3: a head config with no [pins] printed a green "0 off-pin" while n3
+    was drained for pin.driver; n3 was not due for service either."""
+    fixed = T0 + 20 * H
+    _add_rows(fleet, ("report_history", {"node": "n3", "seq": 1, "ts": fixed - H, "verdict": "FAIL"}),
+              ("findings", {"node": "n3", "seq": 1, "ts": fixed - H, "check_id": "pin.driver",
+                            "severity": "FAIL", "gpu": None, "subject": None,
+                            "message": "driver 535.104.05 off-pin (pins: 550.90.07)"}),
+              ("report_history", {"node": "n1", "seq": 1, "ts": fixed - H, "verdict": "FAIL"}),
+              ("findings", {"node": "n1", "seq": 1, "ts": fixed - H, "check_id": "pin.vbios",
+                            "severity": "FAIL", "gpu": 0, "subject": None, "message": "old vbios"}),
+              ("report_history", {"node": "n1", "seq": 2, "ts": fixed, "verdict": "OK"}))  # n1 fixed since
     m = report_from_path(fleet["db"], T0, T1, config=None, generated_at=T1)
-    assert [s["name"] for s in m["availability"]["host_sets"]] == ["other"]
+    p = m["pin-drift"]
+    assert (p["nodes_off_pin"], p["off_pin_nodes"], p["config_pins"]) == (1, ["n3"], False)
+    assert [(f["node"], f["check"]) for f in p["by_nodes"]] == [("n3", "pin.driver")]
+    assert p["judged"].startswith("by the nodes' own pin.* checks (each node's [pins]) only")
+    assert m["summary"]["nodes_off_pin"] == 1
+    due = {d["node"]: d["reasons"] for d in m["service"]["due"]}
+    assert "off its version pins (see Version pin drift)" in due["n3"]
+    md = report_md.render(m)
+    assert "**nodes off their version pins**: 1\n" in md and "| n3 | pin.driver | FAIL |" in md
+
+
+def test_pins_nobody_judged_say_so(tmp_path: Path) -> None:
+    Store(tmp_path / "fleet.db").close()
+    m = report_from_path(tmp_path / "fleet.db", T0, T1, config=None, generated_at=T1)
+    assert m["pin-drift"]["nodes_off_pin"] is None and m["pin-drift"]["judged"].startswith("not judged: ")
+    assert "**nodes off their version pins**: not judged\n" in report_md.render(m)
+    assert '<div class="card warn"><b>not judged</b><span>nodes off their version pins' in report_html.render(m)
+
+
+def test_window_without_config(fleet: dict[str, Any]) -> None:
+    """No config: one host set ("all nodes": it used to be called "other"), nothing pinned;
+    the lemons are the database's (the automation's state lives there, not in a file the
+    config names)."""
+    m = report_from_path(fleet["db"], T0, T1, config=None, generated_at=T1)
+    assert [s["name"] for s in m["availability"]["host_sets"]] == ["all nodes"]
     assert m["availability"]["host_sets"][0]["healthy_h"] == 69
     assert m["pin-drift"]["nodes_off_pin"] == 0 and [x["node"] for x in m["service"]["lemons"]] == ["n4"]
 
@@ -471,11 +529,12 @@ def test_markdown(model: dict[str, Any]) -> None:
     for section in SECTIONS:
         assert f"\n## {TITLES[section]}\n" in text
     assert "OFF-PIN n2" in text
-    assert "slurmgpu automation" in text and "alice \\(outside slurmgpu\\)" in text
+    assert "slurmgpu automation" in text and "alice (outside slurmgpu)" in text
     assert "slurmgpu epilog" in text
     # The Markdown is the mail body: a node's text never becomes HTML or a link there.
-    assert "maint &lt;b&gt;evil&lt;/b&gt;" in text and "<b>evil" not in text
-    assert "n/a \\(no failures\\)" in text and "∞" not in text
+    assert "maint \\<b>evil\\</b>" in text and "&lt;" not in text and "&gt;" not in text
+    assert "n/a (no failures)" in text and "∞" not in text
+    assert "3 drains within 7 days" in text
 
 
 def test_markdown_escapes_pipes() -> None:
@@ -484,8 +543,10 @@ def test_markdown_escapes_pipes() -> None:
 
 def test_markdown_never_passes_html_or_links_through() -> None:
     hostile = report_md.cell('<script>alert(1)</script> [click](javascript:alert(1)) `x`')
-    assert "<" not in hostile and ">" not in hostile
-    assert "](" not in hostile.replace("\\]\\(", "")  # no link syntax survives unescaped
+    assert "<" not in hostile.replace("\\<", "")  # every "<" escaped: no tag survives
+    plain = "GPU has fallen off the bus -> reboot & more (3 reports)"
+    assert report_md.cell(plain) == plain  # plain text in a plain mail
+    assert "\\[click\\](" in hostile and "[click](" not in hostile  # no link syntax survives unescaped
     assert "\\`x\\`" in hostile
 
 
@@ -640,7 +701,7 @@ def test_short_window_markdown(tmp_path: Path) -> None:
     assert "| **fleet** | 2 | 2.0 h | 96 min | 14 min | 10 min | 0 min | 80.0% |" in text
     assert "Healthy share per 5 minutes:" in text
     assert "50.0% healthy" in text and "90.0% healthy" in text  # 23:10-23:15: 1 min FAIL
-    assert "| H100 | 1 | 60 min | 1 | 60 min | 0 | n/a \\(no failures\\) |" in text
+    assert "| H100 | 1 | 60 min | 1 | 60 min | 0 | n/a (no failures) |" in text
     assert "| 0.0 |" not in text and " 0 h " not in text
 
 

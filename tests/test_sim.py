@@ -16,6 +16,7 @@ from slurmgpu.cli.sim import sim
 from slurmgpu.errors import SimError
 from slurmgpu.sim import build as build_mod
 from slurmgpu.sim.build import SimToolchainError, build_library
+from slurmgpu.sim.hostroot import materialize
 from slurmgpu.sim.scenario import (
     SCENARIO_DIR,
     dump_scenario,
@@ -51,6 +52,12 @@ FAULTS = {
                              ("volatile_unc_parity", "aggregate_unc_parity", "threshold_exceeded")},
     "fault-gpu-hot": {"gpus[0].temperature"},
     "fault-recovery-action": {"gpus[2].recovery_action"},
+    "fault-disk-full": {"host"},
+    "fault-fabricmanager-down": {"host"},
+    "fault-peermem-missing": {"host"},
+    "fault-driver-mismatch": {"init_error", "nvml_version"},
+    "fault-gpu-hang": {"host", "gpus[3].hang"},
+    "fault-sxid-fatal": {"host"},
 }
 # The healthy node each fault was made from (tools/make_scenarios.py); default h100-sxm-8.
 FAULT_BASES = {"fault-recovery-action": "h100-sxm-8-r570"}
@@ -208,10 +215,12 @@ def test_build_toolchain_errors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
 
 def test_sim_environment(sim_dir_env: Path) -> None:
     env = sim_environment("fault-pcie-x8")
+    host_root = env.pop("SLURMGPU_HOST_ROOT")
     assert env == {
         "SLURMGPU_NVML_LIBRARY": str(sim_dir_env),
         "SLURMGPU_SIM_SCENARIO": str(SCENARIO_DIR / "fault-pcie-x8.json"),
     }
+    assert "Kernel Module  550.90.07 " in Path(host_root, "proc/driver/nvidia/version").read_text()
     assert all(os.path.isabs(v) for v in env.values())
 
 
@@ -289,7 +298,8 @@ def test_cli_run_execs_command_with_fake(fake_nvml_lib: Path) -> None:
 
 
 def test_cli_record(fake_nvml_lib: Path, tmp_path: Path) -> None:
-    env = sim_env(fake_nvml_lib, SCENARIO_DIR / "fault-gpu-lost.json")
+    host = materialize(bundled_scenario("fault-gpu-lost"), tmp_path / "host")  # not this machine's disks
+    env = sim_env(fake_nvml_lib, SCENARIO_DIR / "fault-gpu-lost.json", SLURMGPU_HOST_ROOT=str(host))
     proc = _cli_subprocess(["record", "--name", "rec"], env)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)

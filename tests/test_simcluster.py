@@ -126,6 +126,32 @@ def test_status_of_a_missing_cluster(tmp_path: Path) -> None:
     assert json.loads(proc.stdout)["up"] is False
     proc = slurmgpu_cli("sim", "cluster", "down", "--dir", str(tmp_path / "none"))
     assert proc.returncode == 0, proc.stderr  # down is idempotent
+    assert proc.stdout == f"{tmp_path / 'none'}: nothing was running\n"
+
+
+def test_env_without_a_cluster_says_so_in_one_line(tmp_path: Path) -> None:
+    proc = slurmgpu_cli("sim", "cluster", "env", "--dir", str(tmp_path / "none"))
+    assert (proc.returncode, proc.stdout) == (3, "")
+    assert proc.stderr.startswith(f"slurmgpu: error: no simulated cluster in {tmp_path / 'none'}")
+    env = {**os.environ, "SLURMGPU_CLUSTER_DIR": str(tmp_path / "none")}
+    proc = slurmgpu_cli("sim", "cluster", "env", env=env)
+    assert (proc.returncode, proc.stdout, proc.stderr.count("\n")) == (3, "", 1)
+    assert "slurmgpu sim cluster up" in proc.stderr
+
+
+def test_env_without_dir_finds_the_demos_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import slurmgpu.sim.cluster.common as common
+    import slurmgpu.sim.cluster.core as core
+
+    demo = tmp_path / "demo"
+    (demo / "etc").mkdir(parents=True)
+    (demo / "cluster.json").write_text(json.dumps({"nodes": ["gpu-n1"], "gpus": 2}))
+    monkeypatch.delenv("SLURMGPU_CLUSTER_DIR", raising=False)
+    monkeypatch.setattr(common, "DEFAULT_DIR", tmp_path / "none")
+    monkeypatch.setattr(core, "DEMO_DIR", demo)
+    result = CliRunner().invoke(cli, ["sim", "cluster", "env"])
+    assert result.exit_code == 0, result.output
+    assert f"export SLURM_CONF={demo}/etc/slurm.conf" in result.output.splitlines()
 
 
 def test_errors_are_one_line_exit_3(tmp_path: Path) -> None:
@@ -137,6 +163,17 @@ def test_errors_are_one_line_exit_3(tmp_path: Path) -> None:
     with pytest.raises(ClusterError, match="holds no simulated cluster"):
         SimCluster(tmp_path).down(purge=True)
     assert (tmp_path / "precious").exists()
+
+
+def test_the_head_config_carries_the_nodes_pins(tmp_path: Path) -> None:
+    """Issue 29 item 3: the fleet report judged pins from a head config without [pins]."""
+    from slurmgpu.config.load import load_config
+
+    (tmp_path / "cluster.json").write_text(json.dumps({"nodes": ["gpu-n1"], "gpus": 8}))
+    c = SimCluster(tmp_path)
+    c.write_config(c.default_config())
+    head = Path(c.shell_env()["SLURMGPU_CONFIG"])
+    assert load_config(str(head)).settings_for("gpu-n1").pins.driver == ["550.90.07"]
 
 
 def test_installed_hooks_that_are_not_there_start_nothing(tmp_path: Path) -> None:
@@ -346,7 +383,8 @@ def test_down_stops_only_its_own_daemons(slurm_cluster: SimCluster) -> None:
         mini.up(nodes=1, gpus=2, hooks_enabled=False)
         mine = pids(mini)
         assert mini.status()["up"] and set(mine.values()).isdisjoint(before.values())
-        mini.down()
+        said = slurmgpu_cli("sim", "cluster", "down", "--dir", str(mini.dir)).stdout
+        assert f"slurmctld (pid {mine['slurmctld']})" in said and f"slurmd gpu-n1 (pid {mine['gpu-n1']})" in said
         assert not any(Path(f"/proc/{pid}").exists() and _alive(pid) for pid in mine.values())
         assert not list((mini.dir / "run").glob("*.pid"))
         assert mini.dir.is_dir()  # down keeps the directory

@@ -125,8 +125,9 @@ OLD = {
         "65706f7274a4626f647983a776657264696374a24f4ba866696e64696e677390a96f6b5f63686563"
         "6b7391a76770752e656363"),
 }
-SIM_REPORT_SHA256 = ("be1f4d41841977caf47755f1e2c888941ce85173f22c35c4d97d23363570e96d",
-                     "4ed08b2e89498d191a220f1d8264a19306796c6e94b23c848171e8181933eb90")
+# (the simulated facts blob carries every NodeFacts field: new fact fields change these)
+SIM_REPORT_SHA256 = ("cddfbd80195bc81ca79fc81ba4316a03d3964e17e23b6e9b5a18c337142211d5",
+                     "d96563ee14bf4b0cfa867dad8b55781f1d4355d3c602f63e01cfe5a60118e4fa")
 
 FINDING = {"check": "gpu.ecc", "severity": "FAIL", "gpu": 3, "subject": None, "message": "DBE",
            "not_applicable": False, "data": {"dbe": 2}}

@@ -126,6 +126,42 @@ def fault(base: dict[str, Any], name: str, what: str, change: dict[int, dict[str
     save(name, node)
 
 
+def host_fault(base: dict[str, Any], name: str, what: str, top: dict[str, Any],
+               gpus: dict[int, dict[str, Any]] | None = None) -> None:
+    """A fault outside NVML's GPU objects: top-level keys (``host``, ``init_error``)."""
+    node = copy.deepcopy(base)
+    node.update(copy.deepcopy(top))
+    fault(node, name, what, gpus or {})
+
+
+def host_faults(h100: dict[str, Any]) -> None:
+    host_fault(h100, "fault-disk-full", "h100-sxm-8 with /tmp full: 200 MiB free of 500 GiB",
+               {"host": {"disks": {"/tmp": {"total": 500 << 30, "free": 200 << 20, "read_only": False},
+                                   "/var": {"total": 500 << 30, "free": 400 << 30, "read_only": False}}}})
+    host_fault(h100, "fault-fabricmanager-down",
+               "h100-sxm-8 with nvidia-fabricmanager failed (CUDA fails on every GPU)",
+               {"host": {"services": {"nvidia-fabricmanager": {
+                   "LoadState": "loaded", "ActiveState": "failed", "SubState": "failed", "NRestarts": 0,
+                   "Result": "exit-code"}}}})
+    host_fault(h100, "fault-peermem-missing",
+               "h100-sxm-8 without nvidia_peermem (proprietary kernel module: no dma-buf either)",
+               {"host": {"modules": []}})
+    host_fault(h100, "fault-driver-mismatch",
+               "h100-sxm-8 after a driver upgrade without a reboot: kernel module 550.90.07, NVML "
+               "library 550.127.05, nvmlInit fails with LIB_RM_VERSION_MISMATCH",
+               {"init_error": 18, "nvml_version": "12.550.127.05"})
+    sxid = ("nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20034, Fatal, Link 30 LTSSM Fault Up",
+            "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20034, Severity 1 Engine instance 30 Sub-engine instance 00")
+    host_fault(h100, "fault-sxid-fatal",
+               "h100-sxm-8 whose kernel log holds a fatal NVSwitch SXid: 20034 LTSSM Fault Up on nvidia-nvswitch0",
+               {"host": {"kmsg": list(sxid)}})
+    host_fault(h100, "fault-gpu-hang",
+               "h100-sxm-8 with GPU 3 hung: every NVML call on it blocks; a process in D state holds "
+               "/dev/nvidia3",
+               {"host": {"hung_processes": [{"pid": 4242, "command": "python3", "devices": ["/dev/nvidia3"]}]}},
+               {3: {"hang": True}})
+
+
 def main() -> None:
     h100, a100 = load("h100-sxm-8"), load("a100-sxm-8")
     for gpu in h100["gpus"]:
@@ -179,6 +215,7 @@ def main() -> None:
           "h100-sxm-8-r570 with GPU 2's driver recovery action GPU_RESET "
           "(NVML field 230, R570+; fields 226/227 on R560)",
           {2: {"recovery_action": 1}})
+    host_faults(h100)
 
 
 if __name__ == "__main__":

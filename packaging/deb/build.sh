@@ -29,15 +29,16 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin   # Debian's python3, not a pyenv/venv one
 
-build_deps=(dpkg-dev debhelper dh-python pybuild-plugin-pyproject python3-all python3-setuptools)
+build_deps=(dpkg-dev debhelper dh-python pybuild-plugin-pyproject python3-all python3-setuptools
+            python3-click python3-zmq)
 if [ -n "$install_deps" ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${build_deps[@]}"
 fi
 
-version=$(sed -n 's/^version *= *"\(.*\)"/\1/p' "$repo/pyproject.toml" | head -n1)
+version=$("$repo/packaging/version.sh")
 deb_version=$(sed -n '1s/^slurmgpu (\([^)]*\)).*/\1/p' "$here/debian/changelog")
 if [ "${deb_version%-*}" != "$version" ]; then
-    echo "$0: debian/changelog is $deb_version but pyproject.toml says $version: add a changelog entry" >&2
+    echo "$0: debian/changelog is $deb_version but slurmgpu/__init__.py says $version: add a changelog entry" >&2
     exit 1
 fi
 

@@ -37,10 +37,10 @@ python=/usr/bin/python$pyver
 command -v rpmbuild >/dev/null || { echo "$0: no rpmbuild (Debian: apt-get install rpm; RHEL: dnf install rpm-build)" >&2; exit 1; }
 [ -x "$python" ] || { echo "$0: $python not found (RHEL: dnf install python$pyver)" >&2; exit 1; }
 
-version=$(sed -n 's/^version *= *"\(.*\)"/\1/p' "$repo/pyproject.toml" | head -n1)
+version=$("$repo/packaging/version.sh")
 spec_version=$(sed -n 's/^Version: *//p' "$here/slurmgpu.spec")
 if [ "$spec_version" != "$version" ]; then
-    echo "$0: slurmgpu.spec says $spec_version but pyproject.toml says $version" >&2
+    echo "$0: slurmgpu.spec says $spec_version but slurmgpu/__init__.py says $version" >&2
     exit 1
 fi
 

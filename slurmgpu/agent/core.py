@@ -12,6 +12,7 @@ retired job directories (``jobfiles.sweep_trash``, bounded per turn).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -26,15 +27,21 @@ from slurmgpu.agent.spool import Spool
 from slurmgpu.config.env import apply_env
 from slurmgpu.config.schema import Settings
 from slurmgpu.decision import Action, PolicyTable
-from slurmgpu.engine import Sources, evaluate, gather, system_sources
-from slurmgpu.facts import IbFacts, NodeFacts, NvmlFacts, SoftwareVersions, XidEvent
+from slurmgpu.engine import Sources, assemble, evaluate, gather, second_brake_sample, system_sources
+from slurmgpu.facts import NodeFacts, NvmlFacts, SoftwareVersions, XidEvent
+from slurmgpu.fileutil import write_text_atomic
 from slurmgpu.log import get_logger
 from slurmgpu.result import Finding, Severity, Verdict
 from slurmgpu.sources import Clock, SystemClock, kmsg
+from slurmgpu.sources.sxids import merge_sxids
 from slurmgpu.summary import report_fields
 
-# XIDs seen by the event thread stay in the facts (and so in xid.recent) this long.
-XID_KEEP_S = 3600.0
+# XIDs the agent remembers (NVML events, the kernel log's at start), newest kept; they
+# stay in the facts (and so in xid.recent) for [xid] kernel_log_lookback_s, and in
+# <state_dir>/xids.json across restarts.
+XIDS_MAX = 1024
+XIDS_FILE = "xids.json"
+XIDS_FILE_MAX = 4 * 1024 * 1024
 KEYS_RETRY_S = 60.0
 # At most one re-evaluation per GPU per this many seconds for events that are not health
 # news (non-health kinds, repeats of a code already judged); later ones wait for it.
@@ -67,15 +74,33 @@ def load_client_keys(bundle_dir: str) -> tuple[bytes, bytes, bytes]:
     return client_keys(bundle_dir)
 
 
+def load_xids(path: str) -> list[XidEvent]:
+    """The XIDs ``Agent._save_xids`` wrote; [] when there is no such file or it is not
+    one (logged)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.loads(f.read(XIDS_FILE_MAX))
+        return [_xid_from(item) for item in data][-XIDS_MAX:]
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        get_logger(component="agent").warning("xids_file_unreadable", path=path, error=str(exc))
+        return []
+
+
+def _xid_from(item: dict[str, Any]) -> XidEvent:
+    timestamp, gpu, message = item.get("timestamp"), item.get("gpu"), item.get("message")
+    return XidEvent(xid=int(item["xid"]), gpu=None if gpu is None else int(gpu),
+                    timestamp=None if timestamp is None else float(timestamp),
+                    source=str(item.get("source", "saved")),
+                    message=kmsg.bounded(message) if message else None)
+
+
 def _restrict(facts: NodeFacts, gpus: frozenset[int] | None) -> NodeFacts:
     if gpus is None:
         return facts
     nvml = dataclasses.replace(facts.nvml, gpus=[g for g in facts.nvml.gpus if g.index in gpus])
     return dataclasses.replace(facts, nvml=nvml)
-
-
-def _strip(facts: NodeFacts | None) -> NodeFacts | None:
-    return None if facts is None else dataclasses.replace(facts, previous=None)
 
 
 class Agent:
@@ -111,6 +136,7 @@ class Agent:
         self._full_at: float | None = None  # monotonic time of the last report with facts
         self._full_verdict: Severity | None = None  # the verdict of the last report sent
         self._xids: list[XidEvent] = []
+        self._xids_seeded = False
         self._agent_findings: list[Finding] = []
         self._refresh_ids: list[str] = []
         self._keys_retry_at = 0.0
@@ -149,12 +175,13 @@ class Agent:
             return self._facts, self._verdict, self.clock.monotonic() - self._at
 
     def facts_for(self, gpus: frozenset[int] | None, max_age_s: float) -> NodeFacts:
-        """Cached facts when every requested GPU was read within ``max_age_s``; else
-        re-read just those GPUs (and update the cache with them)."""
+        """Cached facts when every requested GPU was read within ``max_age_s`` (0: never);
+        else re-read just those GPUs (and update the cache with them). Either way with the
+        XIDs the agent remembers and its last sample as ``previous``."""
         now = self.clock.monotonic()
         with self._lock:
             base = self._facts
-            if base is not None:
+            if base is not None and max_age_s > 0:
                 wanted = gpus if gpus is not None else {g.index for g in base.gpus}
                 fresh = all(i in self._gpu_at and now - self._gpu_at[i] <= max_age_s for i in wanted)
                 if gpus is None:
@@ -165,12 +192,14 @@ class Agent:
             facts, _ = self.poll()
             return _restrict(facts, gpus)
         nvml = self.sources.nvml.collect(gpus)
+        # IB by its own rule: the last poll's, unless older than [agent] max_age_s.
+        ib = base.ib if now - self._at <= self.settings.agent.max_age_s else self.sources.ib.collect()
         with self._lock:
             xids = self._recent_xids()
-        facts = NodeFacts(node=self.node, collected_at=self.clock.time(), nvml=nvml, ib=base.ib,
-                          versions=base.versions, xids=xids, previous=_strip(base))
+        facts = assemble(self.node, nvml, collected_at=self.clock.time(), ib=ib,
+                         versions=base.versions, xids=xids, previous=base, host=base.host)
         self._merge_gpus(nvml, now)
-        return facts
+        return second_brake_sample(facts, self.sources, self.settings.thermal)
 
     # ------------------------------------------------------------ polling
 
@@ -179,16 +208,22 @@ class Agent:
         agent_cfg = self.settings.agent
         now = self.clock.monotonic()
         with self._lock:
-            previous = _strip(self._facts)
+            previous = self._facts
             want_versions = self._versions is None or now - self._versions_at >= agent_cfg.versions_interval_s
             xids = self._recent_xids()
         facts = gather(self.sources, node=self.node, xids=xids, previous=previous,
                        want_versions=want_versions)
+        if not self._xids_seeded and facts.nvml.available:  # (PCI addresses map the log's XIDs)
+            self._seed_xids(facts.nvml)
+            with self._lock:
+                facts.xids = self._recent_xids()
         if want_versions:
             self._versions, self._versions_at = facts.versions, now
         elif self._versions is not None:
             facts.versions = self._versions
         self.flaps.observe(facts.ib, now)
+        if previous is not None:  # the kernel ring buffer may have rotated an SXid out
+            facts.host.sxids = merge_sxids(facts.host.sxids, previous.host.sxids)
         verdict = evaluate(facts, self.settings)
         extra: list[Finding] = []
         spool_error = self.spool.take_error() if self.spool is not None else None
@@ -264,9 +299,41 @@ class Agent:
             return 0
 
     def _recent_xids(self) -> list[XidEvent]:
-        cutoff = self.clock.time() - XID_KEEP_S
-        self._xids = [x for x in self._xids if x.timestamp is None or x.timestamp >= cutoff]
+        cutoff = self.clock.time() - self.settings.xid.kernel_log_lookback_s
+        self._xids = [x for x in self._xids if x.timestamp is None or x.timestamp >= cutoff][-XIDS_MAX:]
         return list(self._xids)
+
+    def _seed_xids(self, nvml: NvmlFacts) -> None:
+        """Once, at the first poll that reached NVML: the XIDs saved before a restart and
+        those the kernel log holds, over the window the hooks read (``kmsg.xid_window``)."""
+        since = kmsg.xid_window(self.settings, self.clock.time())
+        saved = [x for x in load_xids(self._xids_path) if x.timestamp is not None and x.timestamp >= since]
+        try:
+            logged = kmsg.read_xids(self.settings.paths.kmsg, kmsg.pci_map(nvml), since=since)
+        except kmsg.KernelLogError as exc:
+            self.log.warning("kernel_log_unreadable", error=str(exc))
+            logged = []
+        with self._lock:
+            self._xids = kmsg.merge_xids(logged, saved + self._xids)
+            self._xids_seeded = True
+        self._save_xids()
+
+    @property
+    def _xids_path(self) -> str:
+        return os.path.join(self.settings.paths.state_dir, XIDS_FILE)
+
+    def _save_xids(self) -> None:
+        """The remembered XIDs, with their text, to ``<state_dir>/xids.json``. A state dir
+        that cannot be written is an ``agent.state_dir`` WARN; the XIDs stay in memory."""
+        with self._lock:
+            text = json.dumps([dataclasses.asdict(x) for x in self._recent_xids()])
+        try:
+            os.makedirs(self.settings.paths.state_dir, exist_ok=True)
+            write_text_atomic(self._xids_path, text, mode=0o600)
+        except OSError as exc:
+            self.log.warning("xids_not_saved", path=self._xids_path, error=str(exc))
+            with self._lock:
+                self._state_error = f"could not save the XIDs it remembers: {exc}"
 
     def _merge_gpus(self, nvml: NvmlFacts, now: float) -> None:
         """Put freshly read GPUs into the cached facts and re-judge the node."""
@@ -349,11 +416,10 @@ class Agent:
             return
         if any(kind == "xid" for kind, _ in events):
             self._attach_xid_messages(gpu, xids, base, now_wall)
+            self._save_xids()
         nvml = self.sources.nvml.collect(scope)
-        facts = NodeFacts(node=self.node, collected_at=now_wall, nvml=nvml,
-                          ib=base.ib if base else IbFacts(available=False, error="not collected yet"),
-                          versions=base.versions if base else SoftwareVersions(),
-                          xids=xids, previous=_strip(base))
+        facts = assemble(self.node, nvml, collected_at=now_wall, ib=base.ib if base else None,
+                         versions=base.versions if base else None, xids=xids, previous=base)
         verdict = evaluate(facts, self.settings, scope=scope)
         findings = list(verdict.findings)
         if any(k == "gpu_lost" for k, _ in events) and verdict.severity is not Severity.FAIL:
@@ -375,10 +441,13 @@ class Agent:
         waiting = [x for x in xids if x.message is None and x.gpu == gpu and x.source == "nvml event"]
         if not waiting or base is None:
             return
-        by_pci = {key: g.index for g in base.gpus if (key := kmsg.pci_key(g.pci_bus_id or "")) is not None}
-        path = self.settings.paths.kmsg
-        logged = [e for e in kmsg.read_xids(path, by_pci, since=now_wall - KMSG_LOOKBACK_S)
-                  if e.gpu == gpu and e.message]
+        try:
+            logged = [e for e in kmsg.read_xids(self.settings.paths.kmsg, kmsg.pci_map(base.nvml),
+                                                since=now_wall - KMSG_LOOKBACK_S)
+                      if e.gpu == gpu and e.message]
+        except kmsg.KernelLogError as exc:
+            self.log.warning("kernel_log_unreadable", error=str(exc))
+            return
         for x in waiting:
             match = next((e for e in reversed(logged) if e.xid == x.xid), None)
             if match is not None:
@@ -617,9 +686,12 @@ class Agent:
 
     def start_events(self) -> None:
         from slurmgpu.agent.events import EventWatcher
+        from slurmgpu.sources.deadline import DeadlineNvmlSource
         from slurmgpu.sources.nvml import PynvmlSource
 
-        if not self.settings.agent.events or not isinstance(self.sources.nvml, PynvmlSource):
+        nvml = self.sources.nvml
+        real = nvml.source if isinstance(nvml, DeadlineNvmlSource) else nvml
+        if not self.settings.agent.events or not isinstance(real, PynvmlSource):
             return
         self.events = EventWatcher(self.settings.nvml.library, self.on_nvml_event, self.stop_event,
                                    node=self.node)

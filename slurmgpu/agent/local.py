@@ -12,6 +12,7 @@ Design notes: docs/design-notes.md (``slurmgpu/agent/local.py``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import socket
 import socketserver
@@ -22,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from slurmgpu import wire
 from slurmgpu.config.env import apply_env
 from slurmgpu.config.schema import Settings
 from slurmgpu.engine import Progress, add_kernel_xids, evaluate
@@ -43,6 +45,7 @@ from slurmgpu.localproto import (
 from slurmgpu.result import Verdict
 from slurmgpu.slurm import SlurmClient
 from slurmgpu.sources import procs
+from slurmgpu.validate.report import validation_event
 
 POLL_S = 0.2
 
@@ -68,28 +71,29 @@ class AgentLike(Protocol):
     def prolog_blocked(self, job_id: str | None, record: dict[str, Any]) -> None:
         """The warm-path prolog refused a job (for the fleet report)."""
 
+    def submit(self, mtype: str, body: dict[str, Any], *, ts: float | None = None) -> int | None: ...
+
 
 # ------------------------------------------------------------------------ facts
 
 
 class CachedFacts:
-    """The warm path's ``FactsProvider`` (``slurmgpu.engine``): the agent's cached facts
-    (``facts_for``: the GPUs asked for, re-read only when older than ``max_age_s``), so no
-    NVML, sysfs or ctypes work when they are fresh. The kernel log and /proc are read as
-    on the cold path."""
+    """The warm path's ``FactsProvider`` (``slurmgpu.engine``): the agent's facts
+    (``facts_for``) with the GPUs asked for read afresh (``max_age_s``, 0 for the hooks:
+    a fault that raises no NVML event is seen as on the cold path), IB and versions from
+    its cache, its XIDs and previous sample passed through. The kernel log and /proc are
+    read as on the cold path."""
 
-    def __init__(self, agent: AgentLike, kernel_log: str, max_age_s: float | None = None) -> None:
+    def __init__(self, agent: AgentLike, kernel_log: str, max_age_s: float = 0.0) -> None:
         self.agent = agent
         self.kernel_log = kernel_log
-        self.max_age_s = agent.settings.agent.max_age_s if max_age_s is None else max_age_s
+        self.max_age_s = max_age_s
 
     def __call__(self, gpus: frozenset[int] | None, *, xids_since: float | None = None,
                  progress: Progress = lambda step: None) -> NodeFacts:
-        collected_at = time.time()
         progress("gather:nvml")
-        cached = self.agent.facts_for(gpus, self.max_age_s)
-        facts = NodeFacts(node=self.agent.node, collected_at=collected_at, nvml=cached.nvml,
-                          ib=cached.ib, versions=cached.versions)
+        facts = self.agent.facts_for(gpus, self.max_age_s)
+        facts = dataclasses.replace(facts, xids=list(facts.xids))
         if xids_since is not None:
             add_kernel_xids(facts, self.kernel_log, xids_since, progress)
         return facts
@@ -134,7 +138,18 @@ class LocalService:
             return self.hook(str(op), {**agent_paths(os.environ), **job_env(request.get("env", {}))}, ack)
         if op == "healthcheck":
             return self.healthcheck({**agent_paths(os.environ), **job_env(request.get("env", {}))}, ack)
-        return error_reply(f"unknown op {op!r} (status, gate, prolog, epilog, healthcheck)")
+        if op == "validation":
+            return self.validation(request)
+        return error_reply(f"unknown op {op!r} (status, gate, prolog, epilog, healthcheck, validation)")
+
+    def validation(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """`slurmgpu validate --send`: its findings, spooled as a ``validation`` event."""
+        try:
+            body = validation_event(request)
+        except ValueError as exc:
+            return error_reply(f"bad validation: {exc}")
+        seq = self.agent.submit(wire.EVENT, body)
+        return {"ok": seq is not None, "seq": seq, **({} if seq is not None else {"error": "no spool"})}
 
     def healthcheck(self, env: dict[str, str],
                     ack: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:

@@ -15,9 +15,9 @@ from slurmgpu.checks.registry import (
 )
 from slurmgpu.result import Finding, Severity
 
-from slurmgpu.checks import gpu, infiniband, links, memory, pins, thermal, xid  # isort: skip
+from slurmgpu.checks import gpu, host, infiniband, links, memory, nvswitch, pins, thermal, xid  # isort: skip
 
 __all__ = [
-    "CheckContext", "Finding", "Severity", "check", "gpu", "infiniband", "links", "memory",
-    "not_applicable", "ok", "pins", "problem", "thermal", "unknown", "xid",
+    "CheckContext", "Finding", "Severity", "check", "gpu", "host", "infiniband", "links", "memory",
+    "not_applicable", "nvswitch", "ok", "pins", "problem", "thermal", "unknown", "xid",
 ]

@@ -1,9 +1,11 @@
-"""GPU presence, modes and the driver's word: gpu.count, gpu.lost, gpu.persistence, gpu.mig,
-gpu.nvml_errors, gpu.recovery_action."""
+"""GPU presence, modes and the driver's word: gpu.count, gpu.model, gpu.lost, gpu.responsive,
+gpu.persistence, gpu.mig, gpu.nvml_errors, gpu.recovery_action."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from fnmatch import fnmatchcase
 
 from slurmgpu.checks.registry import CheckContext, check, not_applicable, ok, problem
 from slurmgpu.facts import (
@@ -15,6 +17,7 @@ from slurmgpu.facts import (
     NVML_ERROR_RESET_REQUIRED,
     RECOVERY_ACTION_NAMES,
     GpuFacts,
+    HungProcess,
 )
 from slurmgpu.result import Finding, Severity
 
@@ -40,6 +43,19 @@ def gpu_count(ctx: CheckContext) -> Iterator[Finding]:
         yield ok(f"{nvml.device_count} GPUs present", present=nvml.device_count)
 
 
+@check("gpu.model", severity=Severity.FAIL, reads=("gpu.name",),
+       summary="every GPU is a model [gpu] model names (NVML's name; globs allowed)")
+def gpu_model(ctx: CheckContext) -> Iterator[Finding]:
+    models = ctx.settings.gpu.model
+    if not models:
+        yield not_applicable("GPU model not pinned")
+        return
+    for gpu in ctx.live_gpus():
+        if gpu.name is None or not any(fnmatchcase(gpu.name, m) for m in models):
+            yield problem(Severity.FAIL, f"GPU is {gpu.name or 'of an unknown model'}, expected "
+                          f"{' or '.join(models)}", gpu=gpu.index, actual=gpu.name, expected=models)
+
+
 @check("gpu.lost", severity=Severity.FAIL, reads=("gpu.lost",),
        summary="no GPU answers NVML with GpuIsLost (fell off the bus)")
 def gpu_lost(ctx: CheckContext) -> Iterator[Finding]:
@@ -48,6 +64,38 @@ def gpu_lost(ctx: CheckContext) -> Iterator[Finding]:
             yield problem(Severity.FAIL, "GPU is lost (fell off the bus); node needs a reboot", gpu=gpu.index)
         elif "handle" in gpu.errors:
             yield problem(Severity.FAIL, f"cannot get a handle: {gpu.errors['handle']}", gpu=gpu.index)
+
+
+@check("gpu.responsive", severity=Severity.FAIL,
+       reads=("gpu.unresponsive", "nvml.unresponsive", "host.hung_processes"),
+       summary="every NVML query answers within [nvml] query_deadline_s (else FAIL: GPU not responding); "
+               "processes in D state holding /dev/nvidia* warn")
+def gpu_responsive(ctx: CheckContext) -> Iterator[Finding]:
+    nvml = ctx.facts.nvml
+    if nvml.unresponsive:
+        yield problem(Severity.FAIL, f"NVML not responding: {nvml.unresponsive}", query=nvml.unresponsive)
+    for gpu in ctx.gpus():
+        if gpu.unresponsive is None:
+            continue
+        if gpu.unresponsive.startswith("not asked"):
+            yield problem(Severity.WARN, gpu.unresponsive, gpu=gpu.index)
+        else:
+            yield problem(Severity.FAIL, f"GPU not responding: {gpu.unresponsive}", gpu=gpu.index,
+                          query=gpu.unresponsive)
+    for proc in ctx.facts.host.hung_processes:
+        yield from _hung(ctx, proc)
+
+
+_GPU_DEVICE = re.compile(r"/dev/nvidia(\d+)$")
+
+
+def _hung(ctx: CheckContext, proc: HungProcess) -> Iterator[Finding]:
+    gpus = sorted({int(m.group(1)) for d in proc.devices if (m := _GPU_DEVICE.match(d))})
+    if ctx.scope is not None and gpus and not set(gpus) & ctx.scope:
+        return
+    where = gpus[0] if len(gpus) == 1 else None
+    yield problem(Severity.WARN, f"process {proc.pid} ({proc.command}) in D state (uninterruptible) "
+                  f"holding {', '.join(proc.devices)}", gpu=where, pid=proc.pid, devices=proc.devices)
 
 
 @check("gpu.persistence", severity=Severity.WARN, reads=("gpu.persistence_mode",),

@@ -60,8 +60,11 @@ def _link_layer_in_scope(port: IbPort, cfg: IbSettings) -> bool:
 
 def ib_ports(ctx: CheckContext) -> list[tuple[IbHca, IbPort]]:
     """Ports in scope: selected by [ib] devices, InfiniBand link layer unless include_ethernet."""
-    cfg = ctx.settings.ib
-    return [(hca, port) for hca in ctx.facts.ib.hcas for port in hca.ports
+    return ports_in_scope(ctx.facts.ib.hcas, ctx.settings.ib)
+
+
+def ports_in_scope(hcas: Iterable[IbHca], cfg: IbSettings) -> list[tuple[IbHca, IbPort]]:
+    return [(hca, port) for hca in hcas for port in hca.ports
             if port_selected(cfg.devices, hca.name, port.port) and _link_layer_in_scope(port, cfg)]
 
 

@@ -43,10 +43,11 @@ def pin_driver(ctx: CheckContext) -> Iterator[Finding]:
 def pin_cuda(ctx: CheckContext) -> Iterator[Finding]:
     pins, versions = ctx.settings.pins, ctx.facts.versions
     toolkit = versions.cuda_toolkit or versions.cuda_runtime
-    yield _pin(ctx, "CUDA", toolkit, pins.cuda,
+    what = "CUDA runtime (libcudart)" if toolkit and not versions.cuda_toolkit else "CUDA toolkit"
+    yield _pin(ctx, what, toolkit, pins.cuda,
                missing="not found (no /usr/local/cuda/version.json or libcudart)")
     if pins.cuda_driver:
-        yield _pin(ctx, "driver CUDA version", ctx.facts.nvml.cuda_driver_version, pins.cuda_driver)
+        yield _pin(ctx, "driver's CUDA version", ctx.facts.nvml.cuda_driver_version, pins.cuda_driver)
 
 
 @check("pin.nccl", severity=Severity.FAIL, reads=("versions.nccl",),

@@ -41,8 +41,8 @@ class CheckContext:
         return [g for g in self.facts.gpus if self.scope is None or g.index in self.scope]
 
     def live_gpus(self) -> list[GpuFacts]:
-        """GPUs in scope that answered NVML; ``gpu.lost`` reports the others."""
-        return [g for g in self.gpus() if not g.lost]
+        """GPUs in scope that answered NVML; ``gpu.lost`` and ``gpu.responsive`` report the others."""
+        return [g for g in self.gpus() if not g.lost and g.unresponsive is None]
 
 
 CheckFunc = Callable[[CheckContext], Iterable[Finding]]

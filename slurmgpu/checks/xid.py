@@ -5,13 +5,15 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 
-from slurmgpu.checks.registry import CheckContext, check, problem
+from slurmgpu.checks.registry import CheckContext, check, problem, unknown
 from slurmgpu.result import Finding, Severity
 
 
 @check("xid.recent", severity=Severity.FAIL, reads=("xids",),
        summary="recent XIDs judged by the XID policy table (data/xid_catalog.toml + [xid] overrides)")
 def xid_recent(ctx: CheckContext) -> Iterator[Finding]:
+    if ctx.facts.kernel_log_error:
+        yield unknown(f"kernel log not read: {ctx.facts.kernel_log_error}")
     scope = ctx.scope
     seen: Counter[tuple[int | None, int, str | None]] = Counter()
     messages: dict[tuple[int | None, int, str | None], str | None] = {}

@@ -81,6 +81,10 @@ COMMANDS: dict[str, LazyCommand] = {
                  "Resume NODE if slurmgpu drained it (any drained node with --force)."),
     "sim": _C("slurmgpu.cli.sim", "sim",
               "GPU simulator: a fake libnvidia-ml.so.1 driven by JSON scenarios."),
+    "validate": _C("slurmgpu.cli.validate_cmd", "validate",
+                   "Run active tests on this node (GPU burn with silent-data-corruption screening, "
+                   "memory, PCIe, P2P/NVLink and NCCL bandwidth, DCGM diag, IB loopback): for idle "
+                   "nodes only, never from a prolog."),
 }
 
 # Run once per job or health poll and then done: `main()` leaves them with os._exit.

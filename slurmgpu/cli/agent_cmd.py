@@ -55,12 +55,18 @@ def agent(config_file: str | None, node: str | None, keys_dir: str | None, once:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    _start_local(the_agent)
+    local = _start_local(the_agent)
     the_agent.run()
+    if local is not None:  # it sees the stop too: closes and removes its socket
+        local.join(LOCAL_STOP_S)
     return 0
 
 
-def _start_local(the_agent: Any) -> None:
+#: How long a clean exit waits for the local socket's thread to remove its socket.
+LOCAL_STOP_S = 5.0
+
+
+def _start_local(the_agent: Any) -> threading.Thread | None:
     """The local query socket (prolog/epilog), in a thread of its own."""
     from slurmgpu.agent.local import serve_local
 
@@ -68,6 +74,7 @@ def _start_local(the_agent: Any) -> None:
                               args=(the_agent, the_agent.settings.agent.socket, the_agent.stop_event),
                               daemon=True)
     thread.start()
+    return thread
 
 
 def main() -> None:

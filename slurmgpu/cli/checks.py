@@ -67,11 +67,15 @@ def check(config_file: str | None, gpus: str | None, node: str | None, xids: tup
           as_json: bool, show_all: bool, log_level: str) -> int:
     """Check this node's GPUs, InfiniBand and software versions.
 
+    XIDs: those given with --xid and those the kernel log holds since the last job on
+    these GPUs ended (at most [xid] kernel_log_lookback_s back).
+
     Exit code: 0 OK, 1 WARN, 2 FAIL, 3 UNKNOWN (a check could not run, or bad
     arguments/config).
     """
     from slurmgpu.cli import versions_cache
     from slurmgpu.engine import evaluate, gather, node_name, second_brake_sample, system_sources
+    from slurmgpu.sources.kmsg import xid_window
 
     started = time.perf_counter()
     scope = parse_gpu_list(gpus) if gpus is not None else None
@@ -79,7 +83,9 @@ def check(config_file: str | None, gpus: str | None, node: str | None, xids: tup
     name = node or node_name()
     settings = load_settings(config_file, node=name, known_checks=True).settings
     sources = system_sources(settings, versions_cache=versions_cache(settings))
-    facts = second_brake_sample(gather(sources, node=name, scope=scope, xids=events), sources, settings.thermal)
+    facts = gather(sources, node=name, scope=scope, xids=events, kernel_log=settings.paths.kmsg,
+                   xids_since=xid_window(settings, gpus=scope))
+    facts = second_brake_sample(facts, sources, settings.thermal)
     verdict = evaluate(facts, settings, scope=scope)
     duration_ms = (time.perf_counter() - started) * 1000
     if log_level != "error":  # structlog is only imported when someone wants the lines
@@ -91,7 +97,11 @@ def check(config_file: str | None, gpus: str | None, node: str | None, xids: tup
         click.echo(json.dumps(verdict_json(verdict, facts.to_json(), scope, duration_ms), indent=2))
     else:
         click.echo(render_table(verdict, show_all=show_all, duration_ms=duration_ms))
+    from slurmgpu.sources.deadline import leave_if_stuck
+
+    leave_if_stuck(verdict.severity.exit_code)
     return verdict.severity.exit_code
+
 
 
 def verdict_json(verdict: Verdict, facts: dict[str, Any], scope: frozenset[int] | None,
@@ -124,7 +134,8 @@ def render_table(verdict: Verdict, *, show_all: bool, duration_ms: float) -> str
         width = max(len(f.check) for f in shown)
         lines.append(f"{'SEVERITY':<8}  {'CHECK':<{width}}  {'WHERE':<10}  MESSAGE")
         for f in shown:
-            lines.append(f"{f.severity.name:<8}  {f.check:<{width}}  {_where(f):<10}  {f.message}")
+            shown_as = "N/A" if f.not_applicable else f.severity.name
+            lines.append(f"{shown_as:<8}  {f.check:<{width}}  {_where(f):<10}  {f.message}")
         lines.append("")
     counts = {s: sum(1 for f in verdict.findings if f.severity is s) for s in Severity}
     lines.append(

@@ -68,7 +68,8 @@ def ckpt() -> None:
 def ack(job: str | None, config_file: str | None, as_json: bool, note: str | None) -> int:
     """Tell slurmgpu this job has checkpointed (its node may be drained now)."""
     job_id, path = resolve(job, config_file)
-    data = {"job_id": job_id, "state": jobfiles.ACKED, "acked_at": time.time(), "note": note}
+    data = {**_request_fields(path), "job_id": job_id, "state": jobfiles.ACKED, "acked_at": time.time(),
+            "note": note}
     try:
         jobfiles.write_atomic(path, data)
     except OSError as exc:
@@ -111,7 +112,23 @@ def status(job: str | None, config_file: str | None, as_json: bool) -> int:
         click.echo(f"job {job_id}: {out.get('action', 'checkpoint')} requested by "
                    f"{out.get('trigger_node') or out.get('node') or '?'}: {out.get('reason') or '-'}; "
                    f"{left}")
+    held = jobfiles.held_note_of(out.get("reason"))
+    if held is not None and not as_json:
+        click.echo(f"job {job_id}: {held}")
     return EXIT_NONE if state == "absent" else EXIT_OK
+
+
+#: The request's fields an ack keeps, so `ckpt status` still says what was asked and why.
+_KEPT = ("action", "reason", "deadline", "requested_at", "node", "trigger_node")
+
+
+def _request_fields(path: Path) -> dict[str, Any]:
+    try:
+        current = jobfiles.read_file(path)
+    except OSError:
+        return {}
+    parsed = jobfiles.parse(current[0] if current else None)
+    return {k: parsed[k] for k in _KEPT if parsed.get(k) is not None} if parsed["state"] == jobfiles.REQUESTED else {}
 
 
 def _when(at: Any) -> str:

@@ -33,6 +33,7 @@ from slurmgpu.config.schema import Settings
 if TYPE_CHECKING:
     from slurmgpu.collector.policy import Automation
     from slurmgpu.collector.store import Store
+    from slurmgpu.slurm import NodeState
 
 
 def _automation(settings: Settings, *, store: Store, read_only: bool = False) -> Automation:
@@ -144,15 +145,29 @@ def _age(seconds: float | None) -> str:
     return f"{s // 86400}d ago"
 
 
-def _drained(settings: Settings) -> dict[str, bool] | None:
-    """{node: drained} from Slurm, or None when Slurm can't be asked."""
+def _drained(settings: Settings) -> dict[str, NodeState] | None:
+    """{node: its state} from Slurm, or None when Slurm can't be asked."""
     from slurmgpu.slurm.factory import make_client
 
     quick = dataclasses.replace(settings.slurm, retries=1)
     try:
-        return {n.name: n.drained for n in make_client(quick).nodes()}
+        return {n.name: n for n in make_client(quick).nodes()}
     except Exception:  # no Slurm here, slurmctld down, pyslurm mismatch: the column says "?"
         return None
+
+
+def _comes_back(settings: Settings, status: dict[str, Any] | None,
+                states: dict[str, NodeState] | None) -> dict[str, str]:
+    """{drained node: when it comes back} (docs/admin-guide.md, "Day to day")."""
+    import os
+
+    from slurmgpu.cli import outlook
+
+    drained = [n for n in (states or {}).values() if n.drained]
+    if not drained:
+        return {}
+    resumers = outlook.resumers(settings, status, os.environ)
+    return {n.name: text for n in drained if (text := outlook.outlook(n, resumers)) is not None}
 
 
 @click.command("fleet")
@@ -174,10 +189,13 @@ def fleet(config_file: str | None, db: str | None, as_json: bool) -> None:
         store.close()
     drained = _drained(settings)
     breaker = _breaker_text(status) if isinstance(status, dict) else status
+    back = _comes_back(settings, status if isinstance(status, dict) else None, drained)
     now = time.time()
     for r in rows:
-        r["drained"] = None if drained is None else drained.get(r["node"])
+        state = (drained or {}).get(r["node"])
+        r["drained"] = None if drained is None else (state.drained if state is not None else None)
         r["last_seen_age_s"] = None if r["last_seen"] is None else round(now - r["last_seen"], 1)
+        r["comes_back"] = back.get(r["node"])
     if as_json:
         click.echo(json.dumps({"nodes": rows, "pending_checkpoints": pending,
                                "automation": status if isinstance(status, dict) else
@@ -187,6 +205,8 @@ def fleet(config_file: str | None, db: str | None, as_json: bool) -> None:
         _fleet_table(rows, drained is None)
     else:
         click.echo("no nodes have reported yet")
+    for node, text in sorted(back.items()):
+        click.echo(f"{node}: {text}")
     if breaker:
         click.echo(breaker)
     for p in pending:
@@ -233,16 +253,47 @@ def _automation_status(settings: Settings, store: Store) -> dict[str, Any] | str
         return f"automation: state unreadable ({type(exc).__name__}: {exc})"
 
 
+def automation_status_of(config_file: str | None) -> dict[str, Any] | None:
+    """The automation's status from the fleet database the config names, if it is here
+    and readable (`slurmgpu nodes` runs anywhere: no database, no automation knowledge)."""
+    from slurmgpu.collector.store import Store
+
+    try:
+        loaded = load_settings(config_file)
+        found = fleet_db(loaded, None)
+        if not found.exists():
+            return None
+        store = Store(found.path)
+    except Exception:  # an unreadable database: the outlook says what it can without it
+        return None
+    try:
+        status = _automation_status(loaded.settings, store)
+    finally:
+        store.close()
+    return status if isinstance(status, dict) else None
+
+
 def _breaker_text(status: dict[str, Any]) -> str:
     if status["breaker_open"]:
-        state = f"OPEN since {_age(time.time() - status['since']) if status['since'] else '?'}: {status['why']}"
+        state = (f"OPEN since {_age(time.time() - status['since']) if status['since'] else '?'} "
+                 f"(opened on: {status['why']})")
         if status["held"]:
             state += f"; {len(status['held'])} drain(s) held"
     else:
         state = "closed"
     lemons = ", ".join(sorted(status["lemons"])) or "none"
     dry = " (dry run)" if status.get("dry_run") else ""
-    return f"automation{dry}: breaker {state}; lemons: {lemons}"
+    return f"automation{dry}: breaker {state}; {_drained_now(status)}; lemons: {lemons}"
+
+
+def _drained_now(status: dict[str, Any]) -> str:
+    """``now 3 of 4 nodes drained (automation: gpu-n1, gpu-n2; prolog: gpu-n3)``."""
+    drained: dict[str, str] = status.get("drained_now") or {}
+    by: dict[str, list[str]] = {}
+    for node, who in sorted(drained.items()):
+        by.setdefault(who, []).append(node)
+    who_text = "; ".join(f"{who}: {', '.join(nodes)}" for who, nodes in sorted(by.items()))
+    return f"now {len(drained)} of {status.get('fleet', '?')} nodes drained" + (f" ({who_text})" if by else "")
 
 
 # --------------------------------------------------------------------------- breaker

@@ -260,6 +260,19 @@ def _cluster(directory: Path | None) -> Any:
     return SimCluster(directory)
 
 
+def _existing_cluster(directory: Path | None) -> Any:
+    """The cluster in --dir, else the default one, else the demo's; ClusterError when none."""
+    from slurmgpu.sim.cluster import ClusterError, SimCluster, find_cluster
+
+    if directory is not None:
+        c = SimCluster(directory)
+        if not c.nodes:
+            raise ClusterError(f"no simulated cluster in {c.dir} (start one: slurmgpu sim cluster up "
+                               f"--dir {shlex.quote(str(c.dir))})")
+        return c
+    return find_cluster()
+
+
 @sim.group("cluster")
 def cluster() -> None:
     """A real Slurm mini-cluster on this machine (root, no systemd): one slurmctld, one
@@ -345,7 +358,11 @@ def cluster_up(nodes: int, gpus: int, scenario: str, hooks: bool, agents: bool |
 @_one_line_errors
 def cluster_down(purge: bool, directory: Path | None) -> None:
     """Stop the cluster's own daemons (by their recorded PIDs); idempotent."""
-    _cluster(directory).down(purge=purge)
+    c = _cluster(directory)
+    stopped = c.running_daemons()
+    c.down(purge=purge)
+    done = f"stopped {', '.join(stopped)}" if stopped else "nothing was running"
+    click.echo(f"{c.dir}: {done}" + ("; directory removed" if purge and not c.dir.exists() else ""))
 
 
 @cluster.command("status")
@@ -396,7 +413,7 @@ def cluster_env(directory: Path | None) -> None:
     config, so `fleet`, `report`, `breaker` and `jobs events` read this cluster)."""
     from slurmgpu.sim.cluster import path_additions
 
-    for key, value in _cluster(directory).shell_env().items():
+    for key, value in _existing_cluster(directory).shell_env().items():
         if key == "PATH":  # keep the shell's own PATH, only append what is missing
             click.echo(f'export PATH="$PATH:{":".join(path_additions())}"')
         else:

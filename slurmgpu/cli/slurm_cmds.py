@@ -47,11 +47,15 @@ def _hook(phase: str, config_file: str | None) -> int:
         except Exception as exc:  # nor a bug before the gate runs (the gate catches its own)
             return _hook_failed(phase, config_file, f"setup: {type(exc).__name__}: {exc}")
     try:
-        return int(getattr(gate, phase)())
+        code = int(getattr(gate, phase)())
     except Exception as exc:  # a bug outside the gate's own guards: a FAIL verdict stands
         if gate.verdict is not None and gate.verdict.severity.name == "FAIL":
             return 1
         return _hook_failed(phase, config_file, f"{phase}: {type(exc).__name__}: {exc}")
+    from slurmgpu.sources.deadline import leave_if_stuck
+
+    leave_if_stuck(code)  # a hung GPU's gather thread must not hold the hook's exit
+    return code
 
 
 def _make_gate(config_file: str | None) -> Any:
@@ -201,13 +205,18 @@ def resume(node: str, force: bool, config_file: str | None, as_json: bool) -> No
 @json_option("Print as JSON.")
 def nodes(show_all: bool, config_file: str | None, as_json: bool) -> None:
     """Nodes drained by slurmgpu: state, reason, since when."""
+    from slurmgpu.cli import outlook
+    from slurmgpu.cli.fleet_cmd import automation_status_of
+
     settings = _settings(config_file, None)
     rows = [n for n in _client(settings).nodes() if n.drained and (show_all or n.owned_by_slurmgpu)]
+    resumers = outlook.resumers(settings, automation_status_of(config_file), os.environ) if rows else None
+    back = {n.name: outlook.outlook(n, resumers) for n in rows if resumers is not None}
     if as_json:
         click.echo(json.dumps([{"node": n.name, "state": n.state, "flags": sorted(n.flags),
                                 "reason": n.reason, "reason_user": n.reason_user,
-                                "since": n.reason_time, "slurmgpu": n.owned_by_slurmgpu} for n in rows],
-                              indent=2))
+                                "since": n.reason_time, "slurmgpu": n.owned_by_slurmgpu,
+                                "comes_back": back.get(n.name)} for n in rows], indent=2))
         return
     if not rows:
         click.echo("no nodes drained by slurmgpu" if not show_all else "no drained nodes")
@@ -217,6 +226,7 @@ def nodes(show_all: bool, config_file: str | None, as_json: bool) -> None:
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(n.reason_time)) if n.reason_time else "-"
         state = n.state + "".join(f"+{f}" for f in sorted(n.flags))
         click.echo(f"{n.name:<16} {state:<14} {since:<20} {n.reason or ''}")
+        click.echo(f"{'':<16} -> {back.get(n.name)}")
 
 
 def _print_result(result: Any, as_json: bool) -> None:

@@ -35,7 +35,8 @@ from typing import Any, Protocol
 
 from slurmgpu.collector.store import Store
 from slurmgpu.config.schema import AutomationSettings
-from slurmgpu.decision import Action
+from slurmgpu.decision import Action, job_comment
+from slurmgpu.jobfiles import BREAKER_HOLD
 from slurmgpu.log import get_logger
 from slurmgpu.slurm import JobInfo, SlurmClient, SlurmError
 
@@ -45,6 +46,10 @@ OPEN, ACKED, EXPIRED = "open", "acked", "expired"
 REQUEUEABLE = frozenset({"RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING", "STOPPED"})
 # A late ack still lands on a checkpoint closed less than this long ago.
 LATE_ACK_S = 3600.0
+# A job comment Slurm refused (the job in transition) is tried again this often, at most
+# COMMENT_TRIES times in all.
+COMMENT_RETRY_S = 2.0
+COMMENT_TRIES = 5
 
 # (node, command, args) -> command id; raises when the node's agent is not connected.
 SendCommand = Callable[[str, str, dict[str, Any]], str]
@@ -83,6 +88,7 @@ class Checkpoints:
         self.log = get_logger(component="checkpoints")
         self._open: dict[int, dict[str, Any]] = {}
         self._pending: dict[str, dict[str, Any]] = {}
+        self._comments_due: dict[str, tuple[str, int, float]] = {}  # job -> (text, tries left, when)
         self.reload()
 
     def reload(self) -> None:
@@ -225,6 +231,8 @@ class Checkpoints:
         except SlurmError as exc:
             events.append(JobEvent(jid, self.clock(), "signal-failed", node, str(exc)))
         nodes = list(job.nodes) or [node]
+        if held:  # the job reads it in its request file (`slurmgpu ckpt status`)
+            reason = f"{reason} ({held_request_note(action)})"
         row = {"job_id": jid, "action": action, "reason": reason, "trigger_node": node,
                "nodes": nodes, "user": job.user, "requested": now, "deadline": deadline}
         cid = self.store.add_checkpoint(row)
@@ -292,6 +300,36 @@ class Checkpoints:
                                    "while the collector was unreachable"))
         self._record(events)
 
+    def on_prolog_refusal(self, node: str, body: dict[str, Any], now: float | None = None) -> None:
+        """A ``prolog_blocked`` event: the refusal in the job's timeline, and on the job
+        itself where its user reads it (Slurm requeues a job its prolog refused)."""
+        event = refusal_event(node, body, self.clock() if now is None else now)
+        if event is not None:
+            self._record([event])
+            self.comment(event.job_id, job_comment(f"refused by the prolog on {node}", event.detail or ""))
+
+    def comment(self, job_id: str, text: str, tries: int = COMMENT_TRIES) -> None:
+        """Set the job's AdminComment; refused (a job Slurm is requeueing just then), it is
+        tried again at later ``tick``s, ``tries`` times in all; slurmgpu's own trouble
+        there only logs a line."""
+        if self.settings.dry_run:
+            return
+        try:
+            self.client.set_admin_comment(job_id, text)
+        except SlurmError as exc:
+            left = tries - 1
+            self.log.warning("job_comment_failed", job_id=job_id, error=str(exc), tries_left=left)
+            if left > 0:
+                self._comments_due[job_id] = (text, left, self.clock() + COMMENT_RETRY_S)
+            return
+        self._comments_due.pop(job_id, None)
+
+    def _retry_comments(self, now: float) -> None:
+        for job_id, (text, left, at) in list(self._comments_due.items()):
+            if at <= now:
+                del self._comments_due[job_id]
+                self.comment(job_id, text, left)
+
     def _find(self, job_id: str, node: str) -> dict[str, Any] | None:
         """The job's open request (or one closed recently) that names ``node``: a node can
         only speak for jobs it runs."""
@@ -309,6 +347,7 @@ class Checkpoints:
         """Expire requests past their deadline, then finish every node whose jobs are all
         acked or expired. Returns the automation decisions made (drains)."""
         now = self.clock() if now is None else now
+        self._retry_comments(now)
         late = [cp for cp in self._open.values() if cp["state"] == OPEN and cp["deadline"] <= now]
         if late:
             with self.store.transaction():
@@ -365,6 +404,7 @@ class Checkpoints:
             state = self.client.job(jid).state
             if state not in REQUEUEABLE:
                 return JobEvent(jid, self.clock(), "requeue-skipped", node, f"job is {state}")
+            self.comment(jid, job_comment(f"requeued from {node}", str(cp.get("reason") or cp["action"])))
             self.client.requeue(jid)
         except SlurmError as exc:
             return JobEvent(jid, self.clock(), "requeue-failed", node, str(exc))
@@ -397,6 +437,24 @@ class Checkpoints:
     def _add_events(self, events: Iterable[JobEvent]) -> None:
         for e in events:
             self.store.add_job_event(e.job_id, e.ts, e.kind, e.node, e.detail)
+
+
+def held_request_note(action: str) -> str:
+    """What a job's checkpoint request adds to its reason while the circuit breaker holds
+    its node's drain (`slurmgpu ckpt status` shows it: ``jobfiles.held_note_of``):
+    ``drain held by the circuit breaker; the job is requeued when an admin releases it``."""
+    after = "the job is requeued" if action == Action.DRAIN_NOW else "the node is drained"
+    return f"{BREAKER_HOLD}; {after} when an admin releases it"
+
+
+def refusal_event(node: str, body: dict[str, Any], now: float) -> JobEvent | None:
+    """The ``prolog-refused`` job event of a ``prolog_blocked`` event body (None: it names
+    no job)."""
+    job = body.get("job_id")
+    if not isinstance(job, str) or not job:
+        return None
+    problems = [str(p) for p in body.get("problems") or [] if p]
+    return JobEvent(job, now, "prolog-refused", node, "; ".join(problems) or "the node failed its checks")
 
 
 def _stamp(ts: float) -> str:

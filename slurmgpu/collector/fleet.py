@@ -30,14 +30,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from slurmgpu.collector.checkpoint import refusal_event
 from slurmgpu.collector.coordination import INBOX_CHUNK, Coordination
 from slurmgpu.collector.counters import Counters, LimitedLog
 from slurmgpu.collector.store import Store
 from slurmgpu.collector.store.coordination import InboxRow
 from slurmgpu.collector.transport import Batch, Stored
+from slurmgpu.collector.validation import VALIDATION, judge_stragglers
 from slurmgpu.config.schema import CollectorSettings
 from slurmgpu.log import get_logger
-from slurmgpu.result import Finding
+from slurmgpu.result import Finding, Severity
 from slurmgpu.slurm import NodeState, SlurmClient
 from slurmgpu.wire import COMMAND_RESULT, EVENT, REPORT, decode_finding, decode_severity
 
@@ -274,13 +276,49 @@ class Fleet:
         """The newly stored messages of an acked batch: automation, then checkpoints. With
         several collectors they go through the leader's inbox (this batch's rows included),
         so the leader, whichever collector it is, sees every collector's messages once."""
+        self._stragglers(batch, new)
         if self.automation is None and self.checkpoints is None:
+            self._note_refusals(batch, new, now)
             return
         if self.coordination is not None:
             if self.coordination.leader:
                 self._handle_inbox()
             return
         self._handle(_fresh(batch, new, self._stale), now)
+
+    def _stragglers(self, batch: Batch, new: list[tuple[str, int]]) -> None:
+        """Each newly stored validation: its node against the fleet (``validate.straggler``)."""
+        fresh = set(new)
+        events = [(node, env) for node, env, _ in batch if (node, env.seq) in fresh and env.type == EVENT
+                  and isinstance(env.body, dict) and env.body.get("kind") == VALIDATION]
+        if not events:
+            return
+        try:
+            found = judge_stragglers(self.store, self.settings, [node for node, _ in events])
+            for node, env in events:
+                if found.get(node):
+                    self.store.add_findings(node, env.seq, env.ts, found[node])
+                    self.log.warning("validate_straggler", node=node, findings=[f.message for f in found[node]])
+        except Exception as exc:  # the database is failing: stragglers wait for the next validation
+            self.counters.store_errors += 1
+            self.log.error("straggler_check_failed", error=f"{type(exc).__name__}: {exc}")
+
+    def _note_refusals(self, batch: Batch, new: list[tuple[str, int]], now: float) -> None:
+        """Without automation: the prolog's refusals still go to their jobs' timelines
+        (`slurmgpu jobs events`); nothing is set on the jobs."""
+        if not any(env.type == EVENT and isinstance(env.body, dict) and env.body.get("kind") == "prolog_blocked"
+                   for _, env, _ in batch):
+            return
+        events = [e for item in _fresh(batch, new, self._stale)
+                  if item.type == EVENT and item.body.get("kind") == "prolog_blocked"
+                  and (e := refusal_event(item.node, item.body, now)) is not None]
+        try:
+            with self.store.transaction():
+                for e in events:
+                    self.store.add_job_event(e.job_id, e.ts, e.kind, e.node, e.detail)
+        except sqlite3.Error as exc:
+            self.counters.store_errors += 1
+            self.log.error("job_events_store_failed", error=str(exc))
 
     def _handle(self, items: list[Fresh], now: float) -> None:
         if self.automation is not None:
@@ -336,6 +374,8 @@ class Fleet:
                 continue
             try:
                 verdict = decode_severity(item.body["verdict"])  # (a str: decode validated it)
+                if verdict is Severity.OK and item.body.get("kind") == VALIDATION:
+                    continue  # (active tests passing say nothing of the passive checks: no healthy streak)
                 decisions.extend(automation.on_report(item.node, verdict, item.findings(), now))
             except Exception as exc:  # a policy bug must not take the collector down
                 self.counters.automation_errors += 1
@@ -355,6 +395,8 @@ class Fleet:
                     decisions += checkpoints.on_result(item.node, body, now)
                 elif item.type == EVENT and body.get("kind") == "local_checkpoint":
                     checkpoints.on_local(item.node, body, now)
+                elif item.type == EVENT and body.get("kind") == "prolog_blocked":
+                    checkpoints.on_prolog_refusal(item.node, body, now)
             except Exception as exc:
                 self.counters.automation_errors += 1
                 self.log.error("checkpoint_message_failed", node=item.node, seq=item.seq,

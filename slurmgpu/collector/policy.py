@@ -36,11 +36,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from slurmgpu.actions import Actions
-from slurmgpu.collector.store import AutomationState, Store
+from slurmgpu.collector.store import AutomationState, Store, queries
 from slurmgpu.config.schema import AutomationSettings
 from slurmgpu.decision import ACTION_RANK, CHECKPOINTING, DRAINING, Action, drain_reason
 from slurmgpu.decision import PolicyTable as PolicyTable
 from slurmgpu.log import get_logger
+from slurmgpu.report.render_util import span
 from slurmgpu.result import Finding, Severity
 from slurmgpu.slurm import SlurmClient, SlurmError, SlurmUnreachable
 
@@ -290,15 +291,24 @@ class Automation:
             self._record.save((node,))
 
     def status(self) -> dict[str, Any]:
+        """The breaker (``why``: the reason it opened with, then), the drains it holds
+        (not those of nodes someone else has drained since), and the nodes Slurm shows
+        drained now (``drained_now``: node -> who drained it, at the collector's last poll)."""
         b = self.state.breaker
+        now_drained = {node: d.drained_by or "?" for node, d in self._current_drains().items()}
         return {
             "breaker_open": bool(b.get("open")),
             "since": b.get("since"),
             "why": b.get("why"),
-            "held": [dict(v, node=k) for k, v in sorted(self.state.held.items())],
+            "fleet": self._fleet(),
+            "drained_now": now_drained,
+            "held": [dict(v, node=k) for k, v in sorted(self.state.held.items())
+                     if not _moot_hold(v, now_drained.get(k))],
             "released": [dict(v, node=k) for k, v in sorted(self.state.released.items())],
             "lemons": dict(self.state.lemons),
             "drained": sorted(n for n, v in self.state.drained.items() if not v.get("pending")),
+            # Drained nodes reporting OK now: [OK reports, since] (auto-resume's streak).
+            "healthy": {n: v for n, v in self.state.healthy.items() if n in self.state.drained},
             "checkpointing": sorted(n for n, v in self.state.drained.items() if v.get("pending")),
             "dry_run": self.settings.dry_run,
         }
@@ -346,13 +356,21 @@ class Automation:
         if trigger is None:
             return []
         check = trigger.check
-        reason = drain_reason([trigger], strikes=strikes.get(check, 1), one_line=True)
+        wants_reboot = str(trigger.data.get("action")) == Action.REBOOT
+        then_reboot = worst is Action.DRAIN_NOW and wants_reboot and self.settings.reboot_allowed
+        reason = drain_reason([trigger], strikes=self._strikes_needed(trigger, strikes.get(check, 1)),
+                              one_line=True, rebooting=then_reboot or worst is Action.REBOOT)
         if worst not in DRAINING:
             result = "dry-run" if self.settings.dry_run else "recorded"
             return [self._decision(node, worst, reason, check, result, now)]
-        wants_reboot = str(trigger.data.get("action")) == Action.REBOOT
-        then_reboot = worst is Action.DRAIN_NOW and wants_reboot and self.settings.reboot_allowed
         return self._drain(node, worst, reason, check, now, then_reboot=then_reboot)
+
+    def _strikes_needed(self, finding: Finding, strikes: int) -> int:
+        """The fewest reports in a row that give ``finding`` its action now: the count a
+        drain reason names (a fault that drains at once names none, however many reports
+        came while a breaker held it)."""
+        action = self.policy.action(finding, strikes)
+        return next(k for k in range(1, strikes + 1) if self.policy.action(finding, k) is action)
 
     def _note_failing(self, check: str, node: str, now: float) -> None:
         window = self.state.failing.setdefault(check, {})
@@ -428,7 +446,7 @@ class Automation:
             st.history[node] = history
             if len(history) >= s.lemon_drains and node not in st.lemons:
                 st.lemons[node] = {"since": now, "why": f"{len(history)} drains within "
-                                   f"{s.lemon_window_s:g} s, last: {reason}"}
+                                   f"{span(s.lemon_window_s)}, last: {reason}"}
         if waiting:
             reason = f"{reason} (waiting for {waiting} job checkpoint(s))"
         if released is not None:
@@ -442,6 +460,14 @@ class Automation:
         a job on a failing node can save its state meanwhile. The worst action held wins."""
         st = self.state
         prev = st.held.get(node) or {}
+        elsewhere = self._current_drains(node).get(node)
+        if elsewhere is not None and _moot_hold(prev, elsewhere.drained_by) and action not in CHECKPOINTING:
+            # The prolog, an operator, ... drained it since: nothing is left to hold.
+            if st.held.pop(node, None) is None:
+                return []
+            return [self._decision(node, action, f"{reason} (drained meanwhile by "
+                                   f"{elsewhere.drained_by or '?'}: no longer held)", check,
+                                   "already-drained", now)]
         entry: dict[str, Any] = {"action": action, "reason": reason, "trigger": check, "time": now,
                                  "since": prev.get("since", prev.get("time", now))}
         if ACTION_RANK.get(str(prev.get("action")), -1) > ACTION_RANK[action]:
@@ -498,6 +524,13 @@ class Automation:
         self._record.save((node,))
         return decision
 
+    def _current_drains(self, node: str | None = None) -> dict[str, queries.CurrentDrain]:
+        """Slurm's drained nodes as the collector last polled them (none when it cannot tell)."""
+        try:
+            return queries.current_drains(self.store.db, node)
+        except sqlite3.Error:
+            return {}
+
     def _still_drained(self, node: str) -> bool:
         try:
             return bool(self.client.node(node).drained)
@@ -550,6 +583,13 @@ def _probe_writable(state_dir: Path) -> None:
     except OSError as exc:
         raise ValueError(f"automation state directory {state_dir} is not writable "
                          f"({exc.strerror or exc}): fix it, or run without [automation]") from None
+
+
+def _moot_hold(entry: dict[str, Any], drained_by: str | None) -> bool:
+    """A held drain that has nothing left to do: someone other than the automation has
+    drained the node since, and no job there waits on it (asked to checkpoint: the
+    release still requeues them)."""
+    return drained_by is not None and drained_by != "automation" and not entry.get("checkpoints")
 
 
 def _stored_action(entry: dict[str, Any]) -> Action:

@@ -78,7 +78,12 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "and writes its ack to."),
     EnvVar("SLURMGPU_SYSFS_ROOT", None, "test",
            "Root of the sysfs tree InfiniBand ports are read from (default /sys): fixture trees."),
+    EnvVar("SLURMGPU_HOST_ROOT", None, "sim",
+           "Root of the host layers (default /): /proc/driver/nvidia, sys/module, bin/systemctl, "
+           "disks; the simulator's host tree for a scenario."),
     EnvVar("SLURMGPU_SIM_SCENARIO", None, "sim", "The scenario the fake NVML library plays."),
+    EnvVar("SLURMGPU_SIM_HANG_PIDFILE", None, "sim",
+           "Where a simulated hung validate test writes its pids (tests check none survives)."),
     EnvVar("SLURMGPU_SIM_DIR", None, "sim", "Where the fake NVML library is built."),
     EnvVar("SLURMGPU_NVML_INCLUDE", None, "sim",
            "Directory holding nvml.h for building the fake library (default: the bundled copy)."),

@@ -9,16 +9,7 @@ node are: the schema defaults, then the top level, then every matching
 too); dict-valued settings (``ib.counters_max``, ``xid.overrides``, ...) merge
 key by key.
 
-Validation is generic over the dataclass annotations in ``schema.py``; every
-problem is one ``ConfigError`` naming the file, the key path and (best effort)
-the line. This module is imported by the prolog: it keeps to the standard
-library and imports ClusterShell only when the file has ``[[hosts]]`` sections.
-
-This module reads the file (``config_path``: ``--config``, ``$SLURMGPU_CONFIG``,
-``DEFAULT_PATH``), merges the layers (``LoadedConfig``) and describes the numeric
-settings (``numeric_settings``, ``ranges_markdown``). Beside it: ``validate`` (the
-tables against the schema), ``hosts`` (``[[hosts]]`` sections and their hostlists)
-and ``tomltext`` (values, key paths and line numbers as the file spells them).
+Design notes: docs/design-notes.md (``slurmgpu/config/load.py``).
 """
 
 from __future__ import annotations
@@ -50,6 +41,8 @@ __all__ = [
     "LoadedConfig",
     "NumericSetting",
     "config_path",
+    "dropin_dir",
+    "dropin_files",
     "format_value",
     "load_config",
     "numeric_settings",
@@ -79,15 +72,27 @@ class LoadedConfig:
     path: str | None  # None: no file, defaults only
     base: Tables = field(default_factory=dict)  # validated top-level tables
     hosts: list[HostSection] = field(default_factory=list)
+    # The drop-in files read after this one, in order (each a LoadedConfig of its own).
+    dropins: list[LoadedConfig] = field(default_factory=list)
+
+    @property
+    def all_hosts(self) -> list[HostSection]:
+        """The [[hosts]] sections of this file and then of every drop-in."""
+        return [*self.hosts, *(h for d in self.dropins for h in d.hosts)]
 
     def matching_sections(self, node: str | None) -> list[HostSection]:
         if node is None:
             return []
-        return [h for h in self.hosts if h.matches(node)]
+        return [h for h in self.all_hosts if h.matches(node)]
 
     def _layers(self, node: str | None) -> list[tuple[str, Tables]]:
-        return [("top-level", self.base)] + [(h.label, h.values)
-                                             for h in self.matching_sections(node)]
+        return self._own_layers(node, "") + [
+            layer for d in self.dropins
+            for layer in d._own_layers(node, os.path.basename(d.path or "") + ": ")]
+
+    def _own_layers(self, node: str | None, prefix: str) -> list[tuple[str, Tables]]:
+        own = [h for h in self.hosts if node is not None and h.matches(node)]
+        return [(prefix + "top-level", self.base)] + [(prefix + h.label, h.values) for h in own]
 
     def settings_for(self, node: str | None, environ: Mapping[str, str] = os.environ,
                      flags: Mapping[str, Any] | None = None) -> Settings:
@@ -152,10 +157,41 @@ def load_config(path: str | None = None, *, environ: Mapping[str, str] = os.envi
     """Read and validate the config. ``path`` is the ``--config`` value (or None).
 
     With no ``--config``/``$SLURMGPU_CONFIG`` and no file at ``DEFAULT_PATH`` the
-    result is the defaults (``path=None``). ``known_checks``: check ids that
-    ``checks.disabled`` entries must name (or match, as globs); None skips that check.
+    result is the defaults (``path=None``) and the drop-ins. ``known_checks``: check ids
+    that ``checks.disabled`` entries must name (or match, as globs); None skips that check.
     """
     resolved, explicit = config_path(path, environ)
+    dropins = [_read_config(f, True, known_checks) for f in dropin_files(resolved)]
+    loaded = _read_config(resolved, explicit, known_checks)
+    loaded.dropins = dropins
+    return loaded
+
+
+def dropin_dir(path: str) -> str:
+    """The drop-in directory of the config file ``path``: ``slurmgpu.toml`` -> ``slurmgpu.d``."""
+    root, ext = os.path.splitext(path)
+    return (root if ext == ".toml" else path) + ".d"
+
+
+def dropin_files(path: str) -> list[str]:
+    """The ``*.toml`` files of ``dropin_dir(path)`` in byte order of their names (none when
+    the directory is absent). Hidden files and other suffixes (``.dpkg-old``, ``.rpmnew``,
+    an editor's ``~``) are not read."""
+    directory = dropin_dir(path)
+    try:
+        names = os.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as e:
+        raise ConfigError(f"cannot list the drop-in directory: {e.strerror or e}",
+                          path=directory) from None
+    wanted = (n for n in names if n.endswith(".toml") and not n.startswith("."))
+    return [os.path.join(directory, n) for n in sorted(wanted, key=os.fsencode)]
+
+
+def _read_config(resolved: str, explicit: bool,
+                 known_checks: Iterable[str] | None) -> LoadedConfig:
+    """One file, validated; a missing one is the defaults unless ``explicit``."""
     try:
         with open(resolved, "rb") as fh:
             data = fh.read(MAX_CONFIG_BYTES + 1)  # bounded: a FIFO or /dev/zero cannot hang us
@@ -181,9 +217,7 @@ def parse_config(text: str, *, path: str | None = None,
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        m = re.search(r"at line (\d+)", str(e))
-        raise ConfigError(f"invalid TOML: {e}", path=path,
-                          line=int(m.group(1)) if m else None) from None
+        raise ConfigError(f"invalid TOML: {e}", path=path, line=_toml_error_line(str(e), text)) from None
     except RecursionError:  # tomllib recurses per nesting level: a = [[[[...]]]]
         raise ConfigError("invalid TOML: arrays or tables nested too deeply",
                           path=path) from None
@@ -191,9 +225,24 @@ def parse_config(text: str, *, path: str | None = None,
         why = "an integer with too many digits" if "digits" in str(e) else str(e)
         raise ConfigError(f"invalid TOML: {why}", path=path) from None
     v = Validator(path, text, known_checks)
-    base = v.tables(raw, (), extra=("hosts",))
-    hosts = v.hosts(raw.get("hosts", []), "hosts" in raw)
+    base: Tables = {}
+    hosts: list[HostSection] = []
+    with v.collecting():
+        base = v.tables(raw, (), extra=("hosts",))
+    with v.collecting():
+        hosts = v.hosts(raw.get("hosts", []), "hosts" in raw)
+    v.raise_errors()
     return LoadedConfig(path=path, base=base, hosts=hosts)
+
+
+def _toml_error_line(message: str, text: str) -> int:
+    """The line a TOML syntax error is on: tomllib's "at line N", else (an error "at end
+    of document": an unclosed array, string or table) the file's last non-blank line."""
+    m = re.search(r"at line (\d+)", message)
+    if m:
+        return int(m.group(1))
+    lines = text.splitlines()
+    return max((i for i, line in enumerate(lines, 1) if line.strip()), default=1)
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,9 @@ class GpuSettings:
     # Require persistence mode (avoids slow first-contact init and lost state between jobs).
     persistence: bool = True
     mig: MigMode = "any"
+    # GPU models every GPU must be, as NVML names them ("NVIDIA H100 80GB HBM3"); globs
+    # allowed ("NVIDIA H100*"). Empty: not checked.
+    model: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -227,6 +230,54 @@ class XidSettings:
     overrides: dict[str, XidAction] = field(default_factory=dict)
     # Action for an XID the table does not know.
     unknown_action: XidAction = "warn"
+    # How far back the hooks, `check` and a starting agent read the kernel log's XIDs: at
+    # most this long, never before the boot or the last epilog that judged those GPUs.
+    kernel_log_lookback_s: Annotated[float, Range(0, 7 * 86400)] = 3600.0
+
+
+@dataclass
+class DiskSettings:
+    """host.disk (NHC's check_fs_free and check_fs_mount_rw)."""
+
+    # Path -> least free space on the file system holding it: a share ("3%") or a size
+    # ("10G", "500M", "2T"; powers of 1024). A path that does not exist is skipped.
+    free_min: dict[str, str] = field(default_factory=lambda: {"/tmp": "1%", "/var": "1%"})
+    # Paths whose file system must be mounted read-write.
+    writable: list[str] = field(default_factory=lambda: ["/tmp", "/var"])
+    free_severity: SeverityName = "fail"
+
+
+@dataclass
+class ServicesSettings:
+    """host.services: systemd units the GPUs depend on, read with ``systemctl show``."""
+
+    # Units that must be active on every GPU node (besides the automatic ones below). A
+    # site running DCGM adds "nvidia-dcgm" (or "nv-hostengine").
+    required: list[str] = field(default_factory=lambda: ["nvidia-persistenced"])
+    # nvidia-fabricmanager: None: where the driver shows NVSwitches; true/false: always/never.
+    fabricmanager: bool | None = None
+    # nvidia-imex: None: where nvidia-imex is installed (GB200/GB300 NVL); true/false.
+    imex: bool | None = None
+    # A unit restarted by systemd this many times (NRestarts) warns; rising between two
+    # polls of the agent, or restarting now (auto-restart), fails.
+    restarts_max: Annotated[int, Range(1, 1_000_000)] = 3
+    # `systemctl show` must answer within this; otherwise the check is UNKNOWN.
+    timeout_s: Annotated[float, TIMEOUT] = 3.0
+
+
+@dataclass
+class NvswitchSettings:
+    # nvswitch.sxid: a fatal SXid counts since boot (until the NVSwitch is reset); a
+    # non-fatal or notable one only within this many seconds.
+    nonfatal_window_s: Annotated[float, Range(1, 30 * DAY)] = 3600.0
+
+
+@dataclass
+class RdmaSettings:
+    # rdma.gpudirect: require GPUDirect RDMA (nvidia_peermem loaded, or dma-buf: the open
+    # kernel module on Linux 5.12+). Off: not checked.
+    gpudirect: bool = False
+    gpudirect_severity: SeverityName = "fail"
 
 
 @dataclass
@@ -245,6 +296,9 @@ class NvmlSettings:
     # A GPU query that fails (other than NotSupported) is asked once more after this many
     # seconds in the same run: an error on both reads is persistent (FAIL). 0: no retry.
     retry_delay_s: Annotated[float, Range(0, 10)] = 0.2
+    # Every NVML query answers within this many seconds, or its GPU is "not responding"
+    # (gpu.responsive FAIL) and the gather goes on without it (docs/reliability.md).
+    query_deadline_s: Annotated[float, Range(0.1, 600)] = 5.0
 
 
 @dataclass
@@ -387,6 +441,10 @@ class CollectorSettings:
     # collector runs without it (logged) when it cannot bind it; agents send there only
     # once connected, so a closed port costs nothing but the latency it was meant to save.
     events_port: Annotated[int, Range(0, 65535)] = 7151
+    # `slurmgpu validate` results: a node this fraction below the fleet median (same GPU
+    # model and measurement) gets a validate.straggler WARN, once this many nodes have results.
+    straggler_fraction: Annotated[float, FRACTION] = 0.15
+    straggler_min_nodes: Annotated[int, Range(2, 100_000)] = 3
 
     @property
     def addresses(self) -> list[str]:
@@ -397,6 +455,24 @@ class CollectorSettings:
         """``endpoint`` (an address or the bind) with ``events_port`` for its port; None when
         there is no events port (0) or the endpoint has no port to replace (ipc://)."""
         return with_port(endpoint, self.events_port) if self.events_port else None
+
+
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
+
+
+def free_threshold(text: str) -> tuple[float, str]:
+    """``"3%"`` -> (3.0, "%"); ``"10G"`` -> (10 * 2**30, "B"). ValueError on anything else."""
+    raw = text.strip().upper().removesuffix("B").removesuffix("I")
+    if raw.endswith("%"):
+        share = float(raw[:-1])
+        if not 0 <= share <= 100:
+            raise ValueError(f"share out of range: {text!r} (0% to 100%)")
+        return share, "%"
+    number, unit = (raw[:-1], raw[-1]) if raw[-1:] in tuple("KMGTP") else (raw, "")
+    size = float(number) * _SIZE_UNITS[unit]
+    if not 0 <= size < 1 << 60:
+        raise ValueError(f"size out of range: {text!r}")
+    return size, "B"
 
 
 def with_port(endpoint: str, port: int) -> str | None:
@@ -471,6 +547,50 @@ class ReportSettings:
     subject: str = "slurmgpu fleet report {date}: {availability_pct}% available, {drains} drains"
 
 
+HangSeverity = Literal["warn", "fail", "unknown"]
+BANDWIDTH = Range(0.001, 100_000)  # GB/s or Gb/s: well past any link that exists
+
+
+@dataclass
+class ValidateSettings:
+    """`slurmgpu validate` (docs/validation.md): budgets, floors in GB/s, Gb/s (InfiniBand)
+    and TFLOP/s (None: the GPU model's built-in floor), outliers, stragglers."""
+
+    # Total wall time of a tier (every test together); validate ends within it + ~2 s.
+    quick_budget_s: Annotated[float, TIMEOUT] = 60.0
+    full_budget_s: Annotated[float, TIMEOUT] = 900.0
+    # One test's hard limit (its process group is killed then); capped by what is left.
+    quick_test_timeout_s: Annotated[float, TIMEOUT] = 20.0
+    full_test_timeout_s: Annotated[float, TIMEOUT] = 300.0
+    # How long the GEMM burn / bandwidth loops run per test.
+    quick_burn_s: Annotated[float, Range(0.01, 600)] = 5.0
+    full_burn_s: Annotated[float, Range(0.01, 3600)] = 120.0
+    # Share of free GPU memory the HBM write/verify pattern covers.
+    quick_hbm_share: Annotated[float, FRACTION] = 0.1
+    full_hbm_share: Annotated[float, FRACTION] = 0.8
+    # dcgmi diag level per tier.
+    quick_dcgm_level: Annotated[int, Range(1, 4)] = 1
+    full_dcgm_level: Annotated[int, Range(1, 4)] = 3
+    # What a test that did not finish in time is.
+    hang_severity: HangSeverity = "fail"
+    # Floors (None: the GPU model's built-in floor, or none).
+    gemm_tflops: Annotated[float | None, Range(0.001, 100_000)] = None
+    hbm_gbps: Annotated[float | None, BANDWIDTH] = None
+    pcie_gbps: Annotated[float | None, BANDWIDTH] = None
+    p2p_gbps: Annotated[float | None, BANDWIDTH] = None
+    nccl_busbw_gbps: Annotated[float | None, BANDWIDTH] = None
+    ib_gbps: Annotated[float | None, BANDWIDTH] = None
+    # A GPU, GPU pair or IB pair this fraction below the node's median for the same
+    # measurement fails (the slow one among identical parts, whatever the floors say).
+    outlier_fraction: Annotated[float, FRACTION] = 0.25
+    # InfiniBand: GPUDirect (ib_write_bw --use_cuda=<gpu>); tools' paths ("" = $PATH).
+    ib_use_cuda: bool = False
+    nccl_tests_dir: str = ""
+    nvbandwidth: str = ""
+    # The Python that runs the built-in probe ("": slurmgpu's own); one with CuPy or PyTorch.
+    probe_python: str = ""
+
+
 @dataclass
 class Settings:
     gpu: GpuSettings = field(default_factory=GpuSettings)
@@ -483,6 +603,10 @@ class Settings:
     fabric: FabricSettings = field(default_factory=FabricSettings)
     ib: IbSettings = field(default_factory=IbSettings)
     xid: XidSettings = field(default_factory=XidSettings)
+    disk: DiskSettings = field(default_factory=DiskSettings)
+    services: ServicesSettings = field(default_factory=ServicesSettings)
+    rdma: RdmaSettings = field(default_factory=RdmaSettings)
+    nvswitch: NvswitchSettings = field(default_factory=NvswitchSettings)
     checks: ChecksSettings = field(default_factory=ChecksSettings)
     nvml: NvmlSettings = field(default_factory=NvmlSettings)
     versions: VersionsSettings = field(default_factory=VersionsSettings)
@@ -495,3 +619,4 @@ class Settings:
     collector: CollectorSettings = field(default_factory=CollectorSettings)
     automation: AutomationSettings = field(default_factory=AutomationSettings)
     report: ReportSettings = field(default_factory=ReportSettings)
+    validate: ValidateSettings = field(default_factory=ValidateSettings)

@@ -6,18 +6,19 @@ problem is one ``ConfigError`` naming the file, the key path and (best effort) t
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import re
 import types
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from slurmgpu.config.hosts import HOST_KEYS, HostSection, Table, Tables, parse_nodeset
-from slurmgpu.config.schema import Range, Settings
+from slurmgpu.config.schema import Range, Settings, free_threshold
 from slurmgpu.config.tomltext import DictKey, KeyPath, find_line, format_value, quote, render_key
 from slurmgpu.config.versions_match import spec_error
-from slurmgpu.errors import ConfigError
+from slurmgpu.errors import ConfigError, ConfigErrors
 
 # Port counters under /sys/class/infiniband/<dev>/ports/<n>/counters/.
 IB_COUNTERS = (
@@ -108,6 +109,23 @@ class Validator:
         self.path = path
         self.text = text
         self.known_checks = None if known_checks is None else sorted(set(known_checks))
+        self.errors: list[ConfigError] = []  # every problem found (``collecting``)
+
+    @contextlib.contextmanager
+    def collecting(self) -> Iterator[None]:
+        """Record a problem in ``errors`` and go on with the next key or section."""
+        try:
+            yield
+        except ConfigError as e:
+            self.errors.append(e)
+
+    def raise_errors(self) -> None:
+        """Every problem recorded, in file order: one ConfigError, or ConfigErrors."""
+        if len(self.errors) == 1:
+            raise self.errors[0]
+        if self.errors:
+            ordered = sorted(self.errors, key=lambda e: e.line if e.line is not None else 0)
+            raise ConfigErrors(ordered)
 
     def error(self, key: KeyPath, message: str) -> ConfigError:
         return ConfigError(message, path=self.path, key=render_key(key) or None,
@@ -131,18 +149,22 @@ class Validator:
         raw = self.moved(raw, prefix)
         out: Tables = {}
         for name, value in raw.items():
-            if name in extra:
-                continue
-            key = (*prefix, name)
-            if name not in table_types:
-                if not prefix and name in HOST_KEYS:
-                    raise self.error(key, f"'{name}' belongs in a [[hosts]] section")
-                what = "table" if isinstance(value, dict) else "key"
-                raise self.unknown(key, name, [*table_types, *extra], what)
-            if not isinstance(value, dict):
-                raise self.error(key, f"expected a table, got {describe(value)}")
-            out[name] = self.table(value, table_types[name], key)
+            if name not in extra:
+                with self.collecting():
+                    out[name] = self._one_table(name, value, prefix, table_types, extra)
         return out
+
+    def _one_table(self, name: str, value: Any, prefix: KeyPath, table_types: dict[str, Any],
+                   extra: Sequence[str]) -> Table:
+        key = (*prefix, name)
+        if name not in table_types:
+            if not prefix and name in HOST_KEYS:
+                raise self.error(key, f"'{name}' belongs in a [[hosts]] section")
+            what = "table" if isinstance(value, dict) else "key"
+            raise self.unknown(key, name, [*table_types, *extra], what)
+        if not isinstance(value, dict):
+            raise self.error(key, f"expected a table, got {describe(value)}")
+        return self.table(value, table_types[name], key)
 
     def table(self, raw: Table, cls: type, prefix: KeyPath) -> Table:
         hints = type_hints(cls)
@@ -150,12 +172,13 @@ class Validator:
         out: Table = {}
         for name, value in raw.items():
             key = (*prefix, name)
-            if name not in hints:
-                raise self.unknown(key, name, list(hints))
-            setting = f"{table_name}.{name}"
-            checked = self.value(value, hints[name], key, setting)
-            self.semantics(setting, key, checked, single=isinstance(value, str))
-            out[name] = checked
+            with self.collecting():
+                if name not in hints:
+                    raise self.unknown(key, name, list(hints))
+                setting = f"{table_name}.{name}"
+                checked = self.value(value, hints[name], key, setting)
+                self.semantics(setting, key, checked, single=isinstance(value, str))
+                out[name] = checked
         return out
 
     def moved(self, raw: Table, prefix: KeyPath) -> Table:
@@ -183,24 +206,27 @@ class Validator:
                              "as [[hosts]] (double brackets)")
         sections: list[HostSection] = []
         for i, section in enumerate(raw):
-            key: KeyPath = ("hosts", i)
-            if not isinstance(section, dict):
-                raise self.error(key, f"expected a table, got {describe(section)}")
-            if "nodes" not in section:
-                raise self.error(key, "missing required key 'nodes' (a hostlist such as "
-                                 '"gpu-h100-[001-128]")')
-            nodes = self.value(section["nodes"], str, (*key, "nodes"), "hosts.nodes")
-            name = None
-            if "name" in section:
-                name = self.value(section["name"], str, (*key, "name"), "hosts.name")
-            try:
-                nodeset = parse_nodeset(nodes)
-            except ValueError as e:
-                raise self.error((*key, "nodes"), str(e)) from None
-            values = self.tables(section, key, extra=HOST_KEYS)
-            sections.append(HostSection(index=i, nodes=nodes.strip(), values=values, name=name,
-                                        nodeset=nodeset))
+            with self.collecting():
+                sections.append(self._host_section(i, section))
         return sections
+
+    def _host_section(self, i: int, section: Any) -> HostSection:
+        key: KeyPath = ("hosts", i)
+        if not isinstance(section, dict):
+            raise self.error(key, f"expected a table, got {describe(section)}")
+        if "nodes" not in section:
+            raise self.error(key, "missing required key 'nodes' (a hostlist such as "
+                             '"gpu-h100-[001-128]")')
+        values = self.tables(section, key, extra=HOST_KEYS)  # its problems too, whatever the nodes
+        nodes = self.value(section["nodes"], str, (*key, "nodes"), "hosts.nodes")
+        name = None
+        if "name" in section:
+            name = self.value(section["name"], str, (*key, "name"), "hosts.name")
+        try:
+            nodeset = parse_nodeset(nodes)
+        except ValueError as e:
+            raise self.error((*key, "nodes"), str(e)) from None
+        return HostSection(index=i, nodes=nodes.strip(), values=values, name=name, nodeset=nodeset)
 
     # ---- types
 
@@ -303,6 +329,11 @@ class Validator:
                     raise self.error(key if single else (*key, i), err)
         elif setting == "collector.address":
             self.addresses(key, [value] if single else value, single)
+        elif setting == "disk.free_min":
+            for k, v in value.items():
+                err = _free_min_error(v)
+                if err:
+                    raise self.error((*key, DictKey(k)), err)
         elif setting == "ib.hw_counters_delta_max":
             for k in value:
                 if not _HW_COUNTER_RE.fullmatch(k):
@@ -376,6 +407,15 @@ def endpoint_error(address: str) -> str | None:
                 'e.g. "tcp://slurm-head:7150"')
     if not 1 <= int(found.group(1)) <= 65535:
         return f"port out of range in {quote(address)} (1 to 65535)"
+    return None
+
+
+def _free_min_error(text: str) -> str | None:
+    try:
+        free_threshold(text)
+    except (ValueError, OverflowError):
+        return (f"not a free-space threshold: {quote(text)}; write a share or a size, "
+                'e.g. "3%", "10G", "500M"')
     return None
 
 

@@ -34,6 +34,7 @@ from slurmgpu.doctor.model import (
     run_all,
     run_check,
 )
+from slurmgpu.doctor.scontrol import check_scontrol_version
 from slurmgpu.doctor.slurmconf import (
     check_slurm_conf,
     check_slurm_hooks,
@@ -54,6 +55,7 @@ CHECKS = (
     Check("slurm.hooks", check_slurm_hooks),
     Check("slurm.task_prolog", check_task_prolog),
     Check("slurmctld", check_slurmctld),
+    Check("slurm.scontrol", check_scontrol_version),
     Check("nvml", check_nvml, hung_fix="if `nvidia-smi` hangs too, a GPU or the driver is wedged "
                                        "(see the kernel log); with persistence mode off NVML starts "
                                        "slowly: `nvidia-smi -pm 1`"),

@@ -3,11 +3,12 @@ writable directories, NVML and the agent's local socket."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,11 +41,13 @@ def check_config(ctx: Context) -> Iterator[Finding]:
                    f"fix {key}{where}, then `slurmgpu config check {where}` must say OK")
         return
     ctx.loaded, ctx.settings = loaded, loaded.settings_for(ctx.node, ctx.environ)
+    dropins = "".join(f", drop-in {d.path}" for d in loaded.dropins)
     if loaded.path is None:
-        yield ok("config", f"{ctx.config_path} not present: the defaults apply")
+        yield ok("config", f"{ctx.config_path} not present: the defaults apply{dropins}")
         return
-    n = len(loaded.hosts)
-    yield ok("config", f"{loaded.path} is valid ({n} [[hosts]] section{'' if n == 1 else 's'})")
+    n = len(loaded.all_hosts)
+    yield ok("config", f"{loaded.path} is valid ({n} [[hosts]] section{'' if n == 1 else 's'}"
+                       f"{dropins})")
 
 
 # --------------------------------------------------------------------------- keys
@@ -214,23 +217,24 @@ def check_nvml(ctx: Context) -> Iterator[Finding]:
     if settings.gpu.count == 0:
         yield skip("nvml", "[gpu] count = 0: no GPUs expected on this node")
         return
+    from slurmgpu.sources.deadline import DeadlineNvmlSource
     from slurmgpu.sources.nvml import PynvmlSource
 
-    # frozenset(): the system queries and the device count only, no per-GPU reads.
-    nvml = PynvmlSource(settings.nvml.library, environ=ctx.environ, retry_delay_s=0).collect(frozenset())
+    # frozenset(): the system queries and the device count only, no per-GPU reads; a hung
+    # driver answers within [nvml] query_deadline_s.
+    source = PynvmlSource(settings.nvml.library, environ=ctx.environ, retry_delay_s=0)
+    nvml = DeadlineNvmlSource(source, settings.nvml.query_deadline_s).collect(frozenset())
     yield _gpu_count_finding(ctx, nvml)
 
 
 def _gpu_count_finding(ctx: Context, nvml: NvmlFacts) -> Finding:
     """The engine's ``gpu.count`` check on these facts, with a fix for its finding."""
     from slurmgpu.checks.registry import all_checks
-    from slurmgpu.engine import evaluate
-    from slurmgpu.facts import IbFacts, NodeFacts, SoftwareVersions
+    from slurmgpu.engine import assemble, evaluate
     from slurmgpu.result import Severity
 
     assert ctx.settings is not None
-    facts = NodeFacts(node=ctx.node, collected_at=time.time(), nvml=nvml,
-                      ib=IbFacts(available=False), versions=SoftwareVersions())
+    facts = assemble(ctx.node, nvml, collected_at=time.time())
     spec = [c for c in all_checks() if c.id == "gpu.count"]
     problems = evaluate(facts, ctx.settings, checks=spec).problems()
     driver_fix = ("load the NVIDIA driver (`nvidia-smi` must work) or set [nvml] library; "
@@ -281,11 +285,28 @@ def check_agent(ctx: Context) -> Iterator[Finding]:
     try:
         reply = ask(path, {"op": "status"}, STEP_TIMEOUT_S)
     except AgentUnavailable as exc:
-        yield fail("agent", f"no answer on {path}: {exc}",
-                   f"systemctl restart {AGENT_UNIT}; `journalctl -u {AGENT_UNIT}` says why it is down")
+        yield fail("agent", f"no answer on {path}: {exc}", agent_down_fix(ctx.environ))
         return
     took = time.monotonic() - started
     yield _agent_status(ctx, path, reply, took)
+
+
+def agent_down_fix(environ: Mapping[str, str]) -> str:
+    """``enable --now`` for a unit that was never enabled (the packages enable nothing),
+    else ``restart``; what ``systemctl is-enabled`` says decides (no systemctl: restart)."""
+    import shutil
+    import subprocess
+
+    systemctl = shutil.which("systemctl", path=environ.get("PATH"))
+    state = ""
+    if systemctl is not None:
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            state = subprocess.run([systemctl, "is-enabled", f"{AGENT_UNIT}.service"], text=True,
+                                   capture_output=True, timeout=STEP_TIMEOUT_S).stdout.strip()
+    if state == "disabled":
+        return (f"systemctl enable --now {AGENT_UNIT} (installed, never enabled: the packages "
+                "enable nothing)")
+    return f"systemctl restart {AGENT_UNIT}; `journalctl -u {AGENT_UNIT}` says why it is down"
 
 
 def _agent_status(ctx: Context, path: str, reply: dict[str, Any], took: float) -> Finding:

@@ -20,10 +20,23 @@ import subprocess
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from slurmgpu.doctor.model import HEAD, STEP_TIMEOUT_S, Context, Finding, fail, ok, skip, warn
+from slurmgpu.doctor.model import (
+    HEAD,
+    STEP_TIMEOUT_S,
+    Context,
+    Finding,
+    Level,
+    fail,
+    ok,
+    skip,
+    warn,
+)
 from slurmgpu.slurm.conf import ENV_VAR, Setting, SlurmConf
+
+if TYPE_CHECKING:
+    from slurmgpu.slurm.cli import CliSlurmClient
 
 # Where ``#!/usr/bin/env python3`` looks for python3 when slurmd gives a hook no PATH at
 # all (Slurm 22.05 does): execvp's default search path.
@@ -37,6 +50,8 @@ SHIPPED = "/usr/libexec/slurmgpu"
 #: sees what a job's user cannot read or run (an interpreter in root's home directory).
 TASK_PROLOG_USER = "nobody"
 NO_CONF = "needs slurm.conf (see the slurm.conf line)"
+#: The nhc.conf line that runs slurmgpu's health check from NHC (HealthCheckProgram=nhc).
+NHC_LINE = f"`* || check_cmd_status -t 30 sh -c '{SHIPPED}/slurmgpu-healthcheck; exit 0'`"
 
 
 def check_slurm_conf(ctx: Context) -> Iterator[Finding]:
@@ -57,7 +72,21 @@ def check_slurm_conf(ctx: Context) -> Iterator[Finding]:
         return
     included = len(ctx.slurm_conf.files) - 1
     more = f" (+{included} included file{'' if included == 1 else 's'})" if included else ""
-    yield ok("slurm.conf", f"{path}{more}")
+    yield ok("slurm.conf", f"{path}{more}{configless_note(ctx.slurm_conf)}")
+
+
+def configless_note(conf: SlurmConf) -> str:
+    """What configless Slurm changes for an admin: where to edit, what must be on the nodes."""
+    from slurmgpu.slurm.conf import CONFIGLESS_DIR
+
+    if conf.path.startswith(CONFIGLESS_DIR + "/"):
+        return ("; configless: slurmd's copy of the controller's slurm.conf, so edit slurm.conf "
+                "on the controller, then `scontrol reconfigure`")
+    params = conf.get("SlurmctldParameters")
+    if params is not None and "enable_configless" in {p.lower() for p in params.items()}:
+        return (f"; configless ({params.where}): the nodes read this file from slurmctld, so the "
+                "hook programs it names must be installed on every node")
+    return ""
 
 
 # --------------------------------------------------------------------------- settings
@@ -125,13 +154,49 @@ def check_slurm_hooks(ctx: Context) -> Iterator[Finding]:
             yield fail(check_id, f"{conf.path} sets no {key}: slurmgpu does not gate jobs",
                        f"add `{key}={SHIPPED}/{shipped}` to {conf.path}")
         else:
-            yield _hook(ctx, check_id, setting)
+            yield _gating_hook(ctx, check_id, setting, shipped)
     health = conf.get("HealthCheckProgram")
     if health is None:
         yield skip("slurm.healthcheck", "HealthCheckProgram not set: nodes slurmgpu drained are "
                                         "not resumed when they recover")
+    elif _foreign(ctx, health):
+        yield skip("slurm.healthcheck", f"HealthCheckProgram={health.value} ({health.where}) is not "
+                                        "slurmgpu's, so nodes slurmgpu drained are not resumed when "
+                                        "they recover; Slurm runs one program there: run slurmgpu's "
+                                        f"from it, ignoring its exit status (it drains and resumes by "
+                                        f"itself). NHC: {NHC_LINE} in /etc/nhc/nhc.conf")
     else:
         yield _hook(ctx, "slurm.healthcheck", health)
+
+
+def _gating_hook(ctx: Context, check_id: str, setting: Setting, shipped: str) -> Finding:
+    """A runnable Prolog=/Epilog= that runs no slurmgpu program warns, saying how to add it."""
+    finding = _hook(ctx, check_id, setting)
+    if finding.level is not Level.OK or not _foreign(ctx, setting):
+        return finding
+    key = setting.key
+    return warn(check_id, f"{key}={setting.value} ({setting.where}) runs no slurmgpu program: "
+                          "slurmgpu does not gate jobs",
+                f"keep yours and add slurmgpu's: `{key}={setting.value},{SHIPPED}/{shipped}` at "
+                f"{setting.where} (Slurm runs each, in order; a job runs only when all exit 0), "
+                "or call it from your script")
+
+
+def _foreign(ctx: Context, setting: Setting) -> bool:
+    """A hook setting whose programs (here, on a GPU node) are all someone else's."""
+    return ctx.role != HEAD and not any(runs_slurmgpu(p) for p in hook_paths(setting))
+
+
+def runs_slurmgpu(path: str) -> bool:
+    """Whether ``path`` is one of slurmgpu's hooks (by name, or a link to one) or a script
+    that names slurmgpu (a site's own prolog that calls it)."""
+    if any(os.path.basename(p).startswith("slurmgpu") for p in (path, os.path.realpath(path))):
+        return True
+    try:
+        with open(path, "rb") as fh:
+            return b"slurmgpu" in fh.read(64 * 1024)
+    except OSError:
+        return False
 
 
 def _hook(ctx: Context, check_id: str, setting: Setting) -> Finding:
@@ -321,6 +386,28 @@ def check_slurmctld(ctx: Context) -> Iterator[Finding]:
         return
     answer = "; ".join(line.strip() for line in proc.stdout.splitlines() if line.strip())
     yield ok("slurmctld", answer or "scontrol ping: exit 0")
+    yield from _slurmgpu_drains(client)
+
+
+#: Where an admin reads a whole drain reason (`sinfo -R` cuts it at 20 characters).
+READ_REASONS = '`slurmgpu nodes` or `sinfo -R -o "%60E %19H %N"`'
+
+
+def _slurmgpu_drains(client: CliSlurmClient) -> Iterator[Finding]:
+    """The nodes slurmgpu drained now, and where their whole reasons are read (nothing
+    when there are none or Slurm does not list its nodes)."""
+    from slurmgpu.decision import REASON_PREFIX
+    from slurmgpu.slurm import SlurmError
+
+    try:
+        nodes = client.nodes()
+    except SlurmError:
+        return
+    drained = sorted(n.name for n in nodes if n.drained and (n.reason or "").startswith(REASON_PREFIX))
+    if drained:
+        yield ok("slurm.drains", f"{len(drained)} node(s) drained by slurmgpu ({', '.join(drained)}): "
+                                 f"read the whole reasons with {READ_REASONS} (plain `sinfo -R` shows "
+                                 "20 characters)")
 
 
 def _ping_fix(ctx: Context) -> str:

@@ -11,6 +11,7 @@ from html import escape
 from typing import Any
 
 from slurmgpu.report import SECTIONS, TITLES
+from slurmgpu.report import sections as shared
 from slurmgpu.report.render_util import axis, day, duration, hours, num, pct, per, tick, when
 from slurmgpu.report.sections import MTBF_HEADERS, Renderers, mtbf_rows
 
@@ -238,8 +239,8 @@ def _summary(m: dict[str, Any]) -> str:
     avail = s["availability_pct"]
     avail_cls = "" if avail is None else ("ok" if avail >= 95 else ("warn" if avail >= 85 else "bad"))
 
-    def bad(v: int) -> str:
-        return "bad" if v else "ok"
+    def bad(v: int | None) -> str:
+        return "warn" if v is None else "bad" if v else "ok"
 
     return _cards([
         (num(s["nodes"]), "nodes", ""),
@@ -253,7 +254,7 @@ def _summary(m: dict[str, Any]) -> str:
         (num(s["jobs_checkpointed"]), "jobs checkpointed", ""),
         (num(s["jobs_requeued"]), "jobs requeued", ""),
         (num(s["jobs_prolog_blocked"]), "jobs blocked by the prolog", ""),
-        (num(s["nodes_off_pin"]), "nodes off their version pins", bad(s["nodes_off_pin"])),
+        (shared.off_pin_count(s["nodes_off_pin"]), "nodes off their version pins", bad(s["nodes_off_pin"])),
         (num(s["lemons"]), "lemon nodes", bad(s["lemons"])),
         (num(s["due_for_service"]), "nodes due for service", bad(s["due_for_service"])),
     ])
@@ -397,8 +398,12 @@ def _ib(m: dict[str, Any]) -> str:
 @renders("pin-drift")
 def _pin_drift(m: dict[str, Any]) -> str:
     p = m["pin-drift"]
-    out = [f'<p class="meta">{p["nodes_off_pin"]} nodes run a version their [pins] do not '
-           "accept (highlighted). Versions at the window's end.</p>"]
+    out = [f'<p class="meta">{shared.off_pin_count(p["nodes_off_pin"])} nodes off their [pins] '
+           f"({e(', '.join(p['off_pin_nodes']) or 'none')}). Judged {e(p['judged'])}. "
+           "Versions at the window's end.</p>"]
+    if p["by_nodes"]:
+        out.append(_table(["off-pin node", "check", "severity", "message (the node's own check)"],
+                          shared.pin_finding_rows(p["by_nodes"]), row_class=lambda i: "off"))
     for name, f in p["fields"].items():
         versions = f["versions"]
         out.append(f'<h3>{e(name)} <span class="meta">({e(f["pin_key"])}; '

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from slurmgpu.report import SECTIONS, TITLES
+from slurmgpu.report import sections as shared
 from slurmgpu.report.render_util import duration, hours, num, pct, per, when
 from slurmgpu.report.sections import MTBF_HEADERS, Renderers, mtbf_rows
 
@@ -14,9 +15,10 @@ BAR_WIDTH = 20
 
 
 # Text from nodes (drain reasons, versions, messages) ends up in the mail body: no raw
-# HTML (a <script>, an <img onerror>) and no link or code syntax ([x](javascript:...)).
-_MARKUP = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", "[": "\\[", "]": "\\]",
-                         "(": "\\(", ")": "\\)", "`": "\\`"})
+# HTML (a <script>, an <img onerror>) and no link or code syntax ([x](javascript:...)),
+# with Markdown's backslash escapes, never HTML entities: a plain-text mail shows the
+# text as written ("-> reboot", not "-&gt; reboot"), a "<" only with a backslash.
+_MARKUP = str.maketrans({"<": "\\<", "[": "\\[", "]": "\\]", "`": "\\`"})
 
 
 def cell(value: Any) -> str:
@@ -65,7 +67,7 @@ def _summary(m: dict[str, Any]) -> str:
         ("GPUs with rising ECC / remaps", num(s["gpus_ecc_rising"])),
         ("jobs checkpointed / requeued / blocked by the prolog",
          f"{s['jobs_checkpointed']} / {s['jobs_requeued']} / {s['jobs_prolog_blocked']}"),
-        ("nodes off their version pins", num(s["nodes_off_pin"])),
+        ("nodes off their version pins", shared.off_pin_count(s["nodes_off_pin"])),
         ("lemon nodes", num(s["lemons"])),
         ("nodes due for service", num(s["due_for_service"])),
     ]
@@ -175,7 +177,12 @@ def _ib(m: dict[str, Any]) -> str:
 @renders("pin-drift")
 def _pin_drift(m: dict[str, Any]) -> str:
     p = m["pin-drift"]
-    out = f"{p['nodes_off_pin']} nodes run a version their [pins] do not accept (**OFF-PIN**).\n"
+    out = (f"{shared.off_pin_count(p['nodes_off_pin'])} nodes off their [pins] "
+           f"({cell(', '.join(p['off_pin_nodes']) or 'none')}; versions: **OFF-PIN**). "
+           f"Judged {p['judged']}.\n")  # (slurmgpu's own words: not escaped)
+    if p["by_nodes"]:
+        out += "\n" + table(["off-pin node", "check", "severity", "message (the node's own check)"],
+                            shared.pin_finding_rows(p["by_nodes"]))
     for name, f in p["fields"].items():
         out += f"\n**{name}** ({f['pin_key']}; {f['not_reported']} nodes not reported)\n\n"
         out += table(["version", "nodes", "off-pin nodes"],

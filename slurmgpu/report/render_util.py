@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from datetime import UTC, datetime
 
 
@@ -78,6 +79,20 @@ def duration(seconds: float | None) -> str:
     if s < 2 * 86400:
         return f"{s // 3600}h {s % 3600 // 60:02d}m"
     return f"{s // 86400}d {s % 86400 // 3600}h"
+
+
+def span(seconds: float) -> str:
+    """A configured window in words: ``7 days``, ``1 day``, ``6 h``, ``30 min``, ``45 s``."""
+    for unit, name in ((86400, "day"), (3600, "h"), (60, "min")):
+        if seconds >= unit and seconds % unit == 0:
+            count = int(seconds // unit)
+            return f"{count} {name}{'s' if name == 'day' and count != 1 else ''}"
+    return f"{seconds:g} s"
+
+
+def spans_in_words(text: str) -> str:
+    """``within 604800 s`` (a lemon's why, as older collectors wrote it) -> ``within 7 days``."""
+    return re.sub(r"\bwithin (\d+(?:\.\d+)?) s\b", lambda m: f"within {span(float(m.group(1)))}", text)
 
 
 def num(value: float | int | None, digits: int = 1) -> str:

@@ -1,13 +1,13 @@
 """What the HTML and Markdown renderers take from the report model the same way: which
-function renders which section, and the MTBF table's cells."""
+function renders which section, the MTBF table's cells, the pin findings' rows."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from slurmgpu.report import SECTIONS
-from slurmgpu.report.render_util import hours, mtbf
+from slurmgpu.report.render_util import hours, mtbf, num
 
 # Renders one section of the report model.
 Renderer = Callable[[dict[str, Any]], str]
@@ -45,3 +45,14 @@ def mtbf_rows(m: dict[str, Any]) -> list[list[Any]]:
     return [[r["gpu_model"], r["nodes"], hours(r["node_hours"]), r["drains"],
              mtbf(r["mtbf_drain_h"]), r["fail_transitions"], mtbf(r["mtbf_fail_h"])]
             for r in m["mtbf"]["models"]]
+
+
+def off_pin_count(value: int | None) -> str:
+    """The headline's off-pin count: "not judged" where nothing could judge the pins."""
+    return "not judged" if value is None else num(value)
+
+
+def pin_finding_rows(by_nodes: Sequence[Mapping[str, Any]]) -> list[list[Any]]:
+    """The nodes' own pin findings as table rows: node, check, severity, message."""
+    return [[f["node"], f["check"] + (f" GPU {f['gpu']}" if f["gpu"] is not None else ""),
+             f["severity"], f["message"] or ""] for f in by_nodes]

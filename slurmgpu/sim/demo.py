@@ -29,13 +29,14 @@ from slurmgpu.errors import SlurmGpuError
 from slurmgpu.result import Severity
 from slurmgpu.sim.cluster import (
     DEFAULT_SCENARIO,
+    DEMO_DIR,
     STATE_FILE,
     SimCluster,
     node_names,
     repo_root,
 )
 
-DEFAULT_DIR = Path("/tmp/slurmgpu-demo")
+DEFAULT_DIR = DEMO_DIR
 NODES = 4
 GPUS = 8
 #: The longest any one wait may take by default (seconds); `--timeout`.
@@ -444,12 +445,14 @@ def step_breaker(demo: Demo) -> None:
         demo.result.breaker = status
         why = status.get("why") or ""
         held = [f"{h['node']} ({h.get('trigger', '')})" for h in status.get("held", [])]
-        text = (f"OPEN: {why}; held: {', '.join(held) or 'none'}" if status.get("breaker_open")
+        now = status.get("drained_now") or {}
+        text = (f"OPEN (opened on: {why}); held: {', '.join(held) or 'none'}" if status.get("breaker_open")
                 else "closed")
-        demo.effect(st, "status", bool(status.get("breaker_open")) and
-                    any(h["node"] == DRIVER_NODE for h in status.get("held", [])),
-                    f"breaker {text}; drained by the automation: "
-                    f"{', '.join(status.get('drained', [])) or 'none'}")
+        # The driver node's held drain, or (once the collector polled Slurm) the prolog's drain of it.
+        covered = any(h["node"] == DRIVER_NODE for h in status.get("held", [])) or now.get(DRIVER_NODE) == "prolog"
+        demo.effect(st, "status", bool(status.get("breaker_open")) and covered,
+                    f"breaker {text}; now drained: "
+                    f"{', '.join(f'{n} (by {who})' for n, who in sorted(now.items())) or 'none'}")
 
 
 def step_finish(demo: Demo) -> None:
@@ -487,6 +490,9 @@ def step_report(demo: Demo) -> None:
                     f"{summary.get('jobs_prolog_blocked')} job(s) blocked by the prolog, "
                     f"{summary.get('jobs_checkpointed')} checkpointed, "
                     f"{summary.get('jobs_requeued')} requeued")
+        off = summary.get("off_pin_nodes") or []
+        demo.effect(st, "off-pin", DRIVER_NODE in off,
+                    f"the report shows {', '.join(off) or 'no node'} off its version pins")
 
 
 STEPS: tuple[Callable[[Demo], None], ...] = (
@@ -641,7 +647,7 @@ def write_report(cluster: SimCluster, path: Path, since: str = "1h") -> dict[str
     model = report_from_path(cluster.collector_db(), t0, t1,
                              config=load_config(str(cluster.head_config)), generated_at=now)
     write_text_atomic(str(path), html.render(model))
-    summary: dict[str, Any] = model["summary"]
+    summary: dict[str, Any] = {**model["summary"], "off_pin_nodes": model["pin-drift"]["off_pin_nodes"]}
     return summary
 
 

@@ -12,6 +12,7 @@
  *   - a key missing (or null) for a GPU      -> NVML_ERROR_NOT_SUPPORTED
  *   - a key with a value of the wrong type   -> NVML_ERROR_UNKNOWN
  *   - "lost": true on a GPU                  -> NVML_ERROR_GPU_IS_LOST for every call on it
+ *   - "hang": true on a GPU                  -> every device call on it blocks until cleared
  *   - "errors": {"<C symbol>": code}         -> that code (per GPU, then top level)
  *   - "init_error": code (top level)         -> nvmlInit* fails with it
  *   - no scenario / unreadable at init       -> NVML_ERROR_DRIVER_NOT_LOADED
@@ -496,9 +497,27 @@ static nvmlReturn_t enter_global(const char *fn)
     return NVML_SUCCESS;
 }
 
+/* A GPU with "hang": true blocks every device call, as a GPU stuck in the driver does,
+ * until the scenario clears it.  The lock is not held while blocked. */
+static void block_while_hung(int idx)
+{
+    for (;;) {
+        pthread_mutex_lock(&g_lock);
+        reload_locked(0);
+        int hung = g_root && idx >= 0 && (unsigned int)idx < gpu_count() &&
+                   jtrue(jget(gpu_at((unsigned int)idx), "hang"));
+        pthread_mutex_unlock(&g_lock);
+        if (!hung)
+            return;
+        struct timespec pause = {0, 50 * 1000 * 1000};
+        nanosleep(&pause, NULL);
+    }
+}
+
 /* As enter_global, for a device call.  On success the lock is held and *gpu set. */
 static nvmlReturn_t enter_device(nvmlDevice_t device, const char *fn, cJSON **gpu)
 {
+    block_while_hung(handle_index(device));
     pthread_mutex_lock(&g_lock);
     if (g_init_count <= 0)
         return leave(NVML_ERROR_UNINITIALIZED);
@@ -696,9 +715,19 @@ nvmlReturn_t DECLDIR nvmlSystemGetDriverVersion(char *version, unsigned int leng
     return sys_str(__func__, "driver_version", version, length);
 }
 
+/* The library's own version: answered without nvmlInit, as the real library does (nvidia-smi
+ * prints it after "Failed to initialize NVML: Driver/library version mismatch"). */
 nvmlReturn_t DECLDIR nvmlSystemGetNVMLVersion(char *version, unsigned int length)
 {
-    return sys_str(__func__, "nvml_version", version, length);
+    pthread_mutex_lock(&g_lock);
+    if (reload_locked(0) != 0)
+        return leave(NVML_ERROR_DRIVER_NOT_LOADED);
+    cJSON *it = jget(g_root, "nvml_version");
+    if (!it)
+        return leave(NVML_ERROR_NOT_SUPPORTED);
+    if (!cJSON_IsString(it))
+        return leave(NVML_ERROR_UNKNOWN);
+    return leave(copy_str(it->valuestring, version, length));
 }
 
 static nvmlReturn_t cuda_version(const char *fn, int *out)

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from slurmgpu.errors import SimError
+from slurmgpu.sim.hostroot import record_host
 from slurmgpu.sim.scenario import ENV_LIBRARY
 
 _FIELD_NVLINK_LINK_COUNT = 91
@@ -433,6 +434,7 @@ def record_node(*, name: str | None = None, description: str | None = None) -> d
         scenario["gpus"] = [rec.gpu(i) for i in range(int(count))]
         if rec.missing:
             scenario["missing_functions"] = sorted(rec.missing)
+        scenario["host"] = record_host()
         return scenario
     finally:
         with contextlib.suppress(nvml.NVMLError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +100,7 @@ def validate_scenario(data: Any, *, source: str = "<scenario>") -> None:
         errors = gpu.get("errors")
         if errors is not None and not isinstance(errors, dict):
             raise SimError(f"{source}: gpus[{i}].errors must be an object")
-    for key in ("errors",):
+    for key in ("errors", "host"):
         if key in data and not isinstance(data[key], dict):
             raise SimError(f"{source}: '{key}' must be an object")
     events = data.get("events", [])
@@ -132,13 +133,44 @@ def write_scenario(path: str | os.PathLike[str], data: Any) -> Path:
     return write_text_atomic(path, dump_scenario(data))
 
 
+XID_EVENT_TYPE = 0x8  # nvmlEventTypeXidCriticalError
+
+
+def inject_xid(data: dict[str, Any], gpu: int, xid: int, *, kernel_log: str | os.PathLike[str] | None,
+               text: str = "simulated XID", event: bool = True) -> None:
+    """XID ``xid`` on GPU ``gpu`` as a driver reports it: a line in the kernel log (a
+    kmsg-format file; None: none) and an NVML event in ``data`` (``event``), which the
+    caller writes back (``write_scenario``). Raises SimError for a GPU the scenario lacks."""
+    from slurmgpu.sources.kmsg import append_xid
+
+    gpus = data.get("gpus") or []
+    if not 0 <= gpu < len(gpus):
+        raise SimError(f"the scenario has no GPU {gpu} (it has {len(gpus)})")
+    if kernel_log is not None:
+        try:
+            append_xid(os.fspath(kernel_log), str((gpus[gpu].get("pci") or {}).get("bus_id", "")), xid, text)
+        except ValueError as exc:
+            raise SimError(f"GPU {gpu}: {exc}") from exc
+    if event:
+        events = data.setdefault("events", [])
+        # Ids unique across resets (microseconds): the fake delivers each id once per
+        # event set, so a restarted count would hide new events from a running agent.
+        next_id = max([int(e.get("id", i + 1)) for i, e in enumerate(events)] +
+                      [time.time_ns() // 1000]) + 1
+        events.append({"gpu": gpu, "type": XID_EVENT_TYPE, "data": xid, "id": next_id})
+
+
 def sim_environment(name_or_path: str | os.PathLike[str]) -> dict[str, str]:
-    """Environment that points slurmgpu's NVML source at the fake library and a scenario.
+    """Environment that points slurmgpu's NVML source at the fake library and a scenario,
+    and its host source at the scenario's host tree (``slurmgpu.sim.hostroot``).
 
     Builds the fake library if needed.
     """
     from slurmgpu.sim.build import build_library
+    from slurmgpu.sim.hostroot import host_environment
 
     scenario = resolve_scenario(name_or_path)
-    load_scenario(scenario)  # fail early on a broken file
-    return {ENV_LIBRARY: str(build_library()), ENV_SCENARIO: str(scenario)}
+    data = load_scenario(scenario)  # fail early on a broken file
+    library = build_library()
+    return {ENV_LIBRARY: str(library), ENV_SCENARIO: str(scenario),
+            **host_environment(data, library.parent)}

@@ -19,8 +19,11 @@ from slurmgpu.slurm import SlurmError
 
 ENV_VAR = "SLURM_CONF"
 # Where slurm.conf lives when $SLURM_CONF does not say: upstream's default, then Debian's
-# pre-23.02 packages.
-DEFAULT_PATHS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf")
+# pre-23.02 packages, then a configless node's copy.
+# Configless Slurm (SlurmctldParameters=enable_configless): a node has no slurm.conf of its
+# own; slurmd fetches the controller's and keeps it here, where the client commands read it.
+CONFIGLESS_DIR = "/run/slurm/conf"
+DEFAULT_PATHS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf", f"{CONFIGLESS_DIR}/slurm.conf")
 # Lines whose first key starts a definition of one object; the rest of the line belongs
 # to that object.
 _OBJECT_KEYS = frozenset({"nodename", "partitionname", "nodeset", "downnodes", "frontendname"})

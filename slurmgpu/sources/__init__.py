@@ -1,7 +1,9 @@
 """Where facts come from. Each source is a small Protocol with a real
 implementation (``nvml.py``, ``infiniband.py``, ``versions.py``) and a fake
-(``slurmgpu.testing``) for logic tests; ``kmsg.py`` (XIDs in the kernel log) and
-``procs.py`` (processes holding device files) are read by path."""
+(``slurmgpu.testing``) for logic tests; ``kmsg.py`` (XIDs in the kernel log: /dev/kmsg,
+or the simulator's regular file in its record format) and ``procs.py`` (processes holding
+device files) are read by path."""
+
 
 from __future__ import annotations
 

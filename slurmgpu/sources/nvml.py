@@ -73,12 +73,31 @@ def library_path(configured: str | None, environ: Mapping[str, str] = os.environ
     return setting_value("nvml.library", configured, environ) or None
 
 
+class QueryWatch:
+    """Where a gather is: the GPU (None: the system) and query it last asked, when, and
+    the facts gathered so far; ``slurmgpu.sources.deadline`` reads it from another thread."""
+
+    def __init__(self) -> None:
+        self.gpu: int | None = None
+        self.query = ""
+        self.since = time.monotonic()
+        self.facts: NvmlFacts | None = None
+
+    def at(self, gpu: int | None, query: str) -> None:
+        self.gpu, self.query, self.since = gpu, query, time.monotonic()
+
+    def pause(self, seconds: float) -> None:
+        """The gather waits on purpose (the retry delay): the next query's clock starts after."""
+        self.since = time.monotonic() + seconds
+
+
 class _Query:
     """Runs NVML calls for one GPU, translating errors into facts."""
 
-    def __init__(self, nvml: Any, gpu: GpuFacts) -> None:
+    def __init__(self, nvml: Any, gpu: GpuFacts, watch: QueryWatch | None = None) -> None:
         self.nvml = nvml
         self.gpu = gpu
+        self.watch = watch or QueryWatch()
 
     def __call__(self, fact: str, fn: Callable[..., T] | None, *args: Any) -> T | None:
         try:
@@ -92,6 +111,7 @@ class _Query:
         nvml = self.nvml
         if fn is None:  # an nvidia-ml-py older than the call
             raise _Older()
+        self.watch.at(self.gpu.index, getattr(fn, "__name__", fact))
         try:
             return fn(*args)
         except nvml.NVMLError_NotSupported:
@@ -132,6 +152,8 @@ class PynvmlSource:
         self.library = library_path(library, environ)
         # Bounded: a config value of inf or nan must not hang or crash a gather.
         self.retry_delay_s = min(retry_delay_s, MAX_RETRY_DELAY_S) if retry_delay_s > 0 else 0.0
+        self.init_error_code: int | None = None  # the last nvmlInit's failure
+        self.watch = QueryWatch()
 
     def collect(self, gpus: frozenset[int] | None = None) -> NvmlFacts:
         try:
@@ -139,15 +161,22 @@ class PynvmlSource:
         except ImportError as exc:  # packaging problem, not a node problem
             return NvmlFacts(available=False, error=f"nvidia-ml-py is not installed: {exc}")
         error = self._init(pynvml)
+        library_version = _library_version(pynvml)
         if error:
-            return NvmlFacts(available=False, error=error)
+            return NvmlFacts(available=False, error=error, library_version=library_version,
+                             init_error_code=self.init_error_code)
         try:
-            return self._collect(pynvml, gpus)
+            facts = self._collect(pynvml, gpus)
+            facts.library_version = library_version
+            return facts
         finally:
             with contextlib.suppress(pynvml.NVMLError):
                 pynvml.nvmlShutdown()
 
     def _init(self, nvml: Any) -> str | None:
+        self.init_error_code = None
+        self.watch.facts = None
+        self.watch.at(None, "nvmlInit")
         if self.library and nvml.nvmlLib is None:
             try:
                 nvml.nvmlLib = ctypes.CDLL(self.library)
@@ -160,11 +189,13 @@ class PynvmlSource:
         except nvml.NVMLError_DriverNotLoaded:
             return "NVIDIA driver not loaded (nvmlInit: Driver Not Loaded)"
         except nvml.NVMLError as exc:
+            self.init_error_code = int(exc.value)
             return f"nvmlInit failed: {_describe(exc)}"
         return None
 
     def _collect(self, nvml: Any, wanted: frozenset[int] | None) -> NvmlFacts:
         facts = NvmlFacts(available=True)
+        self.watch.at(None, "nvmlSystemGetDriverVersion")
         try:
             facts.driver_version = _text(nvml.nvmlSystemGetDriverVersion())
             facts.cuda_driver_version = _cuda_version(nvml.nvmlSystemGetCudaDriverVersion_v2())
@@ -172,10 +203,12 @@ class PynvmlSource:
         except nvml.NVMLError as exc:
             return NvmlFacts(available=False, error=f"NVML system query failed: {_describe(exc)}")
         indices = range(facts.device_count) if wanted is None else sorted(wanted)
+        self.watch.facts = facts
         for index in indices:
             if index >= facts.device_count:
                 continue  # gpu.count reports requested GPUs the node does not have
-            facts.gpus.append(_collect_gpu(nvml, index, _fields_for(facts.driver_version)))
+            facts.gpus.append(_collect_gpu(nvml, index, _fields_for(facts.driver_version), self.watch))
+        facts.bus_ids = _bus_ids(nvml, facts, self.watch)
         self._retry_errors(nvml, facts)
         return facts
 
@@ -185,13 +218,39 @@ class PynvmlSource:
         failed = [i for i, g in enumerate(facts.gpus) if g.errors and not g.lost]
         if not failed or self.retry_delay_s <= 0:
             return
+        self.watch.pause(self.retry_delay_s)
         time.sleep(self.retry_delay_s)
         for i in failed:
             first = facts.gpus[i]
-            again = _collect_gpu(nvml, first.index, _fields_for(facts.driver_version))
+            again = _collect_gpu(nvml, first.index, _fields_for(facts.driver_version), self.watch)
             again.retried = True
             again.transient_errors = {k: v for k, v in first.errors.items() if k not in again.errors}
             facts.gpus[i] = again
+
+
+def _library_version(nvml: Any) -> str | None:
+    """The loaded library's own version ("550.90.07" from "12.550.90.07"); it answers
+    without nvmlInit, so a library that refuses the kernel module still says it."""
+    try:
+        text = str(_text(nvml.nvmlSystemGetNVMLVersion()))
+    except Exception:  # no library loaded, or one too old to say
+        return None
+    parts = text.split(".")
+    return ".".join(parts[1:]) if len(parts) == 4 else text
+
+
+def _bus_ids(nvml: Any, facts: NvmlFacts, watch: QueryWatch) -> list[str]:
+    """Every GPU's PCI bus id: the collected GPUs' own, one query each for the others."""
+    known = {g.index: g.pci_bus_id or "" for g in facts.gpus}
+    return [known[i] if i in known else _bus_id(nvml, i, watch) for i in range(facts.device_count)]
+
+
+def _bus_id(nvml: Any, index: int, watch: QueryWatch) -> str:
+    watch.at(index, "nvmlDeviceGetPciInfo")
+    try:
+        return _text(nvml.nvmlDeviceGetPciInfo(nvml.nvmlDeviceGetHandleByIndex(index)).busId) or ""
+    except nvml.NVMLError:
+        return ""
 
 
 def driver_branch(version: str | None) -> int | None:
@@ -209,9 +268,10 @@ def _fields_for(driver_version: str | None) -> tuple[int, ...]:
     return HEALTH_FIELDS
 
 
-def _collect_gpu(nvml: Any, index: int, field_ids: tuple[int, ...] = HEALTH_FIELDS) -> GpuFacts:
+def _collect_gpu(nvml: Any, index: int, field_ids: tuple[int, ...] = HEALTH_FIELDS,
+                 watch: QueryWatch | None = None) -> GpuFacts:
     gpu = GpuFacts(index=index)
-    q = _Query(nvml, gpu)
+    q = _Query(nvml, gpu, watch)
     try:
         handle = q("handle", nvml.nvmlDeviceGetHandleByIndex, index)
         if handle is None:

@@ -586,6 +586,18 @@ class Ingest:
                                 "trigger, result) VALUES (?,?,?,?,?,?,?,?)", rows)
         return len(rows)
 
+    def add_findings(self, node: str, seq: int, ts: float, findings: Iterable[Any]) -> int:
+        """Findings the collector itself made about a node's message (``validate.straggler``
+        on a validation event), in the findings table under that message's seq."""
+        rows = [(node, seq, ts, text(f.check), f.severity.name, f.gpu, text(f.subject), text(f.message))
+                for f in findings]
+        if rows:
+            with self.transaction():
+                self.db.executemany("INSERT INTO findings (node, seq, ts, check_id, severity, gpu, subject, "
+                                    "message) VALUES (?,?,?,?,?,?,?,?)", rows)
+                self.db.execute(BUMP_HISTORY_VERSION)
+        return len(rows)
+
     # (rows written inside the caller's transaction)
 
     def add_checkpoint(self, row: dict[str, Any]) -> int:

@@ -451,6 +451,23 @@ def first_job_event(db: Connection, job_id: str, kind: str) -> JobEventAt | None
     return None if row is None else JobEventAt(float(row[0]), row[1], row[2])
 
 
+class CurrentDrain(NamedTuple):
+    """A node Slurm showed drained at the collector's last poll."""
+
+    since: float
+    drained_by: str | None  # automation, prolog, epilog, healthcheck, operator, outside, slurmgpu
+    reason: str | None
+
+
+def current_drains(db: Connection, node: str | None = None) -> dict[str, CurrentDrain]:
+    """The nodes (or ``node``) whose latest drain/resume row in ``node_states`` is a drain."""
+    where, args = ("AND node = ? ", (node,)) if node is not None else ("", ())
+    cur = db.execute("SELECT s.node, s.ts, s.drained_by, s.reason FROM node_states s JOIN "
+                     "(SELECT max(id) AS id FROM node_states WHERE kind IN ('drained', 'resumed') "
+                     f"{where}GROUP BY node) m ON s.id = m.id WHERE s.kind = 'drained'", args)
+    return {str(n): CurrentDrain(float(ts), by, reason) for n, ts, by, reason in cur}
+
+
 # ---------------------------------------------------------------------- issue 15: /metrics at 10k nodes
 # Read for every node at every scrape: columns, not an object per node.
 
@@ -498,3 +515,17 @@ def node_changes(db: Connection, version: int) -> NodeChanges:
     return NodeChanges(NodeVerdictColumns([str(r[0]) for r in rows], [float(r[1]) for r in rows],
                                           [1 if r[2] else 0 for r in rows], [r[3] for r in rows]),
                        [r[5] for r in rows], [str(r[0]) for r in rows if r[4] > version], total)
+
+
+# ---------------------------------------------------------------------- validation (slurmgpu validate)
+
+
+def latest_validations(db: Connection) -> list[tuple[str, int, float, dict[str, Any]]]:
+    """Each node's newest ``validation`` event: (node, seq, ts, body decoded)."""
+    rows = db.execute("SELECT e.node, e.seq, e.ts, e.body FROM events e WHERE e.kind = 'validation' AND e.ts = "
+                      "(SELECT max(ts) FROM events l WHERE l.node = e.node AND l.kind = 'validation') "
+                      "ORDER BY e.node, e.seq")
+    latest: dict[str, tuple[str, int, float, dict[str, Any]]] = {}
+    for node, seq, ts, body in rows:
+        latest[node] = (node, int(seq), float(ts), msgpack.unpackb(body, raw=False))
+    return list(latest.values())

@@ -35,6 +35,7 @@ from slurmgpu.report.model.window import (
     parse_time,
     resolve_window,
 )
+from slurmgpu.report.render_util import spans_in_words
 
 if TYPE_CHECKING:
     from slurmgpu.collector.store.backend import Connection
@@ -97,14 +98,15 @@ def _lemons(db: Connection) -> dict[str, Any]:
         if "no such table" in str(exc):
             return {"source": None, "error": None, "nodes": []}
         return {"source": "automation_lemons", "error": f"{type(exc).__name__}: {exc}", "nodes": []}
-    nodes = [{"node": str(node), "since": _ts(since), "why": why} for node, since, why in rows]
+    nodes = [{"node": str(node), "since": _ts(since), "why": spans_in_words(why) if why else why}
+             for node, since, why in rows]
     return {"source": "automation_lemons", "error": None, "nodes": nodes}
 
 
 def _service(b: Builder, ecc: dict[str, Any], started: Counter[str],
-             lemons: dict[str, Any]) -> dict[str, Any]:
+             lemons: dict[str, Any], pins: dict[str, Any]) -> dict[str, Any]:
     """The nodes to send to a technician: GPUs with remap flags, 2+ drains in the window,
-    drained for an XID or a lost GPU; the lemons."""
+    drained for an XID or a lost GPU, off their version pins; the lemons."""
     due: dict[str, list[str]] = defaultdict(list)
     for flag in ecc["remap_flags"]:
         what = "remap_failure" if flag["remap_failure"] else "remap_pending"
@@ -116,6 +118,8 @@ def _service(b: Builder, ecc: dict[str, Any], started: Counter[str],
         reason = (current.reason_now or "") if current else ""
         if current and reason.startswith(REASON_PREFIX) and any(c in reason for c in SERVICE_REASON_CHECKS):
             due[n.name].append(f"drained: {reason}")
+    for node in pins["off_pin_nodes"]:
+        due[node].append("off its version pins (see Version pin drift)")
     lemon_names = [x["node"] for x in lemons["nodes"]]
     return {"lemons": lemons["nodes"], "lemons_source": lemons["source"],
             "lemons_error": lemons["error"],
@@ -187,7 +191,7 @@ def build_report(db: Connection, t0: float, t1: float, *,
         b.close()
     started = Counter({n.name: sum(1 for r in n.drains if t0 < r.start <= t1)
                        for n in b.nodes.values()})
-    s["service"] = _service(b, s["ecc-trends"], started, _lemons(db))
+    s["service"] = _service(b, s["ecc-trends"], started, _lemons(db), s["pin-drift"])
     s["mtbf"] = _mtbf(b, versions, started)
     return {
         "schema": SCHEMA,

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from slurmgpu.config.hosts import HostIndex
 from slurmgpu.report.model.common import (
+    ALL_SET,
     AUTOMATION_MATCH_S,
     BY_GROUPS,
     CATEGORIES,
@@ -86,7 +87,7 @@ class Builder:
         self.db = db
         self.t0, self.t1 = t0, t1
         self.config = config
-        self._hosts = HostIndex(config.hosts if config is not None else ())
+        self._hosts = HostIndex(config.all_hosts if config is not None else ())
         self._settings_cache: dict[tuple[int, ...], Settings] = {}
         self._node_settings: dict[str, Settings] = {}
         self._throttle: list[BackgroundQuery] = []
@@ -125,24 +126,30 @@ class Builder:
             self._node_settings[node] = cached
         return cached
 
+    @property
+    def rest_set(self) -> str:
+        """The host set of the nodes no [[hosts]] section names: ``other``, or ``all nodes``
+        where the config has no sections (one set: the whole fleet)."""
+        return OTHER_SET if self.config is not None and self.config.hosts else ALL_SET
+
     def host_sets(self, node: str) -> list[str]:
         if self.config is None:
-            return [OTHER_SET]
+            return [self.rest_set]
         names: list[str] = []
         for s in self._hosts.matching(node):
             name = s.name or f"hosts[{s.index}]"
             if name not in names:
                 names.append(name)
-        return names or [OTHER_SET]
+        return names or [self.rest_set]
 
     def set_order(self) -> list[str]:
         names: list[str] = []
         if self.config is not None:
-            for s in self.config.hosts:
+            for s in self.config.all_hosts:
                 name = s.name or f"hosts[{s.index}]"
                 if name not in names:
                     names.append(name)
-        return [*names, OTHER_SET]
+        return [*names, self.rest_set]
 
     # ---- node states and availability
 
@@ -243,7 +250,7 @@ class Builder:
         return {
             "fleet": row(fleet, len(self.nodes)),
             "host_sets": [{"name": name, **row(secs, set_nodes[name])}
-                          for name, secs in sets.items() if set_nodes[name] or name != OTHER_SET],
+                          for name, secs in sets.items() if set_nodes[name] or name != self.rest_set],
             "bucket_s": int(self.buckets.size),
             "series": self.buckets.rows(),
             "worst_nodes": [{"node": n.name, "sets": n.sets,
@@ -379,26 +386,33 @@ class Builder:
         changed = {k for k, row in rows.items() if row[0] > self.t0}
         first = self._rows_at(table, key, counters, self.t1, first_after=self.t0) \
             if any(k not in base for k in changed) else {}
-        rises: dict[tuple[Any, ...], dict[str, int]] = {}
-        baselines: dict[tuple[Any, ...], dict[str, Any]] = {}
-        end = len(counters) + 1
-        for k in changed:
-            b = base.get(k) or first.get(k)
-            if b is None or b[1:] == rows[k][1:end]:  # (no counter moved: no rise)
-                continue
-            cur = now[k]
-            rise = {}
-            for c, before in zip(counters, b[1:], strict=True):
-                after = cur[c]
-                if before is None or after is None:
-                    continue
-                delta = after - before if after >= before else after  # went down: reset
-                if delta > 0:
-                    rise[c] = int(delta)
-            if rise:
-                rises[k] = rise
-                baselines[k] = dict(zip(("ts", *counters), b, strict=True))
+        starts = {k: b for k in changed if (b := base.get(k) or first.get(k)) is not None}
+        rises = self._chained_rises(table, key, counters, starts)
+        baselines = {k: dict(zip(("ts", *counters), starts[k], strict=True)) for k in rises}
         return rises, now, baselines
+
+    def _chained_rises(self, table: str, key: str, counters: Sequence[str],
+                       starts: dict[tuple[Any, ...], tuple[Any, ...]]) -> dict[tuple[Any, ...], dict[str, int]]:
+        """Each counter's rise over the window, row after row from ``starts`` (the rows at
+        ``from``, or the first in the window): a counter that went down was reset (a GPU
+        reset, a driver reload) and counts from 0, so errors before a reset in the window
+        are counted too."""
+        last = {k: list(row[1:]) for k, row in starts.items()}
+        rises: dict[tuple[Any, ...], dict[str, int]] = {}
+        for node, k2, *values in self.q(f"SELECT node, {key}, {', '.join(counters)} FROM {table} "
+                                        f"WHERE ts > ? AND ts <= ? ORDER BY node, {key}, ts", self.w):
+            k = (node, k2)
+            before = last.get(k)
+            if before is None:
+                continue
+            for i, (c, after) in enumerate(zip(counters, values, strict=True)):
+                if after is None:
+                    continue
+                delta = after if before[i] is None or after < before[i] else after - before[i]
+                if before[i] is not None and delta > 0:
+                    rises.setdefault(k, {})[c] = rises.get(k, {}).get(c, 0) + int(delta)
+                before[i] = after
+        return rises
 
     def ecc(self) -> dict[str, Any]:
         rises, now, baselines = self._rises("gpu_counters", "gpu", ECC_COUNTERS,
@@ -532,6 +546,7 @@ class Builder:
         fields: dict[str, Any] = {}
         off_nodes: set[str] = set()
         off_pin: dict[tuple[Any, tuple[str, ...]], bool] = {}  # (version, pins) -> off them
+        pinned = False
         for column, pin_key in PIN_FIELDS.items():
             counts: Counter[str] = Counter()
             off_counts: Counter[str] = Counter()
@@ -544,6 +559,7 @@ class Builder:
                     continue
                 counts[value] += 1
                 pins = list(getattr(self.settings(name).pins, pin_key))
+                pinned = pinned or bool(pins)
                 key = (value, tuple(pins))
                 if key not in off_pin:  # the same few versions and pins over the fleet
                     parts = [p.strip() for p in str(value).split(",") if p.strip()]
@@ -560,7 +576,28 @@ class Builder:
                 "off_pin": off[:LIST_MAX],
                 "off_pin_count": len(off),
             }
-        return {"nodes_off_pin": len(off_nodes), "fields": fields}
+        by_nodes = self.pin_findings()
+        off_nodes |= {f["node"] for f in by_nodes}
+        judged = pinned or self.nodes_reported()
+        return {"nodes_off_pin": len(off_nodes) if judged else None, "fields": fields,
+                "by_nodes": by_nodes[:LIST_MAX], "by_nodes_count": len(by_nodes),
+                "off_pin_nodes": sorted(off_nodes), "config_pins": pinned,
+                "judged": _pins_judged(pinned, judged)}
+
+    def pin_findings(self) -> list[dict[str, Any]]:
+        """The nodes' own non-OK ``pin.*`` findings in their state at the window's end (the
+        latest ``report_history`` row): judged with each node's own ``[pins]``."""
+        rows = self.q("SELECT f.node, f.check_id, f.severity, f.gpu, f.message FROM findings f "
+                      "JOIN (SELECT node, max(ts) AS ts FROM report_history WHERE ts <= ? "
+                      "GROUP BY node) m ON f.node = m.node AND f.ts = m.ts "
+                      "WHERE f.check_id LIKE 'pin.%' AND f.severity IN ('FAIL', 'WARN') "
+                      "ORDER BY f.node, f.check_id, f.gpu", (self.t1,))
+        return [{"node": node, "check": check, "severity": severity, "gpu": gpu, "message": message}
+                for node, check, severity, gpu, message in rows if node in self.nodes]
+
+    def nodes_reported(self) -> bool:
+        """Whether any node's state (its checks, pins included) is known at the window's end."""
+        return bool(self.q("SELECT 1 FROM report_history WHERE ts <= ? LIMIT 1", (self.t1,)))
 
     # ---- jobs
 
@@ -605,3 +642,14 @@ class Builder:
                     "no_ack": sum(1 for r in requests if r[4] is None and r[2] != "open"),
                     "open": sum(1 for r in requests if r[4] is None and r[2] == "open")},
         }
+
+
+def _pins_judged(config_pins: bool, judged: bool) -> str:
+    """How pin drift was judged, in a sentence for the report."""
+    if not judged:
+        return ("not judged: the report's config has no [pins] and no node has reported "
+                "its own pin checks")
+    nodes = "by the nodes' own pin.* checks (each node's [pins])"
+    if config_pins:
+        return f"{nodes}, and versions against the report config's [pins]"
+    return f"{nodes} only: the report's config has no [pins] to compare versions with"

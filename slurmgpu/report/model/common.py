@@ -39,6 +39,7 @@ PIN_FIELDS = {"driver": "driver", "cuda": "cuda_driver", "nccl": "nccl", "vbios"
               "ib_firmware": "ib_firmware"}
 SERVICE_REASON_CHECKS = ("xid.recent", "gpu.lost")
 OTHER_SET = "other"
+ALL_SET = "all nodes"  # the one host set of a config without [[hosts]]
 # Chart bucket by window length: (longest window, bucket).
 BUCKETS = ((3 * HOUR, 300.0), (2 * DAY, HOUR), (math.inf, DAY))
 

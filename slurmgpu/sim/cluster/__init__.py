@@ -21,6 +21,7 @@ from slurmgpu.sim.cluster.common import (
     BUNDLED_GPUS,
     DEFAULT_DIR,
     DEFAULT_SCENARIO,
+    DEMO_DIR,
     ENV_CLUSTER_DIR,
     HOOKS,
     STATE_FILE,
@@ -30,7 +31,7 @@ from slurmgpu.sim.cluster.common import (
     default_directory,
     node_names,
 )
-from slurmgpu.sim.cluster.core import SimCluster
+from slurmgpu.sim.cluster.core import SimCluster, find_cluster
 from slurmgpu.sim.cluster.install import (
     ensure_slurm_installed,
     missing_programs,
@@ -60,6 +61,7 @@ __all__ = [
     "BUNDLED_GPUS",
     "DEFAULT_DIR",
     "DEFAULT_SCENARIO",
+    "DEMO_DIR",
     "ENV_CLUSTER_DIR",
     "HOOKS",
     "STATE_FILE",
@@ -70,6 +72,7 @@ __all__ = [
     "check_installed_hooks",
     "default_directory",
     "ensure_slurm_installed",
+    "find_cluster",
     "fit_scenario",
     "hello_times",
     "hook_environment",

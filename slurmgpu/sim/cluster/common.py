@@ -11,6 +11,8 @@ from slurmgpu.errors import SimError
 
 ENV_CLUSTER_DIR = "SLURMGPU_CLUSTER_DIR"
 DEFAULT_DIR = Path("/tmp/slurmgpu-cluster")
+#: Where `slurmgpu demo` leaves its cluster up (its default --dir).
+DEMO_DIR = Path("/tmp/slurmgpu-demo")
 DEFAULT_SCENARIO = "h100-sxm-8"
 BUNDLED_GPUS = 8  # bundled scenarios describe 8-GPU nodes
 BASE_PORT = 17100
@@ -25,7 +27,6 @@ TASKPROLOG = "prolog/slurmgpu-taskprolog"
 HOOK_WRAPPERS = {"prolog": "prolog/slurmgpu-prolog", "epilog": "epilog/slurmgpu-epilog"}
 SANE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NVIDIA_MAJOR = 195
-XID_EVENT_TYPE = 0x8  # nvmlEventTypeXidCriticalError
 STATE_FILE = "cluster.json"
 COLLECTOR_BASE_PORT = 17600
 COLLECTOR = "collector"

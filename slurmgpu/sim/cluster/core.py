@@ -20,10 +20,13 @@ from slurmgpu.sim.cluster.common import (
     COLLECTOR,
     COLLECTOR_BASE_PORT,
     DEFAULT_SCENARIO,
+    DEMO_DIR,
+    ENV_CLUSTER_DIR,
     NVIDIA_MAJOR,
     STATE_FILE,
     ClusterError,
     SlurmNotAvailable,
+    default_directory,
     empty_dir,
     node_names,
     write_atomic,
@@ -198,6 +201,14 @@ class SimCluster(SlurmDaemons):
             shutil.rmtree(self.dir, ignore_errors=True)
             self._state = {}
 
+    def running_daemons(self) -> list[str]:
+        """The daemons of this cluster that run now, named for people: ``slurmctld (pid 7)``."""
+        names = ["munged", "slurmctld", *self.nodes]
+        found = [(f"slurmd {n}" if n in self.nodes else n, self._pid(n)) for n in names]
+        found += [(name, self._service_pid(name)) for name in
+                  (COLLECTOR, *(f"agent-{n}" for n in self.nodes))]
+        return [f"{name} (pid {pid})" for name, pid in found if pid is not None]
+
     def status(self) -> dict[str, Any]:
         daemons = {d: self._pid(d) for d in ("munged", "slurmctld")}
         ping = daemons["slurmctld"] is not None and self._ping()
@@ -276,3 +287,17 @@ class SimCluster(SlurmDaemons):
             self.wait_idle(timeout)
         finally:
             self.set_hooks_enabled(enabled)
+
+
+def find_cluster() -> SimCluster:
+    """The cluster in $SLURMGPU_CLUSTER_DIR or /tmp/slurmgpu-cluster, else the demo's;
+    ClusterError naming where it looked when none is there."""
+    looked = [default_directory()]
+    if ENV_CLUSTER_DIR not in os.environ:
+        looked.append(DEMO_DIR)
+    for directory in looked:
+        if (directory / STATE_FILE).is_file():
+            return SimCluster(directory)
+    where = " nor ".join(str(d) for d in looked)
+    raise ClusterError(f"no simulated cluster in {where}: start one with `slurmgpu sim cluster up` "
+                       "(or `slurmgpu demo`), or name it with --dir")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,6 @@ from slurmgpu.sim.cluster.common import (
     ALWAYS_ON_HOOKS,
     BUNDLED_GPUS,
     HOOKS,
-    XID_EVENT_TYPE,
     ClusterError,
     text_digest,
     write_atomic,
@@ -59,28 +57,18 @@ class GpuCluster(ServicesCluster):
 
     def inject_xid(self, node: str, gpu: int, xid: int, text: str = "simulated XID") -> None:
         """Log XID ``xid`` for GPU ``gpu`` in the node's kernel log and as an NVML event."""
-        from slurmgpu.sim.scenario import write_scenario
-        from slurmgpu.sources.kmsg import append_xid
+        from slurmgpu.errors import SimError
+        from slurmgpu.sim.scenario import inject_xid, write_scenario
 
         path = self.scenario_path(node)
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise ClusterError(f"cannot read {path}: {exc}") from exc
-        gpus = data.get("gpus") or []
-        if not 0 <= gpu < len(gpus):
-            raise ClusterError(f"{node} has no GPU {gpu} (it has {len(gpus)})")
-        bus_id = str((gpus[gpu].get("pci") or {}).get("bus_id", ""))
         try:
-            append_xid(str(self.kmsg_path(node)), bus_id, xid, text)
-        except ValueError as exc:
-            raise ClusterError(f"{node} GPU {gpu}: {exc}") from exc
-        events = data.setdefault("events", [])
-        # Ids unique across resets (microseconds): the fake delivers each id once per
-        # event set, so a restarted count would hide new events from a running agent.
-        next_id = max([int(e.get("id", i + 1)) for i, e in enumerate(events)] +
-                      [time.time_ns() // 1000]) + 1
-        events.append({"gpu": gpu, "type": XID_EVENT_TYPE, "data": xid, "id": next_id})
+            inject_xid(data, gpu, xid, kernel_log=self.kmsg_path(node), text=text)
+        except SimError as exc:
+            raise ClusterError(f"{node}: {exc}") from exc
         write_scenario(path, data)
         self._mark_agent_dirty(node)
 

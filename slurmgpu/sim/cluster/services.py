@@ -97,8 +97,22 @@ class ServicesCluster(ClusterBase):
             f"heartbeat_s = {AGENT_HEARTBEAT_S}\n"
             f"slurm_poll_s = {COLLECTOR_SLURM_POLL_S}\n"
             f"[paths]\nstate_dir = {json.dumps(str(self.collector_state_dir))}\n"
-            + (f"[automation]\nenabled = true\n{automation}\n" if automation is not None else "")))
+            + (f"[automation]\nenabled = true\n{automation}\n" if automation is not None else "")
+            + self._nodes_pins()))
         return config
+
+    def _nodes_pins(self) -> str:
+        """The nodes' ``[pins]`` table (from etc/slurmgpu.toml), for the head node's config:
+        the fleet report judges versions with them."""
+        import tomllib
+
+        try:
+            pins = tomllib.loads((self.dir / "etc" / "slurmgpu.toml").read_text(encoding="utf-8")).get("pins")
+        except (OSError, tomllib.TOMLDecodeError):
+            return ""
+        if not isinstance(pins, dict) or not pins:
+            return ""
+        return "[pins]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in pins.items())
 
     @property
     def collector_state_dir(self) -> Path:

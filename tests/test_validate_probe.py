@@ -1,0 +1,118 @@
+"""The built-in probe's control flow and output contract, on a pure-Python stand-in for
+CuPy (no GPU here; docs/validation.md says what a real GPU run records): every line is
+what ``parse_probe`` and the catalog read, for each test."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import pytest
+
+from slurmgpu.validate import probe
+from slurmgpu.validate.parsers import parse_probe
+
+
+class ListBackend(probe.CupyBackend):
+    """Two "GPUs" whose memory is Python lists; GPU 1 flips one word it stores."""
+
+    name = "lists"
+    dtypes = ("bf16", "fp32")
+
+    def __init__(self) -> None:
+        self.flaky = 1
+
+    def count(self) -> int:
+        return 2
+
+    def device_name(self, ordinal: int) -> str:
+        return "List GPU"
+
+    def on(self, ordinal: int) -> Any:
+        return contextlib.nullcontext()
+
+    def sync(self, ordinal: int) -> None:
+        return None
+
+    def gemm_inputs(self, ordinal: int, dtype: str) -> tuple[Any, Any]:
+        return ordinal, dtype
+
+    def matmul(self, a: Any, b: Any, out: Any | None) -> Any:
+        return [b]
+
+    def product_digest(self, product: Any) -> str:
+        return f"digest-{product[0]}"
+
+    def free_bytes(self, ordinal: int) -> int:
+        return 4000
+
+    def words(self, ordinal: int, count: int) -> Any:
+        return [None] * count if ordinal != self.flaky else FlippingList(count)
+
+    def pattern(self, ordinal: int, start: int, count: int, flip: int) -> Any:
+        return [((start + k) * 2654435761 & 0xFFFFFFFF) ^ flip for k in range(count)]
+
+    def mismatches(self, a: Any, b: Any) -> int:
+        return sum(x != y for x, y in zip(a, b, strict=True))
+
+    def copy(self, dst: Any, src: Any) -> None:
+        return None
+
+    def pinned(self, nbytes: int) -> Any:
+        return bytearray(1)
+
+    def h2d(self, dst: Any, host: Any) -> None:
+        return None
+
+    def d2h(self, host: Any, src: Any) -> None:
+        return None
+
+    def bytes_on(self, ordinal: int, nbytes: int) -> Any:
+        return bytearray(1)
+
+    def peer_copy(self, dst: Any, dst_ordinal: int, src: Any, src_ordinal: int) -> None:
+        return None
+
+    def enable_peers(self, count: int) -> None:
+        return None
+
+
+class FlippingList(list[Any]):
+    """Memory with one bad bit: word 7 always reads back with bit 3 flipped."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__([None] * count)
+
+    def __getitem__(self, index: Any) -> Any:
+        value = super().__getitem__(index)
+        if isinstance(index, slice) and (index.start or 0) <= 7 < (index.stop or len(self)):
+            value = list(value)
+            value[7 - (index.start or 0)] ^= 8
+        return value
+
+
+def lines(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], test: str) -> list[dict[str, Any]]:
+    monkeypatch.setattr(probe, "backend", ListBackend)
+    assert probe.run(test, seconds=0.01, share=0.1) == 0
+    return parse_probe(capsys.readouterr().out)
+
+
+def test_gemm_one_line_per_gpu_and_dtype(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    items = lines(monkeypatch, capsys, "gemm")
+    assert [(i["gpu"], i["dtype"]) for i in items] == [(0, "bf16"), (0, "fp32"), (1, "bf16"), (1, "fp32")]
+    assert all(i["tflops"] > 0 and i["iterations"] % probe.DIGEST_EVERY == 0 for i in items)
+    assert {tuple(i["digests"]) for i in items} == {("digest-bf16",), ("digest-fp32",)}
+
+
+def test_hbm_counts_words_read_back_wrong(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    items = lines(monkeypatch, capsys, "hbm")
+    assert [(i["gpu"], i["mismatches"], i["checked_bytes"]) for i in items] == [(0, 0, 400), (1, 2, 400)]
+    assert all(i["copy_gbps"] > 0 for i in items)  # (pattern and complement: the bad word twice)
+
+
+def test_pcie_p2p_context_and_nccl_lines(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    assert {k for i in lines(monkeypatch, capsys, "pcie") for k in i} >= {"gpu", "h2d_gbps", "d2h_gbps"}
+    assert [(i["src"], i["dst"]) for i in lines(monkeypatch, capsys, "p2p")] == [(0, 1), (1, 0)]
+    assert [i["gpu"] for i in lines(monkeypatch, capsys, "context")] == [0, 1]
+    [nccl] = lines(monkeypatch, capsys, "nccl")
+    assert "needs CuPy's NCCL" in nccl["unsupported"]  # (this stand-in is not CuPy)
