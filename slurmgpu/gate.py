@@ -42,6 +42,7 @@ from slurmgpu.fileutil import append_private, private_dir, write_text_atomic
 from slurmgpu.result import Severity, Verdict
 from slurmgpu.slurm import SlurmClient, SlurmError, SlurmUnreachable
 from slurmgpu.slurm.common import ClientBase
+from slurmgpu.slurm.factory import bounded
 from slurmgpu.sources import kmsg
 
 EXIT_OK, EXIT_REFUSE = 0, 1
@@ -183,8 +184,10 @@ class Gate:
 
     def _actions(self) -> Actions:
         client = self.client_factory()
-        if self.slurm_deadline is not None and isinstance(client, ClientBase):
-            client.within(self.slurm_deadline - time.monotonic())
+        if self.slurm_deadline is not None:
+            client = bounded(client)
+            if isinstance(client, ClientBase):
+                client.within(self.slurm_deadline - time.monotonic())
         return Actions(client, self.state_dir)
 
     def _start_watch(self, timeout_s: float) -> None:

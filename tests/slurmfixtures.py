@@ -7,7 +7,8 @@ tests/conftest.py star-imports this module (only the names in ``__all__``). Mark
   per test session in ``/tmp/slurmgpu-test-cluster-<pid>`` (short: the munge socket path
   must fit in 108 bytes; ``$SLURMGPU_TEST_CLUSTER_DIR`` overrides) and stopped at the end.
   Needs root. Without root or Slurm (and no way to install it) the tests skip, but under
-  ``$CI`` they fail: CI must not silently skip them.
+  ``$CI`` they fail: CI must not silently skip them. ``$SLURMGPU_SLURM_PREFIX``: run the
+  Slurm tools/build_slurm.sh built there (25.11) instead of Debian's packages (22.05).
   It runs no agents (``agents=False``): its tests exercise the direct prolog/epilog path.
 - ``cluster`` (function): the same cluster after ``reset()`` (no jobs, fresh scenarios,
   empty kmsg/state dirs, default slurmgpu.toml, all nodes idle), with SLURM_CONF, PATH and
@@ -33,7 +34,7 @@ from slurmgpu.sim.build import SimToolchainError
 from slurmgpu.sim.cluster import SimCluster, SlurmNotAvailable
 
 __all__ = ["FLEET_CLUSTER_GPUS", "FLEET_CLUSTER_NODES", "TEST_CLUSTER_GPUS", "TEST_CLUSTER_NODES",
-           "cluster", "fleet", "fleet_cluster", "slurm_cluster"]
+           "cluster", "fleet", "fleet_cluster", "slurm_cluster", "slurm_prefix"]
 
 TEST_CLUSTER_NODES = 4
 TEST_CLUSTER_GPUS = 8
@@ -46,6 +47,12 @@ _FLEET_PREFIX = "/tmp/slurmgpu-fleet-test-"
 def pytest_configure(config: pytest.Config) -> None:
     """Registers the marker when this module is loaded as a plugin (``-p tests.slurmfixtures``)."""
     config.addinivalue_line("markers", "slurm: needs the real Slurm mini-cluster")
+
+
+def slurm_prefix() -> Path | None:
+    """The Slurm build the fixtures' clusters run (``$SLURMGPU_SLURM_PREFIX``), else None."""
+    value = os.environ.get("SLURMGPU_SLURM_PREFIX")
+    return Path(value) if value else None
 
 
 def _unavailable(reason: str) -> NoReturn:
@@ -76,7 +83,7 @@ def slurm_cluster(request: pytest.FixtureRequest) -> Iterator[SimCluster]:
     sim = SimCluster(explicit or f"{_DIR_PREFIX}{os.getpid()}")
     try:
         sim.up(nodes=TEST_CLUSTER_NODES, gpus=TEST_CLUSTER_GPUS, hooks_enabled=True,
-               agents=False)
+               agents=False, slurm_prefix=slurm_prefix())
     except (SlurmNotAvailable, SimToolchainError) as exc:
         _unavailable(str(exc))
     yield sim
@@ -104,7 +111,7 @@ def fleet_cluster(request: pytest.FixtureRequest) -> Iterator[SimCluster]:
     failed_before = request.session.testsfailed
     try:
         sim.up(nodes=FLEET_CLUSTER_NODES, gpus=FLEET_CLUSTER_GPUS, hooks_enabled=True,
-               agents=True)
+               agents=True, slurm_prefix=slurm_prefix())
     except (SlurmNotAvailable, SimToolchainError) as exc:
         _unavailable(str(exc))
     yield sim

@@ -125,7 +125,9 @@ def install(short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Install:
     bin_dir = short_dir / "bin"
     bin_dir.mkdir()
     scontrol = bin_dir / "scontrol"
-    scontrol.write_text('#!/bin/sh\n[ "$1" = ping ] && echo "Slurmctld(primary) at head is UP" && exit 0\nexit 1\n')
+    scontrol.write_text('#!/bin/sh\n[ "$1" = ping ] && echo "Slurmctld(primary) at head is UP" && exit 0\n'
+                        '[ "$*" = "show config" ] && echo "SLURM_VERSION           = 25.11.7" && exit 0\n'
+                        'exit 1\n')
     scontrol.chmod(0o755)
     return Install(root=short_dir, keys_root=keys_root, bundle=bundle, config=short_dir / "slurmgpu.toml",
                    slurm_conf=short_dir / "slurm.conf", bin_dir=bin_dir, port=free_port(), events_port=free_port(),
@@ -195,6 +197,8 @@ def test_healthy_node_is_all_ok_and_exits_0(install: Install, agent_socket: Path
     assert by_check["agent"].startswith("OK") and f"{NODE} OK" in by_check["agent"]
     assert "exports SLURMGPU_CHECKPOINT_FILE" in by_check["slurm.task_prolog"]
     assert by_check["slurmctld"] == "OK    slurmctld           Slurmctld(primary) at head is UP"
+    assert by_check["slurm.version"] == ("OK    slurm.version       slurmctld runs Slurm 25.11 "
+                                         "(tested in CI)")
     assert by_check["nvml"].startswith("SKIP") and "[gpu] count = 0" in by_check["nvml"]
     assert by_check["dir.spool"].startswith("OK")
     assert lines[-1].startswith(f"{NODE}: OK - ")
@@ -717,3 +721,22 @@ def test_a_hanging_check_is_cut_off() -> None:
     release.set()
     assert time.monotonic() - started < 2
     assert finding.level is Level.FAIL and finding.message == "did not finish within 0.2 s (hung?)"
+
+
+@pytest.mark.parametrize(("answer", "level", "message"), [
+    ("SLURM_VERSION           = 25.11.7\n", "OK", "slurmctld runs Slurm 25.11 (tested in CI)"),
+    ("SLURM_VERSION = 22.05.8\n", "OK", "slurmctld runs Slurm 22.05 (tested in CI)"),
+    ("SLURM_VERSION = 23.11.4\n", "OK",
+     "slurmctld runs Slurm 23.11 (CI tests 22.05, 25.11 only)"),
+    ("ClusterName = x\n", "WARN", "`scontrol show config` printed no SLURM_VERSION"),
+])
+def test_doctor_reports_the_slurm_version_slurmctld_runs(answer: str, level: str, message: str) -> None:
+    from slurmgpu.doctor.slurmconf import slurm_version_report
+    from slurmgpu.slurm.cli import CliSlurmClient
+
+    def runner(argv: Any, env: Any, timeout: float) -> subprocess.CompletedProcess[str]:
+        assert list(argv[1:]) == ["show", "config"]
+        return subprocess.CompletedProcess(list(argv), 0, f"Configuration data as of x\n{answer}", "")
+
+    finding = slurm_version_report(CliSlurmClient(runner=runner, retries=1))
+    assert (finding.level.name, finding.message) == (level, message)

@@ -31,6 +31,7 @@ from slurmgpu.sim.cluster import (
 )
 from slurmgpu.sim.scenario import load_scenario
 from slurmgpu.sources.kmsg import pci_key, read_xids
+from tests.slurmfixtures import slurm_prefix
 
 slurm = pytest.mark.slurm
 
@@ -73,8 +74,11 @@ def test_fit_scenario_trims_and_extends_with_fresh_ids() -> None:
 
 def test_rendered_configs(tmp_path: Path) -> None:
     state = {"nodes": ["gpu-n1", "gpu-n2"], "gpus": 4, "ctld_port": 17100,
-             "node_ports": [17101, 17102], "cpus": 4, "memory_mb": 16000}
+             "node_ports": [17101, 17102], "cpus": 4, "memory_mb": 16000,
+             "slurm_version": "22.05.8"}
     conf = render_slurm_conf(tmp_path, state)
+    assert "TLSType" not in conf  # 22.05 has no such key
+    assert "TLSType=tls/none" in render_slurm_conf(tmp_path, {**state, "slurm_version": "25.11.7"})
     assert f"AuthInfo=socket={tmp_path}/munge/munge.socket.2,cred_expire=10" in conf
     assert ("NodeName=gpu-n2 NodeHostname=localhost NodeAddr=127.0.0.1 Port=17102 CPUs=4 "
             "RealMemory=16000 Gres=gpu:4 State=UNKNOWN") in conf
@@ -190,22 +194,62 @@ def test_installed_hooks_that_are_not_there_start_nothing(tmp_path: Path) -> Non
     assert not (tmp_path / "c").exists()
 
 
+def test_a_slurm_prefix_without_slurm_starts_nothing(tmp_path: Path) -> None:
+    (tmp_path / "empty" / "sbin").mkdir(parents=True)
+    proc = slurmgpu_cli("sim", "cluster", "up", "--slurm-prefix", str(tmp_path / "empty"),
+                        "--dir", str(tmp_path / "c"))
+    assert proc.returncode == 3
+    assert proc.stderr.startswith(f"slurmgpu: error: no Slurm in {tmp_path / 'empty'} "
+                                  "(slurmctld, slurmd, scontrol, sbatch")
+    assert proc.stderr.endswith(f"build it first: tools/build_slurm.sh {tmp_path / 'empty'}\n")
+    assert proc.stderr.count("\n") == 1 and not (tmp_path / "c").exists()
+
+
+def test_a_slurm_prefix_reaches_the_clients_and_the_hooks(tmp_path: Path) -> None:
+    """Clients run the prefix's commands first; hooks tell slurmgpu's Slurm client where."""
+    c = SimCluster(tmp_path)
+    c._state = {"nodes": ["gpu-n1"], "slurm_prefix": "/opt/slurm-25.11"}
+    assert c.env()["PATH"].split(os.pathsep)[:2] == ["/opt/slurm-25.11/bin", "/opt/slurm-25.11/sbin"]
+    assert c.node_env("gpu-n1")["SLURMGPU_SLURM_BIN_DIR"] == "/opt/slurm-25.11/bin"
+    hook = render_hook("prolog", tmp_path, tmp_path / "lib.so", enabled=True,
+                       slurm_prefix=Path("/opt/slurm-25.11"))
+    assert "export SLURMGPU_SLURM_BIN_DIR='/opt/slurm-25.11/bin'" in hook
+    assert "SLURMGPU_SLURM_BIN_DIR" not in render_hook("prolog", tmp_path, tmp_path / "lib.so",
+                                                       enabled=True)
+
+
 # ---------------------------------------------------------------- the cluster
 
 
+def fake_slurm_prefix(root: Path) -> Path:
+    """A prefix whose bin/ and sbin/ hold a (useless) program of every name Slurm has."""
+    from slurmgpu.sim.cluster.install import SLURM_PROGRAMS
+
+    for sub in ("bin", "sbin"):
+        (root / sub).mkdir(parents=True)
+        for name in SLURM_PROGRAMS:
+            (root / sub / name).write_text("#!/bin/sh\nexit 1\n")
+            (root / sub / name).chmod(0o755)
+    return root
+
+
 @slurm
-def test_up_is_idempotent(cluster: SimCluster) -> None:
+def test_up_is_idempotent(cluster: SimCluster, tmp_path: Path) -> None:
     before = pids(cluster)
     assert all(before.values())
     started = time.monotonic()
-    cluster.up(nodes=4, gpus=8, hooks_enabled=True)
-    proc = slurmgpu_cli("sim", "cluster", "up", "--json", "--dir", str(cluster.dir))
+    cluster.up(nodes=4, gpus=8, hooks_enabled=True, slurm_prefix=slurm_prefix())
+    prefix = ["--slurm-prefix", str(cluster.slurm_prefix)] if cluster.slurm_prefix else []
+    proc = slurmgpu_cli("sim", "cluster", "up", "--json", "--dir", str(cluster.dir), *prefix)
     assert proc.returncode == 0, proc.stderr
     assert time.monotonic() - started < 10
     assert pids(cluster) == before
     assert json.loads(proc.stdout)["up"] is True
     with pytest.raises(ClusterError, match="already up"):
-        cluster.up(nodes=2, gpus=8)
+        cluster.up(nodes=2, gpus=8, slurm_prefix=slurm_prefix())
+    other = None if slurm_prefix() else fake_slurm_prefix(tmp_path)
+    with pytest.raises(ClusterError, match="already up"):  # the same cluster, another Slurm
+        cluster.up(nodes=4, gpus=8, slurm_prefix=other)
 
 
 @slurm
@@ -367,6 +411,7 @@ def test_reset_restores_a_clean_cluster(plain: SimCluster) -> None:
     assert cluster.status()["nodes"][3]["slurmd_running"]  # reset restarts a dead slurmd
     assert cluster.wait_job(job) == "CANCELLED"
     assert set(cluster.node_states().values()) == {"idle"}
+    assert set(cluster.node_reasons().values()) == {"none"}  # 25.11 keeps it after a resume
     base = json.loads((cluster.dir / "scenario.base.json").read_text())
     assert json.loads(cluster.scenario_path("gpu-n3").read_text()) == base
     assert cluster.kmsg_path("gpu-n4").read_text() == ""
@@ -380,7 +425,7 @@ def test_down_stops_only_its_own_daemons(slurm_cluster: SimCluster) -> None:
     before = pids(slurm_cluster)
     mini = SimCluster(f"/tmp/slurmgpu-test-mini-{os.getpid()}")
     try:
-        mini.up(nodes=1, gpus=2, hooks_enabled=False)
+        mini.up(nodes=1, gpus=2, hooks_enabled=False, slurm_prefix=slurm_prefix())
         mine = pids(mini)
         assert mini.status()["up"] and set(mine.values()).isdisjoint(before.values())
         said = slurmgpu_cli("sim", "cluster", "down", "--dir", str(mini.dir)).stdout
@@ -423,7 +468,7 @@ def test_install_writes_policy_rc_d_and_retries_after_update(
     monkeypatch.setattr(install, "POLICY_RC_D", policy)
     monkeypatch.setattr(install.os, "geteuid", lambda: 0)
     missing = iter([["slurmd"], []])
-    monkeypatch.setattr(install, "missing_programs", lambda: next(missing))
+    monkeypatch.setattr(install, "missing_programs", lambda prefix=None: next(missing))
     install.ensure_slurm_installed()
     calls = log.read_text().splitlines()
     install = "install -y -q --no-install-recommends slurmctld slurmd slurm-client munge"

@@ -311,6 +311,10 @@ def cluster() -> None:
               help="slurm.conf's hooks run the wrappers a package installed in DIR "
                    "(/usr/libexec/slurmgpu), which find slurmgpu as on a real node "
                    "[default: this installation's].")
+@click.option("--slurm-prefix", type=click.Path(file_okay=False, path_type=Path), default=None,
+              metavar="PREFIX",
+              help="Run the Slurm that tools/build_slurm.sh built into PREFIX "
+                   "[default: Debian's packages, installed if missing].")
 @click.option("--timeout", type=float, default=60, show_default=True,
               help="Seconds to wait for every node to be idle (and every agent ready).")
 @_dir_option
@@ -318,7 +322,8 @@ def cluster() -> None:
 @_one_line_errors
 def cluster_up(nodes: int, gpus: int, scenario: str, hooks: bool, agents: bool | None,
                automation: bool | None, dry_run: bool, installed_hooks: Path | None,
-               timeout: float, directory: Path | None, as_json: bool) -> None:
+               slurm_prefix: Path | None, timeout: float, directory: Path | None,
+               as_json: bool) -> None:
     """Install Slurm if needed, write the configs and start the daemons (idempotent)."""
     import time
 
@@ -329,7 +334,8 @@ def cluster_up(nodes: int, gpus: int, scenario: str, hooks: bool, agents: bool |
     started = time.monotonic()
     c = _cluster(directory)
     c.up(nodes=nodes, gpus=gpus, scenario=scenario, hooks_enabled=hooks, timeout=timeout,
-         agents=True if automation else agents, installed_hooks=installed_hooks)
+         agents=True if automation else agents, installed_hooks=installed_hooks,
+         slurm_prefix=slurm_prefix)
     if automation is not None:
         wanted = ("dry_run = true" if dry_run else "") if automation else None
         if c.automation_settings() != wanted:
@@ -411,11 +417,14 @@ def cluster_env(directory: Path | None) -> None:
     """Print export lines for Slurm clients and slurmgpu's fleet commands:
     eval "$(slurmgpu sim cluster env)" (SLURM_CONF, and SLURMGPU_CONFIG: the head node's
     config, so `fleet`, `report`, `breaker` and `jobs events` read this cluster)."""
-    from slurmgpu.sim.cluster import path_additions
+    from slurmgpu.sim.cluster import path_additions, prefix_dirs
 
-    for key, value in _existing_cluster(directory).shell_env().items():
-        if key == "PATH":  # keep the shell's own PATH, only append what is missing
-            click.echo(f'export PATH="$PATH:{":".join(path_additions())}"')
+    c = _existing_cluster(directory)
+    for key, value in c.shell_env().items():
+        if key == "PATH":  # keep the shell's own PATH: a Slurm prefix first, what is missing last
+            first = "".join(f"{shlex.quote(p)}:" for p in prefix_dirs(c.slurm_prefix))
+            last = "".join(f":{p}" for p in path_additions())
+            click.echo(f'export PATH={first}"$PATH"{last}')
         else:
             click.echo(f"export {key}={shlex.quote(value)}")
 

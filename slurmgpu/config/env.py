@@ -60,6 +60,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "The collector's SQLite database (also what `fleet`, `report`, `breaker`, ... read)."),
     EnvVar("SLURMGPU_KEYS_DIR", "collector.keys_dir", "admin",
            "CURVE keys and the allow-list (the collector, the agent, `slurmgpu keys`)."),
+    EnvVar("SLURMGPU_SLURM_BIN_DIR", "slurm.bin_dir", "admin",
+           "Where Slurm's commands (scontrol, squeue...) are, when not in $PATH or /usr/bin."),
     EnvVar("SLURMGPU_BIN", None, "wrapper",
            "The `slurmgpu` program the hook wrappers run when the agent cannot answer."),
     EnvVar("SLURMGPU_PYTHON", None, "wrapper",
@@ -81,6 +83,14 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("SLURMGPU_HOST_ROOT", None, "sim",
            "Root of the host layers (default /): /proc/driver/nvidia, sys/module, bin/systemctl, "
            "disks; the simulator's host tree for a scenario."),
+    EnvVar("SLURMGPU_SLURM_PREFIX", None, "test",
+           "A Slurm built into this prefix (tools/build_slurm.sh) runs the test fixtures' "
+           "mini-cluster instead of Debian's packages."),
+    EnvVar("SLURMGPU_VENDOR_DIR", None, "test",
+           "Where tools/build_slurm.sh finds the Slurm source tarball and SHA256SUMS "
+           "(default <repo>/../shared/vendor)."),
+    EnvVar("SLURMGPU_BUILD_JOBS", None, "test",
+           "make's -j for tools/build_slurm.sh (default: the number of CPUs)."),
     EnvVar("SLURMGPU_SIM_SCENARIO", None, "sim", "The scenario the fake NVML library plays."),
     EnvVar("SLURMGPU_SIM_HANG_PIDFILE", None, "sim",
            "Where a simulated hung validate test writes its pids (tests check none survives)."),

@@ -26,6 +26,8 @@ from slurmgpu.doctor.local import check_agent, check_config, check_dirs, check_k
 from slurmgpu.doctor.model import (
     HEAD,
     NODE,
+    RUNNER_SLACK_S,
+    STEP_TIMEOUT_S,
     Check,
     Context,
     Finding,
@@ -54,7 +56,8 @@ CHECKS = (
     Check("slurm.settings", check_slurm_settings),
     Check("slurm.hooks", check_slurm_hooks),
     Check("slurm.task_prolog", check_task_prolog),
-    Check("slurmctld", check_slurmctld),
+    # (ping, the Slurm version slurmctld runs, the nodes slurmgpu drained: three scontrol calls)
+    Check("slurmctld", check_slurmctld, 3 * STEP_TIMEOUT_S + RUNNER_SLACK_S),
     Check("slurm.scontrol", check_scontrol_version),
     Check("nvml", check_nvml, hung_fix="if `nvidia-smi` hangs too, a GPU or the driver is wedged "
                                        "(see the kernel log); with persistence mode off NVML starts "

@@ -386,6 +386,7 @@ def check_slurmctld(ctx: Context) -> Iterator[Finding]:
         return
     answer = "; ".join(line.strip() for line in proc.stdout.splitlines() if line.strip())
     yield ok("slurmctld", answer or "scontrol ping: exit 0")
+    yield slurm_version_report(client)
     yield from _slurmgpu_drains(client)
 
 
@@ -408,6 +409,24 @@ def _slurmgpu_drains(client: CliSlurmClient) -> Iterator[Finding]:
         yield ok("slurm.drains", f"{len(drained)} node(s) drained by slurmgpu ({', '.join(drained)}): "
                                  f"read the whole reasons with {READ_REASONS} (plain `sinfo -R` shows "
                                  "20 characters)")
+
+
+def slurm_version_report(client: CliSlurmClient) -> Finding:
+    """The Slurm release slurmctld runs (``scontrol show config``), and whether CI tests it."""
+    from slurmgpu.slurm import SlurmError
+    from slurmgpu.slurm.versions import TESTED, version_text
+
+    tested = ", ".join(version_text(v) for v in TESTED)
+    try:
+        version = client.controller_version()
+    except SlurmError as exc:
+        return warn("slurm.version", f"cannot tell slurmctld's Slurm version: {exc}",
+                    "`scontrol show config` must print SLURM_VERSION")
+    if version is None:
+        return warn("slurm.version", "`scontrol show config` printed no SLURM_VERSION",
+                    "check that scontrol and slurmctld are the same Slurm")
+    note = "tested in CI" if version in TESTED else f"CI tests {tested} only"
+    return ok("slurm.version", f"slurmctld runs Slurm {version_text(version)} ({note})")
 
 
 def _ping_fix(ctx: Context) -> str:

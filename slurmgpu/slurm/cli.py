@@ -31,6 +31,13 @@ from typing import Any, Unpack
 
 from slurmgpu.slurm import JobInfo, NodeState, SlurmError, SlurmUnreachable
 from slurmgpu.slurm.common import ClientBase, ClientOptions
+from slurmgpu.slurm.versions import (
+    already_resumed,
+    legacy_json,
+    parse_version,
+    reason_applies,
+    scontrol_json,
+)
 
 # runner(argv, env, timeout_s) -> CompletedProcess; raises subprocess.TimeoutExpired
 # on timeout and OSError when the binary cannot be executed.
@@ -115,12 +122,6 @@ def sanitize_reason(text: str, max_len: int = 256) -> str:
 
 
 # --------------------------------------------------------------------------- parsers
-
-
-def parse_version(text: str) -> tuple[int, int] | None:
-    """``slurm-wlm 22.05.8`` / ``slurm 24.11.5`` -> (22, 5) / (24, 11)."""
-    m = re.search(r"(\d+)\.(\d+)", text or "")
-    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def expand_hostlist(expr: str | None) -> tuple[str, ...]:
@@ -237,7 +238,7 @@ def parse_node_json(obj: Mapping[str, Any]) -> NodeState:
     """One node from ``sinfo --json`` (22.05) or ``scontrol show node --json`` (>= 23.02)."""
     flags_in = obj.get("state_flags") or ()
     state, flags = parse_node_state(obj.get("state") or "unknown", flags_in)
-    reason = _str_or_none(obj.get("reason"))
+    reason = _str_or_none(obj.get("reason")) if reason_applies(state, flags) else None
     when = _num(obj.get("reason_changed_at"))
     return NodeState(
         name=str(obj.get("name") or obj.get("hostname") or ""),
@@ -374,7 +375,7 @@ def parse_node_text(line: str) -> NodeState:
     for k, v in text_pairs(line):
         first.setdefault(k, v)
     state, flags = parse_node_state(first.get("State", "UNKNOWN"))
-    reason = _str_or_none(reason.strip()) if reason else None
+    reason = _str_or_none(reason.strip()) if reason and reason_applies(state, flags) else None
     return NodeState(
         name=first.get("NodeName", ""),
         state=state,
@@ -622,13 +623,20 @@ class CliSlurmClient(ClientBase):
             return None
         return doc
 
+    def controller_version(self) -> tuple[int, int] | None:
+        """(major, minor) of the slurmctld this client talks to (``SLURM_VERSION`` of
+        ``scontrol show config``, which the controller fills in); None if it has none."""
+        for line in self.run("scontrol", "show", "config").stdout.splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "SLURM_VERSION":
+                return parse_version(value)
+        return None
+
     def _scontrol_json(self) -> bool:
-        v = self.version()
-        return v is not None and v >= (23, 2)
+        return scontrol_json(self.version())
 
     def _legacy_json(self) -> bool:
-        v = self.version()
-        return v is not None and (20, 11) <= v < (23, 2)
+        return legacy_json(self.version())
 
     # ----------------------------------------------------------------- nodes
 
@@ -679,7 +687,7 @@ class CliSlurmClient(ClientBase):
         try:
             self.run("scontrol", "update", f"nodename={node}", "state=resume")
         except SlurmCommandError as exc:
-            if "invalid node state specified" in exc.output.lower():
+            if already_resumed(exc.output):
                 return  # not drained/down: already resumed
             raise
 

@@ -20,3 +20,12 @@ def make_client(settings: SlurmSettings, env: Mapping[str, str] | None = None) -
     if ok:
         return PyslurmClient.from_settings(settings, env)
     return CliSlurmClient.from_settings(settings, env)
+
+
+def bounded(client: SlurmClient) -> SlurmClient:
+    """``client``, or for a ``PyslurmClient`` the command client with its settings: a
+    caller with a deadline (a hook) needs every try cut at its timeout, and a libslurm
+    call waits out slurm.conf's MessageTimeout per try and cannot be cut short."""
+    from slurmgpu.slurm.pyslurm_client import PyslurmClient
+
+    return client.command_client() if isinstance(client, PyslurmClient) else client

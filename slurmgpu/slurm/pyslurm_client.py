@@ -13,6 +13,10 @@ pyslurm has no reboot call (``Node`` offers load/create/modify/delete only, and
 libslurm's reboot RPC is not part of its object API), so ``reboot`` runs the same
 ``scontrol reboot`` argv as the CLI client.
 
+A caller with a deadline (a hook) gets the command client instead (``factory.bounded``):
+a libslurm call cannot be cut short. Contract-tested against Slurm 25.11.7 with
+pyslurm 25.11.2 (tests/test_slurm_client.py, ``-m pyslurm``).
+
 pyslurm only builds against the Slurm release it was written for (25.11.x needs
 Slurm 25.11), so ``available()`` checks major.minor against ``scontrol --version``
 and ``make_client`` falls back to the CLI otherwise. pyslurm is imported lazily.
@@ -20,6 +24,7 @@ and ``make_client`` falls back to the CLI otherwise. pyslurm is imported lazily.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import os
 import sys
@@ -42,6 +47,7 @@ from slurmgpu.slurm.cli import (
     sanitize_reason,
 )
 from slurmgpu.slurm.common import ClientBase, ClientOptions
+from slurmgpu.slurm.versions import already_resumed, reason_applies, version_text
 
 T = TypeVar("T")
 
@@ -68,25 +74,52 @@ def pyslurm_version(mod: Any) -> str | None:
     return str(ver) if ver else None
 
 
+def installed_version() -> str | None:
+    """pyslurm's version from its package metadata, without importing it (importing loads
+    the libslurm it was built against, which must not meet another release's slurm.conf)."""
+    try:
+        return importlib.metadata.version("pyslurm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def available(env: Mapping[str, str] | None = None, bin_dir: str | None = None) -> tuple[bool, str]:
-    """(True, "pyslurm X matches Slurm Y") or (False, why not)."""
-    if "pyslurm" not in sys.modules and importlib.util.find_spec("pyslurm") is None:
+    """(True, "pyslurm X matches Slurm Y") or (False, why not). pyslurm is imported only
+    once its version matches the running Slurm's major.minor."""
+    loaded = sys.modules.get("pyslurm")
+    if loaded is None and importlib.util.find_spec("pyslurm") is None:
         return False, "pyslurm is not installed"
+    ver = pyslurm_version(loaded) if loaded is not None else installed_version()
+    pv = parse_version(ver or "")
+    if pv is None and loaded is None:
+        return _check_imported(env, bin_dir)
+    return _compare(ver, pv, env, bin_dir)
+
+
+def _check_imported(env: Mapping[str, str] | None, bin_dir: str | None) -> tuple[bool, str]:
+    """``available`` for a pyslurm without package metadata: import it, then compare."""
     try:
         mod = _import_pyslurm(env)
     except Exception as exc:  # ImportError, or a libslurm load/symbol error
         return False, f"import pyslurm failed: {type(exc).__name__}: {exc}"
     ver = pyslurm_version(mod)
-    pv = parse_version(ver or "")
+    return _compare(ver, parse_version(ver or ""), env, bin_dir)
+
+
+def _compare(ver: str | None, pv: tuple[int, int] | None, env: Mapping[str, str] | None,
+             bin_dir: str | None) -> tuple[bool, str]:
     if pv is None:
         return False, f"pyslurm version unknown ({ver!r})"
     sv = CliSlurmClient(bin_dir=bin_dir, env=env).version()
     if sv is None:
         return False, "Slurm version unknown (scontrol --version failed)"
     if pv != sv:
-        return False, (f"pyslurm {ver} is for Slurm {pv[0]}.{pv[1]:02d}, "
-                       f"running Slurm is {sv[0]}.{sv[1]:02d}")
-    return True, f"pyslurm {ver} matches Slurm {sv[0]}.{sv[1]:02d}"
+        return False, f"pyslurm {ver} is for Slurm {version_text(pv)}, running Slurm is {version_text(sv)}"
+    try:
+        _import_pyslurm(env)
+    except Exception as exc:  # a libslurm load/symbol error
+        return False, f"import pyslurm failed: {type(exc).__name__}: {exc}"
+    return True, f"pyslurm {ver} matches Slurm {version_text(sv)}"
 
 
 def _gpu_indices_from_layout(gres: Any) -> tuple[int, ...]:
@@ -153,7 +186,7 @@ class PyslurmClient(ClientBase):
     @staticmethod
     def _node_state(n: Any) -> NodeState:
         state, flags = parse_node_state(str(getattr(n, "state", None) or "UNKNOWN"))
-        reason = getattr(n, "reason", None) or None
+        reason = (getattr(n, "reason", None) or None) if reason_applies(state, flags) else None
         when = getattr(n, "reason_time", None)
         return NodeState(
             name=str(n.name),
@@ -191,16 +224,17 @@ class PyslurmClient(ClientBase):
         try:
             self._call("Node.modify", lambda: mod.Node(node).modify(mod.Node(state="RESUME")))
         except SlurmCommandError as exc:
-            if "invalid node state" in exc.output.lower():
+            if already_resumed(exc.output):
                 return
             raise
 
     def reboot(self, node: str, reason: str) -> None:
         """pyslurm has no reboot API: ``scontrol reboot ASAP nextstate=RESUME ...``
         through ``CliSlurmClient`` (same argv, sanitising, retries and errors)."""
-        self._cli().reboot(node, reason)
+        self.command_client().reboot(node, reason)
 
-    def _cli(self) -> CliSlurmClient:
+    def command_client(self) -> CliSlurmClient:
+        """The command client with this client's settings and deadline."""
         cli = CliSlurmClient(bin_dir=self.bin_dir, env=self.env, retries=self.retries,
                              retry_delay_s=self.retry_delay_s,
                              command_timeout_s=self.command_timeout_s, sleep=self._sleep)

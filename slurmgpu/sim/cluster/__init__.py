@@ -36,6 +36,7 @@ from slurmgpu.sim.cluster.install import (
     ensure_slurm_installed,
     missing_programs,
     path_additions,
+    prefix_dirs,
     slurm_version,
 )
 from slurmgpu.sim.cluster.procs import (
@@ -81,6 +82,7 @@ __all__ = [
     "node_names",
     "path_additions",
     "pick_ports",
+    "prefix_dirs",
     "proc_alive",
     "render_agent_config",
     "render_cgroup_conf",

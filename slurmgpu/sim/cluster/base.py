@@ -22,7 +22,7 @@ from slurmgpu.sim.cluster.common import (
     log_tail,
     write_atomic,
 )
-from slurmgpu.sim.cluster.install import path_additions
+from slurmgpu.sim.cluster.install import path_additions, prefix_dirs
 from slurmgpu.sim.cluster.procs import proc_alive, proc_cmdline
 from slurmgpu.sim.cluster.render import hook_environment
 
@@ -49,6 +49,12 @@ class ClusterBase:
     @property
     def conf(self) -> Path:
         return self.dir / "etc" / "slurm.conf"
+
+    @property
+    def slurm_prefix(self) -> Path | None:
+        """The Slurm build the cluster runs (tools/build_slurm.sh), None: Debian's packages."""
+        value = self._state.get("slurm_prefix")
+        return Path(value) if value else None
 
     @property
     def library(self) -> Path:
@@ -215,17 +221,19 @@ class ClusterBase:
 
     def env(self) -> dict[str, str]:
         """What a Slurm client needs: SLURM_CONF, the cluster dir, and PATH when Slurm's
-        directories are missing from it."""
+        directories are missing from it (a prefix's bin and sbin first)."""
         env = {"SLURM_CONF": str(self.conf), ENV_CLUSTER_DIR: str(self.dir)}
+        first = prefix_dirs(self.slurm_prefix)
         extra = path_additions()
-        if extra:
-            env["PATH"] = os.pathsep.join([p for p in [os.environ.get("PATH", "")] if p] + extra)
+        if first or extra:
+            env["PATH"] = os.pathsep.join(
+                [*first, *[p for p in [os.environ.get("PATH", "")] if p], *extra])
         return env
 
     def node_env(self, node: str) -> dict[str, str]:
         """The variables the hooks export for ``node`` (run slurmgpu as that node)."""
         self._check_node(node)
-        return hook_environment(self.dir, node, self.library)
+        return hook_environment(self.dir, node, self.library, slurm_prefix=self.slurm_prefix)
 
     def _load_named(self, scenario: str | os.PathLike[str]) -> dict[str, Any]:
         from slurmgpu.sim.scenario import load_scenario

@@ -32,7 +32,7 @@ from slurmgpu.sim.cluster.common import (
     write_atomic,
 )
 from slurmgpu.sim.cluster.daemons import SlurmDaemons
-from slurmgpu.sim.cluster.install import ensure_slurm_installed, slurm_version
+from slurmgpu.sim.cluster.install import check_slurm_prefix, ensure_slurm_installed, slurm_version
 from slurmgpu.sim.cluster.procs import pick_ports
 from slurmgpu.sim.cluster.render import (
     check_installed_hooks,
@@ -49,7 +49,8 @@ class SimCluster(SlurmDaemons):
     def up(self, nodes: int = 4, gpus: int = 8,
            scenario: str | os.PathLike[str] = DEFAULT_SCENARIO, *,
            hooks_enabled: bool = True, timeout: float = 60, cpus: int | None = None,
-           agents: bool | None = None, installed_hooks: Path | None = None) -> None:
+           agents: bool | None = None, installed_hooks: Path | None = None,
+           slurm_prefix: Path | None = None) -> None:
         """Bring the cluster up (idempotent: a healthy cluster with these settings is kept).
 
         With ``agents`` (True, or None on a fresh cluster: the default) it also makes CURVE
@@ -57,14 +58,17 @@ class SimCluster(SlurmDaemons):
         every agent answers on its socket and has said hello to the collector. On a cluster
         that is already up, True/False starts/stops just the agents and the collector, and
         None keeps the choice made at its ``up``. ``installed_hooks``: slurm.conf's hooks run
-        the wrappers a package installed there (see use_installed_hooks)."""
+        the wrappers a package installed there (see use_installed_hooks). ``slurm_prefix``:
+        run the Slurm that tools/build_slurm.sh built there instead of Debian's packages."""
         if installed_hooks is not None:
             check_installed_hooks(installed_hooks)
+        check_slurm_prefix(slurm_prefix)
         if not 1 <= nodes <= 64:
             raise ClusterError(f"--nodes must be 1..64, not {nodes}")
         if not 1 <= gpus <= 64:
             raise ClusterError(f"--gpus must be 1..64, not {gpus}")
-        wanted = {"nodes": node_names(nodes), "gpus": gpus, "scenario": str(scenario)}
+        wanted = {"nodes": node_names(nodes), "gpus": gpus, "scenario": str(scenario),
+                  "slurm_prefix": str(Path(slurm_prefix).absolute()) if slurm_prefix else None}
         if self.is_up():
             have = {k: self._state.get(k) for k in wanted}
             if have == wanted:
@@ -86,7 +90,8 @@ class SimCluster(SlurmDaemons):
                 return
             raise ClusterError(
                 f"a cluster with {len(self.nodes)} nodes x {self.gpus} GPUs "
-                f"(scenario {self._state.get('scenario')}) is already up in {self.dir}; "
+                f"(scenario {self._state.get('scenario')}, Slurm "
+                f"{self._state.get('slurm_prefix') or 'from the packages'}) is already up in {self.dir}; "
                 "run `slurmgpu sim cluster down` first"
             )
         if self._state or (self.dir / STATE_FILE).exists():
@@ -95,7 +100,7 @@ class SimCluster(SlurmDaemons):
             raise ClusterError(f"{self.dir} exists, is not empty and holds no simulated cluster")
         if os.geteuid() != 0:
             raise SlurmNotAvailable("the simulated Slurm cluster must run as root")
-        ensure_slurm_installed()
+        ensure_slurm_installed(slurm_prefix)
         base = fit_scenario(self._load_named(scenario), gpus) if gpus != BUNDLED_GPUS \
             else self._load_named(scenario)
         agents = True if agents is None else agents
@@ -119,7 +124,7 @@ class SimCluster(SlurmDaemons):
         old_collector = self._state.get("collector_port")
         collector_port = pick_ports(1, start=COLLECTOR_BASE_PORT,
                                     prefer=[old_collector] if old_collector else None)[0]
-        version = slurm_version()
+        version = slurm_version(wanted["slurm_prefix"])
         ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
         return {
             **wanted,
@@ -252,7 +257,8 @@ class SimCluster(SlurmDaemons):
     def reset(self, timeout: float = 60) -> None:
         """Back to the state right after ``up``: no jobs, up() scenario on every node, empty
         kmsg and state dirs, default slurmgpu.toml, hooks as at up, a slurmd for every node
-        (restarted if it died), drained/down nodes resumed, every node idle."""
+        (restarted if it died), drained/down nodes resumed, every node idle and without a
+        reason."""
         from slurmgpu.sim.scenario import load_scenario, write_scenario
 
         if not self._state:
@@ -285,6 +291,7 @@ class SimCluster(SlurmDaemons):
                     self._spawn(["slurmd", "-N", node, "-f", str(self.conf)], node)
             self._resume_all()
             self.wait_idle(timeout)
+            self._clear_stale_reasons(timeout)
         finally:
             self.set_hooks_enabled(enabled)
 

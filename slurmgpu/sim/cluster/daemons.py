@@ -162,6 +162,16 @@ class SlurmDaemons(GpuCluster):
                 self._run(["scontrol", "update", f"nodename={node}", "state=resume"],
                           check=False)
 
+    def _clear_stale_reasons(self, timeout: float) -> None:
+        """Run an empty job on each idle node that still shows a reason: 25.11 keeps a
+        resumed node's reason until a job runs there (22.05 clears it on resume)."""
+        stale = [n for n, r in self.node_reasons().items() if n in self.nodes and r not in ("", "none")]
+        jobs = [self.sbatch("", "-w", node, "-o", "/dev/null", "--wrap", "true") for node in stale]
+        for job in jobs:
+            self.wait_job(job, timeout=timeout)
+        if stale:
+            self.wait_idle(timeout, stale)
+
     # ---- Slurm clients
 
     def scontrol(self, *args: str) -> str:

@@ -94,7 +94,7 @@ class GpuCluster(ServicesCluster):
         for name in HOOKS:
             write_atomic(self.hook(name), render_hook(
                 name, self.dir, self.library, enabled=enabled or name in ALWAYS_ON_HOOKS,
-                installed=installed), 0o755)
+                installed=installed, slurm_prefix=self.slurm_prefix), 0o755)
         if self._state:
             self._state["hooks_enabled"] = enabled
             self._save_state()
