@@ -8,18 +8,7 @@ keep strikes, healthy streaks, drain history and the circuit breaker across rest
 operator's command (``release``, ``clear_lemon``) is one read-modify-write transaction,
 and ``refresh`` picks up such a change made by another process.
 
-* Policy table (``slurmgpu.decision.PolicyTable``, shared with the agent's local fallback):
-  (finding, strikes) -> one of ``POLICY_ACTIONS``.
-* Circuit breaker: caps the fraction of the fleet drained and the drains per
-  rolling hour; a "storm" (one check failing on a large part of the fleet) trips
-  it at once. ``min_nodes`` is a floor for small fleets (``fraction_limit``,
-  ``storm_threshold``). Once open, every new drain is held until ``release()``;
-  the jobs on a held checkpoint/drain-now node are still asked to checkpoint (only
-  the drain waits). ``release()`` lets the drains held at that moment proceed once
-  (``run_released``, in the collector), whatever the breaker says then; ``forecast()``
-  says whether the next drain would trip it again, and which setting decides.
-* Auto-resume with hysteresis; lemon nodes (drained too often) are never resumed.
-* Dry run: every decision recorded, no Slurm call made.
+Design notes: docs/design-notes.md (``slurmgpu/collector/policy.py``).
 """
 
 from __future__ import annotations
