@@ -27,7 +27,17 @@ from typing import TYPE_CHECKING, Any, Protocol
 from slurmgpu.actions import Actions
 from slurmgpu.collector.store import AutomationState, Store, queries
 from slurmgpu.config.schema import AutomationSettings
-from slurmgpu.decision import ACTION_RANK, CHECKPOINTING, DRAINING, Action, drain_reason
+from slurmgpu.decision import (
+    ACTION_RANK,
+    CHECKPOINTING,
+    DRAINING,
+    FINISHED,
+    NEW_DRAINS,
+    TAKEN_AWAY,
+    Action,
+    Outcome,
+    drain_reason,
+)
 from slurmgpu.decision import PolicyTable as PolicyTable
 from slurmgpu.log import get_logger
 from slurmgpu.report.render_util import span
@@ -61,8 +71,7 @@ class Decision:
     held: bool = False
     dry_run: bool = False
     trigger: str = ""  # the check id (or "healthy" for a resume)
-    # What happened: an ActionResult action ("drained", "resumed", ...), "held",
-    # "dry-run", "recorded" (warn/checkpoint: no Slurm call), "unreachable", "error: ...".
+    # What happened: a ``decision.Outcome``, or "error: ...".
     result: str = ""
     time: float = 0.0
     # A drain the breaker held and an operator released (`slurmgpu breaker release`): who.
@@ -350,7 +359,7 @@ class Automation:
         reason = drain_reason([trigger], strikes=self._strikes_needed(trigger, strikes.get(check, 1)),
                               one_line=True, rebooting=then_reboot or worst is Action.REBOOT)
         if worst not in DRAINING:
-            result = "dry-run" if self.settings.dry_run else "recorded"
+            result = Outcome.DRY_RUN if self.settings.dry_run else Outcome.RECORDED
             return [self._decision(node, worst, reason, check, result, now)]
         return self._drain(node, worst, reason, check, now, then_reboot=then_reboot)
 
@@ -388,7 +397,7 @@ class Automation:
             if pending == Action.CHECKPOINT and action is Action.DRAIN_NOW and self.checkpoints is not None \
                     and self.checkpoints.escalate(node, reason, check, now):
                 st.drained[node]["pending"] = action
-                return [self._decision(node, action, reason, check, "escalated", now)]
+                return [self._decision(node, action, reason, check, Outcome.ESCALATED, now)]
             if s.dry_run or pending or self._still_drained(node):
                 return []  # idempotent: already drained (or draining after checkpoints) by us
             st.drained.pop(node)  # someone resumed it while it still fails: drain again
@@ -412,24 +421,23 @@ class Automation:
             # were: their requests are reused); the drain comes at their ack.
             waiting = self.checkpoints.begin(node, action, reason, check, now, released_by=by or None)
         if s.dry_run:
-            result = "dry-run"
+            result = Outcome.DRY_RUN
         elif waiting:
-            result = "checkpointing"
+            result = Outcome.CHECKPOINTING
         else:
             try:
                 result = self._take_away(node, Action.REBOOT if then_reboot else action, reason)
             except SlurmUnreachable:
-                result = "unreachable"  # journaled by Actions; replayed later
+                result = Outcome.UNREACHABLE  # journaled by Actions; replayed later
             except SlurmError as e:
                 return [self._decision(node, action, reason, check, f"error: {e}", now)]
-        if result in ("drained", "dry-run", "unreachable", "already-drained", "checkpointing",
-                      "reboot-requested", "already-rebooting"):
+        if result in TAKEN_AWAY:
             st.drained[node] = {"time": now, "trigger": check, "reason": reason}
-            if result == "checkpointing":
+            if result == Outcome.CHECKPOINTING:
                 st.drained[node]["pending"] = action
                 if then_reboot:
                     st.drained[node]["then"] = Action.REBOOT
-        if result in ("drained", "dry-run", "unreachable", "checkpointing", "reboot-requested"):
+        if result in NEW_DRAINS:
             st.drain_times.append(now)
             history = [t for t in st.history.get(node, []) if now - t < s.lemon_window_s] + [now]
             st.history[node] = history
@@ -456,7 +464,7 @@ class Automation:
                 return []
             return [self._decision(node, action, f"{reason} (drained meanwhile by "
                                    f"{elsewhere.drained_by or '?'}: no longer held)", check,
-                                   "already-drained", now)]
+                                   Outcome.ALREADY_DRAINED, now)]
         entry: dict[str, Any] = {"action": action, "reason": reason, "trigger": check, "time": now,
                                  "since": prev.get("since", prev.get("time", now))}
         if ACTION_RANK.get(str(prev.get("action")), -1) > ACTION_RANK[action]:
@@ -471,9 +479,9 @@ class Automation:
             if entry["checkpoints"]:
                 reason = f"{reason} (drain held; {entry['checkpoints']} job(s) asked to checkpoint)"
         st.held[node] = entry
-        return [self._decision(node, action, reason, check, "held", now, held=True)]
+        return [self._decision(node, action, reason, check, Outcome.HELD, now, held=True)]
 
-    def _take_away(self, node: str, action: Action, reason: str) -> str:
+    def _take_away(self, node: str, action: Action, reason: str) -> Outcome:
         """Drain, or for REBOOT `scontrol reboot ASAP nextstate=RESUME` (a drain when
         Slurm refuses the reboot, e.g. no RebootProgram)."""
         if action is Action.REBOOT:
@@ -493,18 +501,19 @@ class Automation:
         self.refresh()
         st = self.state
         then = (st.drained.get(node) or {}).get("then")
+        result: Outcome | str
         try:
             result = self._take_away(node, Action.REBOOT, reason) if then == Action.REBOOT \
                 else self.actions.drain(node, reason).action
         except SlurmUnreachable:
-            result = "unreachable"
+            result = Outcome.UNREACHABLE
         except SlurmError as e:
             result = f"error: {e}"
         entry = st.drained.get(node)
         if entry is not None:
             entry.pop("pending", None)
             entry.pop("then", None)
-        if result not in ("drained", "already-drained", "unreachable", "reboot-requested", "already-rebooting"):
+        if result not in FINISHED:
             st.drained.pop(node, None)  # an operator's drain, or an error: not ours
         elif entry is None:
             st.drained[node] = {"time": now, "trigger": trigger, "reason": reason}
@@ -538,13 +547,13 @@ class Automation:
         reason = f"{int(count)} OK reports over {now - first:g} s"
         st.healthy.pop(node, None)
         if s.dry_run:
-            result = "dry-run"
+            result = Outcome.DRY_RUN
         else:
             try:
                 result = self.actions.resume_recovered(node).action
             except SlurmError as e:
                 return [self._decision(node, Action.RESUME, reason, "healthy", f"error: {e}", now)]
-        if result != "rebooting-left-alone":
+        if result != Outcome.REBOOTING_LEFT_ALONE:
             # resumed, or no longer ours to resume (operator drain, sticky XID drain, not drained)
             st.drained.pop(node, None)
         return [self._decision(node, Action.RESUME, reason, "healthy", result, now)]
