@@ -414,7 +414,8 @@ class Automation:
         reboot it, when the drain-now was for a fault only a reboot clears)."""
         self.refresh()
         st = self.state
-        then = (st.drained.get(node) or {}).get("then")
+        drained = st.drained.get(node)
+        then = drained.get("then") if drained is not None else None
         result: Outcome | str
         try:
             result = self._take_away(node, Action.REBOOT, reason) if then == Action.REBOOT \
