@@ -127,7 +127,7 @@ class Rig:
         log.configure(log_level, json=True, stream=self._log_file)
         self.collector = build_collector(
             CollectorSettings(address="tcp://127.0.0.1:0", bind="tcp://127.0.0.1:*",
-                              db=str(root / "fleet.db"), keys_dir=str(self.keys_dir)),
+                              db=str(root / "fleet.db"), keys_dir=str(self.keys_dir), events_port=0),
             automation=settings, slurm=client, state_dir=root / "state")
         assert self.collector.automation is not None
         self.automation: Automation = self.collector.automation

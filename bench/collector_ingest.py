@@ -14,7 +14,7 @@ p50/p99, and the collector's CPU time per report.
                                      [--heartbeat-s 5] [--db sqlite|postgresql]
                                      [--collectors N] [--full-every N]
                                      [--live-nodes N [--live-interval S]] [--no-events-port]
-                                     [--bundle N] [--collector-cpus LIST] [--plain-decode]
+                                     [--bundle N] [--collector-cpus LIST]
                                      [--floor] [--json]
 
 ``--bundle N``: the saturating nodes send their reports as agents drain a backlog, N in
@@ -30,10 +30,6 @@ to the collector's events port (``[collector] events_port``, as agents do;
 ``--no-events-port``: collectors without one, the events go with the reports). Their ack
 latency (p50, p99, max over the events) is what a fresh fault waits for during a backlog
 drain.
-
-``--plain-decode``: collectors that decode every frame in Python (``wire.decode``), as
-without msgspec installed; by default reports and bundles are decoded in C when it is
-(``slurmgpu.wirefast``). Each row says which (``decoder``).
 
 ``--floor``: instead of the collector, its real transport alone (``Transport``: the same
 sockets, CURVE, checks, decoding and acks) with a handler that stores nothing and counts
@@ -68,7 +64,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slurmgpu import keys, wirefast
+from slurmgpu import keys
 from slurmgpu.collector.counters import Counters
 from slurmgpu.collector.store import Store, queries
 from slurmgpu.collector.transport import Stored, Transport
@@ -116,14 +112,14 @@ def postgres_cpu() -> float:
 
 def sender(address: str, server_key: bytes, nodes: list[simfleet.SimNode], duration: float,
            window: int, heartbeat_s: float | None, warmup_s: float, full_every: int, bundle: int,
-           ready: Any, go: Any, out: Any) -> None:
+           ready: Any, go: Any, out: Any, rate: float | None = None) -> None:
     with simfleet.SimFleet(address, server_key, nodes, full_every=full_every, bundle=bundle) as sim:
         connected = sim.hello(120)
         if warmup_s:  # every node's first reports (history, high-water marks) before the clock
             sim.run(warmup_s, None, window=window, drain_s=30, heartbeat_s=heartbeat_s)
         ready.put(connected)
         sim.idle(go.is_set, heartbeat_s)  # (heartbeating, as agents do, while the others warm up)
-        stats = sim.run(duration, None, window=window, drain_s=10, heartbeat_s=heartbeat_s)
+        stats = sim.run(duration, rate, window=window, drain_s=10, heartbeat_s=heartbeat_s)
         lat = sorted(stats.latencies)
         out.put({"sent": stats.sent, "acked": stats.acked, "elapsed": stats.elapsed_s,
                  "bundles": stats.bundles_sent,
@@ -133,12 +129,9 @@ def sender(address: str, server_key: bytes, nodes: list[simfleet.SimNode], durat
 
 
 def start_collector(root: Path, address: str, db: str, profile: str | None,
-                    events_port: int, cpus: set[int] | None = None,
-                    plain_decode: bool = False) -> subprocess.Popen[bytes]:
-    # (--plain-decode: msgspec hidden, as on a host without it)
-    hide = "import sys; sys.modules['msgspec'] = None; " if plain_decode else ""
+                    events_port: int, cpus: set[int] | None = None) -> subprocess.Popen[bytes]:
     python = [sys.executable, "-m", "cProfile", "-o", profile, "-m", "slurmgpu", "collector"] \
-        if profile else [sys.executable, "-c", f"{hide}from slurmgpu.cli.fleet_cmd import collector; collector()"]
+        if profile else [sys.executable, "-c", "from slurmgpu.cli.fleet_cmd import collector; collector()"]
     return subprocess.Popen([*python, "--bind", address, "--events-port", str(events_port), "--db", db,
                              "--keys-dir", str(root / "keys"), "--log-level", "warning"],
                             preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus))
@@ -181,10 +174,8 @@ def serve_floor(address: str, events_port: int, keys_dir: str) -> None:
         transport.close()
 
 
-def start_floor(root: Path, address: str, events_port: int, cpus: set[int] | None,
-                plain_decode: bool = False) -> subprocess.Popen[bytes]:
-    hide = "sys.modules['msgspec'] = None; " if plain_decode else ""
-    code = (f"import sys; {hide}sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); "
+def start_floor(root: Path, address: str, events_port: int, cpus: set[int] | None) -> subprocess.Popen[bytes]:
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); "
             f"from collector_ingest import serve_floor; "
             f"serve_floor({address!r}, {events_port}, {str(root / 'keys')!r})")
     return subprocess.Popen([sys.executable, "-c", code],
@@ -267,8 +258,7 @@ def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
              profile: str | None = None, warmup_s: float = 0.0, *, pg: PgServer | None = None,
              collectors: int = 1, full_every: int = 1, live_nodes: int = 0,
              live_interval_s: float = 1.0, events: bool = True, bundle: int = 1,
-             collector_cpus: set[int] | None = None, plain_decode: bool = False,
-             floor: bool = False) -> dict[str, Any]:
+             collector_cpus: set[int] | None = None, floor: bool = False, rate: float | None = None) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix=f"ingest-{n}-"))
     try:
         keys.init(root / "keys")
@@ -278,9 +268,9 @@ def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
         db = pg.create_database() if pg is not None else str(root / "fleet.db")
         Store(db).close()  # migrated once, before the collectors start
         events_ports = [free_port() if events else 0 for _ in addresses]
-        procs_of = [start_floor(root, a, port, collector_cpus, plain_decode) if floor else
+        procs_of = [start_floor(root, a, port, collector_cpus) if floor else
                     start_collector(root, a, db, f"{profile}.{n}.{i}" if profile else None, port,
-                                    collector_cpus, plain_decode)
+                                    collector_cpus)
                     for i, (a, port) in enumerate(zip(addresses, events_ports, strict=True))]
         others = None if collector_cpus is None else (os.sched_getaffinity(0) - collector_cpus) or None
         # live nodes send their events where agents do: the events port when there is one
@@ -295,7 +285,7 @@ def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
         server_key = simfleet.collector_public_key(root / "keys")
         workers = [ctx.Process(target=pinned(others, sender), args=(addresses[i % collectors], server_key, c, duration,
                                                     window, heartbeat_s, warmup_s, full_every, bundle,
-                                                    ready, go, out))
+                                                    ready, go, out, rate))
                    for i, c in enumerate(chunks)]
         live_out = ctx.Queue()
         live_workers = [ctx.Process(target=pinned(others, live_sender), args=(live_address, server_key, live, duration,
@@ -334,7 +324,6 @@ def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
         return {"nodes": n, "db": "postgresql" if pg is not None else "sqlite", "collectors": collectors,
                 "collector_cpus": sorted(collector_cpus) if collector_cpus is not None else None,
                 "events_port": events, "floor": floor,
-                "decoder": "python" if plain_decode or not wirefast.FAST else "msgspec",
                 "full_every": full_every, "bundle": bundle,
                 "bundles_sent": sum(r["bundles"] for r in results),
                 "sender_procs": procs, "window": window, "connected": connected,
@@ -349,6 +338,8 @@ def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
                     name: round((threads1_sum.get(name, 0.0) - threads0_sum.get(name, 0.0)) / max(1, stored)
                                 * 1e6, 1)
                     for name in sorted(threads1_sum)},
+                "wall_s": round(wall, 3),
+                "collector_cpu_s": [round(b - a, 3) for a, b in zip(cpu0, cpu1, strict=True)],
                 "postgres_cpu_us_per_report": round((pg1 - pg0) / max(1, stored) * 1e6, 1) if pg else None,
                 "collector_rss_mb": round(rss.get("VmRSS", 0) / 1024, 1),
                 "collector_peak_rss_mb": round(rss.get("VmHWM", 0) / 1024, 1),
@@ -431,8 +422,6 @@ def main() -> int:
     parser.add_argument("--collector-cpus", metavar="LIST",
                         help="run the collectors on these CPUs (e.g. 0) and every sender on the others: "
                              "a head node whose collector has cores of its own")
-    parser.add_argument("--plain-decode", action="store_true",
-                        help="collectors decode every frame in Python, as without msgspec installed")
     parser.add_argument("--floor", action="store_true",
                         help="the collector's transport alone (sockets, CURVE, checks, decoding, acks), "
                              "storing nothing: what the collector pays before its store")
@@ -440,8 +429,6 @@ def main() -> int:
     args = parser.parse_args()
     if args.floor and (args.profile or args.db != "sqlite" or args.collectors != 1):
         parser.error("--floor runs one transport without a database: no --profile, --db or --collectors")
-    if args.profile and args.plain_decode:
-        parser.error("--plain-decode does not go with --profile")
     if args.collector_cpus is not None:
         try:
             args.collector_cpus = {int(c) for c in args.collector_cpus.split(",")}
@@ -469,7 +456,7 @@ def _case(n: int, args: argparse.Namespace, pg: PgServer | None) -> dict[str, An
                    args.warmup, pg=pg, collectors=args.collectors, full_every=args.full_every,
                    live_nodes=args.live_nodes, live_interval_s=args.live_interval,
                    events=not args.no_events_port, bundle=args.bundle,
-                   collector_cpus=args.collector_cpus, plain_decode=args.plain_decode,
+                   collector_cpus=args.collector_cpus,
                    floor=args.floor)
     if not args.json:
         server = (f", postgres {row['postgres_cpu_us_per_report']} us CPU/report"
@@ -480,7 +467,7 @@ def _case(n: int, args: argparse.Namespace, pg: PgServer | None) -> dict[str, An
                        f"p99 {row['live_ack_p99_ms']} ms max {row['live_ack_max_ms']} ms ({row['live_unacked']} unacked)")
         pin = f", collectors on CPU {row['collector_cpus']}" if row["collector_cpus"] else ""
         what = "transport alone (--floor)" if row["floor"] else f"{row['db']} x{row['collectors']}"
-        print(f"{row['nodes']:>6} nodes, {what}{pin}, {row['decoder']} decoding, "
+        print(f"{row['nodes']:>6} nodes, {what}{pin}, "
               f"1/{row['full_every']} full, "
               f"bundles of {row['bundle']} ({row['bundles_sent']} sent), "
               f"events port {'on' if row['events_port'] else 'off'} "

@@ -172,7 +172,7 @@ def run(messages: int, index_messages: int) -> dict[str, Any]:
         db = tmp / "fleet.db"
         (tmp / "slurmgpu.toml").write_text(
             f'[collector]\nbind = "tcp://127.0.0.1:{port}"\naddress = "tcp://127.0.0.1:{port}"\n'
-            f'db = "{db}"\nkeys_dir = "{keys_dir}"\nmetrics_bind = ""\n')
+            f'db = "{db}"\nkeys_dir = "{keys_dir}"\nmetrics_bind = ""\nevents_port = 0\n')
         proc = subprocess.Popen([sys.executable, "-m", "slurmgpu", "collector", "--config",
                                  str(tmp / "slurmgpu.toml"), "--log-level", "warning"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -135,7 +135,7 @@ def start_collector(tmp: Path, db: str, names: list[str]) -> tuple[subprocess.Po
     port = free_port()
     (tmp / "slurmgpu.toml").write_text(
         f'[collector]\nbind = "tcp://127.0.0.1:{port}"\naddress = "tcp://127.0.0.1:{port}"\n'
-        f'db = "{db}"\nkeys_dir = "{keys_dir}"\nmetrics_bind = ""\n')
+        f'db = "{db}"\nkeys_dir = "{keys_dir}"\nmetrics_bind = ""\nevents_port = 0\n')
     proc = subprocess.Popen([sys.executable, "-m", "slurmgpu", "collector", "--config", str(tmp / "slurmgpu.toml"),
                              "--log-level", "error"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return proc, f"tcp://127.0.0.1:{port}", keys_dir

@@ -11,12 +11,7 @@ not connected, so no I/O thread work follows). Reported: the process's CPU time 
 stored report (``time.process_time``: every thread, the WAL thread included).
 
     python bench/ingest_pipeline.py [--nodes 10000] [--bundles 8000] [--bundle 32]
-                                    [--batch 256] [--full-every 40] [--neighbour]
-                                    [--plain-decode] [--json]
-
-``--plain-decode``: every frame decoded in Python (``wire.decode``), as on a host without
-msgspec; by default reports and bundles are decoded in C when it is installed
-(``slurmgpu.wirefast``). The result says which (``decoder``).
+                                    [--batch 256] [--full-every 40] [--neighbour] [--json]
 
 ``--neighbour``: a process on another CPU writes over 200 MB in a loop while this one is
 timed (this one on CPU 0, it on CPU 1): what the simulated senders of
@@ -34,14 +29,14 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import socket
 import tempfile
 import time
 import timeit
 from pathlib import Path
 from typing import Any
 
-from slurmgpu import keys, wirefast
-from slurmgpu.collector import transport as transport_mod
+from slurmgpu import keys
 from slurmgpu.collector.app import build_collector
 from slurmgpu.config.schema import CollectorSettings
 from slurmgpu.sim.fleet import FrameMaker, make_nodes
@@ -109,14 +104,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="pipeline-"))
     keys.init(root / "keys")
     nodes = make_nodes(root / "keys", args.nodes)
-    port = 20000 + os.getpid() % 20000
+    port = _free_port()  # (benches bind no fixed port)
     # (no node falls silent while the frames are made: in the collector_ingest runs none
     # does, and marking thousands unreachable, and logging each, is not ingest work)
     settings = CollectorSettings(address=f"tcp://127.0.0.1:{port}", bind=f"tcp://127.0.0.1:{port}",
                                  db=str(root / "fleet.db"), keys_dir=str(root / "keys"), events_port=0,
                                  heartbeat_s=3600.0)
-    if args.plain_decode:
-        transport_mod.decode_received = wirefast.decode_plain
     collector = build_collector(settings)
     seqs = [0] * len(nodes)
     try:
@@ -144,10 +137,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     reference = min(timeit.repeat("sum(range(1000))", number=2000, repeat=5)) / 2000
     return {"nodes": args.nodes, "bundle": args.bundle, "batch": args.batch, "full_every": args.full_every,
             "neighbour": args.neighbour,
-            "decoder": "python" if args.plain_decode or not wirefast.FAST else "msgspec", "stored": stored, "bytes_per_report": round(per_report),
+            "stored": stored, "bytes_per_report": round(per_report),
             "cpu_us_per_report": round(cpu / stored * 1e6, 1), "reports_per_cpu_s": round(stored / cpu),
             "wall_s": round(wall, 2), "sum_range_1000_us": round(reference * 1e6, 2),
             "cpu": platform.processor() or _cpu_model(), "python": platform.python_version()}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _cpu_model() -> str:
@@ -169,8 +168,6 @@ def main() -> None:
     parser.add_argument("--full-every", type=int, default=40, metavar="N")
     parser.add_argument("--neighbour", action="store_true",
                         help="a memory-heavy process on CPU 1 while this one runs on CPU 0")
-    parser.add_argument("--plain-decode", action="store_true",
-                        help="decode every frame in Python, as without msgspec installed")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if min(args.nodes, args.bundles, args.bundle, args.batch, args.full_every) < 1:
@@ -182,7 +179,7 @@ def main() -> None:
         print(json.dumps(row, indent=2))
         return
     print(f"{row['nodes']} nodes, bundles of {row['bundle']}, batches of {row['batch']}, 1/{row['full_every']} full "
-          f"({row['bytes_per_report']} bytes a report), {row['decoder']} decoding"
+          f"({row['bytes_per_report']} bytes a report)"
           f"{', neighbour on CPU 1' if row['neighbour'] else ''}: "
           f"{row['cpu_us_per_report']} us CPU a report ({row['reports_per_cpu_s']} reports per CPU second); "
           f"sum(range(1000)) {row['sum_range_1000_us']} us on {row['cpu']}, Python {row['python']}")

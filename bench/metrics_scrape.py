@@ -104,7 +104,7 @@ def run(nodes: int, changes: int, scrapes: int, pg: PgServer | None = None) -> d
         db = str(root / "fleet.db") if pg is None else pg.create_database(f"metrics_{nodes}")
         cfg = CollectorSettings(address="tcp://127.0.0.1:0", bind="tcp://127.0.0.1:*",
                                 db=db, keys_dir=str(root / "keys"),
-                                metrics_bind="127.0.0.1:0")
+                                metrics_bind="127.0.0.1:0", events_port=0)
         client = FakeSlurmClient([])
         store = Store(cfg.db)
         auto = Automation(AutomationSettings(), client, root / "state", store=store)

@@ -54,7 +54,7 @@ def run_case(nodes: int, rate: float, duration: float, scrapers: int) -> dict[st
         address = f"tcp://127.0.0.1:{free_port()}"
         metrics = f"127.0.0.1:{free_port()}"
         config = root / "collector.toml"
-        config.write_text(f'[collector]\nmetrics_bind = "{metrics}"\n', encoding="utf-8")
+        config.write_text(f'[collector]\nmetrics_bind = "{metrics}"\nevents_port = 0\n', encoding="utf-8")
         collector = subprocess.Popen(
             [sys.executable, "-m", "slurmgpu", "collector", "--config", str(config), "--bind", address,
              "--db", str(root / "fleet.db"), "--keys-dir", str(root / "keys"), "--log-level", "warning"])

@@ -86,6 +86,15 @@ class MiniAgent:
     def latest(self) -> Any:
         return self._latest
 
+    def sweep_soon(self) -> None:
+        pass  # (no job directories here)
+
+    def bookkeeping_failed(self, errors: list[str]) -> None:
+        print(f"bookkeeping failed: {errors}", file=sys.stderr)
+
+    def prolog_blocked(self, job_id: str | None, record: dict[str, Any]) -> None:
+        pass  # (no collector here)
+
     def facts_for(self, gpus: frozenset[int] | None, max_age_s: float) -> Any:
         with self.lock:
             facts = self._latest[0]

@@ -83,6 +83,7 @@ class LocalFleet:
         self.db = self.dir / "fleet.db"
         self.socket = self.dir / "agent.sock"
         self.address = f"tcp://127.0.0.1:{free_port()}"
+        self.events_port = free_port()  # (never the default 7151: benches bind no fixed port)
         self.pids: dict[str, int] = {}
         self.next_event_id = 1
         self.load = load  # every GPU under "load": clock events at 35/s each (fake NVML)
@@ -100,13 +101,14 @@ class LocalFleet:
                and k != "NOTIFY_SOCKET"}
         self.pids["collector"] = spawn_detached(
             [sys.executable, "-m", "slurmgpu", "collector", "--bind", self.address,
+             "--events-port", str(self.events_port),
              "--db", str(self.db), "--keys-dir", str(self.dir / "keys")],
             env=env, log=self.dir / "collector.log", pid_file=self.dir / "collector.pid")
         config = self.dir / "agent.toml"
         config.write_text(render_agent_config(
             BASE_CONFIG, socket_path=self.socket, spool=self.dir / "spool", address=self.address,
             keys_dir=bundle, interval_s=self.interval_s, heartbeat_s=self.heartbeat_s,
-            max_age_s=self.max_age_s), encoding="utf-8")
+            max_age_s=self.max_age_s, events_port=self.events_port), encoding="utf-8")
         agent_env = {**env, "SLURMGPU_NVML_LIBRARY": str(lib),
                      "SLURMGPU_SIM_SCENARIO": str(self.scenario),
                      "SLURMGPU_KMSG": str(self.dir / "kmsg"),

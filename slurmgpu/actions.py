@@ -21,7 +21,7 @@ from pathlib import Path
 # The reason vocabulary (slurmgpu.decision); drain_reason, with_actor and MAX_REASON stay
 # importable from here.
 from slurmgpu.decision import MAX_REASON as MAX_REASON
-from slurmgpu.decision import REASON_PREFIX, Action
+from slurmgpu.decision import REASON_PREFIX, Action, Outcome
 from slurmgpu.decision import drain_reason as drain_reason
 from slurmgpu.decision import with_actor as with_actor
 from slurmgpu.slurm import SlurmClient, SlurmError, SlurmUnreachable
@@ -34,12 +34,12 @@ STICKY_CHECKS = ("xid.recent",)
 @dataclass(frozen=True)
 class ActionResult:
     node: str
-    action: str  # "drained", "already-drained", "operator-drain-kept", "resumed", "not-drained", ...
+    action: Outcome
     reason: str | None = None
 
     @property
     def changed(self) -> bool:
-        return self.action in ("drained", "resumed", "reboot-requested")
+        return self.action in (Outcome.DRAINED, Outcome.RESUMED, Outcome.REBOOT_REQUESTED)
 
 
 class Actions:
@@ -66,35 +66,35 @@ class Actions:
         try:
             current = self.client.node(node)
             if current.drained and not current.owned_by_slurmgpu:
-                return ActionResult(node, "operator-drain-kept", current.reason)
+                return ActionResult(node, Outcome.OPERATOR_DRAIN_KEPT, current.reason)
             if action is Action.DRAIN and current.drained:
-                return ActionResult(node, "already-drained", current.reason)
+                return ActionResult(node, Outcome.ALREADY_DRAINED, current.reason)
             if action is Action.REBOOT and current.rebooting:
-                return ActionResult(node, "already-rebooting", current.reason)
+                return ActionResult(node, Outcome.ALREADY_REBOOTING, current.reason)
             (self.client.reboot if action is Action.REBOOT else self.client.drain)(node, reason)
         except SlurmUnreachable:
             self._remember({"action": action.value, "node": node, "reason": reason, "time": time.time()})
             raise
-        return ActionResult(node, "reboot-requested" if action is Action.REBOOT else "drained", reason)
+        return ActionResult(node, Outcome.REBOOT_REQUESTED if action is Action.REBOOT else Outcome.DRAINED, reason)
 
     def resume(self, node: str, *, force: bool = False) -> ActionResult:
         """Resume a node slurmgpu drained (any drained node with force)."""
         current = self.client.node(node)
         if not current.drained:
-            return ActionResult(node, "not-drained", current.reason)
+            return ActionResult(node, Outcome.NOT_DRAINED, current.reason)
         if current.rebooting:
-            return ActionResult(node, "rebooting-left-alone", current.reason)
+            return ActionResult(node, Outcome.REBOOTING_LEFT_ALONE, current.reason)
         if not current.owned_by_slurmgpu and not force:
-            return ActionResult(node, "operator-drain-kept", current.reason)
+            return ActionResult(node, Outcome.OPERATOR_DRAIN_KEPT, current.reason)
         self.client.resume(node)
-        return ActionResult(node, "resumed", current.reason)
+        return ActionResult(node, Outcome.RESUMED, current.reason)
 
     def resume_recovered(self, node: str) -> ActionResult:
         """Healthcheck path: resume only slurmgpu drains for conditions that clear."""
         current = self.client.node(node)
         reason = current.reason or ""
         if current.drained and current.owned_by_slurmgpu and _is_sticky(reason):
-            return ActionResult(node, "sticky-drain-kept", reason)
+            return ActionResult(node, Outcome.STICKY_DRAIN_KEPT, reason)
         return self.resume(node)
 
     def replay_pending(self) -> list[ActionResult]:

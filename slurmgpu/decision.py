@@ -37,6 +37,36 @@ class Action(enum.StrEnum):
     RESUME = "resume"  # the automation's resume of a node it drained
 
 
+class Outcome(enum.StrEnum):
+    """What became of an action (``ActionResult.action``, a decision's ``result``); an
+    error is ``error: <why>`` instead."""
+
+    DRAINED = "drained"
+    ALREADY_DRAINED = "already-drained"
+    OPERATOR_DRAIN_KEPT = "operator-drain-kept"
+    STICKY_DRAIN_KEPT = "sticky-drain-kept"
+    REBOOT_REQUESTED = "reboot-requested"
+    ALREADY_REBOOTING = "already-rebooting"
+    REBOOTING_LEFT_ALONE = "rebooting-left-alone"
+    RESUMED = "resumed"
+    NOT_DRAINED = "not-drained"
+    HELD = "held"  # by the automation's circuit breaker
+    DRY_RUN = "dry-run"
+    RECORDED = "recorded"  # a warn or checkpoint decision: no Slurm call
+    UNREACHABLE = "unreachable"  # Slurm did not answer: journaled, replayed later
+    CHECKPOINTING = "checkpointing"  # the drain waits for the jobs' checkpoints
+    ESCALATED = "escalated"  # a pending checkpoint became a drain-now
+
+
+# Outcomes after which the node counts as drained by the automation.
+TAKEN_AWAY = frozenset({Outcome.DRAINED, Outcome.DRY_RUN, Outcome.UNREACHABLE, Outcome.ALREADY_DRAINED,
+                        Outcome.CHECKPOINTING, Outcome.REBOOT_REQUESTED, Outcome.ALREADY_REBOOTING})
+# Of those, the new drains: they count against the breaker's rate and towards a lemon.
+NEW_DRAINS = TAKEN_AWAY - {Outcome.ALREADY_DRAINED, Outcome.ALREADY_REBOOTING}
+# A pending drain carried out (``finish_pending``): the node is the automation's.
+FINISHED = frozenset({Outcome.DRAINED, Outcome.ALREADY_DRAINED, Outcome.UNREACHABLE,
+                      Outcome.REBOOT_REQUESTED, Outcome.ALREADY_REBOOTING})
+
 # The automation's actions (``[automation] policy`` values), mildest first: the worst of a
 # report's findings is the one taken.
 POLICY_ACTIONS = (Action.NONE, Action.WARN, Action.CHECKPOINT, Action.DRAIN, Action.DRAIN_NOW,

@@ -132,12 +132,6 @@ class FabricInfo:
     def state_name(self) -> str:
         return FABRIC_STATE_NAMES.get(self.state, f"UNKNOWN({self.state})")
 
-    @property
-    def health_name(self) -> str:
-        if self.health_summary is None:
-            return "n/a"
-        return FABRIC_HEALTH_NAMES.get(self.health_summary, f"UNKNOWN({self.health_summary})")
-
 
 @dataclass
 class GpuFacts:

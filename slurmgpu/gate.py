@@ -324,7 +324,7 @@ class Gate:
         reason = drain_reason(text=f"internal error in {phase}: {error}")
         try:
             result = self._actions().drain(job.node, reason, actor=phase)
-            action = result.action
+            action: str = result.action
         except Exception as exc:
             action, error = "drain-failed", f"{error}; drain failed: {_describe(exc)}"
         self._record(phase, job, None, action=f"fail-closed:{action}", reason=reason, error=error,

@@ -1,32 +1,10 @@
 #!/usr/bin/env -S python3 -I -S
-"""``slurmgpu-quickgate prolog|epilog``: the warm hook path, standard library only.
+"""``slurmgpu-quickgate prolog|epilog``: the warm hook path, standard library only. It asks
+the node agent over its unix socket (``localproto``) and exits with its decision; when
+no agent answers in time it execs the full path (``slurmgpu prolog|epilog``), so a missing
+agent never changes a decision.
 
-Asks the node's agent (``slurmgpu.agent.local``) to run the prolog/epilog gate on its
-facts (the job's GPUs read afresh, IB and versions cached), exits with the agent's exit
-code and writes the agent's gate record as one JSON line on stderr (it carries
-``"path": "agent"``). When the agent does not
-answer (no socket, refused, timeout, bad reply) it runs the full path,
-``slurmgpu prolog|epilog``, so an agent that is down never blocks a job nor skips the
-gate. The full path is ``$SLURMGPU_BIN`` (split on whitespace) when set, else
-``<python> -c BOOTSTRAP``, the python being ``$SLURMGPU_PYTHON`` (the hook wrappers read
-it from /etc/default/slurmgpu or /etc/sysconfig/slurmgpu), the interpreter of a
-``slurmgpu`` script on PATH, or a packaged one, each tried in turn. A full path's exit
-code counts only once slurmgpu said on the decision pipe (``$SLURMGPU_DECIDED_FD``,
-``tell_decided``) that it decided: ``/bin/false``, a shell or a traceback before a verdict
-is no decision. When no full path decides (nothing to run, no interpreter that can import
-slurmgpu and its dependencies, a crash here) the hook follows ``[<phase>] on_error``:
-fail-open (the default) exits 0 with one loud line; a site's own install problem never
-drains its nodes. A full path killed after a FAIL verdict still refuses (exit 1).
-
-Socket: ``$SLURMGPU_AGENT_SOCKET``, else ``[agent] socket`` of the config file
-(``--config``, ``$SLURMGPU_CONFIG`` or /etc/slurmgpu/slurmgpu.toml, read only when it
-exists, and its drop-ins; read line by line, tomllib only when the lines are not plain),
-else /run/slurmgpu/agent.sock. The agent must accept within
-``$SLURMGPU_AGENT_TIMEOUT`` / ``[agent] query_timeout_s`` (default 0.5 s). The protocol
-is ``slurmgpu/localproto.py`` (shared with the agent), loaded from beside this file.
-
-Keep this module (and localproto) to the standard library: it runs once per job, and
-every import costs start-up time (tests check it).
+Design notes: docs/design-notes.md (``slurmgpu/quickgate.py``).
 """
 
 from __future__ import annotations

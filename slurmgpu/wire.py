@@ -1,87 +1,19 @@
 """The agent <-> collector wire protocol: one envelope, every message type, msgpack.
 
-A frame is one msgpack map:
+A frame is one msgpack map: {"v": 1, "id": ..., "node": ..., "seq": ..., "ts": ...,
+"type": ..., "body": {...}, "epoch": ...}. Promises: every frame is bounded and every
+body validated per type (``decode``; ``decode_received`` adds the body's bytes as
+received), so a bad frame is a ``WireError`` (``BodyError`` when only its body is bad),
+never a crash, and whatever it accepts both stores can store; ``encode`` refuses what
+the other side would. Every frame either side sends is built here.
 
-    {"v": 1, "id": "<uuid4 hex>", "node": "gpu-n1", "seq": 17, "ts": 1790000000.0,
-     "type": "report", "body": {...}}
-
-* ``v`` protocol version; a frame with an unknown version is rejected. A frame that
-  repeats one of its keys is rejected too (which ``body`` would count?).
-* ``id`` unique message id; ``seq`` per-node sequence number, strictly increasing for
-  messages that need an ack (report, event, command-result, hello); the collector
-  deduplicates by (node, epoch, seq).
-* ``epoch`` (optional, absent = "") the id of the agent's spool that numbered ``seq``: a
-  new spool (reinstall, lost disk, deleted spool.db) starts a new sequence at 1 under a
-  new epoch, so its messages are not mistaken for resends of the old spool's. An ack
-  carries the epoch it acknowledges.
-* Every number is bounded: integers fit SQLite's int64 (most fields much less, see
-  the ``MAX_*`` constants), floats are finite, and every list and string that ends up in
-  a table, an in-memory map or a metric label has a length limit, so a frame can neither
-  crash the store (``OverflowError`` binding an int >= 2**63) nor grow the collector.
-* Every value the collector stores is one both of its backends can store: no string of a
-  frame contains NUL (PostgreSQL's text cannot hold it; the facts, kept as one opaque
-  blob, are not read), strings are valid UTF-8 (msgpack's decoding is strict, lone
-  surrogates included), and each value of a summary row has its column's type.
-* Every frame is bounded (``MAX_FRAME``) and every body is validated per type, so a
-  malformed frame is a ``WireError`` (counted and logged by the receiver), never a crash.
-  One whose envelope is valid but whose body is not is a ``BodyError`` carrying the
-  envelope, so the collector can ack it as rejected (it would fail on every resend).
-
-Message types (body fields):
-    hello           {"version": str, "gpus": int, "interval_s": float}
-    report          {"verdict": str, "findings": [non-OK finding...], "ok_checks": [check id...],
-                     "facts": {...} or msgpack bytes of it (optional: sent every
-                     [agent] full_report_s, on a new connection and when the verdict
-                     changes; the collector keeps the last ones it got),
-                     "throttle": int, "summary": msgpack bytes (slurmgpu.summary: counters and
-                     versions for the fleet history)}
-    event           {"kind": "xid"|"ecc_dbe"|"ecc_sbe_storm"|"dram_retirement"|
-                     "dram_retirement_failure"|"poison_nonfatal"|"poison_fatal"|
-                     "gpu_unavailable"|"recovery_action"|"gpu_lost"|"local_checkpoint"|
-                     "prolog_blocked"|..., "gpu": int|None, "data": int|None, "verdict": str,
-                     "findings": [finding...], "coalesced": int (events folded into this one),
-                     "message": str (an XID's kernel-log text, at most XID_MESSAGE_MAX)}
-    heartbeat       {}                         (no ack, no seq needed: seq 0)
-    bundle          {"frames": [bytes, ...]}   (no ack, seq 0: 1 to MAX_BUNDLE frames of the
-                     acked types, each a whole frame of the same node, as spooled; each is
-                     checked, stored and acked as if it came alone. An agent draining a
-                     backlog sends them once the collector's acks carry ``bundle``: one
-                     message, one CURVE box and one ack for dozens of reports)
-    ack             {"seqs": [int, ...], "rejected": [int, ...], "bundle": int}
-                     (collector -> agent; ``rejected`` optional: seqs also in ``seqs`` that
-                     were refused for good (malformed body, unstorable): the agent drops
-                     them and logs; ``bundle`` optional: this collector takes bundles of up
-                     to that many frames now (it says less as its fleet grows, see the
-                     transport; 1: none now). A collector without it never gets one: one
-                     that predates bundles would refuse them unacked, and the agent would
-                     resend them forever)
-    command         {"command": str, "args": {...}}   (collector -> agent)
-    command-result  {"command_id": str, "ok": bool, "result": {...}}
-
-A finding is ``Finding.to_json()``'s map (``encode_finding``): {"check": str, "severity":
-"OK"|"WARN"|"FAIL"|"UNKNOWN", "gpu": int|None, "subject": str|None, "message": str,
-"not_applicable": bool, "data": {...}}; ``decode`` gives a report's or event's findings
-typed, as ``Envelope.findings`` (``decode_finding``).
-
-``facts``, ``gpu``, ``data``, ``args`` and ``result`` may be absent (or None); every other
-field listed is required. ``node`` is a Slurm node name ([A-Za-z0-9._-], at most 128).
-``encode`` validates too, so a sender never emits a frame the receiver would reject;
-``encode_unchecked`` skips that self-check.
-
-Every frame either side sends is built here, one builder per kind (the "frames" section
-below): ``message_frame`` (an agent's acked message; ``hello_frame`` for a hello from its
-fields), ``heartbeat_frame``, ``command_frame``, and for the hot paths ``ReplyFrames`` (the
-collector's acks and heartbeat replies) and ``ReportFrames`` (reports around a body packed
-once: the load simulator), which pack their constant parts once and give exactly the bytes
-``encode_unchecked`` gives for the same fields.
+The message types, their fields and bounds: docs/design-notes.md (``slurmgpu/wire.py``).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import re
-import struct
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -214,9 +146,35 @@ def hello_frame(node: str, seq: int, *, version: str, gpus: int, interval_s: flo
 
 
 def heartbeat_frame(node: str, *, ts: float | None = None, id: str | None = None) -> bytes:
-    """An agent's heartbeat (no seq, no ack), validated."""
-    return encode(Envelope(type=HEARTBEAT, node=node, seq=0, ts=time.time() if ts is None else ts,
-                           id=uuid.uuid4().hex if id is None else id))
+    """An agent's heartbeat (no seq, no ack), validated; the collector's is the same
+    frame (``reply_heartbeat_frame``)."""
+    return encode(reply_heartbeat(node, ts, id))
+
+
+def reply_heartbeat_frame(node: str, *, ts: float | None = None, id: str | None = None) -> bytes:
+    """The collector's heartbeat to ``node`` (or its answer to `slurmgpu doctor`'s probe),
+    from an authenticated node's name: not checked again."""
+    return encode_unchecked(reply_heartbeat(node, ts, id))
+
+
+def reply_heartbeat(node: str, ts: float | None, id: str | None) -> Envelope:
+    return Envelope(type=HEARTBEAT, node=node, seq=0, ts=time.time() if ts is None else ts,
+                    id=uuid.uuid4().hex if id is None else id)
+
+
+def ack_frame(node: str, seqs: list[int], *, epoch: str = "", rejected: list[int] | None = None,
+              bundle: int = 0, ts: float | None = None, id: str | None = None) -> bytes:
+    """The collector's ack of ``seqs`` of ``epoch``'s spool; ``rejected``: those refused for
+    good; ``bundle``: the bundle size it takes now (0: not said). Built from what the
+    collector accepted: not checked again."""
+    body: dict[str, Any] = {"seqs": seqs}
+    if rejected:
+        body["rejected"] = rejected
+    if bundle:
+        body["bundle"] = bundle
+    return encode_unchecked(Envelope(type=ACK, node=node, seq=0, body=body, epoch=epoch,
+                                     ts=time.time() if ts is None else ts,
+                                     id=uuid.uuid4().hex if id is None else id))
 
 
 def command_frame(node: str, command: str, args: dict[str, Any] | None, *, id: str,
@@ -241,71 +199,6 @@ def packed(value: Any) -> bytes:
     pre-packed, and ``ReportFrames`` takes a body packed once)."""
     data: bytes = msgpack.packb(value, use_bin_type=True)
     return data
-
-
-class ReplyFrames:
-    """The collector's acks and heartbeat replies, on its hot path: a msgpack map is its
-    header followed by its packed keys and values, so the constant parts are packed once.
-    Message ids are unique per builder (``prefix``, random by default, and a counter),
-    cheaper than a uuid4 each. Exactly ``encode_unchecked`` of the same envelope. One
-    builder is used by one thread (it keeps a msgpack packer). ``bundle``: every ack
-    says this sender takes bundles of up to that many frames (0: not said; 1: none now;
-    ``set_bundle`` changes it)."""
-
-    def __init__(self, *, prefix: str | None = None, clock: Callable[[], float] = time.time,
-                 bundle: int = 0) -> None:
-        # (the map header, 0x87 = 7 keys, is prepended per frame: 8 with an epoch)
-        self._head = packed("v") + packed(PROTOCOL_VERSION) + packed("id")
-        self._node_key = packed("node")
-        self._mid = packed("seq") + packed(0) + packed("ts")
-        self._ack_tail = packed("type") + packed(ACK) + packed("body")
-        self._seqs_key, self._rejected_key = packed("seqs"), packed("rejected")
-        self.set_bundle(bundle)
-        self._epoch_key = packed("epoch")
-        self._heartbeat_tail = packed("type") + packed(HEARTBEAT) + packed("body") + packed({})
-        self._prefix = uuid.uuid4().hex[:16] if prefix is None else prefix
-        # An id is the prefix and 16 hex digits: its packed header and prefix, once.
-        self._id_head = packed(self._prefix + "0" * 16)[:-16]
-        self._counter = itertools.count(1)
-        self._clock = clock
-        self._nodes: dict[str, bytes] = {}
-        self._pack = msgpack.Packer(use_bin_type=True).pack  # (packb makes a Packer per call)
-
-    def _start(self, node: str, keys: int = 7) -> bytes:
-        part = self._nodes.get(node)
-        if part is None:
-            if len(self._nodes) > 1_000_000:
-                self._nodes.clear()
-            part = self._nodes[node] = self._node_key + packed(node) + self._mid
-        n = next(self._counter)
-        mid = self._id_head + b"%016x" % n if n < _ID_COUNTER_END else packed(f"{self._prefix}{n:016x}")
-        ts = self._clock()
-        return b"".join((_MAP_HEADERS[keys], self._head, mid, part,
-                         b"\xcb" + _pack_double(ts) if type(ts) is float else packed(ts)))
-
-    def set_bundle(self, bundle: int) -> None:
-        """What the next acks say of bundles (``bundle`` frames at most; 0: nothing)."""
-        # (the ack body's last key and value, and how many keys that adds to its map)
-        self._bundle_tail, self._bundle_keys = (packed("bundle") + packed(bundle), 1) if bundle else (b"", 0)
-
-    def ack(self, node: str, seqs: list[int], epoch: str = "", rejected: list[int] | None = None) -> bytes:
-        """An ack of ``seqs`` of ``epoch``'s spool; ``rejected``: those refused for good."""
-        pack, extra = self._pack, self._bundle_keys
-        body = (_MAP_HEADERS[2 + extra] + self._seqs_key + pack(seqs) + self._rejected_key + pack(rejected)
-                if rejected else _MAP_HEADERS[1 + extra] + self._seqs_key + pack(seqs)) + self._bundle_tail
-        if epoch:
-            return b"".join((self._start(node, 8), self._ack_tail, body, self._epoch_key, pack(epoch)))
-        return self._start(node, 7) + self._ack_tail + body
-
-    def heartbeat(self, node: str) -> bytes:
-        """A heartbeat to ``node`` (or the answer to `slurmgpu doctor`'s probe)."""
-        return self._start(node) + self._heartbeat_tail
-
-
-# (msgpack: a fixmap header per key count; a float is 0xcb and its big-endian double)
-_MAP_HEADERS = [bytes((0x80 | keys,)) for keys in range(16)]
-_pack_double = struct.Struct(">d").pack
-_ID_COUNTER_END = 1 << 64  # 16 hex digits
 
 
 class ReportFrames:
@@ -346,6 +239,13 @@ def body_bytes(frame: bytes, body: dict[str, Any], epoch: str,
     elif frame.endswith(again):
         return again
     return raw_body(frame) or again
+
+
+def decode_received(frame: bytes) -> tuple[Envelope, bytes]:
+    """``decode(frame)`` and, for a type the store keeps, the body's bytes as received
+    (``body_bytes``; b"" for the others: heartbeats, bundles, acks)."""
+    env = decode(frame)
+    return env, (body_bytes(frame, env.body, env.epoch) if env.type in ACKED else b"")
 
 
 def raw_body(frame: bytes) -> bytes | None:
@@ -505,11 +405,6 @@ def _require_int(body: dict[str, Any], key: str, low: int, high: int, mtype: str
     value = body.get(key)
     if value is not None and not low <= value <= high:
         raise WireError(f"{mtype}: field {key!r} out of range [{low}, {high}]")
-
-
-def _validate_body(mtype: str, body: dict[str, Any]) -> tuple[Finding, ...]:
-    """Check ``body``; a report's or event's findings, decoded."""
-    return _VALIDATORS[mtype](body) or ()
 
 
 def _hello(body: dict[str, Any]) -> None:

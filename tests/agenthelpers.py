@@ -93,7 +93,6 @@ class FakeCollector:
         self.peers: set[bytes] = set()
         self.routes: dict[str, bytes] = {}  # node -> the routing id it last spoke from
         self._outbox: list[tuple[bytes, bytes]] = []
-        self._frames = wire.ReplyFrames()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -148,7 +147,7 @@ class FakeCollector:
                 if now >= next_hb:
                     next_hb = now + 0.5
                     for node, peer in list(self.routes.items()):
-                        sock.send_multipart([peer, self._frames.heartbeat(node)])
+                        sock.send_multipart([peer, wire.reply_heartbeat_frame(node)])
         finally:
             sock.close(linger=0)
 
@@ -161,7 +160,7 @@ class FakeCollector:
         if env.type in wire.ACKED:
             self.stored.setdefault(env.seq, env)
             if self.ack:
-                sock.send_multipart([ident, self._frames.ack(env.node, [env.seq])])
+                sock.send_multipart([ident, wire.ack_frame(env.node, [env.seq])])
 
     def of_type(self, mtype: str) -> list[wire.Envelope]:
         with self._lock:

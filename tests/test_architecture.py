@@ -20,7 +20,20 @@ SIM_USERS = ("slurmgpu.cli.sim", "slurmgpu.cli.demo_cmd", "slurmgpu.testing")
 #: Where SQL that reads the collector's database may live: the store package (its named
 #: queries), the report's read model, and the agent's own spool (another database).
 SQL_HOMES = ("slurmgpu.collector.store", "slurmgpu.report.model", "slurmgpu.agent.spool")
+#: The node's modules (the agent, the gate and what the hooks run).
+NODE = ("slurmgpu.agent", "slurmgpu.gate", "slurmgpu.quickgate", "slurmgpu.localproto",
+        "slurmgpu.taskprolog", "slurmgpu.jobfiles")
+#: What a prolog or epilog runs: the warm path's client and the cold path's command.
+HOOKS = ("slurmgpu.quickgate", "slurmgpu.localproto", "slurmgpu.gate", "slurmgpu.taskprolog",
+         "slurmgpu.cli.slurm_cmds")
+#: Modules a bare interpreter (-I -S) runs: the standard library only.
+STDLIB_ONLY = ("slurmgpu.quickgate", "slurmgpu.localproto")
+#: SQL that reads or writes: none outside SQL_HOMES.
+SQL = re.compile(r"\b(SELECT|INSERT\s+INTO|UPDATE\s+\w+\s+SET|DELETE\s+FROM)\b")
 MAX_MODULE_LINES = 800
+#: A module's docstring says what it is and promises; design stories go to docs/.
+MAX_DOCSTRING_WORDS = 200
+
 MAX_FUNCTION_LINES = 80
 
 
@@ -85,6 +98,9 @@ LAYERS = [
      ("slurmgpu.cli", "slurmgpu.agent", "slurmgpu.collector", "slurmgpu.gate"), "lower layers"),
     (("slurmgpu.slurm",), ("slurmgpu.cli", "slurmgpu.agent", "slurmgpu.collector", "slurmgpu.gate"),
      "the Slurm client knows nothing of who calls it"),
+    (NODE, ("slurmgpu.collector",), "node modules never import the collector"),
+    (HOOKS, ("slurmgpu.collector",), "the prolog/epilog hooks never import the collector"),
+    (("slurmgpu.report",), ("slurmgpu.agent",), "the report reads the database, not the agent"),
     (("slurmgpu.validate",), ("slurmgpu.cli", "slurmgpu.agent", "slurmgpu.collector", "slurmgpu.gate",
                               "slurmgpu.slurm", "slurmgpu.actions"),
      "active tests judge; the CLI runs them, the agent and the collector carry their findings"),
@@ -103,14 +119,15 @@ def test_runtime_never_imports_the_simulator() -> None:
     assert offenders == []
 
 
-def test_quickgate_is_standard_library_only() -> None:
+@pytest.mark.parametrize("module", STDLIB_ONLY)
+def test_the_warm_path_is_standard_library_only(module: str) -> None:
     """The prolog's warm path: a bare interpreter (-I -S) runs it as a file."""
     names = set()
-    for node in ast.walk(tree("slurmgpu.quickgate")):
+    for node in ast.walk(tree(module)):
         if isinstance(node, ast.Import):
             names.update(a.name.partition(".")[0] for a in node.names)
         elif isinstance(node, ast.ImportFrom):
-            assert node.level == 0, "quickgate runs as a file: no relative imports"
+            assert node.level == 0, f"{module} runs as a file: no relative imports"
             names.add((node.module or "").partition(".")[0])
     import sys
 
@@ -118,10 +135,15 @@ def test_quickgate_is_standard_library_only() -> None:
 
 
 def test_sql_lives_in_the_store_and_the_read_model() -> None:
-    select = re.compile(r"\bSELECT\b")
     offenders = sorted(m for m, p in modules().items()
-                       if select.search(p.read_text(encoding="utf-8")) and not under(m, SQL_HOMES))
+                       if SQL.search(p.read_text(encoding="utf-8")) and not under(m, SQL_HOMES))
     assert offenders == []
+
+
+@pytest.mark.parametrize("sql", ["SELECT 1", "INSERT INTO t (a) VALUES (1)", "UPDATE t SET a = 1",
+                                 "DELETE FROM t"])
+def test_the_sql_rule_sees_reads_and_writes(sql: str) -> None:
+    assert SQL.search(f'db.execute("{sql}")')
 
 
 def cycles() -> list[list[str]]:
@@ -185,6 +207,12 @@ def test_runtime_modules_are_small() -> None:
     big = sorted(f"{m} ({n} lines)" for m, p in modules().items()
                  if not under(m, SIM) and (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES)
     assert big == []
+
+
+def test_module_docstrings_are_short() -> None:
+    long = sorted(f"{m} ({n} words)" for m in modules()
+                  if (n := len((ast.get_docstring(tree(m)) or "").split())) > MAX_DOCSTRING_WORDS)
+    assert long == [], "design stories and measurements go to docs/ (docs/design-notes.md)"
 
 
 def test_the_walker_sees_lazy_imports(tmp_path: Path) -> None:

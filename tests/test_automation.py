@@ -400,7 +400,7 @@ def test_forecast_storm_trips_again_while_the_drained_nodes_still_fail(tmp_path:
 
 
 def test_breaker_limits_table() -> None:
-    from slurmgpu.collector.policy import fraction_limit, storm_threshold
+    from slurmgpu.collector.breaker import fraction_limit, storm_threshold
 
     s = AutomationSettings()  # max_fraction 0.1, storm_fraction 0.25, min_nodes 2
     assert [fraction_limit(s, n) for n in (1, 2, 3, 4, 19, 20, 30, 100)] == [

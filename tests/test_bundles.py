@@ -22,6 +22,7 @@ import zmq
 from slurmgpu import keys, wire
 from slurmgpu.agent import link as link_mod
 from slurmgpu.agent.spool import Spool
+from slurmgpu.collector import bundles as bundles_mod
 from slurmgpu.collector import transport as transport_mod
 from slurmgpu.collector.app import Collector, build_collector
 from slurmgpu.config.schema import CollectorSettings
@@ -146,7 +147,7 @@ def test_a_bundle_is_stored_and_acked_as_its_messages(settings: CollectorSetting
         got = acks(sock)
         assert len(got) == 1, "one ack for the bundle's 41 messages"
         assert sorted(got[0].body["seqs"]) == list(range(1, 42)) and got[0].epoch == "e1"
-        assert got[0].body["bundle"] == transport_mod.BUNDLE_OFFER_MAX  # (one node)
+        assert got[0].body["bundle"] == bundles_mod.BUNDLE_OFFER_MAX  # (one node)
         counters = collector.counters
         assert (counters.received, counters.bundles, counters.bundled, counters.stored) == (1, 1, 41, 41)
         sock.send(wire.bundle_frame(NODE, [frame(seq) for seq in range(2, 42)]))  # resent: duplicates
@@ -224,11 +225,11 @@ def test_the_offer_keeps_a_round_over_the_fleet_within_half_the_unreachable_wind
     try:
         transport = collector.transport
         transport.seen = {f"n{i}": time.time() for i in range(nodes - 1)}
-        transport._rate = 20_000.0
-        transport._busy_messages, transport._measured_at = 20_000, time.monotonic() - 1.0
-        transport._offer_bundles(transport._measured_at + 1.0)
-        transport._next_offer = float("inf")  # (no new offer while this test serves)
-        assert transport.bundle_offer == offer
+        transport.bundles.rate = 20_000.0
+        transport.bundles.busy, transport.bundles.measured_at = 20_000, time.monotonic() - 1.0
+        transport._offer_bundles(transport.bundles.measured_at + 1.0)
+        transport.bundles.next_at = float("inf")  # (no new offer while this test serves)
+        assert transport.bundles.offer == offer
         sock = dealer()
         sock.send(frame(1))
         serve_until(collector, lambda: bool(stored(settings)))
@@ -246,14 +247,14 @@ def test_the_offer_counts_the_nodes_heard_and_grows_by_at_most_double(
     try:
         transport = collector.transport
         transport.allowed = {f"key{i}".encode(): f"n{i}" for i in range(3000)}
-        transport.seen, transport.bundle_offer, transport._rate = {}, 0, 20_000.0
+        transport.seen, transport.bundles.offer, transport.bundles.rate = {}, 0, 20_000.0
         transport._offer_bundles(time.monotonic())
-        assert transport.bundle_offer == 2  # 6,000 / 3,000 allowed
+        assert transport.bundles.offer == 2  # 6,000 / 3,000 allowed
         transport.seen = {f"n{i}": time.time() for i in range(100)}
         offers = []
         for _ in range(5):
             transport._offer_bundles(time.monotonic())
-            offers.append(transport.bundle_offer)
+            offers.append(transport.bundles.offer)
         assert offers == [4, 8, 16, 32, 32]  # (6,000 / 100 heard: the most, step by step)
     finally:
         collector.close()
@@ -265,19 +266,19 @@ def test_the_offer_is_measured_by_the_clock(settings: CollectorSettings, dealer:
     collector = build_collector(settings)
     try:
         transport = collector.transport
-        transport._next_offer = float("inf")  # (no offer while this test serves)
-        transport._rate = 1000.0  # (a lower rate is taken at once)
+        transport.bundles.next_at = float("inf")  # (no offer while this test serves)
+        transport.bundles.rate = 1000.0  # (a lower rate is taken at once)
         sock = dealer()
         for start in range(1, 400, 20):
             sock.send(wire.bundle_frame(NODE, [frame(seq) for seq in range(start, start + 20)]))
         serve_until(collector, lambda: len(stored(settings)) == 400)
-        assert transport._busy_messages == 400
-        transport._offer_bundles(transport._measured_at + 2.0)
-        assert transport._rate == pytest.approx(200.0)
-        assert transport._busy_messages == 0
-        transport._busy_messages = transport_mod.BUNDLE_MIN_SAMPLE - 1
-        transport._offer_bundles(transport._measured_at + 100.0)
-        assert transport._rate == pytest.approx(200.0)  # (kept)
+        assert transport.bundles.busy == 400
+        transport._offer_bundles(transport.bundles.measured_at + 2.0)
+        assert transport.bundles.rate == pytest.approx(200.0)
+        assert transport.bundles.busy == 0
+        transport.bundles.busy = bundles_mod.BUNDLE_MIN_SAMPLE - 1
+        transport._offer_bundles(transport.bundles.measured_at + 100.0)
+        assert transport.bundles.rate == pytest.approx(200.0)  # (kept)
     finally:
         collector.close()
 
@@ -288,12 +289,12 @@ def test_a_fast_second_raises_the_rate_a_quarter_of_the_way(settings: CollectorS
     collector = build_collector(settings)
     try:
         transport = collector.transport
-        transport._rate = 4000.0
+        transport.bundles.rate = 4000.0
         rates = []
         for measured in (12_000, 12_000, 1000, 3000):
-            transport._busy_messages, transport._measured_at = measured, time.monotonic() - 1.0
-            transport._offer_bundles(transport._measured_at + 1.0)
-            rates.append(transport._rate)
+            transport.bundles.busy, transport.bundles.measured_at = measured, time.monotonic() - 1.0
+            transport._offer_bundles(transport.bundles.measured_at + 1.0)
+            rates.append(transport.bundles.rate)
         assert rates == pytest.approx([6000.0, 7500.0, 1000.0, 1500.0])
     finally:
         collector.close()
@@ -441,7 +442,7 @@ def test_the_simulator_bundles_only_when_the_collector_says_so(simulated: Any) -
     serving, _, fleet = simulated
     with fleet(bundle=8) as sim:
         assert sim.hello(BOUND_S) == 3
-        assert sim.collector_bundle == transport_mod.BUNDLE_OFFER_MAX
+        assert sim.collector_bundle == bundles_mod.BUNDLE_OFFER_MAX
         stats = sim.run(1.0, None, window=16, drain_s=BOUND_S)
     assert stats.bundles_sent > 0 and stats.acked == stats.sent == 8 * stats.bundles_sent
     assert max(map(len, sim.inflight)) == 0

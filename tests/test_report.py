@@ -766,3 +766,18 @@ def test_drains_before_schema_6_are_guessed(tmp_path: Path) -> None:
                    ("operator", "operator bob (slurmgpu drain)", "reason"),
                    ("outside", "carol (outside slurmgpu)", "reason")]
     assert m["drains"]["by"] == {"automation": 1, "hook": 2, "operator": 1, "outside": 1}
+
+
+def test_a_renderer_module_missing_a_section_fails_and_an_unknown_section_is_refused() -> None:
+    from slurmgpu.report import SECTIONS
+    from slurmgpu.report.sections import Renderers
+
+    renders = Renderers()
+    for section in SECTIONS[1:]:
+        renders(section)(lambda m: "")
+    with pytest.raises(TypeError, match=SECTIONS[0]):
+        renders.complete()
+    renders(SECTIONS[0])(lambda m: "")
+    assert list(renders.complete()) == list(SECTIONS)
+    with pytest.raises(ValueError, match="no report section"):
+        renders("no-such-section")

@@ -37,7 +37,7 @@ from slurmgpu.testing import (
     FakeVersionSource,
     make_facts,
 )
-from slurmgpu.wirefast import decode_received
+from slurmgpu.wire import decode_received
 
 NODE = "gpu-n1"
 NODES = [f"gpu-n{i}" for i in range(1, 41)]

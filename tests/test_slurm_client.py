@@ -5,6 +5,7 @@ real mini-cluster (``-m slurm``, fixture ``cluster`` from tests/slurmfixtures.py
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -39,6 +40,7 @@ from slurmgpu.slurm.cli import (
 from slurmgpu.slurm.factory import make_client
 from slurmgpu.slurm.pyslurm_client import PyslurmClient
 from slurmgpu.slurm.pyslurm_client import available as pyslurm_available
+from tests.agenthelpers import wait_until
 
 DATA = Path(__file__).parent / "data" / "slurm"
 D22 = DATA / "22.05"
@@ -868,15 +870,7 @@ def make_impl(kind: str, env: Mapping[str, str], **kw: Any) -> Any:
     return PyslurmClient(env=env, **kw)
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 15, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.2)
+wait_for = functools.partial(wait_until, timeout=15, interval=0.2)  # (Slurm is polled)
 
 
 # Each shell says when its trap is set (a USR1 before that would kill it); the child shell

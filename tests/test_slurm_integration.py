@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 
 from slurmgpu.sim.cluster import SimCluster
 from slurmgpu.sources.kmsg import read_xids
+from tests.agenthelpers import wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -31,13 +33,7 @@ def state(cluster: SimCluster, node: str) -> str:
     return out.split("State=", 1)[1].split()[0]
 
 
-def wait_for(predicate: Any, timeout: float = 30, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+wait_for = functools.partial(wait_until, timeout=30, interval=0.2)  # (Slurm is polled)
 
 
 def records(cluster: SimCluster, node: str, name: str = "gate.jsonl") -> list[dict[str, Any]]:

@@ -123,7 +123,8 @@ def test_the_collector_finds_the_straggler_and_baseline_reads_the_fleet(
 
 def test_a_failed_validation_drains_and_a_passed_one_starts_no_healthy_streak(
         tmp_path: Path, keys_dir: Path, ctx: zmq.Context[Any]) -> None:  # noqa: F811
-    from tests.test_collector_automation import wait_for, with_automation
+    from tests.agenthelpers import wait_until
+    from tests.test_collector_automation import with_automation
 
     cfg = make_settings(tmp_path, keys_dir)
     args, client = with_automation(tmp_path)
@@ -132,12 +133,12 @@ def test_a_failed_validation_drains_and_a_passed_one_starts_no_healthy_streak(
         agent = Agent(ctx, cfg, keys_dir, "gpu-a")
         agent.send(EVENT, 1, validation_event(validation_request(failed)))
         assert agent.acked() == [1]
-        assert wait_for(lambda: collector.counters.decisions == 1)
+        wait_until(lambda: collector.counters.decisions == 1)
         for seq in (2, 3, 4):  # passing validations of the drained node
             agent.send(EVENT, seq, validation_event(validation_request(gemm("gpu-a", 700.0, gpus=1))))
             assert agent.acked() == [seq]
         agent.send(EVENT, 5, {"kind": "xid", "verdict": "OK", "findings": []})  # (the turn after them)
         assert agent.acked() == [5]
-        assert wait_for(lambda: "gpu-a" in collector.automation.state.healthy)  # type: ignore[union-attr]
+        wait_until(lambda: "gpu-a" in collector.automation.state.healthy)  # type: ignore[union-attr]
         assert collector.automation.state.healthy["gpu-a"][0] == 1  # type: ignore[union-attr]  # the xid event only
     assert [c[:2] for c in client.calls if c[0] == "drain"] == [("drain", "gpu-a")]

@@ -146,13 +146,16 @@ def old(name: str) -> bytes:
 
 
 def test_collector_acks_and_heartbeat_replies() -> None:
-    frames = wire.ReplyFrames(prefix=PREFIX, clock=lambda: TS)  # one builder: the counter runs on
-    assert frames.ack("gpu-a", [1, 2, 3]) == old("ack_plain")
-    assert frames.ack("gpu-a", [7], "e1f2a3") == old("ack_epoch")
-    assert frames.ack("gpu-b", [4, 5, 6], "ep", [5]) == old("ack_rejected")
-    assert frames.ack("node-" + "x" * 100, [2**40, 70000, 0], "", [70000]) == old("ack_big")
-    assert frames.heartbeat("gpu-a") == old("heartbeat_reply")
-    assert frames.heartbeat("gpu-b") == old("heartbeat_reply_2")
+    def mid(n: int) -> str:  # (the ids the frames were recorded with)
+        return f"{PREFIX}{n:016x}"
+
+    assert wire.ack_frame("gpu-a", [1, 2, 3], id=mid(1), ts=TS) == old("ack_plain")
+    assert wire.ack_frame("gpu-a", [7], epoch="e1f2a3", id=mid(2), ts=TS) == old("ack_epoch")
+    assert wire.ack_frame("gpu-b", [4, 5, 6], epoch="ep", rejected=[5], id=mid(3), ts=TS) == old("ack_rejected")
+    assert wire.ack_frame("node-" + "x" * 100, [2**40, 70000, 0], rejected=[70000], id=mid(4),
+                          ts=TS) == old("ack_big")
+    assert wire.reply_heartbeat_frame("gpu-a", id=mid(5), ts=TS) == old("heartbeat_reply")
+    assert wire.reply_heartbeat_frame("gpu-b", id=mid(6), ts=TS) == old("heartbeat_reply_2")
 
 
 def test_commands() -> None:
@@ -186,26 +189,11 @@ def test_simulator_frames() -> None:
     assert frame == old("sim_report_small")
 
 
-def test_fast_builders_are_encode_unchecked() -> None:
-    """The hot-path builders pack by hand; the result is what ``encode_unchecked`` packs."""
-    frames = wire.ReplyFrames(prefix="p", clock=lambda: TS)
-    for got, seqs, epoch, rejected in ((frames.ack("n1", [3, 1], "ep", [1]), [3, 1], "ep", [1]),
-                                       (frames.ack("n1", [9], "", None), [9], "", None)):
-        env = wire.decode(got)
-        body: dict[str, Any] = {"seqs": seqs, **({"rejected": rejected} if rejected else {})}
-        assert got == wire.encode_unchecked(wire.Envelope(type=wire.ACK, node="n1", seq=0, body=body,
-                                                          id=env.id, ts=TS, epoch=epoch))
-    bundling = wire.ReplyFrames(prefix="p", clock=lambda: TS, bundle=wire.MAX_BUNDLE)
-    for got, seqs, epoch, rejected in ((bundling.ack("n1", [3, 1], "ep", [1]), [3, 1], "ep", [1]),
-                                       (bundling.ack("n1", [9], "", None), [9], "", None)):
-        env = wire.decode(got)
-        body = {"seqs": seqs, **({"rejected": rejected} if rejected else {}), "bundle": wire.MAX_BUNDLE}
-        assert env.body == body
-        assert got == wire.encode_unchecked(wire.Envelope(type=wire.ACK, node="n1", seq=0, body=body,
-                                                          id=env.id, ts=TS, epoch=epoch))
-    beat = frames.heartbeat("n1")
-    assert beat == wire.encode_unchecked(wire.Envelope(type=wire.HEARTBEAT, node="n1", seq=0,
-                                                       id=wire.decode(beat).id, ts=TS))
+def test_acks_offer_bundles_and_report_frames_are_encode_unchecked() -> None:
+    """An ack says the bundle size offered; the simulator's hand-packed reports are what
+    ``encode_unchecked`` packs."""
+    got = wire.ack_frame("n1", [3, 1], epoch="ep", rejected=[1], bundle=wire.MAX_BUNDLE, ts=TS)
+    assert wire.decode(got).body == {"seqs": [3, 1], "rejected": [1], "bundle": wire.MAX_BUNDLE}
     body = {"verdict": "OK", "findings": []}
     report = wire.ReportFrames().report(wire.ReportFrames.node_part("n1"), "m1", 4, TS,
                                         wire.packed(body))

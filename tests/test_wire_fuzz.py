@@ -33,8 +33,7 @@ from slurmgpu.collector import transport as transport_mod
 from slurmgpu.collector.app import Collector, build_collector
 from slurmgpu.collector.fleet import _message_fault
 from slurmgpu.collector.store import Store
-from slurmgpu.wire import ACK, EVENT, REPORT, WireError, decode
-from slurmgpu.wirefast import decode_received
+from slurmgpu.wire import ACK, EVENT, REPORT, WireError, decode, decode_received
 from tests.test_collector import Agent, make_settings
 
 NODES = ("gpu-a", "gpu-b")
@@ -270,13 +269,13 @@ def test_unstorable_message_is_rejected_not_fatal(rig: tuple[Collector, Agent, A
     NOT NULL in SQLite) in a batch with good ones: the good ones are stored and acked,
     the bad one is rejected, counted and acked as rejected (its agent drops it)."""
     collector, bad, good = rig
-    real_decode = collector.transport._decode_received
+    real_decode = decode_received
 
     def lax_decode(data: bytes) -> tuple[wire.Envelope, bytes]:  # a wire that missed a bound
         env, body = real_decode(data)
         return (replace(env, ts=math.nan) if env.body.get("kind") == "poison" else env), body
 
-    monkeypatch.setattr(collector.transport, "_decode_received", lax_decode)
+    monkeypatch.setattr(transport_mod, "decode_received", lax_decode)
     bad.send(EVENT, 7, {"kind": "poison", "verdict": "FAIL", "findings": []})
     for seq in (1, 2, 3):
         good.report(seq)

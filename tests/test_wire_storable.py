@@ -1,6 +1,6 @@
 """What the wire accepts, both store backends can store (issue 28, item 6): strings with
 NUL (PostgreSQL's text cannot hold it), summary values of another type than their
-column's, are refused at the wire, by both decoders alike; a message the store refuses
+column's, are refused at the wire; a message the store refuses
 anyway costs its batch a few transactions, not one per message; and a node sending NUL
 reports leaves other nodes' ingest alone on a real collector on PostgreSQL.
 
@@ -18,10 +18,10 @@ import msgpack
 import pytest
 
 from slurmgpu import wire
+from slurmgpu.collector import transport as transport_mod
 from slurmgpu.collector.app import Collector
 from slurmgpu.collector.store import Store
-from slurmgpu.wire import REPORT, WireError
-from slurmgpu.wirefast import decode_plain, decode_received
+from slurmgpu.wire import REPORT, WireError, decode_received
 from tests.test_collector import Agent
 from tests.test_wire_fuzz import BODIES, acked_all, rig, serve_until  # noqa: F401
 
@@ -74,14 +74,11 @@ def answer(decoder: Any, data: bytes) -> tuple[str, str]:
 @pytest.mark.parametrize(("mtype", "path"), STRING_FIELDS, ids=lambda x: "/".join(map(str, x))
                          if isinstance(x, tuple) else x)
 @pytest.mark.parametrize("value", NUL_VALUES, ids=["nul", "inner-nul", "last-nul"])
-def test_nul_is_refused_in_every_stored_string_by_both_decoders(mtype: str, path: tuple[Any, ...],
-                                                                value: str) -> None:
-    for seq in (1, 2):  # (the second: a known node, the fast path's case)
-        data = frame(mtype, path, value, seq)
-        plain = answer(decode_plain, data)
+def test_nul_is_refused_in_every_stored_string(mtype: str, path: tuple[Any, ...], value: str) -> None:
+    for seq in (1, 2):  # (the second: a node already known)
+        plain = answer(decode_received, frame(mtype, path, value, seq))
         assert plain[0] == "error", plain
-        assert answer(decode_received, data) == plain
-    assert answer(decode_plain, frame(mtype, path, "ok", 3)) == ("ok", mtype)
+    assert answer(decode_received, frame(mtype, path, "ok", 3)) == ("ok", mtype)
 
 
 @pytest.mark.parametrize("column", SUMMARY_COLUMNS, ids=lambda c: "/".join(map(str, c)))
@@ -90,11 +87,10 @@ def test_summary_values_of_another_kind_than_their_column_are_refused(column: tu
     real = column == ("ib", 0, 2)
     for value in KINDS:
         data = frame(REPORT, ("body", "summary", *column), value, 5)
-        plain = answer(decode_plain, data)
+        plain = answer(decode_received, data)
         fits = value is None or (isinstance(value, str) if text else
                                  isinstance(value, int | float) if real else isinstance(value, int))
         assert plain[0] == ("ok" if fits else "error"), (value, plain)
-        assert answer(decode_received, data) == plain
 
 
 def test_what_the_wire_accepts_both_backends_store(store_url: str) -> None:
@@ -127,13 +123,13 @@ def test_a_message_the_store_refuses_costs_its_batch_a_few_transactions(
     others are stored and acked, in at most 2 log2(64) + 1 transactions (one a message:
     65)."""
     collector, bad, good = rig
-    real_decode = collector.transport._decode_received
+    real_decode = decode_received
 
     def lax_decode(data: bytes) -> tuple[wire.Envelope, bytes]:  # a wire that missed a bound
         env, body = real_decode(data)
         return (replace(env, seq=2**63 + env.seq) if (env.node, env.seq) == ("gpu-a", 7) else env), body
 
-    monkeypatch.setattr(collector.transport, "_decode_received", lax_decode)
+    monkeypatch.setattr(transport_mod, "decode_received", lax_decode)
     monkeypatch.setattr(collector.transport, "max_batch_read_s", 30.0)  # (a loaded machine: still one batch)
     good.report(1)
     bad.report(1)  # (both connections up: the batch below arrives whole)

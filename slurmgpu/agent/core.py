@@ -68,20 +68,10 @@ SWEEP_AGAIN_S = 1.0
 
 
 def load_client_keys(bundle_dir: str) -> tuple[bytes, bytes, bytes]:
-    """(public, secret, collector_public), z85: ``slurmgpu.keys`` when installed, else the
-    zmq certificate files node.key_secret + collector.key in ``bundle_dir``."""
-    try:
-        from slurmgpu.keys import client_keys  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        import zmq.auth
+    """(public, secret, collector_public), z85, from the key bundle in ``bundle_dir``."""
+    from slurmgpu.keys import client_keys
 
-        public, secret = zmq.auth.load_certificate(os.path.join(bundle_dir, "node.key_secret"))
-        server, _ = zmq.auth.load_certificate(os.path.join(bundle_dir, "collector.key"))
-        if not secret:
-            raise ValueError(f"{bundle_dir}/node.key_secret holds no secret key") from None
-        return public, secret, server
-    keys: tuple[bytes, bytes, bytes] = client_keys(bundle_dir)
-    return keys
+    return client_keys(bundle_dir)
 
 
 def load_xids(path: str) -> list[XidEvent]:

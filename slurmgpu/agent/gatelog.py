@@ -1,22 +1,6 @@
 """The prolog's full-path refusals -> the collector.
 
-When the agent does not answer, the hook runs the full path (``slurmgpu prolog``), which
-records its decision only in ``<state_dir>/gate.jsonl``: a job it refused (Slurm then
-requeues it) would never reach the fleet report. The agent reads the lines added to that
-file since it last looked (once per poll) and sends each record of a prolog that refused
-a job (``"exit"`` not 0; records written before there was an ``exit``: an action other
-than ``none`` / ``fail-open``) as a ``prolog_blocked`` event, stamped with the record's
-time: the event the warm path sends at once (``Agent.prolog_blocked``), with
-``"path": "full"``. Records of the warm path (``"path": "agent"``) were sent already and
-are skipped, as are other hooks' records and other nodes'.
-
-How far it got is kept in ``<state_dir>/gate.jsonl.sent`` (``{"ino": ..., "offset": ...,
-"head": ...}``, ``head`` a digest of the file's first bytes): a file replaced (rotated:
-another inode), shorter than that offset, or beginning with other bytes (truncated and
-written again) is read from its start. With no such file the agent starts at the end of an existing gate.jsonl
-(refusals from before it ever ran are not sent) and at the start of one created later.
-A crash between sending and saving sends those records again (the report counts jobs,
-not events). At most ``MAX_BYTES`` are read per poll; the rest waits for the next.
+Design notes: docs/design-notes.md (``slurmgpu/agent/gatelog.py``).
 """
 
 from __future__ import annotations

@@ -1,39 +1,9 @@
-"""The agent's link to the collector: one zmq DEALER (CURVE client), one thread.
+"""The agent's link to the collector: one zmq DEALER (CURVE client), one thread. It sends
+what the spool holds, oldest first, deletes what the collector acked, heartbeats, fails
+over between ``[collector] address`` entries, sends events on the events port once its
+handshake is done, and bundles a backlog when the collector's acks offer it.
 
-Only this thread touches the socket. Other threads spool a message and call
-``wake()``; the thread then sends everything unacked after what it already sent on
-this connection, in seq order, straight from the spool. A completed CURVE handshake
-(socket monitor) starts a fresh pass over the whole spool, so a restarted collector
-or a new socket gets every unacked message again. ``IMMEDIATE`` keeps zmq from
-queueing messages for a peer that is not there. A collector silent for
-``SILENT_HEARTBEATS`` heartbeats (or one whose handshake fails or that stays
-disconnected that long) gets a new socket (close + connect): to the next of several
-collector addresses, round-robin (failover), or to the same one if there is only one.
-The link starts at the first address and stays on whichever one works: no move back to
-the first while the current one answers, so a restarted collector is not flapped to.
-The new socket's handshake resends the whole spool; the collectors deduplicate by
-(node, epoch, seq), so what the old one stored is acked as a duplicate. An ack deletes
-its seqs from the spool only if it is for this spool's epoch; seqs it lists as
-``rejected`` are dropped and logged (the collector refused them for good).
-
-Events and command results also have a socket of their own, to the same collector's
-``[collector] events_port``: once its handshake is done they go there (at most
-EVENTS_WINDOW unacked), so a fault is not queued at the collector behind the reports of
-a fleet flushing its spools. The main connection sends them as before when that socket
-is not up, and takes back the ones it had in flight when it drops or goes unacked for
-STALL_HEARTBEATS heartbeats (all unacked messages are then resent on the main socket,
-and the events socket reconnects).
-
-A heartbeat goes out every ``heartbeat_s``, except while frames this link sent within
-BUSY_HEARTBEATS intervals are unacked on the main socket (the collector hears of the node
-from those first).
-
-A backlog goes out in bundles (``wire.BUNDLE``: up to BUNDLE_FRAMES spooled frames in one
-message) once this connection's collector has said in an ack that it takes them: one
-CURVE box, one read and one ack at the collector for dozens of reports instead of one
-each. Its acks also set how much is in flight (BUNDLES_IN_FLIGHT). Until the first ack,
-and for a lone message, frames go one by one, as to a collector that predates bundles
-(it would refuse one, unacked, and it would be resent forever).
+Design notes: docs/design-notes.md (``slurmgpu/agent/link.py``).
 """
 
 from __future__ import annotations

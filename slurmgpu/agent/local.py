@@ -6,26 +6,7 @@ ask; the peer is identified with ``SO_PEERCRED``. The protocol (``slurmgpu.local
 shared with the hooks' client): one JSON request line, one JSON response line (UTF-8,
 newline-terminated):
 
-``{"op": "status"}``
-    -> ``{"ok": true, "node": ..., "verdict": "OK"|..|null, "problems": [...],
-    "age_s": seconds since those facts were collected}``
-``{"op": "gate", "gpus": [0, 1]}`` (``gpus`` absent/null: every GPU)
-    -> ``{"ok": true, "verdict": ..., "exit": <severity exit code>, "problems": [...]}``;
-    decides only, acts on nothing.
-``{"op": "prolog"|"epilog", "env": {SLURM*, SLURMGPU*, CUDA_VISIBLE_DEVICES}}``
-    -> ``{"ok": true, "exit": <hook exit code>, "record": <last gate record>,
-    "records": [every record of this run]}``. The decision is ``slurmgpu.gate.Gate``,
-    the same code as ``slurmgpu prolog``, fed from the agent (``CachedFacts``:
-    ``Agent.facts_for``, the job's GPUs read afresh, IB and versions from its cache); its
-    records carry ``"path": "agent"``.
-    With ``"ack": true`` in the request the agent first sends ``{"ack": true,
-    "wait_s": <the longest it may take>}`` once the request is accepted, so a client can
-    give up quickly on a hung agent yet wait for a slow drain of a live one.
-
-``{"op": "validation", "verdict": ..., "findings": [validate.* findings]}`` (`slurmgpu
-    validate --send`) -> ``{"ok": true, "seq": ...}``: spooled as a ``validation`` event.
-
-Anything else (bad JSON, unknown op, a disallowed peer) -> ``{"ok": false, "error": ...}``.
+Design notes: docs/design-notes.md (``slurmgpu/agent/local.py``).
 """
 
 from __future__ import annotations
@@ -80,6 +61,15 @@ class AgentLike(Protocol):
     def latest(self) -> tuple[NodeFacts, Verdict, float] | None: ...
 
     def facts_for(self, gpus: frozenset[int] | None, max_age_s: float) -> NodeFacts: ...
+
+    def sweep_soon(self) -> None:
+        """A job directory was retired (warm-path epilog): delete it soon."""
+
+    def bookkeeping_failed(self, errors: list[str]) -> None:
+        """A gate run decided but could not record (its next report says so)."""
+
+    def prolog_blocked(self, job_id: str | None, record: dict[str, Any]) -> None:
+        """The warm-path prolog refused a job (for the fleet report)."""
 
     def submit(self, mtype: str, body: dict[str, Any], *, ts: float | None = None) -> int | None: ...
 
@@ -232,7 +222,7 @@ class LocalService:
 
         gate = Gate(settings, env, lambda: self.client_factory(env), facts=self.cached_facts(env),
                     exit=finish, record_extra={"path": "agent"},
-                    sweep_job_dirs=getattr(self.agent, "sweep_soon", None))
+                    sweep_job_dirs=self.agent.sweep_soon)
 
         def run() -> None:
             try:
@@ -246,12 +236,10 @@ class LocalService:
             return error_reply(f"{phase} did not decide in time")
         records = outcome["records"]
         record = records[-1] if records else None
-        failed = getattr(self.agent, "bookkeeping_failed", None)
-        if gate.bookkeeping_errors and failed is not None:
-            failed(list(gate.bookkeeping_errors))
-        blocked = getattr(self.agent, "prolog_blocked", None)
-        if phase == "prolog" and outcome["exit"] != 0 and blocked is not None:
-            blocked(env.get("SLURM_JOB_ID"), record or {})  # for the fleet report
+        if gate.bookkeeping_errors:
+            self.agent.bookkeeping_failed(list(gate.bookkeeping_errors))
+        if phase == "prolog" and outcome["exit"] != 0:
+            self.agent.prolog_blocked(env.get("SLURM_JOB_ID"), record or {})  # for the fleet report
         return hook_reply(outcome["exit"], records)
 
 

@@ -6,18 +6,7 @@ strictly increasing across restarts (``AUTOINCREMENT`` never reuses a number). A
 is deleted only when the collector acks its seq; on (re)connect the link resends
 every remaining row in seq order, byte for byte (same envelope id).
 
-Each spool has an epoch: a random id created with the spool file and kept in it
-(``meta``). Messages carry it, and the collector deduplicates by (node, epoch, seq), so
-a new spool (reinstall, new disk, deleted spool.db) whose seqs restart at 1 is a new
-sequence, not a replay of the old one. A spool that cannot be opened gets an epoch of
-its own in memory; when the file opens later its epoch is adopted and seqs go on above
-both.
-
-Over ``spool_max_mb`` the spool compacts: all ``report`` rows but the newest go
-(a newer report supersedes an older one); events, hellos and command results are
-never dropped. A write that fails (disk full, I/O error, unwritable directory) never
-raises: it is logged once per failure streak, remembered for the next report's
-``agent.spool`` finding, and the caller still sends the message once, best effort.
+Design notes: docs/design-notes.md (``slurmgpu/agent/spool.py``).
 """
 
 from __future__ import annotations
@@ -171,10 +160,6 @@ class Spool:
             except sqlite3.Error as exc:
                 self._fail(f"spool delete failed: {exc}")
                 return 0
-
-    def compact(self) -> int:
-        with self._lock:
-            return self._compact()
 
     def _compact(self) -> int:
         assert self._conn is not None

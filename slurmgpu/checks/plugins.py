@@ -10,20 +10,7 @@ and its module registers checks with the public decorator (``slurmgpu.checks.che
 into the same registry as the built-in checks, so the runner, ``[checks] disabled``
 globs and ``[[hosts]]`` sections treat them alike. Rules (docs/adding-a-check.md):
 
-* Ids: ``site.<name>`` or ``<distribution>.<name>`` (the distribution's name
-  normalized: "acme-gpu-checks" -> "acme_gpu_checks"), dotted lowercase. A built-in id
-  or namespace is refused (the built-in check runs), so is an id another plugin took.
-* Safety: a plugin that fails to load (ImportError, SyntaxError, a refused id, any
-  exception, even SystemExit) registers nothing and becomes one check
-  ``plugin.<entry point>`` that reports UNKNOWN with the error, logged once. UNKNOWN is
-  judged as for a crashing built-in check: ``on_error`` in the prolog/epilog (fail-open
-  by default: no drain), neither drain nor resume in the healthcheck.
-* Cost: loaded lazily (the first ``evaluate`` with ``[checks] plugins = true``, or
-  ``checks list``) and each entry point at most once per process. The warm prolog path
-  (``slurmgpu.quickgate``) never imports this module. Discovery reads the
-  ``entry_points.txt`` files on ``sys.path`` itself (``importlib.metadata`` takes ~40 ms
-  to import; bench/plugin_scan.py) and falls back to ``importlib.metadata`` where
-  distributions may live elsewhere (zip files, eggs, other finders).
+Design notes: docs/design-notes.md (``slurmgpu/checks/plugins.py``).
 """
 
 from __future__ import annotations

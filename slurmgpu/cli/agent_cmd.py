@@ -67,11 +67,9 @@ LOCAL_STOP_S = 5.0
 
 
 def _start_local(the_agent: Any) -> threading.Thread | None:
-    """The local query socket (prolog/epilog), when this build has it."""
-    try:
-        from slurmgpu.agent.local import serve_local  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        return None
+    """The local query socket (prolog/epilog), in a thread of its own."""
+    from slurmgpu.agent.local import serve_local
+
     thread = threading.Thread(target=serve_local, name="slurmgpu-local",
                               args=(the_agent, the_agent.settings.agent.socket, the_agent.stop_event),
                               daemon=True)

@@ -25,15 +25,11 @@ from slurmgpu.errors import ConfigError, ConfigErrors
 EXIT_CONFIG = 3
 
 
-def _known_checks() -> list[str] | None:
-    """Ids of the registered checks, or None where the registry cannot be imported
-    (then ``checks.disabled`` entries are not checked against it)."""
-    try:
-        from slurmgpu.checks.registry import all_checks
+def _known_checks() -> list[str]:
+    """Ids of the registered checks (``checks.disabled`` entries are checked against them)."""
+    from slurmgpu.checks.registry import all_checks
 
-        return [spec.id for spec in all_checks()]
-    except ImportError:
-        return None
+    return [spec.id for spec in all_checks()]
 
 
 def _load(file: str | None, as_json: bool, *, every_error: bool = False) -> LoadedConfig:

@@ -86,11 +86,12 @@ def _operator() -> str | None:
 def resume(node: str, force: bool, config_file: str | None, as_json: bool) -> None:
     """Resume NODE if slurmgpu drained it (any drained node with --force)."""
     from slurmgpu.actions import Actions
+    from slurmgpu.decision import Outcome
 
     settings = _settings(config_file, node)
     result = Actions(_client(settings), settings.paths.state_dir).resume(node, force=force)
     _print_result(result, as_json)
-    if result.action == "operator-drain-kept":
+    if result.action == Outcome.OPERATOR_DRAIN_KEPT:
         click.echo(f"slurmgpu: {node} was drained by someone else ({result.reason}); use --force",
                    err=True)
         sys.exit(1)

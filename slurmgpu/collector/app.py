@@ -22,7 +22,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from slurmgpu import wirefast
 from slurmgpu.collector.checkpoint import Checkpoints, SendCommand
 from slurmgpu.collector.coordination import Coordination, FencedSlurm
 from slurmgpu.collector.counters import Counters
@@ -197,8 +196,7 @@ def build_collector(settings: CollectorSettings, *, automation: AutomationSettin
         transport.listen()  # last: a connected agent is answered from the first loop turn
         undo.pop_all()
     transport.log.info("collector_listening", endpoint=transport.endpoint, nodes=len(transport.allowed),
-                       db=store.where, automation=auto is not None,
-                       decoder="msgspec" if wirefast.FAST else "python")
+                       db=store.where, automation=auto is not None)
     return Collector(transport, fleet, metrics=_metrics(settings, transport, fleet))
 
 

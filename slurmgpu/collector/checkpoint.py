@@ -2,28 +2,12 @@
 before the node is taken away.
 
 For a ``checkpoint`` or ``drain-now`` decision on a node that runs jobs
-(``Automation._drain`` calls ``begin``):
+(``Automation._drain`` calls ``begin``), every job on the node is signalled and its
+agents told to write its request file; once every job has acked or passed its deadline
+the node is drained (and, for ``drain-now``, its jobs requeued). All state is in the
+database, so a restarted collector picks up where it was.
 
-1. every job on the node gets the configured signal (``scancel --signal=USR1 --batch``,
-   or ``--full``), a ``checkpoints`` row with a deadline, and a ``checkpoint`` command to
-   the agent on each of its nodes, which writes the job's request file
-   (``$SLURMGPU_CHECKPOINT_FILE``);
-2. the job acks (``slurmgpu ckpt ack`` or by writing the file); the agent reports it as a
-   ``command-result`` with ``state: acked``;
-3. once every job on the node has acked or passed its deadline, the node is drained
-   (through the automation, so its rules and journal apply) and, for ``drain-now``, each
-   job is requeued so it restarts elsewhere from its checkpoint.
-
-When the automation's circuit breaker holds the node's drain, ``request`` does step 1
-all the same (only the drain waits for an operator's release); the released drain's
-``begin`` then reuses those requests, so no job is signalled twice. A node that is
-healthy again before its release drops its hold: ``cancel`` closes those requests.
-
-Every step is a row in ``job_events`` (``slurmgpu jobs events JOBID``). All state lives in
-the database, so a collector restarted mid-checkpoint picks up where it was: open
-requests keep their deadline, pending drains still wait for their jobs.
-
-Single-threaded like the collector loop that calls it.
+Design notes: docs/design-notes.md (``slurmgpu/collector/checkpoint.py``).
 """
 
 from __future__ import annotations

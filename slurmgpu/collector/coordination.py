@@ -1,35 +1,7 @@
-"""Several collectors on one PostgreSQL database (issue 15): ingest is active/active, the
+"""Several collectors on one PostgreSQL database: ingest is active/active, the
 automation runs on one of them at a time.
 
-* Ingest: every collector stores what its agents send, its batches side by side with the
-  others' (``Dialect.begin_ingest``). Deduplication holds across collectors: a batch
-  inserts its ``messages`` rows first, ``ON CONFLICT DO NOTHING`` on the unique key
-  (``Ingest._claim``), and stores the rest of what the insert returned, so a message an
-  agent resent to a second collector after a failover is acked as a duplicate and stored
-  once, even while the first collector's batch is in flight.
-* Leadership: the collector whose database session holds an advisory lock leads
-  (``store.leader.Leadership``, no home-made election). Only the leader runs the
-  automation, the checkpoint coordination, the Slurm state recording, the unreachable
-  sweep and the pruning. ``leading`` asks at most every ``poll_s`` (each ask renews the
-  leader's lease); a leader that died, or stopped and kept its session, is replaced
-  within ``[collector] leader_timeout_s`` (plus one poll).
-* The leader's inbox: what any collector stored that the automation must see (reports'
-  verdicts and findings, events, command results) is written to ``leader_inbox`` in the
-  same transaction as the batch; the leader hands it to the automation in id order and
-  deletes it (``store.coordination``: a row committed late is taken next time). A new
-  leader continues from the rows its predecessor had not handled, with the automation's
-  state and pending checkpoints read back from the database.
-* Commands: a checkpoint request for an agent connected to another collector goes to
-  ``command_outbox``; the collector the agent is connected to sends it (``deliver``).
-
-Fencing: the automation's and the checkpoints' Slurm client is ``FencedSlurm``: each call
-that changes Slurm (drain, resume, reboot, a job's signal, requeue, admin comment) first
-checks, with one query, that this collector's session still holds the lock, so a leader
-cut off since its last poll does not act (``NotLeader``, recorded as the decision's
-error). What is left is the time of that query and the Slurm call itself. A leader
-killed between a Slurm action and the deletion of its inbox rows leaves those rows to
-its successor, which sees the node already drained in the stored state (a drain is not
-issued twice for a node the state marks drained) but counts their strikes once more.
+Design notes: docs/design-notes.md (``slurmgpu/collector/coordination.py``).
 """
 
 from __future__ import annotations

@@ -1,24 +1,7 @@
 """The collector's fleet logic: what a decoded message does (``transport.Handler``), and
 the periodic work that is not the transport's.
 
-* Store: every batch in one transaction (``Store.store_batch``). If a message in it is what
-  failed (``_message_fault``), the batch is split in halves, each stored in a transaction
-  of its own, a failing half split again, and a single failing message refused (the
-  transport acks it as rejected): one bad message costs its batch ~2 log2(n)
-  transactions, not n. If the store itself failed, nothing is acked (``store`` returns
-  None) and the agents resend.
-* Automation (optional): after a batch's acks are sent, every newly stored report and
-  event is passed to ``Automation.on_report`` and its decisions are stored in the
-  ``decisions`` table. A failing automation call is logged and counted; it never stops
-  the loop and never delays an ack. Drains an operator released from the circuit breaker
-  (`slurmgpu breaker release` rewrites the state file) are carried out at the next loop
-  turn (``Automation.run_released``).
-* Checkpoints: agents' command results and local checkpoint events go to ``Checkpoints``;
-  its deadlines are checked every loop turn.
-* Slurm: a ``SlurmPoller`` thread asks Slurm for the nodes' states; drains and resumes
-  are recorded. Silent nodes are marked unreachable, old rows pruned, stats logged.
-
-Single-threaded: called from the collector loop's thread.
+Design notes: docs/design-notes.md (``slurmgpu/collector/fleet.py``).
 """
 
 from __future__ import annotations

@@ -1,25 +1,9 @@
 """Prometheus ``/metrics`` for the collector (``[collector] metrics_bind``).
 
-Everything is computed at scrape time, in the HTTP server's thread, from:
+Everything is computed at scrape time, in the HTTP server's thread, from the store (read
+only) and the collector's counters, never on the ingest loop.
 
-* the store: a read-only connection of its own (``queries.Reader``: kept open between
-  scrapes; the collector's connection belongs to the collector loop's thread). All
-  queries (named queries of ``slurmgpu.collector.store.queries``) run in one read
-  transaction (one consistent snapshot; WAL readers never block the collector's writes,
-  nor do PostgreSQL's). When nothing was committed since the last scrape's snapshot
-  (``queries.data_version``), the scrape shows that scrape's rows again without querying;
-  after a commit it reads only the nodes written since (``NodeView``, schema 12's
-  ``node_version``) and keeps the rest, and the label part of every per-node line;
-* the collector's ``Counters`` (plain ints read without a lock: a scrape may see one
-  batch's counters half-updated, never a torn value);
-* the automation's ``status()``, when the collector has one.
-
-Nothing runs on the ingest path: the only work done in the collector loop is
-``MetricsServer.sample()`` (from ``_periodic``), which appends (time, stored) to a
-small ring at most once a second for ``slurmgpu_ingest_reports_per_second``.
-
-The metrics are registered in a registry of their own (not prometheus_client's global
-one) and served by a small threading HTTP server; see docs/metrics.md for every name.
+Design notes: docs/design-notes.md (``slurmgpu/collector/metrics.py``).
 """
 
 from __future__ import annotations

@@ -8,24 +8,12 @@ keep strikes, healthy streaks, drain history and the circuit breaker across rest
 operator's command (``release``, ``clear_lemon``) is one read-modify-write transaction,
 and ``refresh`` picks up such a change made by another process.
 
-* Policy table (``slurmgpu.decision.PolicyTable``, shared with the agent's local fallback):
-  (finding, strikes) -> one of ``POLICY_ACTIONS``.
-* Circuit breaker: caps the fraction of the fleet drained and the drains per
-  rolling hour; a "storm" (one check failing on a large part of the fleet) trips
-  it at once. ``min_nodes`` is a floor for small fleets (``fraction_limit``,
-  ``storm_threshold``). Once open, every new drain is held until ``release()``;
-  the jobs on a held checkpoint/drain-now node are still asked to checkpoint (only
-  the drain waits). ``release()`` lets the drains held at that moment proceed once
-  (``run_released``, in the collector), whatever the breaker says then; ``forecast()``
-  says whether the next drain would trip it again, and which setting decides.
-* Auto-resume with hysteresis; lemon nodes (drained too often) are never resumed.
-* Dry run: every decision recorded, no Slurm call made.
+Design notes: docs/design-notes.md (``slurmgpu/collector/policy.py``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import sqlite3
 import tempfile
@@ -35,13 +23,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+import slurmgpu.collector.breaker as breaker
+import slurmgpu.collector.lemons as lemons
 from slurmgpu.actions import Actions
 from slurmgpu.collector.store import AutomationState, Store, queries
 from slurmgpu.config.schema import AutomationSettings
-from slurmgpu.decision import ACTION_RANK, CHECKPOINTING, DRAINING, Action, drain_reason
+from slurmgpu.decision import (
+    ACTION_RANK,
+    CHECKPOINTING,
+    DRAINING,
+    FINISHED,
+    NEW_DRAINS,
+    TAKEN_AWAY,
+    Action,
+    Outcome,
+    drain_reason,
+)
 from slurmgpu.decision import PolicyTable as PolicyTable
 from slurmgpu.log import get_logger
-from slurmgpu.report.render_util import span
 from slurmgpu.result import Finding, Severity
 from slurmgpu.slurm import SlurmClient, SlurmError, SlurmUnreachable
 
@@ -52,7 +51,7 @@ if TYPE_CHECKING:
 LEGACY_STATE_FILE = "automation.json"
 IMPORTED_SUFFIX = ".imported"
 LOG_KEEP = 100
-HOUR = 3600.0
+
 
 
 class Clock(Protocol):
@@ -72,8 +71,7 @@ class Decision:
     held: bool = False
     dry_run: bool = False
     trigger: str = ""  # the check id (or "healthy" for a resume)
-    # What happened: an ActionResult action ("drained", "resumed", ...), "held",
-    # "dry-run", "recorded" (warn/checkpoint: no Slurm call), "unreachable", "error: ...".
+    # What happened: a ``decision.Outcome``, or "error: ...".
     result: str = ""
     time: float = 0.0
     # A drain the breaker held and an operator released (`slurmgpu breaker release`): who.
@@ -87,28 +85,6 @@ def legacy_state_file(state_dir: str | Path) -> Path:
     """Where a slurmgpu before schema 7 kept the automation's state (``[paths] state_dir``);
     the collector imports it into the database at its first start."""
     return Path(state_dir) / LEGACY_STATE_FILE
-
-
-def fraction_limit(settings: AutomationSettings, fleet: int) -> tuple[int, str]:
-    """The most nodes slurmgpu may have drained at once on a fleet of ``fleet`` nodes, and
-    the setting that decides it: max(1, floor(max_fraction x fleet), min(min_nodes, fleet - 1))."""
-    by_fraction = max(1, math.floor(settings.max_fraction * fleet + 1e-9))
-    floor = min(settings.min_nodes, fleet - 1)
-    return (floor, "min_nodes") if floor > by_fraction else (by_fraction, "max_fraction")
-
-
-def storm_threshold(settings: AutomationSettings, fleet: int) -> tuple[int, str]:
-    """How many nodes failing one check within ``storm_window_s`` trip the breaker, and the
-    setting that decides it: max(2, ceil(storm_fraction x fleet), min(min_nodes + 1, fleet))."""
-    by_fraction = max(2, math.ceil(settings.storm_fraction * fleet - 1e-9))
-    floor = min(settings.min_nodes + 1, fleet)
-    return (floor, "min_nodes") if floor > by_fraction else (by_fraction, "storm_fraction")
-
-
-def _setting(settings: AutomationSettings, key: str) -> str:
-    """``key = value`` as in the TOML file (the [automation] table)."""
-    value = getattr(settings, key)
-    return f"{key} = {value:g}" if isinstance(value, float) else f"{key} = {value}"
 
 
 class Automation:
@@ -181,10 +157,6 @@ class Automation:
     def _fleet(self) -> int:
         return max(self.state.fleet, len(self.state.seen))
 
-    def _trip(self, why: str, now: float) -> None:
-        if not self.state.breaker.get("open"):
-            self.state.breaker = {"open": True, "since": now, "why": why}
-
     def release(self, by: str = "operator", now: float | None = None) -> list[dict[str, Any]]:
         """Operator: close the breaker and let every drain it holds now proceed once: they
         move to ``released`` and the collector carries them out (``run_released``) whatever
@@ -199,7 +171,7 @@ class Automation:
                 entry = dict(held, released_at=now, released_by=by)
                 st.released[node] = entry
                 released.append(dict(entry, node=node))
-            st.breaker = {"open": False, "since": None, "why": None}
+            breaker.close(st)
             st.held.clear()
             st.failing.clear()
             self._save()
@@ -239,55 +211,13 @@ class Automation:
         it, and whether it trips again (the next drain, or the drained nodes' next reports
         of a storm). ``would_trip``: any of them; ``why``: their texts."""
         now = self.clock.time() if now is None else now
-        st, s = self.state, self.settings
-        fleet = self._fleet()
-        coming = sorted((set(st.held) | set(st.released)) - set(st.drained))
-        drained = len(st.drained) + len(coming)
-        pct = round(100 * drained / fleet) if fleet else 0
-        limit, key = fraction_limit(s, fleet)
-        rules = [{
-            "rule": "fraction", "setting": f"automation.{key}", "value": getattr(s, key),
-            "count": drained, "limit": limit, "trips_at": limit + 1, "trips_again": drained + 1 > limit,
-            "text": f"{drained} of {fleet} nodes ({pct}%) would be drained; {_setting(s, key)} "
-                    f"trips at {limit + 1} nodes"}]
-        hour = sum(1 for t in st.drain_times if now - t < HOUR) + len(coming)
-        rules.append({
-            "rule": "rate", "setting": "automation.max_per_hour", "value": s.max_per_hour,
-            "count": hour, "limit": s.max_per_hour, "trips_at": s.max_per_hour + 1,
-            "trips_again": hour + 1 > s.max_per_hour,
-            "text": f"{hour} drain(s) in the last hour would be counted; {_setting(s, 'max_per_hour')} "
-                    f"trips at drain {s.max_per_hour + 1} within an hour"})
-        # Nodes drained (or about to be) for a check their last report still failed: they
-        # report it again, and that counts towards a storm as soon as the breaker closes.
-        per_check: dict[str, int] = {}
-        for node in [*st.drained, *coming]:
-            entry = st.drained.get(node) or st.released.get(node) or st.held.get(node) or {}
-            check = str(entry.get("trigger", ""))
-            if check in st.strikes.get(node, {}):
-                per_check[check] = per_check.get(check, 0) + 1
-        check, failing = max(sorted(per_check.items()), key=lambda kv: kv[1], default=("", 0))
-        threshold, skey = storm_threshold(s, fleet)
-        rules.append({
-            "rule": "storm", "setting": f"automation.{skey}", "value": getattr(s, skey),
-            "count": failing, "check": check or None, "limit": threshold - 1, "trips_at": threshold,
-            "trips_again": failing >= threshold,
-            "text": (f"{failing} node(s) drained for {check}" if check else "no node drained")
-                    + f"; {_setting(s, skey)} trips when one check fails on {threshold} nodes "
-                      f"within {s.storm_window_s:g} s"})
-        for rule in rules:
-            if rule["trips_again"]:
-                rule["text"] += (": their next reports trip the breaker again while they still fail"
-                                 if rule["rule"] == "storm" else ": the next drain trips the breaker again")
-        why = [r["text"] for r in rules if r["trips_again"]]
-        return {"fleet": fleet, "drained": drained, "drained_pct": pct, "coming": coming,
-                "would_trip": bool(why), "why": why, "rules": rules}
+        return breaker.forecast(self.state, self.settings, self._fleet(), now)
 
     def clear_lemon(self, node: str) -> None:
         """Operator: the node was repaired; its drain history starts afresh."""
         with self.store.transaction():  # BEGIN IMMEDIATE: read, change and write as one
             self.refresh()
-            self.state.lemons.pop(node, None)
-            self.state.history.pop(node, None)
+            lemons.clear(self.state, node)
             self._record.save((node,))
 
     def status(self) -> dict[str, Any]:
@@ -361,7 +291,7 @@ class Automation:
         reason = drain_reason([trigger], strikes=self._strikes_needed(trigger, strikes.get(check, 1)),
                               one_line=True, rebooting=then_reboot or worst is Action.REBOOT)
         if worst not in DRAINING:
-            result = "dry-run" if self.settings.dry_run else "recorded"
+            result = Outcome.DRY_RUN if self.settings.dry_run else Outcome.RECORDED
             return [self._decision(node, worst, reason, check, result, now)]
         return self._drain(node, worst, reason, check, now, then_reboot=then_reboot)
 
@@ -373,15 +303,7 @@ class Automation:
         return next(k for k in range(1, strikes + 1) if self.policy.action(finding, k) is action)
 
     def _note_failing(self, check: str, node: str, now: float) -> None:
-        window = self.state.failing.setdefault(check, {})
-        window[node] = now
-        for n in [n for n, t in window.items() if now - t > self.settings.storm_window_s]:
-            del window[n]
-        threshold, key = storm_threshold(self.settings, self._fleet())
-        if len(window) >= threshold:
-            self._trip(f"storm: {check} failing on {len(window)} of {self._fleet()} nodes "
-                       f"within {self.settings.storm_window_s:g} s ({_setting(self.settings, key)} "
-                       f"trips at {threshold} nodes)", now)
+        breaker.note_failing(self.state, self.settings, self._fleet(), check, node, now)
 
     def _drain(self, node: str, action: Action, reason: str, check: str, now: float, *,
                then_reboot: bool = False) -> list[Decision]:
@@ -399,22 +321,16 @@ class Automation:
             if pending == Action.CHECKPOINT and action is Action.DRAIN_NOW and self.checkpoints is not None \
                     and self.checkpoints.escalate(node, reason, check, now):
                 st.drained[node]["pending"] = action
-                return [self._decision(node, action, reason, check, "escalated", now)]
+                return [self._decision(node, action, reason, check, Outcome.ESCALATED, now)]
             if s.dry_run or pending or self._still_drained(node):
                 return []  # idempotent: already drained (or draining after checkpoints) by us
             st.drained.pop(node)  # someone resumed it while it still fails: drain again
-        st.drain_times = [t for t in st.drain_times if now - t < HOUR]
         if released is None:  # a released drain proceeds whatever the breaker says now
-            limit, key = fraction_limit(s, self._fleet())
-            if len(st.drained) + 1 > limit:
-                self._trip(f"fraction: {len(st.drained)} of {self._fleet()} nodes drained, "
-                           f"{node} would make {len(st.drained) + 1}; {_setting(s, key)} "
-                           f"trips at {limit + 1} nodes", now)
-            elif len(st.drain_times) >= s.max_per_hour:
-                self._trip(f"rate: {len(st.drain_times)} drains in the last hour "
-                           f"({_setting(s, 'max_per_hour')})", now)
-            if st.breaker.get("open"):
+            breaker.check_drain(st, s, self._fleet(), node, now)
+            if breaker.is_open(st):
                 return self._hold(node, action, reason, check, now, then_reboot=then_reboot)
+        else:
+            st.drain_times = [t for t in st.drain_times if now - t < breaker.HOUR]
         st.held.pop(node, None)
         by = str(released.get("released_by") or "operator") if released is not None else ""
         waiting = 0
@@ -423,30 +339,25 @@ class Automation:
             # were: their requests are reused); the drain comes at their ack.
             waiting = self.checkpoints.begin(node, action, reason, check, now, released_by=by or None)
         if s.dry_run:
-            result = "dry-run"
+            result = Outcome.DRY_RUN
         elif waiting:
-            result = "checkpointing"
+            result = Outcome.CHECKPOINTING
         else:
             try:
                 result = self._take_away(node, Action.REBOOT if then_reboot else action, reason)
             except SlurmUnreachable:
-                result = "unreachable"  # journaled by Actions; replayed later
+                result = Outcome.UNREACHABLE  # journaled by Actions; replayed later
             except SlurmError as e:
                 return [self._decision(node, action, reason, check, f"error: {e}", now)]
-        if result in ("drained", "dry-run", "unreachable", "already-drained", "checkpointing",
-                      "reboot-requested", "already-rebooting"):
+        if result in TAKEN_AWAY:
             st.drained[node] = {"time": now, "trigger": check, "reason": reason}
-            if result == "checkpointing":
+            if result == Outcome.CHECKPOINTING:
                 st.drained[node]["pending"] = action
                 if then_reboot:
                     st.drained[node]["then"] = Action.REBOOT
-        if result in ("drained", "dry-run", "unreachable", "checkpointing", "reboot-requested"):
+        if result in NEW_DRAINS:
             st.drain_times.append(now)
-            history = [t for t in st.history.get(node, []) if now - t < s.lemon_window_s] + [now]
-            st.history[node] = history
-            if len(history) >= s.lemon_drains and node not in st.lemons:
-                st.lemons[node] = {"since": now, "why": f"{len(history)} drains within "
-                                   f"{span(s.lemon_window_s)}, last: {reason}"}
+            lemons.note_drain(st, s, node, reason, now)
         if waiting:
             reason = f"{reason} (waiting for {waiting} job checkpoint(s))"
         if released is not None:
@@ -467,7 +378,7 @@ class Automation:
                 return []
             return [self._decision(node, action, f"{reason} (drained meanwhile by "
                                    f"{elsewhere.drained_by or '?'}: no longer held)", check,
-                                   "already-drained", now)]
+                                   Outcome.ALREADY_DRAINED, now)]
         entry: dict[str, Any] = {"action": action, "reason": reason, "trigger": check, "time": now,
                                  "since": prev.get("since", prev.get("time", now))}
         if ACTION_RANK.get(str(prev.get("action")), -1) > ACTION_RANK[action]:
@@ -482,9 +393,9 @@ class Automation:
             if entry["checkpoints"]:
                 reason = f"{reason} (drain held; {entry['checkpoints']} job(s) asked to checkpoint)"
         st.held[node] = entry
-        return [self._decision(node, action, reason, check, "held", now, held=True)]
+        return [self._decision(node, action, reason, check, Outcome.HELD, now, held=True)]
 
-    def _take_away(self, node: str, action: Action, reason: str) -> str:
+    def _take_away(self, node: str, action: Action, reason: str) -> Outcome:
         """Drain, or for REBOOT `scontrol reboot ASAP nextstate=RESUME` (a drain when
         Slurm refuses the reboot, e.g. no RebootProgram)."""
         if action is Action.REBOOT:
@@ -503,19 +414,21 @@ class Automation:
         reboot it, when the drain-now was for a fault only a reboot clears)."""
         self.refresh()
         st = self.state
-        then = (st.drained.get(node) or {}).get("then")
+        drained = st.drained.get(node)
+        then = drained.get("then") if drained is not None else None
+        result: Outcome | str
         try:
             result = self._take_away(node, Action.REBOOT, reason) if then == Action.REBOOT \
                 else self.actions.drain(node, reason).action
         except SlurmUnreachable:
-            result = "unreachable"
+            result = Outcome.UNREACHABLE
         except SlurmError as e:
             result = f"error: {e}"
         entry = st.drained.get(node)
         if entry is not None:
             entry.pop("pending", None)
             entry.pop("then", None)
-        if result not in ("drained", "already-drained", "unreachable", "reboot-requested", "already-rebooting"):
+        if result not in FINISHED:
             st.drained.pop(node, None)  # an operator's drain, or an error: not ours
         elif entry is None:
             st.drained[node] = {"time": now, "trigger": trigger, "reason": reason}
@@ -539,7 +452,7 @@ class Automation:
 
     def _healthy(self, node: str, now: float) -> list[Decision]:
         st, s = self.state, self.settings
-        if node not in st.drained or node in st.lemons or st.drained[node].get("pending"):
+        if node not in st.drained or lemons.is_lemon(st, node) or st.drained[node].get("pending"):
             return []
         count, first = st.healthy.get(node, [0, now])
         count += 1
@@ -549,13 +462,13 @@ class Automation:
         reason = f"{int(count)} OK reports over {now - first:g} s"
         st.healthy.pop(node, None)
         if s.dry_run:
-            result = "dry-run"
+            result = Outcome.DRY_RUN
         else:
             try:
                 result = self.actions.resume_recovered(node).action
             except SlurmError as e:
                 return [self._decision(node, Action.RESUME, reason, "healthy", f"error: {e}", now)]
-        if result != "rebooting-left-alone":
+        if result != Outcome.REBOOTING_LEFT_ALONE:
             # resumed, or no longer ours to resume (operator drain, sticky XID drain, not drained)
             st.drained.pop(node, None)
         return [self._decision(node, Action.RESUME, reason, "healthy", result, now)]

@@ -1,74 +1,19 @@
-"""The collector's transport: a ZeroMQ ROUTER (CURVE server) that receives what agents
-send, acks it, and sends heartbeats and commands. What a message does once decoded (the
-store, the automation, checkpoints) is the ``Handler``'s business (``fleet.py``); the
-transport knows nothing of it.
+"""The collector's transport: a ZeroMQ ROUTER (a CURVE server; ZAP checks every
+handshake against the allow-list, ``<keys_dir>/nodes/*.key``) that receives what agents
+send, acks it once its ``Handler`` (``fleet.Fleet``) has stored it, heartbeats the nodes
+it heard from, and sends them commands. A node's key speaks only for that node.
 
-Security: every connection is a CURVE handshake checked by ZAP against the allow-list
-(``<keys_dir>/nodes/*.key``); the authenticated public key travels with each frame as
-its "User-Id" and is mapped to the node name the key file is named after. A frame whose
-envelope ``node`` or routing id differs from the key's node is rejected, so a node's key
-can only speak for that node. A key revoked while its connection is up is refused from
-the next allow-list reload (SIGHUP, or within 30 s).
+A batch is one ``Handler.commit``, then its acks, then ``Handler.acked``: a duplicate is
+acked again, a bad body is acked as rejected, and nothing is acked when the store fails
+(the agents resend). Events and command results go first: a second ROUTER on
+``[collector] events_port`` is read before every batch and within it, and what comes
+there is stored and acked ahead of the batch. Bundles (``wire.BUNDLE``) carry a
+backlog; every ack offers a bundle size that keeps a round over the connections within
+half the unreachable window. While the store holds bulk batches (``Handler.holding``)
+only the events socket is read. Why each of these, and what it measured:
+docs/architecture.md ("The collector's transport").
 
-Liveness is the application's: agents send a heartbeat every ``heartbeat_s`` and the
-collector heartbeats the nodes it heard from recently, except those it acked within the
-interval (an ack is as good a sign of life to an agent; at 10,000 nodes each heartbeat
-round is 10,000 frames to build, encrypt and send). An incoming heartbeat is an update in
-memory (``seen``, and the nodes ``heard`` since the last ``tick``, which hands them to
-``Handler.heard`` once per ``heartbeat_s``: one store write per node per interval, not one
-per heartbeat). The ROUTER sets no ZMTP heartbeats: libzmq scans its timers linearly on
-every message, so at 10,000 connections they cost more than everything else together.
-A dead connection (a node gone without closing it: a power cut, a crash) is found by TCP
-keepalive, the kernel's timers, within about two minutes. Agents let ZeroMQ pick a fresh
-routing id per connection, so a restarted agent is never locked out by its stale
-connection; an agent older than issue 12 (its node name as routing id) that crashed is
-let back in once the kernel drops the stale one. (No ``ROUTER_HANDOVER``: with it, any
-authenticated node could cut such an agent off by claiming its id.)
-
-Delivery: for each acked type (hello, report, event, command-result) the handler stores
-the batch (``Handler.commit``) and, only after the batch COMMITs, the transport acks its
-seqs; a duplicate (node, epoch, seq) is not stored again but is acked again. An ack names
-the epoch it acknowledges. After the acks, the batch goes to ``Handler.acked``.
-
-Bundles: an agent draining a backlog sends up to 32 of its spooled frames in one
-``bundle`` message (``wire.BUNDLE``), once this collector's acks said it takes them
-(every ack carries ``bundle``: how many frames a bundle may hold now, which keeps a
-round over the fleet's connections short; see BUNDLE_OFFER_MAX). Each bundled frame is
-checked as if it came alone on the same connection (the authenticated node's own, an
-acked type), stored and acked with the batch: one read, one CURVE box and one ack for dozens of reports, where
-the per-message work of the I/O thread and of this loop was most of the CPU a report
-cost. A batch counts messages, not frames, against ``max_batch``.
-
-Bad messages never stop ingestion. A frame whose envelope is valid but whose body is
-not (``BodyError``), or a message the store cannot take although the store works (the
-handler says which), is rejected, counted and acked as ``rejected``: it would fail the
-same way on every resend, so the agent drops it (and logs it) instead of resending it
-forever. When the store itself fails (disk full, I/O error, locked, corrupt: the handler
-returns None) nothing is acked, so agents keep their messages spooled and resend them.
-
-Fairness: a batch (one ``Handler.commit``, then its acks) ends after ``max_batch``
-frames, after MAX_BATCH_BYTES, after ``max_batch_read_s`` of reading, or as soon as one peer
-has sent MAX_PEER_BATCH_BYTES of it.
-
-Events first: a second ROUTER on ``[collector] events_port`` takes only events and
-command results (a fault, a job's checkpoint ack). A ROUTER reads its connections in
-turn, one message each, so on the main socket a live node's event waits behind one
-queued report of every other connection: after an outage, 10,000 nodes flushing their
-spools is seconds of work. The events socket is read before every batch and every
-EVENTS_POLL_EVERY frames within one. Events taken there end the batch's reading, and are
-stored in a transaction of their own and acked before the batch's other messages are
-stored: an event waits neither for the reports read before it nor for their commit. It
-has an I/O thread of its own (affinity), so its CURVE work is not queued behind the
-reports' either. Its messages are acked on it; commands and heartbeats stay on the main
-socket. Not bindable (port in use): logged, and the collector runs without it (agents
-then send events with their reports).
-
-While the store holds bulk batches (``Handler.holding``: its WAL being started over, up
-to a few hundred ms), the loop reads the events socket alone, HELD_POLL_MS at a time, and
-stores and acks what comes there; the main socket's frames wait for the next batch.
-
-Single-threaded (plus libzmq's I/O thread and the ZAP thread): every method, and
-``send_command``, is called from the thread that runs the collector loop.
+Single-threaded: every method, ``send_command`` too, runs on the collector loop's thread.
 """
 
 from __future__ import annotations
@@ -86,6 +31,7 @@ import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
 from slurmgpu import keys
+from slurmgpu.collector.bundles import BUNDLE_ROUND_SHARE, BundleOffer
 from slurmgpu.collector.counters import Counters, LimitedLog
 from slurmgpu.config.schema import CollectorSettings
 from slurmgpu.errors import SlurmGpuError
@@ -96,102 +42,36 @@ from slurmgpu.wire import (
     COMMAND_RESULT,
     EVENT,
     HEARTBEAT,
-    MAX_BUNDLE,
     MAX_FRAME,
     BodyError,
     Envelope,
-    ReplyFrames,
     WireError,
+    ack_frame,
     command_frame,
+    decode_received,
+    reply_heartbeat_frame,
 )
-from slurmgpu.wirefast import Decoded, decode_received
 
-# At most this many messages a batch (one transaction, then its acks). An event that
-# arrives while a batch is being stored waits for that store and its commit: ~10-20 ms
-# for 256 messages at 10,000 nodes on SQLite, 35-70 ms for 1,000 (a live event's ack
-# p99 went from 100-110 to 45-50 ms, at 5-8 % of the rate). On PostgreSQL a batch's fixed
-# cost is a dozen round trips, so its batches stay larger.
-MAX_BATCH = 256
+# Constants: their reasons and measurements are in docs/architecture.md.
+MAX_BATCH = 256  # messages a batch (one transaction, then its acks)
 MAX_BATCH_POSTGRES = 1000
 ALLOW_LIST_RELOAD_S = 30.0
-# libzmq drops (and disconnects) a peer sending a frame above this before Python sees it;
-# frames between MAX_FRAME and this are read and counted as "oversized".
-TRANSPORT_MAX_FRAME = 4 * MAX_FRAME
-# Per peer: a ROUTER queues at most this many frames from one connection, then stops
-# reading it (TCP backpressure; the agent's send waits, its spool keeps the rest). With
-# MAX_FRAME that bounds what one node can make the collector hold to ~64 MiB; agents
-# send far fewer between acks.
-RCVHWM = 64
-SNDHWM = 100_000  # acks and commands: small frames, and a ROUTER drops at the limit
-# TCP keepalive on agents' connections (seconds): a peer gone without a FIN (power cut,
-# cable) is dropped by the kernel after about IDLE + INTVL * CNT, with no libzmq timer.
-TCP_KEEPALIVE_IDLE, TCP_KEEPALIVE_INTVL, TCP_KEEPALIVE_CNT = 60, 10, 6
-# A batch also ends after MAX_BATCH_BYTES, or as soon as one peer has sent
-# MAX_PEER_BATCH_BYTES of it: a node sending frames at the size limit delays other nodes'
-# acks by two frames' work, not a batch's, while normal reports still batch by the hundred.
-MAX_BATCH_BYTES = 32 * MAX_FRAME
+TRANSPORT_MAX_FRAME = 4 * MAX_FRAME  # libzmq drops a peer sending more; above MAX_FRAME: "oversized"
+RCVHWM = 64  # frames queued per connection before TCP backpressure
+SNDHWM = 100_000  # acks and commands; a ROUTER drops at the limit
+TCP_KEEPALIVE_IDLE, TCP_KEEPALIVE_INTVL, TCP_KEEPALIVE_CNT = 60, 10, 6  # dead peers, by the kernel
+MAX_BATCH_BYTES = 32 * MAX_FRAME  # a batch ends past this, or past this from one peer:
 MAX_PEER_BATCH_BYTES = 2 * MAX_FRAME
-# Events first: a batch also ends right after an event or a command result (a fault, a
-# job's checkpoint ack), so it is stored and acked without waiting for a thousand spooled
-# reports behind it; at most once per URGENT_EVERY_S, so an event storm still batches.
-URGENT = frozenset({EVENT, COMMAND_RESULT})
+URGENT = frozenset({EVENT, COMMAND_RESULT})  # a batch ends right after one (once per URGENT_EVERY_S)
 URGENT_EVERY_S = 0.02
-# A batch stops reading after this long: its commit then takes about as long again, and an
-# event arriving meanwhile (on the events socket) waits for both. On PostgreSQL a batch's
-# fixed cost is a dozen round trips and two collectors' writers take turns, so batches
-# read longer there (10,000 nodes, two collectors: 10 ms batches stored 1,800 reports/s at
-# 343 us of collector and 201 us of server CPU a report; 50 ms ones 2,671/s, 292 and 111).
-MAX_BATCH_READ_S = 0.01
+MAX_BATCH_READ_S = 0.01  # a batch stops reading after this long
 MAX_BATCH_READ_S_POSTGRES = 0.05
-# Within a batch, the events socket is looked at every this many frames.
-EVENTS_POLL_EVERY = 16
-# At most this many events socket frames per batch (a batch of events alone is never
-# followed by another: see ``_drain_batch``).
+EVENTS_POLL_EVERY = 16  # frames between looks at the events socket within a batch
 MAX_EVENTS_PER_BATCH = 256
-# While the store holds bulk batches, the events socket is waited on this long at a time.
-HELD_POLL_MS = 2
-# zmq I/O threads: the main socket's connections on the first, the events socket's on the second.
-MAIN_IO, EVENTS_IO = 1, 2
-# The heartbeat interval's work is spread over loop turns, so it never holds an event's
-# batch for long: per turn, at most this many heard nodes are recorded (one write, ~20 µs
-# a node: 10,000 at once held the loop ~180 ms) and this many heartbeats sent.
-HEARD_PER_TURN = 256
-HEARTBEATS_PER_TURN = 1000
-
-# Bundles (``wire.BUNDLE``): the size every ack offers. A ROUTER reads one frame of each
-# connection in turn, so with N nodes draining, a round takes N bundles of b messages:
-# N * b / (messages a second). A node's messages are its signs of life, and its acks
-# come once a round, so a round must stay well within the unreachable window (and the
-# agents' ack-stall limit, twice as long): the offer is what keeps it within half the
-# unreachable window (BUNDLE_ROUND_SHARE), from 1 (no bundles) to BUNDLE_OFFER_MAX. (A
-# third left the offer at 1 at 5,000 nodes a collector: the rate measured without bundles
-# never earned the first.) N: the nodes this
-# collector heard within that window (another collector on the same database has the
-# others), the allow-list before any; the offer at most doubles a step, so the first
-# nodes heard after a start are not offered what suits a fleet of a few. The rate:
-# messages handled over the last BUNDLE_MEASURE_S, by the clock: what a
-# round really takes (GC, commits, other processes on the cores), not the batches' own
-# time (that one let rounds run past 15 s with a profiler attached). A measured rate
-# below the last one is taken at once; above it, a quarter of the way (BUNDLE_RATE_RISE):
-# one fast second does not size the bundles of a whole round (on PostgreSQL a second's
-# rate ranged 1,100 to 7,800 messages within a run). The rate is that
-# of the bundles offered so far, so the estimate is pessimistic (bigger bundles cost
-# less a message), and the offer grows step by step to where rounds approach the target.
-# A collector that is not saturated handles fewer messages than it could: a smaller
-# offer, while nothing is queued anyway. Fewer than BUNDLE_MIN_SAMPLE messages in a
-# window (a small, quiet fleet) keep the last rate. (At 10,000 nodes, bundles of 32 made
-# rounds of ~20 s.) Agents keep one bundle in flight, so what waits at the collector is
-# about a round's worth of reports, whatever the fleet's size.
-BUNDLE_OFFER_MAX = 32
-BUNDLE_RATE_DEFAULT = 4000.0  # messages a second, until measured
-BUNDLE_MEASURE_S = 1.0
-BUNDLE_MIN_SAMPLE = 100
-BUNDLE_ROUND_SHARE = 2
-BUNDLE_RATE_RISE = 0.25
-
-# pyzmq's socket send without its Python wrapper (``Transport._send``).
-_C_SEND = zmq.backend.Socket.send
-_MORE, _LAST = int(zmq.SNDMORE | zmq.NOBLOCK), int(zmq.NOBLOCK)
+HELD_POLL_MS = 2  # while the store holds bulk batches: the events socket, this long at a time
+MAIN_IO, EVENTS_IO = 1, 2  # zmq I/O threads of the main and the events socket
+HEARD_PER_TURN = 256  # per loop turn: heard nodes recorded,
+HEARTBEATS_PER_TURN = 1000  # and heartbeats sent
 
 # An acked-type message to acknowledge: (socket, routing id, node, epoch, seq, rejected).
 AckItem = tuple["zmq.Socket[Any]", bytes, str, str, int, bool]
@@ -251,14 +131,8 @@ class Transport:
         self.keys_dir = Path(settings.keys_dir)
         public, secret = keys.server_keys(self.keys_dir)
         self.allowed: dict[bytes, str] = keys.allowed_nodes(self.keys_dir)
-        self._frames = ReplyFrames()
-        # (wirefast: reports and bundles decoded in C when msgspec is installed)
-        self._decode_received = decode_received
-        self.bundle_offer = 0  # what acks say of bundles now (``_offer_bundles``)
-        self._busy_messages = 0  # messages handled since the last offer, and since when
-        self._measured_at = time.monotonic()
-        self._next_offer = 0.0
-        self._rate = BUNDLE_RATE_DEFAULT
+        self.bundles = BundleOffer(settings.unreachable_after * settings.heartbeat_s / BUNDLE_ROUND_SHARE,
+                                   time.monotonic())
         self._allow_stamp = self._nodes_dir_stamp()
         self.ctx = zmq.Context(io_threads=2)
         self.auth = ThreadAuthenticator(self.ctx)
@@ -423,7 +297,7 @@ class Transport:
         if not batch:
             self._send_acks(to_ack)  # rejected messages only
             return True
-        self._busy_messages += len(batch)
+        self.bundles.busy += len(batch)
         self.counters.batches += 1
         stored = handler.commit(batch, now)
         if stored is None:
@@ -535,7 +409,7 @@ class Transport:
                 # `slurmgpu doctor` checking this node's key from another socket: answer at
                 # once, and leave the node's route and last-seen time to its agent.
                 self.counters.probes_answered += 1
-                self._send(routing_id, self._frames.heartbeat(node))
+                self._send(routing_id, reply_heartbeat_frame(node))
                 return
             self.routes[node] = routing_id  # commands follow the authenticated key, not a claimed id
             # in memory only: stored once per interval (tick)
@@ -556,12 +430,12 @@ class Transport:
         to_ack.append((self.sock, routing_id, node, env.epoch, env.seq, False))
 
     def _decode(self, data: bytes, node: str, routing_id: bytes, to_ack: list[AckItem],
-                sock: zmq.Socket[Any]) -> Decoded | None:
-        """``data`` decoded, with its body's bytes as received (``wirefast``), if it is a
+                sock: zmq.Socket[Any]) -> tuple[Envelope, bytes] | None:
+        """``data`` decoded, with its body's bytes as received (``wire.decode_received``), if it is a
         valid frame of the authenticated ``node``'s (None: refused, counted and logged; a
         bad body of an acked type is acked as rejected)."""
         try:
-            decoded = self._decode_received(data)
+            decoded = decode_received(data)
         except BodyError as exc:
             self._reject("malformed", node=node, error=str(exc))
             self._ack_rejected(exc.envelope, node, routing_id, to_ack, sock)
@@ -617,12 +491,12 @@ class Transport:
             else:
                 seqs = peer[1]
                 seqs[seq] = seqs.get(seq, True) and rejected
-        ack, answered, send, main = self._frames.ack, self.answered, self._send, self.sock
+        answered, send, main, bundle = self.answered, self._send, self.sock, self.bundles.offer
         mono = time.monotonic()
         sent = failed = 0
         for (sock, routing_id, epoch), (node, seqs) in per_peer.items():
             refused = [q for q, rejected in seqs.items() if rejected] if True in seqs.values() else None
-            if send(routing_id, ack(node, list(seqs), epoch, refused), sock):
+            if send(routing_id, ack_frame(node, list(seqs), epoch=epoch, rejected=refused, bundle=bundle), sock):
                 sent += 1
                 if sock is main:  # a sign of life on the agent's main connection
                     answered[node] = mono
@@ -632,13 +506,9 @@ class Transport:
         self.counters.acks_failed += failed
 
     def _send(self, routing_id: bytes, frame: bytes, sock: zmq.Socket[Any] | None = None) -> bool:
-        """Send a frame to a peer without blocking; False when it is gone or its queue is
-        full. Its two parts go straight to the socket's C send: pyzmq's send_multipart
-        costs ~5 us a frame in Python, and every ack is one."""
-        target = sock or self.sock
+        """Send a frame to a peer without blocking; False when it is gone or its queue is full."""
         try:
-            _C_SEND(target, routing_id, _MORE)
-            _C_SEND(target, frame, _LAST)
+            (sock or self.sock).send_multipart((routing_id, frame), zmq.NOBLOCK)
             return True
         except zmq.ZMQError:  # EHOSTUNREACH (gone) or EAGAIN (its queue is full)
             return False
@@ -673,25 +543,13 @@ class Transport:
             self._hand_over_heard(handler)
         if self._due:
             self._heartbeat()
-        if mono >= self._next_offer:
+        if mono >= self.bundles.next_at:
             self._offer_bundles(mono)
 
     def _offer_bundles(self, mono: float) -> None:
-        """The bundle size the acks offer from now on (BUNDLE_OFFER_MAX's comment)."""
-        self._next_offer = mono + BUNDLE_MEASURE_S
-        if self._busy_messages >= BUNDLE_MIN_SAMPLE and mono > self._measured_at:
-            rate = self._busy_messages / (mono - self._measured_at)
-            self._rate = rate if rate < self._rate else self._rate + BUNDLE_RATE_RISE * (rate - self._rate)
-        self._busy_messages, self._measured_at = 0, mono
-        round_s = self.settings.unreachable_after * self.settings.heartbeat_s / BUNDLE_ROUND_SHARE
-        nodes = len(self.seen) or len(self.allowed)
-        offer = int(self._rate * round_s / max(1, nodes))
-        if self.bundle_offer:  # (at most doubled a step: the nodes heard grow after a start)
-            offer = min(offer, 2 * self.bundle_offer)
-        offer = max(1, min(BUNDLE_OFFER_MAX, MAX_BUNDLE, offer))
-        if offer != self.bundle_offer:
-            self.bundle_offer = offer
-            self._frames.set_bundle(offer)
+        """The bundle size the acks offer from now on (``BundleOffer``), for the nodes
+        heard within the unreachable window (the allow-list before any)."""
+        self.bundles.update(mono, len(self.seen) or len(self.allowed))
 
     def _hand_over_heard(self, handler: Handler) -> None:
         """Up to HEARD_PER_TURN of the nodes heard by heartbeat since the last time, to the
@@ -725,7 +583,7 @@ class Transport:
         """Heartbeat the next HEARTBEATS_PER_TURN due nodes, but not those acked within the
         last interval."""
         mono = time.monotonic()
-        answered, routes, frame = self.answered, self.routes, self._frames.heartbeat
+        answered, routes, frame = self.answered, self.routes, reply_heartbeat_frame
         due, self._due = self._due[:HEARTBEATS_PER_TURN], self._due[HEARTBEATS_PER_TURN:]
         for node in due:
             if mono - answered.get(node, -1e9) < self.settings.heartbeat_s:

@@ -10,19 +10,7 @@ nothing else reads a ``SLURMGPU_*`` variable that names a setting. Where a compo
 handed an environment of its own (a hook's, passed to the agent's warm path), it runs
 ``apply_env`` over its settings once: the step is idempotent.
 
-Three hot paths cannot afford to build ``Settings`` and implement the same order for the
-one or two keys they need, with the standard library only: ``quickgate`` and
-``localproto`` (the agent's socket and timeout), ``jobfiles.configured_jobs_dir`` (the
-TaskProlog). tests/test_config_env.py holds them to this module.
-
-The other variables are not settings: where the config file is, the hook wrappers'
-interpreter and entry point, the file a job is told to watch, fixture roots for tests and
-the simulator's own. ``docs/environment.md`` is generated from ``ENV_VARS``
-(``slurmgpu config env``), and a test fails when code reads a ``SLURMGPU_*`` variable
-this table does not list.
-
-Standard library only (the schema is imported when a variable is applied): the prolog
-and every command's root import it.
+Design notes: docs/design-notes.md (``slurmgpu/config/env.py``).
 """
 
 from __future__ import annotations

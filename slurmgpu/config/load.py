@@ -9,22 +9,7 @@ node are: the schema defaults, then the top level, then every matching
 too); dict-valued settings (``ib.counters_max``, ``xid.overrides``, ...) merge
 key by key.
 
-Validation is generic over the dataclass annotations in ``schema.py``; every
-problem is one ``ConfigError`` naming the file, the key path and (best effort)
-the line. This module is imported by the prolog: it keeps to the standard
-library and imports ClusterShell only when the file has ``[[hosts]]`` sections.
-
-Drop-ins: every ``*.toml`` file of the directory beside the file named like it with
-``.d`` for ``.toml`` (``/etc/slurmgpu/slurmgpu.d/`` for the default file), in byte order of
-their names, is read after it, each validated on its own; a later file wins over an
-earlier one (its top level and then its matching ``[[hosts]]`` sections, as if it were
-appended). The drop-ins apply also where the file itself is absent.
-
-This module reads the file (``config_path``: ``--config``, ``$SLURMGPU_CONFIG``,
-``DEFAULT_PATH``) and its drop-ins, merges the layers (``LoadedConfig``) and describes the
-numeric settings (``numeric_settings``, ``ranges_markdown``). Beside it: ``validate`` (the
-tables against the schema), ``hosts`` (``[[hosts]]`` sections and their hostlists)
-and ``tomltext`` (values, key paths and line numbers as the file spells them).
+Design notes: docs/design-notes.md (``slurmgpu/config/load.py``).
 """
 
 from __future__ import annotations

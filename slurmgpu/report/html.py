@@ -13,7 +13,7 @@ from typing import Any
 from slurmgpu.report import SECTIONS, TITLES
 from slurmgpu.report import sections as shared
 from slurmgpu.report.render_util import axis, day, duration, hours, num, pct, per, tick, when
-from slurmgpu.report.sections import MTBF_HEADERS, mtbf_rows, section_renderers
+from slurmgpu.report.sections import MTBF_HEADERS, Renderers, mtbf_rows
 
 COLORS = {"healthy": "#2e9d57", "degraded": "#e0a100", "drained": "#c8453c",
           "unreachable": "#8c8c8c"}
@@ -230,6 +230,10 @@ def _cards(items: Sequence[tuple[str, str, str]]) -> str:
         for value, label, cls in items) + "</div>"
 
 
+renders = Renderers()
+
+
+@renders("summary")
 def _summary(m: dict[str, Any]) -> str:
     s = m["summary"]
     avail = s["availability_pct"]
@@ -256,6 +260,7 @@ def _summary(m: dict[str, Any]) -> str:
     ])
 
 
+@renders("availability")
 def _availability(m: dict[str, Any]) -> str:
     a = m["availability"]
     cats = ("healthy", "degraded", "drained", "unreachable")
@@ -283,6 +288,7 @@ def _availability(m: dict[str, Any]) -> str:
     return "".join(out)
 
 
+@renders("drains")
 def _drains(m: dict[str, Any]) -> str:
     d = m["drains"]
     by = ", ".join(f"{k}: {v}" for k, v in sorted(d["by"].items())) or "none"
@@ -297,6 +303,7 @@ def _drains(m: dict[str, Any]) -> str:
                      wrap=(5,)) + more)
 
 
+@renders("failures")
 def _failures(m: dict[str, Any]) -> str:
     f = m["failures"]
     bars = hbars([(f"{r['check_id']} {r['severity']}", r["count"], num(r["count"]))
@@ -317,6 +324,7 @@ def _failures(m: dict[str, Any]) -> str:
                if f["top_nodes"] else ""))
 
 
+@renders("xids")
 def _xids(m: dict[str, Any]) -> str:
     x = m["xids"]
     bars = vbars([(f"XID {c['xid']}", c["count"], num(c["count"])) for c in x["codes"][:20]],
@@ -332,6 +340,7 @@ def _xids(m: dict[str, Any]) -> str:
                           for c in x["codes"]], numeric=(0, 4, 5, 6), wrap=(1, 7))
 
 
+@renders("ecc-trends")
 def _ecc_trends(m: dict[str, Any]) -> str:
     c = m["ecc-trends"]
     rows = [[g["node"], g["gpu"], g["serial"] or "-", g["model"] or "-",
@@ -354,6 +363,7 @@ def _ecc_trends(m: dict[str, Any]) -> str:
             + "<h3>Row-remap pending / failed at the window's end</h3>" + flags)
 
 
+@renders("throttling")
 def _throttling(m: dict[str, Any]) -> str:
     t = m["throttling"]
     out = [f'<p class="meta">Fleet: HW slowdown in {pct(t["hw_slowdown_pct"])} of '
@@ -372,6 +382,7 @@ def _throttling(m: dict[str, Any]) -> str:
     return "".join(out)
 
 
+@renders("ib")
 def _ib(m: dict[str, Any]) -> str:
     b = m["ib"]
     more = f'<p class="meta">{b["truncated"]} more ports left out</p>' if b["truncated"] else ""
@@ -384,6 +395,7 @@ def _ib(m: dict[str, Any]) -> str:
                       for p in b["ports"]], numeric=(3, 5), wrap=(2,)) + more)
 
 
+@renders("pin-drift")
 def _pin_drift(m: dict[str, Any]) -> str:
     p = m["pin-drift"]
     out = [f'<p class="meta">{shared.off_pin_count(p["nodes_off_pin"])} nodes off their [pins] '
@@ -411,6 +423,7 @@ def _off_rows(versions: Sequence[dict[str, Any]]) -> Callable[[int], str]:
     return lambda i: "off" if versions[i]["off_pin"] else ""
 
 
+@renders("service")
 def _service(m: dict[str, Any]) -> str:
     s = m["service"]
     err = (f'<p class="meta">automation state unreadable: {e(s["lemons_error"])}</p>'
@@ -425,6 +438,7 @@ def _service(m: dict[str, Any]) -> str:
                      wrap=(2,)))
 
 
+@renders("jobs")
 def _jobs(m: dict[str, Any]) -> str:
     j = m["jobs"]
     pb, ck, rq, ack = j["prolog_blocked"], j["checkpoints"], j["requeued"], j["ack"]
@@ -442,13 +456,14 @@ def _jobs(m: dict[str, Any]) -> str:
     return _table(["", "count", "detail"], rows, numeric=(1,), wrap=(2,))
 
 
+@renders("mtbf")
 def _mtbf(m: dict[str, Any]) -> str:
     return ('<p class="meta">Node-hours observed in the window divided by the failures '
             "counted; n/a when there was none.</p>"
             + _table(MTBF_HEADERS, mtbf_rows(m), numeric=range(1, 7)))
 
 
-_RENDER = section_renderers(globals())
+_RENDER = renders.complete()
 
 
 def render(model: dict[str, Any]) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 from slurmgpu.report import SECTIONS, TITLES
 from slurmgpu.report import sections as shared
 from slurmgpu.report.render_util import duration, hours, num, pct, per, when
-from slurmgpu.report.sections import MTBF_HEADERS, mtbf_rows, section_renderers
+from slurmgpu.report.sections import MTBF_HEADERS, Renderers, mtbf_rows
 
 BAR_WIDTH = 20
 
@@ -51,6 +51,10 @@ def bars(items: Sequence[tuple[str, float, str]]) -> str:
     return "```\n" + "\n".join(lines) + "\n```\n"
 
 
+renders = Renderers()
+
+
+@renders("summary")
 def _summary(m: dict[str, Any]) -> str:
     s = m["summary"]
     items = [
@@ -70,6 +74,7 @@ def _summary(m: dict[str, Any]) -> str:
     return "".join(f"- **{label}**: {cell(value)}\n" for label, value in items)
 
 
+@renders("availability")
 def _availability(m: dict[str, Any]) -> str:
     a = m["availability"]
     cats = ("healthy", "degraded", "drained", "unreachable")
@@ -91,6 +96,7 @@ def _availability(m: dict[str, Any]) -> str:
             + f"\nHealthy share per {per(a['bucket_s'])}:\n\n" + chart)
 
 
+@renders("drains")
 def _drains(m: dict[str, Any]) -> str:
     d = m["drains"]
     by = ", ".join(f"{k}: {v}" for k, v in sorted(d["by"].items())) or "none"
@@ -103,6 +109,7 @@ def _drains(m: dict[str, Any]) -> str:
                       "yes" if r["resumed"] else "no"] for r in d["drains"]]))
 
 
+@renders("failures")
 def _failures(m: dict[str, Any]) -> str:
     f = m["failures"]
     return (f"{f['total']} findings ({f['fail']} FAIL, {f['warn']} WARN) on {f['nodes']} nodes.\n\n"
@@ -115,6 +122,7 @@ def _failures(m: dict[str, Any]) -> str:
                  for t in f["top_nodes"]]) if f["top_nodes"] else ""))
 
 
+@renders("xids")
 def _xids(m: dict[str, Any]) -> str:
     x = m["xids"]
     return (f"{x['total']} XID events on {x['nodes']} nodes.\n\n"
@@ -125,6 +133,7 @@ def _xids(m: dict[str, Any]) -> str:
             + bars([(f"XID {c['xid']}", c["count"], str(c["count"])) for c in x["codes"][:15]]))
 
 
+@renders("ecc-trends")
 def _ecc_trends(m: dict[str, Any]) -> str:
     c = m["ecc-trends"]
     return (f"{c['gpus_rising']} GPUs whose ECC or row-remap counters rose in the window.\n\n"
@@ -141,6 +150,7 @@ def _ecc_trends(m: dict[str, Any]) -> str:
                      for f in c["remap_flags"]]))
 
 
+@renders("throttling")
 def _throttling(m: dict[str, Any]) -> str:
     t = m["throttling"]
     out = (f"Fleet: HW slowdown in {pct(t['hw_slowdown_pct'])} of {num(t['reports'])} reports, "
@@ -153,6 +163,7 @@ def _throttling(m: dict[str, Any]) -> str:
     return out
 
 
+@renders("ib")
 def _ib(m: dict[str, Any]) -> str:
     b = m["ib"]
     return (f"{b['ports_rising']} ports with rising error counters, {b['ports_flapping']} with "
@@ -163,6 +174,7 @@ def _ib(m: dict[str, Any]) -> str:
                       p["flap_findings"], p["state"]] for p in b["ports"]]))
 
 
+@renders("pin-drift")
 def _pin_drift(m: dict[str, Any]) -> str:
     p = m["pin-drift"]
     out = (f"{shared.off_pin_count(p['nodes_off_pin'])} nodes off their [pins] "
@@ -182,6 +194,7 @@ def _pin_drift(m: dict[str, Any]) -> str:
     return out
 
 
+@renders("service")
 def _service(m: dict[str, Any]) -> str:
     s = m["service"]
     due = "".join(f"- {cell(d['node'])}{' (lemon)' if d['lemon'] else ''}: "
@@ -192,6 +205,7 @@ def _service(m: dict[str, Any]) -> str:
     return f"Due for service:\n\n{due}\nLemon nodes:\n\n{lemons}{err}"
 
 
+@renders("jobs")
 def _jobs(m: dict[str, Any]) -> str:
     j = m["jobs"]
     pb, ck, rq, ack = j["prolog_blocked"], j["checkpoints"], j["requeued"], j["ack"]
@@ -206,11 +220,12 @@ def _jobs(m: dict[str, Any]) -> str:
     ])
 
 
+@renders("mtbf")
 def _mtbf(m: dict[str, Any]) -> str:
     return table(MTBF_HEADERS, mtbf_rows(m))
 
 
-_RENDER = section_renderers(globals())
+_RENDER = renders.complete()
 
 
 def render(model: dict[str, Any]) -> str:

@@ -13,18 +13,27 @@ from slurmgpu.report.render_util import hours, mtbf, num
 Renderer = Callable[[dict[str, Any]], str]
 
 
-def section_renderers(namespace: Mapping[str, object]) -> dict[str, Renderer]:
-    """Section id -> its renderer in a renderer module's ``namespace`` (its ``globals()``):
-    ``_summary`` for ``summary``, ``_ecc_trends`` for ``ecc-trends``. A module that lacks
-    one fails when it is imported."""
-    found: dict[str, Renderer] = {}
-    for section in SECTIONS:
-        name = "_" + section.replace("-", "_")
-        fn = namespace.get(name)
-        if not callable(fn):
-            raise TypeError(f"no renderer {name} for report section {section!r}")
-        found[section] = fn
-    return found
+class Renderers:
+    """A renderer module's sections: ``@renders("ecc-trends")`` on the function that
+    renders it; ``complete()`` (at import) fails when a section has none."""
+
+    def __init__(self) -> None:
+        self.by_section: dict[str, Renderer] = {}
+
+    def __call__(self, section: str) -> Callable[[Renderer], Renderer]:
+        if section not in SECTIONS:
+            raise ValueError(f"no report section {section!r}")
+
+        def register(fn: Renderer) -> Renderer:
+            self.by_section[section] = fn
+            return fn
+        return register
+
+    def complete(self) -> dict[str, Renderer]:
+        missing = [s for s in SECTIONS if s not in self.by_section]
+        if missing:
+            raise TypeError(f"no renderer for report section(s) {', '.join(missing)}")
+        return {s: self.by_section[s] for s in SECTIONS}
 
 
 MTBF_HEADERS = ("GPU model", "nodes", "node-hours", "drains", "MTBF (drains)", "FAIL transitions",

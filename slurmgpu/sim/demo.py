@@ -5,23 +5,7 @@ agent per node, the collector with ``[automation]`` on) runs real jobs while fau
 injected live, and every effect slurmgpu should have is waited for (bounded) and narrated
 with the seconds since its step began:
 
-1. ``cluster``: up (or reused and reset: idempotent), automation on;
-2. ``jobs``: two GPU jobs, and the checkpointing trainer (examples/train_with_checkpoint.py)
-   kept off the two nodes that get the other faults;
-3. ``xid``: XID 79 on the trainer's node: the automation's drain-now asks the job to
-   checkpoint (signal + request file), the job saves and acks, the node is drained, the job
-   requeued, and it resumes on a healthy node from the saved step;
-4. ``row-remap``: a pending row remap (``mem.row_remap`` FAIL: a GPU reset is needed): the
-   automation's "checkpoint" action, with no job there to wait for, drains the node at once;
-5. ``driver``: the wrong driver (``pin.driver`` FAIL) on a third node: a third drain would
-   take 3 of 4 nodes, so the circuit breaker opens and holds the automation's drain; the
-   prolog still refuses the next job landing there, drains the node and Slurm requeues the job;
-6. ``breaker``: the breaker's view (``slurmgpu breaker status``);
-7. ``finish``: the trainer completes after its restart, the refused job runs on the healthy node;
-8. ``report``: ``slurmgpu report --since 1h`` written to ``<dir>/fleet-report.html``.
-
-The cluster is left up for a look. ``run_demo`` never raises for an effect that did not
-happen: it is recorded (``Effect.ok`` False) and the result's ``exit_code`` is 1.
+Design notes: docs/design-notes.md (``slurmgpu/sim/demo.py``).
 """
 
 from __future__ import annotations

@@ -89,13 +89,10 @@ class DeadlineNvmlSource:
         return copy.deepcopy(self._stuck_facts)
 
     def _still_stuck(self) -> NvmlFacts:
+        """The stuck gather's facts, worded as when it was left behind: a drain reason the
+        same on the warm and the cold path, and the same at every poll."""
         assert self._stuck_facts is not None
-        waited = time.monotonic() - self.source.watch.since
-        facts = copy.deepcopy(self._stuck_facts)
-        for gpu in facts.gpus:
-            if gpu.unresponsive and not gpu.unresponsive.startswith("not asked"):
-                gpu.unresponsive = f"{self.source.watch.query} has not answered for {waited:.0f} s"
-        return facts
+        return copy.deepcopy(self._stuck_facts)
 
 
 def stuck_facts(watch: QueryWatch, wanted: frozenset[int] | None, deadline_s: float) -> NvmlFacts:

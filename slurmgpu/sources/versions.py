@@ -8,33 +8,7 @@ starts no subprocess (no ``ofed_info -s``, no ``ldconfig``, no
 Probes (each one isolated: a failure lands in ``SoftwareVersions.errors[name]``
 and the others still run; where each value came from lands in ``sources``):
 
-- ``kernel``: ``<proc_root>/sys/kernel/osrelease``, else ``os.uname().release``.
-- ``cuda_toolkit``: ``<cuda_root>/version.json`` ``["cuda"]["version"]``, else
-  ``<cuda_root>/version.txt`` ("CUDA Version 11.8.89"), else ``CUDART_VERSION``
-  in ``<cuda_root>/include/cuda_runtime_api.h`` (major.minor only).
-- ``cuda_runtime``: ``cudaRuntimeGetVersion`` from ``settings.cudart_library``,
-  else ``libcudart.so.{12,13,11}``/``libcudart.so`` through the dynamic linker,
-  else the pip wheels (``nvidia/cuda_runtime/lib``, ``nvidia/cu13/lib``).
-- ``nccl``: ``ncclGetVersion`` from ``settings.nccl_library``, else
-  ``libnccl.so.2`` through the dynamic linker, else the pip wheels
-  (``nvidia/nccl/lib``, ``nvidia/cu13/lib``).
-- ``ofed``: the numeric release (what ``ofed_info -n`` prints, e.g.
-  ``23.10-1.1.9.0``) read from the text of the ``ofed_info`` script; the full
-  name (``MLNX_OFED_LINUX-23.10-1.1.9.0``) is kept in ``sources["ofed"]``.
-- ``ib_driver``: ``<sys_root>/module/mlx5_core/version``, else
-  ``<sys_root>/module/ib_core/version`` (present with MLNX/DOCA OFED; inbox
-  kernel drivers have no version file, which gives ``None``).
-
-A configured library path that is missing or fails to load is an error (no
-silent fallback to another copy); a library that is simply not installed is
-``None`` (not applicable).
-
-Loading libnccl/libcudart just to ask their version costs each fresh process
-(prolog, ``slurmgpu check``) the mapping, relocation and constructors of big
-libraries. Given a ``cache_path``, the source keeps each library's version in a
-small JSON file keyed by the library file's identity (resolved path, inode,
-size, mtime): a hit loads nothing; any change to the file, or to what steers the
-dynamic linker, makes it load the library again (``LibraryVersionCache``).
+Design notes: docs/design-notes.md (``slurmgpu/sources/versions.py``).
 """
 
 from __future__ import annotations

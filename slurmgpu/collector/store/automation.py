@@ -4,22 +4,7 @@
 ``AutomationState`` is the state as the policy (``slurmgpu.collector.policy``) works on it,
 in memory; ``AutomationRecord`` keeps it in the ``automation_*`` tables:
 
-* ``reload`` reads every table; a drained node's ``pending`` (its drain waits for its
-  jobs' checkpoints) comes from ``pending_drains``, the one record of that wait (kept by
-  ``slurmgpu.collector.checkpoint``).
-* ``save`` writes, in one write transaction, only the rows that changed since the last
-  load or save: per table a row per node (``nodes`` scopes a save to some nodes, as a
-  report changes only its node's rows) plus the fleet-wide rows, and bumps
-  ``automation_state.version``. A row someone else changed meanwhile (an operator's
-  ``slurmgpu breaker release``, from another process) keeps their change unless this
-  save changed the same row; when the version shows such a write, the state is read back
-  after the save.
-* ``refresh`` reads the state back when the version moved: the collector calls it each
-  loop turn (one indexed read), so it sees an operator's change without a file to poll.
-
-An operator's command changes the state inside one write transaction (refresh, change,
-save; ``Dialect.begin_write``: SQLite's ``BEGIN IMMEDIATE``, PostgreSQL's store-wide
-advisory lock): a read-modify-write that no other writer can interleave.
+Design notes: docs/design-notes.md (``slurmgpu/collector/store/automation.py``).
 """
 
 from __future__ import annotations
@@ -29,12 +14,31 @@ from collections import Counter
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from slurmgpu.collector.store.backend import Connection, dialect_of
 from slurmgpu.collector.store.ingest import Ingest
 
 Row = tuple[Any, ...]
+
+
+class DrainedNode(TypedDict):
+    """A node the automation drained (``AutomationState.drained``): when, for which check
+    and why; ``pending``: the drain waits for its jobs' checkpoints (the action it will
+    take); ``then``: a reboot follows the drain."""
+
+    time: float
+    trigger: str
+    reason: str
+    pending: NotRequired[str]
+    then: NotRequired[str]
+
+
+class Lemon(TypedDict):
+    """A node drained too often (``AutomationState.lemons``): since when, and why."""
+
+    since: float
+    why: str
 Rows = dict[Row, Row]  # one table's rows: key columns -> value columns
 Group = dict[str, Rows]  # table -> rows
 Image = dict[str, Group]  # FLEET (the fleet-wide rows) or a node -> its rows
@@ -71,7 +75,7 @@ class AutomationState:
     seen: list[str] = field(default_factory=list)
     strikes: dict[str, dict[str, int]] = field(default_factory=dict)  # node -> check -> n
     healthy: dict[str, list[float]] = field(default_factory=dict)  # node -> [count, first]
-    drained: dict[str, dict[str, Any]] = field(default_factory=dict)  # by us, still drained
+    drained: dict[str, DrainedNode] = field(default_factory=dict)  # by us, still drained
     history: dict[str, list[float]] = field(default_factory=dict)  # node -> drain times
     drain_times: list[float] = field(default_factory=list)  # all new drains, last hour
     failing: dict[str, dict[str, float]] = field(default_factory=dict)  # check -> node -> time
@@ -79,7 +83,7 @@ class AutomationState:
     held: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Held drains an operator released, to be carried out once by the collector.
     released: dict[str, dict[str, Any]] = field(default_factory=dict)
-    lemons: dict[str, dict[str, Any]] = field(default_factory=dict)
+    lemons: dict[str, Lemon] = field(default_factory=dict)
     log: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -286,7 +290,7 @@ def _load(db: Connection) -> tuple[AutomationState, int | None]:
                   db.execute("SELECT node, reports, first FROM automation_healthy")}
     pending = {str(n): str(a) for n, a in db.execute("SELECT node, action FROM pending_drains")}
     for node, *values in db.execute("SELECT node, time, trigger, reason, then_action FROM automation_drained"):
-        st.drained[node] = _present(("time", "trigger", "reason", "then"), values)
+        st.drained[node] = _present(("time", "trigger", "reason", "then"), values)  # type: ignore[assignment]
         if node in pending:
             st.drained[node]["pending"] = pending[node]
     for node, ts, n in db.execute("SELECT node, ts, drains FROM automation_drain_history ORDER BY node, ts"):
@@ -300,7 +304,8 @@ def _load(db: Connection) -> tuple[AutomationState, int | None]:
     for node, *values in db.execute(f"SELECT node, {', '.join(_HELD_COLUMNS)}, released_at, released_by "
                                     "FROM automation_released"):
         st.released[node] = _present(_RELEASED, values)
-    st.lemons = {node: _present(("since", "why"), (since, why)) for node, since, why in
+    st.lemons = {node: _present(("since", "why"), (since, why))  # type: ignore[misc]
+                 for node, since, why in
                  db.execute("SELECT node, since, why FROM automation_lemons")}
     for values in db.execute(f"SELECT {', '.join(_LOG)} FROM automation_log ORDER BY id"):
         entry = dict(zip(_LOG, values, strict=True))

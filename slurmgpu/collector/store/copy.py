@@ -5,18 +5,7 @@ Generic over the tables: every table of the source (as its own catalog lists the
 table that a later migration adds is copied without a change here) goes into the table of
 the same name in the destination, column by column by name, with ``COPY ... FROM STDIN``.
 
-* The source is read, never written: one read-only snapshot (``queries.snapshot``). It
-  must be at this slurmgpu's schema version (``migrate_source``: open it through the
-  store once, which migrates it forward, as the collector would at its next start), and
-  not in use: a non-empty ``-wal`` beside it is a collector still running (one that
-  stopped cleanly folds its WAL into the file and removes it) or one that crashed.
-* The destination is opened as the collector opens it (``schema.connect``: the schema
-  created or migrated), then written in one transaction that holds the store's write
-  lock: the rows of every table, the identity sequences moved past the largest copied id
-  (or the next insert would reuse one), the row counts checked against the source's;
-  anything wrong and it rolls back, leaving the destination as it was (its empty,
-  current schema included). A destination with rows is refused (``DestinationNotEmpty``)
-  unless ``replace``: then its tables are emptied first, in the same transaction.
+Design notes: docs/design-notes.md (``slurmgpu/collector/store/copy.py``).
 """
 
 from __future__ import annotations

@@ -12,16 +12,19 @@ Its parts: ``schema`` (the migrations, the checks at open), ``ingest`` (every wr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import time
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import slurmgpu.collector.store.queries as queries
-from slurmgpu.collector.history import Rows
 from slurmgpu.collector.store.automation import AutomationRecord, reset, stored_version
 from slurmgpu.collector.store.backend import describe, is_postgres
-from slurmgpu.collector.store.ingest import Ingest
+from slurmgpu.collector.store.history import Rows
+from slurmgpu.collector.store.ingest import BUMP_HISTORY_VERSION, Ingest
 from slurmgpu.collector.store.schema import connect, schema_version
 from slurmgpu.collector.store.walcheckpoint import WalCheckpointer
 
@@ -110,6 +113,26 @@ class Store(Ingest):
 
     def job_events(self, job_id: str) -> list[queries.JobEventRow]:
         return queries.job_events(self.db, job_id)
+
+    # ------------------------------------------------------------------ bulk writes
+
+    def insert_rows(self, table: str, columns: Sequence[str], rows: Iterable[tuple[Any, ...]]) -> None:
+        """Rows written as they are, one ``executemany`` (a seeded history: ``sim/seed``);
+        inside the caller's ``transaction``."""
+        names = ", ".join(f'"{c}"' for c in columns)
+        self.db.executemany(f"INSERT INTO {table} ({names}) VALUES ({', '.join('?' * len(columns))})", rows)
+
+    def history_changed(self) -> None:
+        """Readers' caches of the history are stale (``queries.history_version``)."""
+        self.db.execute(BUMP_HISTORY_VERSION)
+
+    @contextlib.contextmanager
+    def index_rebuilt(self, index: str) -> Iterator[None]:
+        """``index`` dropped for a bulk load and built again after it (several times faster)."""
+        index_sql = queries.index_sql(self.db, index)
+        self.db.execute(f"DROP INDEX {index}")
+        yield
+        self.db.execute(index_sql)
 
     # ------------------------------------------------------------------ the automation
 

@@ -27,8 +27,8 @@ from typing import Any
 
 import msgpack
 
-from slurmgpu.collector.history import History, Rows
 from slurmgpu.collector.store.backend import Connection, dialect_of
+from slurmgpu.collector.store.history import History, Rows
 from slurmgpu.decision import REASON_PREFIX, reason_actor
 from slurmgpu.result import Severity
 from slurmgpu.slurm.cli import sanitize_reason
@@ -41,7 +41,7 @@ _STORED = frozenset({HELLO, REPORT, EVENT, COMMAND_RESULT})
 _MAX_TEXT = 1024
 
 # A batch item: (node, message) or (node, message, body) where ``body`` is the bytes
-# ``message``'s body was received as (``wirefast.decode_received``: the store keeps them
+# ``message``'s body was received as (``wire.decode_received``: the store keeps them
 # without re-packing the body).
 BatchItem = tuple[str, Envelope] | tuple[str, Envelope, bytes]
 # What a message is deduplicated by: (node, epoch, seq).
@@ -83,14 +83,6 @@ def _same_reason(decided: str, polled: str) -> bool:
     `` : reboot issued``."""
     shown = " ".join(polled.split()).removesuffix(" : reboot issued").removesuffix("…").rstrip()
     return bool(shown) and sanitize_reason(decided, max_len=1 << 20).startswith(shown)
-
-
-def _digest(body: bytes) -> bytes:
-    """What tells a resend (same body bytes) from another message under the same key.
-    (SHA-256, cut to 8 bytes: ~10 us for a 14 KB report body, half of BLAKE2b's time
-    where the CPU has SHA instructions; a node cannot hide a reused seq behind a
-    collision.) ``_candidates`` computes it inline."""
-    return _sha256(body).digest()[:8]
 
 
 _sha256 = hashlib.sha256

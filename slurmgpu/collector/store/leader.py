@@ -3,29 +3,7 @@ when several collectors share one PostgreSQL database (issue 15). No home-made e
 the leader is the collector whose database session holds a session-level advisory lock
 (``pg_try_advisory_lock``), on a connection of its own.
 
-* ``poll()`` (each loop turn): a follower tries the lock; the leader checks in
-  ``pg_locks`` that its session still holds it. True while this collector leads.
-* A leader that dies (kill -9, a crash) loses its session, and the server releases the
-  lock at once; a leader whose host vanishes (no FIN) is dropped by the server's TCP
-  keepalives, set on its session to give up within ``timeout_s``; a leader cut off from
-  the server stops leading when its own keepalives (or a query) fail, within the same
-  bound. A follower then takes the lock at its next poll.
-* A session that was lost and opened again is a new session: leadership is never
-  assumed from an old one (the check is "does *this* session hold the lock").
-* A leader that stops but keeps its session (SIGSTOP, a loop stuck in a call: the
-  server's keepalives are answered by the kernel) stops renewing its lease: its poll,
-  a statement every second, is what keeps its session's ``state_change`` in
-  ``pg_stat_activity`` fresh. A follower that finds the lock held by a session idle for
-  longer than ``timeout_s`` ends that session (``pg_terminate_backend``, which needs the
-  collectors to connect as one role) and takes the lock; the old leader, when it runs
-  again, finds its session gone at its next query (the fence before any Slurm call
-  makes one) and does not act.
-
-With SQLite there is one collector per database file: it always leads.
-
-The collector polls it through ``slurmgpu.collector.coordination`` (every second), and
-once more right before each Slurm call that changes something (``FencedSlurm``), so a
-leader whose session was lost since its last poll does not act.
+Design notes: docs/design-notes.md (``slurmgpu/collector/store/leader.py``).
 """
 
 from __future__ import annotations

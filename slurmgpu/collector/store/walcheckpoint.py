@@ -1,33 +1,10 @@
-"""The collector's SQLite WAL checkpoints, in a thread of their own.
+"""The collector's SQLite WAL checkpoints, in a thread of their own: PASSIVE checkpoints
+every ``every_s`` (the writer never waits for them), the writer's own automatic
+checkpoint only as a backstop, and, once the WAL is long, a turn in which the writer
+holds its bulk batches (``holding``, at most ``MAX_HOLD_S``) while the thread copies the
+rest, so the writer's next transaction starts the WAL over.
 
-SQLite checkpoints the WAL into the database file inside the COMMIT that takes it past
-``wal_autocheckpoint`` pages (1,000 by default: 4 MB); with ``synchronous=NORMAL`` that
-checkpoint is also when the files are fsync'd. At fleet ingest rates nearly every batch
-crosses it, so the collector's one loop waited ~20 ms per commit on the disk, receiving
-nothing meanwhile. Here a thread with its own connection runs a PASSIVE checkpoint every
-``every_s`` (it never blocks the writer, and the writer never waits for it), and the
-writer's own automatic checkpoint is kept only as a backstop, at ``BACKSTOP_PAGES`` (a
-thread that falls behind or dies cannot let the WAL grow without bound).
-
-Starting the WAL over. A PASSIVE checkpoint copies the frames that were there when it
-began; the writer starts the WAL over only when none is left to copy as it begins a
-transaction. With batches back to back that never happens (the writer adds frames
-while the thread copies and syncs), so the WAL grew to the backstop, and one COMMIT then
-paid for a checkpoint and its fsync: 235-400 ms, twice a minute at 10,000 nodes, with a
-live node's event waiting behind it. So once the WAL holds ``restart_pages``, the thread
-runs its passes back to back until one is short (it left little behind: what the writer
-added meanwhile), and then it is the writer's turn (``take_turn``, from the collector's
-loop between two batches): the writer holds its bulk batches (``holding``) while the
-thread copies the remainder, its fsync included, and the writer's next transaction
-starts the WAL over. The turn is the thread's work, not the writer's, because it is not
-always short (4-20 ms on the test VM, some of 50-130 ms when the disk's fsync is slow):
-meanwhile the collector still stores and acks the events socket's messages (small
-transactions; the thread's passes copy them too), so a live node's event never waits for
-a turn. The writer holds for at most ``MAX_HOLD_S`` (a thread that died or a stalled
-disk cannot stop ingest). A reader on an old snapshot (a scrape, a report) holds the
-copying back, and the WAL with it: the passes then go back to every ``every_s``, no turn
-is due until they copy everything, and a turn under way when one begins ends at the first
-pass that copies nothing more.
+Design notes: docs/design-notes.md (``slurmgpu/collector/store/walcheckpoint.py``).
 """
 
 from __future__ import annotations

@@ -267,7 +267,8 @@ def render_agent_config(base: str, *, socket_path: Path, spool: Path, address: s
                         keys_dir: Path, jobs_dir: Path | None = None,
                         interval_s: float = AGENT_INTERVAL_S,
                         heartbeat_s: float = AGENT_HEARTBEAT_S,
-                        max_age_s: float = AGENT_MAX_AGE_S) -> str:
+                        max_age_s: float = AGENT_MAX_AGE_S,
+                        events_port: int | None = None) -> str:
     """A node agent's config: the cluster's slurmgpu.toml (``base``) plus ``[agent]`` and
     ``[collector]`` keys. When ``base`` already has one of those tables, the keys go right
     under its header (TOML forbids a table twice), so ``base`` must not set them itself."""
@@ -277,7 +278,8 @@ def render_agent_config(base: str, *, socket_path: Path, spool: Path, address: s
                   f"spool_dir = {json.dumps(str(spool))}"]
                  + ([f"jobs_dir = {json.dumps(str(jobs_dir))}"] if jobs_dir is not None else []),
         "collector": [f"address = {json.dumps(address)}",
-                      f"keys_dir = {json.dumps(str(keys_dir))}"],
+                      f"keys_dir = {json.dumps(str(keys_dir))}"]
+                     + ([f"events_port = {events_port}"] if events_port is not None else []),
     }
     lines = base.rstrip("\n").splitlines()
     tail: list[str] = []

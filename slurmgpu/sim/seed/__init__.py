@@ -1,23 +1,6 @@
 """A deterministic month of fleet history, for the fleet report's demo, tests and benchmark.
 
-``seed(db_path, nodes=1000, days=30)`` fills an empty fleet database (the collector's
-schema, docs/fleet-db.md) with what a collector would have recorded for a fleet of
-8-GPU A100 (40 %) and H100 (60 %) nodes: hourly samples for every node, fault episodes
-(XIDs, ECC, row remaps, thermal throttling, IB link flaps) with their report history,
-findings, events, the automation's decisions and Slurm drains / resumes with who drained
-(the automation; the epilog for uncorrected ECC errors), checkpointed and requeued jobs,
-jobs the prolog refused, operators' maintenance drains, unreachable spells, GPU / IB counters
-and software versions (a few nodes off the pins of ``etc/report-demo.toml``, one
-upgraded mid-month), two lemon nodes. Same arguments, same rows.
-
-Everything is written in one transaction with ``executemany`` (1,000 nodes x 30 days,
-~0.8 M rows, in a few seconds). ``slurmgpu sim report-seed`` is the command line.
-
-The modules: ``model`` (the fleet's hardware, faults and rates; a node, an episode; the
-shared decision vocabulary as the database holds it), ``rows`` (the rows collected and the
-writes episodes are made of), ``episodes`` (faults, the automation's answers, maintenance,
-unreachable spells), ``plan`` (the fleet and its month, laid out in time), ``write`` (the
-database).
+Design notes: docs/design-notes.md (``slurmgpu/sim/seed/__init__.py``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Writing the seeded month: the hourly samples, every collected row, the nodes' latest
-reports and the automation's state, in one transaction with ``executemany``."""
+reports and the automation's state, in one transaction (the store's bulk writes)."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def _by_requested(row: tuple[Any, ...]) -> float:
 
 def write(db_path: str | Path, sd: Recorder, fleet: list[Node], hours: int) -> dict[str, int]:
     """Write it all, in one transaction; returns each table's row count."""
-    from slurmgpu.collector.store import Store, queries
+    from slurmgpu.collector.store import Store
     from slurmgpu.collector.store.backend import SQLITE, dialect_of
 
     sd.states.sort(key=_by_time)
@@ -82,15 +82,11 @@ def write(db_path: str | Path, sd: Recorder, fleet: list[Node], hours: int) -> d
             db.execute("PRAGMA synchronous = OFF")
             db.execute("PRAGMA cache_size = -262144")
         with store.transaction():
-            # Building the big table's secondary index after the rows is several times faster.
-            index_sql = queries.index_sql(db, "node_samples_ts")
-            db.execute("DROP INDEX node_samples_ts")
-            db.executemany("INSERT INTO node_samples (node, ts, span_s, reports, fail_reports, "
-                           "hw_slowdown_reports, sw_thermal_reports) VALUES (?,?,?,?,?,?,?)",
-                           (row for node in fleet for row in _samples(node, sd.start, hours, sd.rng)))
-            db.execute(index_sql)
-            _insert_history(db, sd)
-            _insert_nodes(db, fleet, sd.start)
+            with store.index_rebuilt("node_samples_ts"):
+                store.insert_rows("node_samples", SAMPLE_COLUMNS,
+                                  (row for node in fleet for row in _samples(node, sd.start, hours, sd.rng)))
+            _insert_history(store, sd)
+            _insert_nodes(store, fleet, sd.start)
             _seed_automation(store, sd, len(fleet))
         if sqlite:
             db.execute("PRAGMA synchronous = NORMAL")
@@ -112,34 +108,41 @@ def _seed_automation(store: Any, sd: Recorder, fleet: int) -> None:
     record.save()
 
 
-def _insert_history(db: Any, sd: Recorder) -> None:
-    db.execute("UPDATE history_version SET version = version + 1")  # (as the collector's ingest does)
-    db.executemany("INSERT INTO report_history (node, seq, ts, verdict) VALUES (?,?,?,?)",
-                   sd.history)
-    db.executemany("INSERT INTO findings (node, seq, ts, check_id, severity, gpu, subject, "
-                   "message) VALUES (?,?,?,?,?,?,?,?)", sd.findings)
-    db.executemany("INSERT INTO events (node, seq, ts, kind, gpu, data, verdict, body) "
-                   "VALUES (?,?,?,?,?,?,?,?)", sd.events)
-    db.executemany("INSERT INTO decisions (time, node, action, reason, held, dry_run, trigger, "
-                   "result) VALUES (?,?,?,?,?,?,?,?)", sorted(sd.decisions))
-    db.executemany("INSERT INTO node_states (node, ts, kind, reason, actor, drained_by) "
-                   "VALUES (?,?,?,?,?,?)", sd.states)
-    db.executemany("INSERT INTO gpu_counters (node, gpu, ts, serial, model, ecc_corrected, "
-                   "ecc_uncorrected, remap_corrected, remap_uncorrected, remap_pending, "
-                   "remap_failure) VALUES (?,?,?,?,?,?,?,?,?,?,?)", sd.gpu)
-    db.executemany("INSERT INTO ib_counters (node, port, ts, state, rate_gbps, symbol_error, "
-                   "link_downed, link_error_recovery, port_rcv_errors, local_link_integrity_errors, "
-                   "excessive_buffer_overrun_errors) VALUES (?,?,?,?,?,?,?,?,?,?,?)", sd.ib)
-    db.executemany("INSERT INTO node_versions (node, ts, gpu_model, driver, cuda, nccl, vbios, "
-                   "ib_firmware, ofed, kernel) VALUES (?,?,?,?,?,?,?,?,?,?)", sd.versions)
-    db.executemany('INSERT INTO checkpoints (job_id, action, reason, trigger_node, nodes, "user", '
-                   "requested, deadline, state, acked_at, acked_by, closed) "
-                   "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", sd.checkpoints)
-    db.executemany("INSERT INTO job_events (job_id, ts, kind, node, detail) VALUES (?,?,?,?,?)",
-                   sd.job_events)
+SAMPLE_COLUMNS = ("node", "ts", "span_s", "reports", "fail_reports", "hw_slowdown_reports", "sw_thermal_reports")
+# Each seeded table's columns, in the order the recorder's rows hold them.
+HISTORY_COLUMNS = {
+    "report_history": ("node", "seq", "ts", "verdict"),
+    "findings": ("node", "seq", "ts", "check_id", "severity", "gpu", "subject", "message"),
+    "events": ("node", "seq", "ts", "kind", "gpu", "data", "verdict", "body"),
+    "decisions": ("time", "node", "action", "reason", "held", "dry_run", "trigger", "result"),
+    "node_states": ("node", "ts", "kind", "reason", "actor", "drained_by"),
+    "gpu_counters": ("node", "gpu", "ts", "serial", "model", "ecc_corrected", "ecc_uncorrected",
+                     "remap_corrected", "remap_uncorrected", "remap_pending", "remap_failure"),
+    "ib_counters": ("node", "port", "ts", "state", "rate_gbps", "symbol_error", "link_downed",
+                    "link_error_recovery", "port_rcv_errors", "local_link_integrity_errors",
+                    "excessive_buffer_overrun_errors"),
+    "node_versions": ("node", "ts", "gpu_model", "driver", "cuda", "nccl", "vbios", "ib_firmware",
+                      "ofed", "kernel"),
+    "checkpoints": ("job_id", "action", "reason", "trigger_node", "nodes", "user", "requested",
+                    "deadline", "state", "acked_at", "acked_by", "closed"),
+    "job_events": ("job_id", "ts", "kind", "node", "detail"),
+}
+NODE_COLUMNS = ("node", "first_seen", "last_seen", "last_seq", "verdict", "verdict_ts", "worst_check",
+                "worst_severity", "worst_message", "worst_gpu", "reachable", "unreachable_since",
+                "agent_version")
 
 
-def _insert_nodes(db: Any, fleet: list[Node], start: float) -> None:
+def _insert_history(store: Any, sd: Recorder) -> None:
+    store.history_changed()  # (as the collector's ingest does)
+    rows = {"report_history": sd.history, "findings": sd.findings, "events": sd.events,
+            "decisions": sorted(sd.decisions), "node_states": sd.states, "gpu_counters": sd.gpu,
+            "ib_counters": sd.ib, "node_versions": sd.versions, "checkpoints": sd.checkpoints,
+            "job_events": sd.job_events}
+    for table, columns in HISTORY_COLUMNS.items():
+        store.insert_rows(table, columns, rows[table])
+
+
+def _insert_nodes(store: Any, fleet: list[Node], start: float) -> None:
     """Each node's row and its latest report, as the collector keeps them."""
     node_rows, reports = [], []
     for node in fleet:
@@ -154,7 +157,5 @@ def _insert_nodes(db: Any, fleet: list[Node], start: float) -> None:
             "summary": {"versions": dict(node.versions)}}
         reports.append((node.name, message_seq(start, seen), seen, node.verdict,
                         msgpack.packb(body, use_bin_type=True)))
-    db.executemany("INSERT INTO nodes (node, first_seen, last_seen, last_seq, verdict, verdict_ts, "
-                   "worst_check, worst_severity, worst_message, worst_gpu, reachable, "
-                   "unreachable_since, agent_version) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", node_rows)
-    db.executemany("INSERT INTO reports (node, seq, ts, verdict, body) VALUES (?,?,?,?,?)", reports)
+    store.insert_rows("nodes", NODE_COLUMNS, node_rows)
+    store.insert_rows("reports", ("node", "seq", "ts", "verdict", "body"), reports)

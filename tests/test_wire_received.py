@@ -1,17 +1,13 @@
-"""The collector's C decoding of reports and bundles (``slurmgpu.wirefast``, msgspec) gives
-exactly what ``wire.decode`` gives, or leaves the frame to it: the same envelope (types
-included), the same body bytes for the store, the same WireError. Checked on the frames
-agents send, on the frames it must leave alone, on generated and mutated frames, without
-msgspec installed, and through a real collector on both paths."""
+"""The collector's decoding of received frames (``wire.decode_received``): ``wire.decode``'s
+envelope with the body's bytes as received, and every bound of the protocol a WireError.
+Checked on the frames agents send, on unusual valid frames, on bad, broken and generated
+frames, and through a real collector."""
 
 from __future__ import annotations
 
 import copy
 import math
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +17,7 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slurmgpu import wire, wirefast
-from slurmgpu.collector import transport as transport_mod
+from slurmgpu import wire
 from slurmgpu.result import Finding, Severity
 from slurmgpu.summary import report_fields
 from slurmgpu.testing import make_facts
@@ -35,11 +30,9 @@ from slurmgpu.wire import (
     WireError,
     bundle_frame,
     decode,
+    decode_received,
 )
-from slurmgpu.wirefast import decode_plain, decode_received
 from tests.test_collector import NODES, Agent, ctx, db_rows, keys_dir, make_settings, running  # noqa: F401
-
-pytest.importorskip("msgspec")
 
 NODE = "gpu-fast-1"
 FACTS = make_facts()
@@ -90,12 +83,6 @@ def outcome(decoder: Any, frame: bytes) -> Any:
         return ("error", type(exc).__name__, str(exc))
 
 
-@pytest.fixture(autouse=True)
-def known_node() -> None:
-    """The fast path takes nodes, epochs and summaries ``wire.decode`` accepted once."""
-    decode(frame_of(tree(DELTA)))
-
-
 # --------------------------------------------------------------------------- agents' frames
 
 
@@ -110,11 +97,11 @@ def known_node() -> None:
     frame_of(tree({**WARN, "findings": [{"check": "c", "severity": "weird"}]})),  # UNKNOWN, as decode makes it
     bundle_frame(NODE, [frame_of(tree(DELTA, seq=s)) for s in range(1, 33)]),
 ], ids=["delta", "full", "no-epoch", "int-ts", "nils", "bare", "findings", "odd-severity", "bundle"])
-def test_agents_frames_take_the_fast_path_with_decodes_answer(frame: bytes) -> None:
-    fast = wirefast._fast(frame)
-    assert fast is not None
-    assert strict(fast) == strict(decode_plain(frame))
-    assert fast[0] == decode(frame) and fast[0].findings == decode(frame).findings
+def test_agents_frames_are_decoded_with_their_body_bytes(frame: bytes) -> None:
+    env, body = decode_received(frame)
+    assert strict(env) == strict(decode(frame)) and env.findings == decode(frame).findings
+    assert body == (b"" if env.type == wire.BUNDLE else frame[frame.index(body):frame.index(body) + len(body)])
+    assert body == b"" or msgpack.unpackb(body) == env.body
 
 
 def test_the_body_kept_is_the_body_received() -> None:
@@ -129,7 +116,7 @@ def finding(**changes: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("frame", [
-    frame_of(tree({**WARN, "findings": [finding(extra=1)]})),  # a key the fast path does not know
+    frame_of(tree({**WARN, "findings": [finding(extra=1)]})),  # a key a finding does not have
     frame_of(tree({**WARN, "findings": [finding(data={"a": {"b": {"c": 1}}})]})),  # nested deeper
     frame_of(tree({**WARN, "findings": [finding(data={"a": [[1]]})]})),
     frame_of(tree({**WARN, "findings": [finding(data={"a": b"bytes"})]})),
@@ -137,7 +124,7 @@ def finding(**changes: Any) -> dict[str, Any]:
     frame_of(tree({**WARN, "findings": [finding(not_applicable=[1])]})),
     frame_of(tree({**DELTA, "facts": {"gpus": []}})),  # facts as a map
     frame_of(tree({**DELTA, "summary": msgpack.unpackb(SUMMARY_FIELDS["summary"])})),
-    frame_of(tree({**DELTA, "extra": 1})),  # a key the fast path does not know
+    frame_of(tree({**DELTA, "extra": 1})),  # a key a report does not have
     frame_of({**tree(DELTA), "extra": {"a": 2}}),
     frame_of(tree(DELTA, node="gpu-never-seen-before")),
     frame_of(tree(DELTA, epoch="epoch-never-seen")),
@@ -148,16 +135,15 @@ def finding(**changes: Any) -> dict[str, Any]:
 ], ids=["finding-key", "data-deep", "data-list-of-lists", "data-bytes", "data-list", "not-applicable-list",
         "facts-map", "summary-map", "body-key", "envelope-key", "new-node", "new-epoch",
         "new-summary", "event", "heartbeat", "hello"])
-def test_frames_left_to_wire_decode(frame: bytes) -> None:
-    assert wirefast._fast(frame) is None
-    assert strict(decode_received(frame)) == strict(decode_plain(frame))
+def test_unusual_valid_frames_are_decoded(frame: bytes) -> None:
+    env, body = decode_received(frame)
+    assert strict(env) == strict(decode(frame))
+    assert (body == b"") == (env.type not in wire.ACKED) and (not body or msgpack.unpackb(body) == env.body)
 
 
-def test_a_node_first_heard_takes_the_fast_path_from_its_second_frame() -> None:
+def test_a_node_first_heard_is_decoded_the_same_the_second_time() -> None:
     frame = frame_of(tree(DELTA, node="gpu-fast-new"))
-    assert wirefast._fast(frame) is None
-    decode_received(frame)  # wire.decode accepts the name once
-    assert wirefast._fast(frame) is not None
+    assert strict(decode_received(frame)) == strict(decode_received(frame))  # (names remembered)
 
 
 @pytest.mark.parametrize(("path", "value"), [
@@ -183,16 +169,15 @@ def test_a_node_first_heard_takes_the_fast_path_from_its_second_frame() -> None:
     (("body", "findings"), [finding(subject="\x00")]), (("body", "findings"), [finding(message="hot\x00")]),
     (("body", "findings"), [finding(data={"a\x00": 1})]), (("body", "findings"), [finding(data={"a": ["\x00"]})]),
 ])
-def test_bad_frames_get_decodes_error(path: tuple[str, ...], value: Any) -> None:
+def test_bad_frames_are_a_wire_error(path: tuple[str, ...], value: Any) -> None:
     t = tree(copy.deepcopy(DELTA))
     target: Any = t
     for key in path[:-1]:
         target = target[key]
     target[path[-1]] = value
     frame = frame_of(t)
-    plain = outcome(decode_plain, frame)
+    plain = outcome(decode_received, frame)
     assert plain[0] == "error", plain
-    assert outcome(decode_received, frame) == plain
 
 
 @pytest.mark.parametrize("frame", [
@@ -202,10 +187,9 @@ def test_bad_frames_get_decodes_error(path: tuple[str, ...], value: Any) -> None
     b"\xc1",
     frame_of(tree(DELTA)) + b"\x00" * wire.MAX_FRAME,  # over the size bound
 ])
-def test_broken_bytes_get_decodes_error(frame: bytes) -> None:
-    plain = outcome(decode_plain, frame)
+def test_broken_bytes_are_a_wire_error(frame: bytes) -> None:
+    plain = outcome(decode_received, frame)
     assert plain[0] == "error", plain
-    assert outcome(decode_received, frame) == plain
 
 
 def repeating(body_first: dict[str, Any], key: str = "body", value: Any = None) -> bytes:
@@ -220,12 +204,10 @@ def repeating(body_first: dict[str, Any], key: str = "body", value: Any = None) 
     repeating(WARN), repeating(DELTA), repeating({}, "node", NODE), repeating({}, "epoch", "e1"),
     repeating({}, "seq", 1),
 ], ids=["body", "same-body", "node", "epoch", "seq"])
-def test_a_frame_repeating_a_key_is_refused_by_both_decoders(frame: bytes) -> None:
-    """Which ``body`` counts? (the plain decoder digested the first and acted on the
-    last; msgspec took the last for both): neither, the frame is refused."""
-    plain = outcome(decode_plain, frame)
+def test_a_frame_repeating_a_key_is_refused(frame: bytes) -> None:
+    """Which ``body`` counts? Neither: the frame is refused."""
+    plain = outcome(decode_received, frame)
     assert plain[0] == "error" and "repeats a key" in plain[2], plain
-    assert outcome(decode_received, frame) == plain
 
 
 # --------------------------------------------------------------------------- generated frames
@@ -279,46 +261,17 @@ def mutated_frames(draw: st.DrawFn) -> bytes:
 
 @settings(max_examples=1500, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(frame=mutated_frames())
-def test_generated_frames_get_decodes_answer(frame: bytes) -> None:
-    assert outcome(decode_received, frame) == outcome(decode_plain, frame)
-
-
-# --------------------------------------------------------------------------- without msgspec
-
-
-def test_without_msgspec_every_frame_takes_wire_decode() -> None:
-    code = ("import sys; sys.modules['msgspec'] = None\n"
-            "from slurmgpu import wirefast, wire\n"
-            "assert wirefast.FAST is False and wirefast.decode_received is wirefast.decode_plain\n"
-            "env, body = wirefast.decode_received(wire.encode(wire.Envelope(type='report', node='n1', seq=1,"
-            " body={'verdict': 'OK', 'findings': []})))\n"
-            "assert env.seq == 1 and body == wire.packed({'verdict': 'OK', 'findings': []})\n")
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+def test_generated_frames_are_decoded_or_a_wire_error(frame: bytes) -> None:
+    got = outcome(decode_received, frame)  # (anything else raised fails the test)
+    if got[0] == "ok":
+        assert strict(decode(frame)) == got[1][1][0]
 
 
 # --------------------------------------------------------------------------- a real collector
 
 
-@pytest.fixture(params=["fast", "plain"])
-def decoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
-    """Which path the collector decodes with; yields how many frames the fast path took."""
-    taken = [0]
-    if request.param == "plain":
-        monkeypatch.setattr(transport_mod, "decode_received", decode_plain)
-    real = wirefast._fast
-
-    def counted(frame: bytes) -> Any:
-        out = real(frame)
-        taken[0] += out is not None
-        return out
-
-    monkeypatch.setattr(wirefast, "_fast", counted)
-    yield taken
-
-
-def test_a_collector_stores_the_same_on_either_path(tmp_path: Path, keys_dir: Path,  # noqa: F811
-                                                    ctx: zmq.Context[Any],  # noqa: F811
-                                                    decoder: list[int]) -> None:
+def test_a_collector_stores_reports_and_bundles_as_received(tmp_path: Path, keys_dir: Path,  # noqa: F811
+                                                             ctx: zmq.Context[Any]) -> None:  # noqa: F811
     cfg = make_settings(tmp_path, keys_dir)
     node = NODES[0]
     with running(cfg):
@@ -340,6 +293,3 @@ def test_a_collector_stores_the_same_on_either_path(tmp_path: Path, keys_dir: Pa
     assert seq == 8 and msgpack.unpackb(bytes(body)) == DELTA
     [(facts,)] = db_rows(cfg, "SELECT facts FROM node_facts")
     assert bytes(facts) == FULL["facts"]
-    # the fast path: the full report, the bundle and the reports in it (the node's first
-    # frame, its hello, went to wire.decode)
-    assert decoder[0] == (0 if transport_mod.decode_received is decode_plain else 8)
