@@ -207,8 +207,8 @@ def init(from_node: bool, out: str | None, force: bool, node: str | None,
     and NCCL versions. What the node lacks stays unpinned; what looks wrong (a port down, a
     GPU short of links) is said on stderr and in the file. The result is checked like any
     config file before it is written."""
-    from slurmgpu.cli import versions_cache
     from slurmgpu.cli.common import load_settings
+    from slurmgpu.cli.loading import versions_cache
     from slurmgpu.config.from_node import baseline, render
     from slurmgpu.config.load import dropin_dir, parse_config
     from slurmgpu.engine import gather, node_name, system_sources
