@@ -586,7 +586,7 @@ def test_gpu_model_pins_what_nvml_names_the_gpus() -> None:
 def test_check_all_marks_not_applicable_rows_and_names_what_pin_cuda_judged() -> None:
     """Issue 29 item 7: `check --all` printed OK for not-applicable findings, and two
     pin.cuda rows without saying which CUDA each judged."""
-    from slurmgpu.cli.checks import render_table
+    from slurmgpu.cli.checkrun import render_table
 
     settings = Settings()
     settings.pins.cuda_driver = ["12.4"]

@@ -177,5 +177,5 @@ def test_ckpt_module_imports_no_zmq_nor_nvml() -> None:
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           timeout=60, check=True)
     # The CLI's root and its shared options (click, the variable table), no config loader.
-    assert proc.stdout.strip() == str(["slurmgpu.cli", "slurmgpu.cli.common", "slurmgpu.cli.lazy", "slurmgpu.config",
+    assert proc.stdout.strip() == str(["slurmgpu.cli", "slurmgpu.cli.common", "slurmgpu.cli.loading", "slurmgpu.config",
                                        "slurmgpu.config.env", "slurmgpu.errors", "slurmgpu.jobfiles"])

@@ -355,14 +355,14 @@ def test_system_sources_cache_only_when_asked(tmp_path: Path) -> None:
 
 
 def test_commands_keep_the_cache_in_the_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from slurmgpu import cli
     from slurmgpu.cli.common import load_settings
+    from slurmgpu.cli.loading import versions_cache
 
     config = tmp_path / "slurmgpu.toml"
     config.write_text(f'[paths]\nstate_dir = "{tmp_path / "configured"}"\n')
     monkeypatch.delenv("SLURMGPU_STATE_DIR", raising=False)
     settings = load_settings(str(config)).settings
-    assert cli.versions_cache(settings) == str(tmp_path / "configured" / CACHE_FILE)
+    assert versions_cache(settings) == str(tmp_path / "configured" / CACHE_FILE)
     monkeypatch.setenv("SLURMGPU_STATE_DIR", str(tmp_path / "env"))
     settings = load_settings(str(config)).settings
-    assert cli.versions_cache(settings) == str(tmp_path / "env" / CACHE_FILE)
+    assert versions_cache(settings) == str(tmp_path / "env" / CACHE_FILE)
