@@ -18,9 +18,9 @@
 #     init --from-this-node`); `slurmgpu check` on the simulated 8x H100 node
 #     (healthy: exit 0; GPU lost: exit 2), the installed prolog and TaskProlog wrappers,
 #     Slurm jobs on a 2-node mini-cluster (slurmctld, slurmd, munged in the root) whose
-#     slurm.conf runs the installed hooks, a broken install (python3-structlog removed,
-#     a module with a syntax error, a wrong interpreter in /etc/default/slurmgpu) that
-#     drains nothing, a lost GPU refused while slurmctld hangs, an upgrade over an edited
+#     slurm.conf runs the installed hooks, the hooks without python3-structlog (they
+#     decide as with it), a broken install (a module with a syntax error, a wrong
+#     interpreter in /etc/default/slurmgpu) that drains nothing, a lost GPU refused while slurmctld hangs, an upgrade over an edited
 #     config with stdin closed (no prompt), `systemd-analyze verify` of the installed
 #     units, then a purge.
 #
@@ -337,10 +337,24 @@ hooks_follow_on_error() {  # hooks_follow_on_error WHAT
     done
     echo "   $1: prolog 0, epilog 0, healthcheck 3, one decision line each"
 }
-step "a broken install drains nothing: python3-structlog removed"
+hook_exits() {  # the exit status of each hook, one decision line each
+    local h rc err out=
+    for h in prolog epilog healthcheck; do
+        rc=0; err=$(in_root "${nodb[@]}" /usr/libexec/slurmgpu/slurmgpu-$h 2>&1 >/dev/null) || rc=$?
+        [ "$(grep -c "\"${h}_decision\"" <<<"$err")" = 1 ] ||
+            { echo "slurmgpu-$h: not one decision line: $err" >&2; return 1; }
+        out+="$h $rc "
+    done
+    echo "$out"
+}
+# The hooks import no structlog (issue 38): without it they judge the node as with it.
+step "python3-structlog removed: the hooks decide as with it"
+with_it=$(hook_exits)
 in_root dpkg -r --force-depends python3-structlog >/dev/null 2>&1
-hooks_follow_on_error "python3-structlog removed"
+without_it=$(hook_exits)
 in_root apt-get install -y -qq --no-install-recommends python3-structlog >/dev/null
+[ "$with_it" = "$without_it" ] || { echo "with structlog: $with_it; without: $without_it" >&2; exit 1; }
+echo "   exits with and without it: $without_it"
 step "a broken install drains nothing: a module with a syntax error"
 pkg=$(in_root python3 -c 'import os, slurmgpu; print(os.path.dirname(slurmgpu.__file__))')
 for m in gate.py log.py checks/__init__.py; do
