@@ -7,11 +7,10 @@ For each fleet size: a fresh DB seeded through ``Store.store_batch`` / ``add_dec
 nodes FAIL with two GPU findings, 10% WARN; one XID event per 10 nodes; a decision per
 failing node; a few checkpoint rows), a real ``Collector`` (CURVE keys, no agents) with
 ``metrics_bind = 127.0.0.1:0`` and an Automation, then ``--scrapes`` HTTP GETs of
-/metrics, each one computed (the 1 s scrape cache is off), twice: of the fleet as seeded
-("unchanged": a scrape may reuse the last one's store reads, nothing was committed since)
-with one node's report committed before each GET, its state unchanged ("reported": the
-common case, every scrape reads the store but the history is unchanged), and with one
-node's state change committed before each GET ("changed": the worst case). Reported for each:
+/metrics, each one computed (the 1 s scrape cache is off), three times: of the fleet as
+seeded ("unchanged": nothing committed between scrapes), with one node's report committed
+before each GET, its state unchanged ("reported": the common case), and with one node's
+state change committed before each GET ("changed"). Reported for each:
 scrape wall time p50/p99/max (HTTP, parse not included), the process CPU time per
 scrape (p50: the collector's server thread and this client; not the PostgreSQL
 server's); and the response size and sample count.

@@ -460,110 +460,71 @@ def test_metrics_over_tls_and_client_certificates(tmp_path: Path, keys_dir: Path
         build_collector(half)
 
 
-def _verdicts(fleet: Any) -> dict[str, float]:
-    """slurmgpu_node_verdict of one scrape computed by ``fleet`` (a FleetMetrics)."""
+def _fleet_metrics(store: Store, status: dict[str, Any] | None = None) -> Any:
+    import types
+
+    from slurmgpu.collector.counters import Counters
+    from slurmgpu.collector.metrics import FleetMetrics
+
+    automation = None if status is None else types.SimpleNamespace(status=lambda: status)
+    return FleetMetrics(types.SimpleNamespace(counters=Counters(), allowed={}, store=store,  # type: ignore[arg-type]
+                                              log=None, automation=automation))
+
+
+def _family(fleet: Any, name: str, label: str) -> dict[str, float]:
+    """One family of one scrape computed by ``fleet`` (a FleetMetrics): label -> value."""
     families = {f.name: f for f in fleet.collect()}
-    return {s.labels["node"]: s.value for s in families["slurmgpu_node_verdict"].samples}
+    return {s.labels[label]: s.value for s in families[name].samples}
 
 
-def test_a_scrape_reads_the_store_again_only_after_a_commit(store_url: str) -> None:
-    """Issue 15: a scrape reuses the last scrape's store reads only when nothing was
-    committed since that scrape's snapshot; whatever was committed before a scrape began
-    is in it. The scrapes' connection stays open between scrapes; a lost one is opened
-    again."""
-    import types
-
-    from slurmgpu.collector.counters import Counters
-    from slurmgpu.collector.metrics import FleetMetrics
-
-    store = Store(store_url)
-    now = time.time()
-    report = {"verdict": "OK", "findings": [finding("ecc.volatile", "OK", 0)]}
-    store.store_batch([("n1", Envelope(type=REPORT, node="n1", seq=1, ts=now, body=report))])
-    fleet = FleetMetrics(types.SimpleNamespace(counters=Counters(), allowed={}, store=store,  # type: ignore[arg-type]
-                                               log=None, automation=None))
-    try:
-        assert _verdicts(fleet) == {"n1": 0} and fleet.store_reads == 1
-        for _ in range(5):  # (PostgreSQL: a commit anywhere on the server, autovacuum's too, reads again)
-            reads = fleet.store_reads
-            assert _verdicts(fleet) == {"n1": 0}
-            if fleet.store_reads == reads:
-                break
-        else:
-            raise AssertionError("every scrape of an unchanged store read it again")
-        report = {"verdict": "FAIL", "findings": [finding("ecc.uncorrected", "FAIL", 1)]}
-        store.store_batch([("n1", Envelope(type=REPORT, node="n1", seq=2, ts=now, body=report))])
-        reads = fleet.store_reads
-        assert _verdicts(fleet) == {"n1": 2} and fleet.store_reads == reads + 1
-        assert fleet._reader is not None
-        fleet._reader.close()  # lost (a restart, a failover): the next scrape opens another
-        assert _verdicts(fleet) == {"n1": 2} and fleet.store_reads == reads + 2
-        assert fleet._reader.opened == 2
-    finally:
-        fleet.close()
-        store.close()
-
-
-def test_the_garbage_collector_is_paused_only_while_a_scrape_is_computed() -> None:
-    """It is switched back on after the scrape only if it was on before (the collector loop
-    pauses it around its batches as well)."""
-    import gc
-
-    from slurmgpu.collector.metrics import gc_paused
-
-    assert gc.isenabled()
-    with gc_paused():
-        assert not gc.isenabled()
-        with gc_paused():  # (the loop's pause inside a scrape's)
-            assert not gc.isenabled()
-        assert not gc.isenabled()
-    assert gc.isenabled()
-    with contextlib.suppress(ValueError), gc_paused():
-        raise ValueError
-    assert gc.isenabled()
-
-
-def test_a_scrape_reuses_current_findings_until_the_history_changes(store_url: str,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 15: ``history_version`` (schema 11) is bumped by every write of
-    report_history/findings rows; a scrape after other commits (a report with the same
-    state: only nodes/reports/messages change) reuses the last current findings, a
-    scrape after a state change (or a prune) reads them again."""
-    import types
-
-    from slurmgpu.collector.counters import Counters
-    from slurmgpu.collector.metrics import FleetMetrics
-    from slurmgpu.collector.store import queries
-
-    calls = []
-    real = queries.current_findings
-    monkeypatch.setattr(queries, "current_findings", lambda db: calls.append(1) or real(db))
+def test_a_scrape_shows_what_was_committed_before_it(store_url: str) -> None:
+    """Each scrape reads the store in one snapshot: a state change, a prune (the history
+    gone: no current findings) show at the next scrape."""
     store = Store(store_url)
     now = time.time()
 
     def send(seq: int, severity: str) -> None:
         body = {"verdict": severity, "findings": [finding("ecc.uncorrected", severity, 1)] if severity != "OK"
-                else []}
+                else [finding("ecc.volatile", "OK", 0)]}
         store.store_batch([("n1", Envelope(type=REPORT, node="n1", seq=seq, ts=now + seq, body=body))])
 
-    def findings() -> dict[str, float]:
-        families = {f.name: f for f in fleet.collect()}
-        return {s.labels["check"]: s.value for s in families["slurmgpu_findings"].samples}
-
-    fleet = FleetMetrics(types.SimpleNamespace(counters=Counters(), allowed={}, store=store,  # type: ignore[arg-type]
-                                               log=None, automation=None))
+    fleet = _fleet_metrics(store)
     try:
-        send(1, "FAIL")
-        assert findings() == {"ecc.uncorrected": 1} and len(calls) == 1
-        send(2, "FAIL")  # the same state: no history row
-        before = fleet.store_reads
-        assert findings() == {"ecc.uncorrected": 1}
-        assert fleet.store_reads > before and len(calls) == 1  # read the store, not the findings
-        send(3, "OK")  # a state change
-        assert findings() == {} and len(calls) == 2
-        assert store.prune(0.0, now=now + 10 + 86400) > 0  # (pruning deletes history rows too)
-        findings()
-        assert len(calls) == 3
+        send(1, "OK")
+        assert _family(fleet, "slurmgpu_node_verdict", "node") == {"n1": 0}
+        send(2, "FAIL")
+        assert _family(fleet, "slurmgpu_node_verdict", "node") == {"n1": 2}
+        assert _family(fleet, "slurmgpu_findings", "check") == {"ecc.uncorrected": 1}
+        send(3, "FAIL")  # the same state: no history row
+        assert _family(fleet, "slurmgpu_findings", "check") == {"ecc.uncorrected": 1}
+        assert store.prune(0.0, now=now + 10 + 86400) > 0
+        assert _family(fleet, "slurmgpu_findings", "check") == {}
+        assert _family(fleet, "slurmgpu_node_verdict", "node") == {"n1": 2}  # (the node row is kept)
     finally:
-        fleet.close()
         store.close()
+
+
+def test_odd_node_names_are_escaped_in_the_body(tmp_path: Path) -> None:
+    """Node names holding ``"``, ``\\``, a newline or non-ASCII, drained nodes the store never
+    heard of: the body parses back to the same names; the nodes come in the store's order."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    store = Store(tmp_path / "m.db")
+    now = time.time()
+    seed(store, now)
+    odd = ['we"ird', "back\\slash", "new\nline", "ünï", "x y"]
+    store.store_batch([(n, Envelope(type=REPORT, node=n, seq=1, ts=now - 7.25, body={
+        "verdict": "FAIL", "facts": {}, "findings": [finding("ecc.uncorrected", "FAIL", 2)]}))
+        for n in odd], received_at=now)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_fleet_metrics(store, {"drained": ["gpu-a", 'we"ird', "gone-node"], "held": []}))
+    body = generate_latest(registry)
+    assert b'slurmgpu_node_verdict{node="we\\"ird"} 2.0\n' in body
+    assert b'slurmgpu_gpu_verdict{gpu="2",node="new\\nline"} 2.0\n' in body
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    assert [s.labels["node"] for s in families["slurmgpu_node_verdict"].samples] == \
+        ["gpu-a", "gpu-b", "gpu-c", *sorted(odd)]  # (one batch: by name)
+    assert {s.labels["node"]: s.value for s in families["slurmgpu_node_drained"].samples} == \
+        {**dict.fromkeys(["gpu-a", 'we"ird', "gone-node"], 1.0),
+         **dict.fromkeys(["gpu-b", "gpu-c", "back\\slash", "new\nline", "ünï", "x y"], 0.0)}
+    store.close()

@@ -22,17 +22,17 @@ def test_one_statement_for_many_rows_same_rows(pg_url: str) -> None:
     with contextlib.closing(Store(pg_url)) as store:
         db = store.db
         plan = db._unnest(_UPSERT_NODES)  # type: ignore[attr-defined]
-        assert plan is not None and "unnest(" in plan.sql and plan.width == 15
+        assert plan is not None and "unnest(" in plan.sql and plan.width == 13
         assert db._unnest("UPDATE nodes SET reachable = ? WHERE node = ?") is None  # type: ignore[attr-defined]
-        rows = [(f"n{i}", 1.0, 2.0, i, "OK", 3.0, None, None, None, None, "v1", "e", i, 7, i % 2 * 7)
+        rows = [(f"n{i}", 1.0, 2.0, i, "OK", 3.0, None, None, None, None, "v1", "e", i)
                 for i in range(50)]
         db.execute("BEGIN")
         db.executemany(_UPSERT_NODES, rows)  # one statement
         db.executemany(_UPSERT_NODES, rows[:1])  # one row: the plain path
         db.execute("COMMIT")
-        got = db.execute("SELECT node, last_seq, verdict, agent_version, verdict_seq, reachable, changed, "
-                         "history_changed FROM nodes ORDER BY last_seq").fetchall()
-        assert [tuple(r) for r in got] == [(f"n{i}", i, "OK", "v1", i, 1, 7, i % 2 * 7) for i in range(50)]
+        got = db.execute("SELECT node, last_seq, verdict, agent_version, verdict_seq, reachable "
+                         "FROM nodes ORDER BY last_seq").fetchall()
+        assert [tuple(r) for r in got] == [(f"n{i}", i, "OK", "v1", i, 1) for i in range(50)]
 
 
 def test_an_upsert_repeating_a_key_goes_row_by_row(pg_url: str) -> None:

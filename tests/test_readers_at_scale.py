@@ -3,9 +3,7 @@
 * ``[[hosts]]`` matching for many nodes (``HostIndex``: each hostlist expanded once) names
   the sections ``HostSection.matches`` (ClusterShell, per node) names;
 * the report model is the same with and without them, with the throttling scan split in
-  threads or not, and its XID and throttling numbers are those of the queries it ran before;
-* ``/metrics``: the per-node families written by hand are byte for byte what
-  prometheus-client writes for the same samples, label escaping included.
+  threads or not, and its XID and throttling numbers are those of the queries it ran before.
 """
 
 from __future__ import annotations
@@ -13,28 +11,18 @@ from __future__ import annotations
 import contextlib
 import random
 import sqlite3
-import time
-import types
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.parser import text_string_to_metric_families
 
-from slurmgpu.collector import metrics as metrics_module
-from slurmgpu.collector.counters import Counters
-from slurmgpu.collector.exposition import NodeFamily, escape_label_value, generate
 from slurmgpu.collector.store import Store, queries
 from slurmgpu.config.hosts import HostIndex, HostSection
 from slurmgpu.config.load import LoadedConfig, parse_config
 from slurmgpu.report.model import builder as builder_module
 from slurmgpu.report.model import report_from_path
 from slurmgpu.sim.seed import seed
-from slurmgpu.wire import REPORT, Envelope
 
 END = datetime(2026, 11, 26, 6, tzinfo=UTC).timestamp()
 T0 = END - 7 * 86400
@@ -194,101 +182,6 @@ def test_report_throttling_is_the_plain_scan(seeded: tuple[Path, LoadedConfig]) 
     for leader in model["leaders_hw"] + model["leaders_sw"]:
         assert throttled[leader["node"]] == (leader["reports"], leader["hw_slowdown_reports"],
                                              leader["sw_thermal_reports"])
-
-
-# --------------------------------------------------------------------------- /metrics
-
-
-class _Families:
-    def __init__(self, families: list[Metric]) -> None:
-        self.families = families
-
-    def collect(self) -> Iterator[Metric]:
-        return iter(self.families)
-
-
-def _as_prometheus_client(family: Metric) -> Metric:
-    """A NodeFamily as the collector built it before: a GaugeMetricFamily, add_metric."""
-    if not isinstance(family, NodeFamily):
-        return family
-    gauge = GaugeMetricFamily(family.name, family.documentation, labels=list(family.labels))
-    for sample in family.samples:
-        gauge.add_metric([sample.labels[k] for k in family.labels], sample.value)
-    return gauge
-
-
-def test_label_values_are_escaped() -> None:
-    assert escape_label_value('a\\b"c\nd') == 'a\\\\b\\"c\\nd'
-    assert escape_label_value("gpu-001") == "gpu-001"
-    family = NodeFamily("slurmgpu_x", "Doc with a \\ and a\nnewline.", ["node", "gpu"])
-    odd = [n for n in ODD_NAMES if n] + ["\\\"\n", "\\n", 'ends\\']
-    values = [0, 1, 2, 3, True, 0.1, 1e-9, 1234567.25, 4.286136431835651e+06, float("inf"), -5]
-    for i, name in enumerate(odd):
-        family.add((name, str(i)), values[i % len(values)])
-    gauge = _as_prometheus_client(family)
-    assert family == gauge  # the same samples (Metric.__eq__)
-    text = generate(_Families([family]))
-    assert text == generate_latest(_Families([gauge]))
-    parsed = next(iter(text_string_to_metric_families(text.decode())))
-    assert parsed.documentation == family.documentation
-    assert [(s.labels["node"], s.labels["gpu"]) for s in parsed.samples] == \
-        [(n, str(i)) for i, n in enumerate(odd)]
-    three = NodeFamily("slurmgpu_y", "Three labels.", ["node", "gpu", "check"])  # (the general case)
-    for i, name in enumerate(odd):
-        three.add((name, str(i), odd[-1 - i]), values[i % len(values)])
-    assert generate(_Families([three])) == generate_latest(_Families([_as_prometheus_client(three)]))
-
-
-def test_scrape_body_is_what_prometheus_client_writes(tmp_path: Path) -> None:
-    """The whole body of one computed scrape (a fleet with odd node names, drained nodes
-    the store never heard of): hand-written per-node families and prometheus-client's
-    rendering of the same families agree byte for byte, and parse to the same samples."""
-    from tests.test_metrics import seed as seed_metrics
-
-    store = Store(tmp_path / "m.db")
-    now = time.time()
-    seed_metrics(store, now)
-    store.store_batch([(n, Envelope(type=REPORT, node=n, seq=1, ts=now - 7.25, body={
-        "verdict": "FAIL", "facts": {},
-        "findings": [{"check": "ecc.uncorrected", "severity": "FAIL", "gpu": 2, "message": "m"}]}))
-        for n in ('we"ird', "back\\slash", "new\nline", "ünï", "x y")], received_at=now)
-    status = {"drained": ["gpu-a", 'we"ird', "gone-node"], "held": [], "lemons": []}
-    source = types.SimpleNamespace(counters=Counters(), allowed={}, store=store, log=None,
-                                   automation=types.SimpleNamespace(status=lambda: status))
-    families = list(metrics_module.FleetMetrics(source).collect())
-    node_families = {f.name for f in families if isinstance(f, NodeFamily)}
-    assert node_families == {"slurmgpu_node_verdict", "slurmgpu_node_last_seen_seconds",
-                             "slurmgpu_node_reachable", "slurmgpu_node_drained",
-                             "slurmgpu_gpu_verdict"}
-    body = generate(_Families(families))
-    before = generate_latest(_Families([_as_prometheus_client(f) for f in families]))
-    assert body == before
-    assert b'slurmgpu_node_verdict{node="we\\"ird"} 2.0\n' in body
-    assert b'slurmgpu_gpu_verdict{gpu="2",node="new\\nline"} 2.0\n' in body
-
-    def samples(text: bytes) -> list[tuple[str, str, list[Any]]]:
-        return [(f.name, f.type, sorted((s.name, sorted(s.labels.items()), s.value) for s in f.samples))
-                for f in text_string_to_metric_families(text.decode())]
-
-    assert samples(body) == samples(before)
-    store.close()
-
-
-def test_values_are_formatted_like_prometheus_client() -> None:
-    from prometheus_client.utils import floatToGoString
-
-    from slurmgpu.collector.exposition import format_value, format_values
-
-    rnd = random.Random(15)
-    values: list[float] = [0, 1, 2, 3, -1, 129, 130, 10**20, True, False, 0.0, -0.0, 5e-324, 0.1,
-                           1e-5, 999999.9999999999, 1e6, 1234567.8, -1.5, float("inf"),
-                           float("-inf"), float("nan")]
-    values += [rnd.uniform(0, 2e6) for _ in range(2000)] + [10 ** rnd.uniform(-9, 12) for _ in range(2000)]
-    assert [format_value(v) for v in values] == [floatToGoString(v) for v in values]
-    columns: list[list[float]] = [values, [0, 1, 2, 3, 1, 0], [0, 1, 500], [True, 1],
-                                  [0.0, -0.0, 1.5], [1.0, 2], [rnd.uniform(0, 3e6) for _ in range(500)], []]
-    for column in columns:
-        assert format_values(column) == [floatToGoString(v) for v in column]
 
 
 def test_chart_buckets_add_as_bucket_by_bucket() -> None:

@@ -8,9 +8,7 @@ Design notes: docs/design-notes.md (``slurmgpu/collector/metrics.py``).
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import gc
 import select
 import socket
 import sqlite3
@@ -22,18 +20,11 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from slurmgpu.collector.exposition import NodeFamily, generate
-from slurmgpu.collector.nodeview import (
-    MAX_GPU_SERIES_PER_NODE,
-    RANK_CODE,
-    VERDICT_CODE,
-    NodeView,
-    verdict_name,
-)
 from slurmgpu.collector.store import queries
+from slurmgpu.result import Severity
 from slurmgpu.wire import EVENT_KINDS
 
 if TYPE_CHECKING:
@@ -44,6 +35,12 @@ CONFIG_KEY = "collector.metrics_bind"
 REJECT_REASONS = ("frames", "unknown_key", "oversized", "version", "malformed", "node_mismatch",
                   "routing_mismatch", "unexpected_type")
 CHECKPOINT_STATES = ("open", "acked", "expired", "done")
+# Gauge value of a verdict / a finding's severity (its exit code: OK 0, WARN 1, FAIL 2, UNKNOWN 3).
+VERDICT_CODE = {s.name: s.exit_code for s in Severity}
+# A severity's rank (as the store orders them: OK < WARN < UNKNOWN < FAIL) -> its code.
+RANK_CODE = {s.rank: s.exit_code for s in Severity}
+# At most this many per-GPU series per node (label cardinality from what nodes send).
+MAX_GPU_SERIES_PER_NODE = 128
 RATE_WINDOW_S = 60.0
 SAMPLE_EVERY_S = 1.0
 
@@ -61,6 +58,18 @@ def parse_bind(bind: str) -> tuple[str, int]:
         raise ValueError(f"{CONFIG_KEY} = {bind!r}: expected \"host:port\" "
                          f"(e.g. \"0.0.0.0:9750\", \"[::]:9750\"), or \"\" for no metrics")
     return host, int(port_text)
+
+
+def verdict_name(verdict: str | None) -> str:
+    name = str(verdict).upper() if verdict else Severity.UNKNOWN.name
+    return name if name in VERDICT_CODE else Severity.UNKNOWN.name
+
+
+def _per_node(name: str, documentation: str, nodes: list[str], values: list[int] | list[float]) -> Metric:
+    family = GaugeMetricFamily(name, documentation, labels=["node"])
+    for node, value in zip(nodes, values, strict=True):
+        family.add_metric([node], value)
+    return family
 
 
 class IngestRate:
@@ -99,31 +108,10 @@ class StoreReads(NamedTuple):
     checkpoint_states: dict[str, int]
     pending_drains: int
 
-    history_version: int = -1  # (queries.history_version when ``findings`` were read)
-
     @classmethod
-    def read(cls, db: queries.Connection, last: StoreReads | None = None) -> StoreReads:
-        """``last``: the previous scrape's reads, whose findings are reused while the
-        history they come from is unchanged (``queries.history_version``)."""
-        version = queries.history_version(db)
-        findings = (last.findings if last is not None and version >= 0 and last.history_version == version
-                    else queries.current_findings(db))
-        return cls(queries.node_verdict_columns(db), findings,
+    def read(cls, db: queries.Connection) -> StoreReads:
+        return cls(queries.node_verdict_columns(db), queries.current_findings(db),
                    queries.event_counts(db), queries.decision_counts(db),
-                   queries.checkpoint_states(db), queries.pending_drain_count(db), version)
-
-
-class SmallReads(NamedTuple):
-    """The store's aggregate families (a few rows each), read whole at every store read."""
-
-    events: list[queries.EventCount]
-    decisions: list[queries.DecisionCount]
-    checkpoint_states: dict[str, int]
-    pending_drains: int
-
-    @classmethod
-    def read(cls, db: queries.Connection) -> SmallReads:
-        return cls(queries.event_counts(db), queries.decision_counts(db),
                    queries.checkpoint_states(db), queries.pending_drain_count(db))
 
 
@@ -136,11 +124,6 @@ class FleetMetrics:
         self.started = time.time()
         self.store_errors = 0
         self.series_dropped = 0
-        self.store_reads = 0  # scrapes that read the store (not the last scrape's reads)
-        self._store_lock = threading.Lock()
-        self._reader: queries.Reader | None = None
-        self._reads: tuple[tuple[int, str], SmallReads] | None = None  # (data version, reads)
-        self._view = NodeView()
 
     def sample(self) -> None:
         """From the collector loop (cheap; at most one sample a second)."""
@@ -260,106 +243,40 @@ class FleetMetrics:
     # ------------------------------------------------------------------ the store
 
     def _store(self, drained: set[str] | None) -> list[Metric] | None:
-        """The store's families, read in one snapshot on the scrapes' own read-only
-        connection: the per-node ones from ``NodeView`` (brought up to date with the nodes
-        written since the last read), the others read whole; nothing read again when
-        nothing was committed since the last read's snapshot (``queries.data_version``),
-        so a scrape always shows what was committed before it began. None for an
-        in-memory store (no file to read)."""
+        """The store's families, read in one read-only snapshot (None for an in-memory
+        store: no file to read)."""
         path = self.collector.store.path
         if str(path) == ":memory:":
             return None
-        with self._store_lock:
-            reader = self._reader = self._reader or queries.Reader(path)
-            with reader.snapshot() as db:
-                version = (reader.opened, queries.data_version(db))  # (first: takes the snapshot)
-                if self._reads is None or self._reads[0] != version:
-                    try:
-                        self._view.refresh(db, reader.opened)
-                        reads = SmallReads.read(db)
-                    except BaseException:
-                        self._view.reset()
-                        self._reads = None
-                        raise
-                    self._reads = (version, reads)
-                    self.store_reads += 1
-            reads = self._reads[1]
-            return [*self._view_families(time.time(), drained), *self._small_families(reads)]
-
-    def _view_families(self, now: float, drained: set[str] | None) -> list[Metric]:
-        """``_node_families`` and ``_finding_families`` (the same bytes) from the view."""
-        view = self._view
-        nodes = view.order
-        out: list[Metric] = [
-            NodeFamily("slurmgpu_node_verdict", NODE_VERDICT_HELP, ["node"], [nodes], view.codes,
-                       view.prefixes("slurmgpu_node_verdict")),
-            NodeFamily("slurmgpu_node_last_seen_seconds", LAST_SEEN_HELP, ["node"], [nodes],
-                       [ago if (ago := now - t) > 0.0 else 0.0 for t in view.last_seen],
-                       view.prefixes("slurmgpu_node_last_seen_seconds")),
-            NodeFamily("slurmgpu_node_reachable", REACHABLE_HELP, ["node"], [nodes], view.reachable,
-                       view.prefixes("slurmgpu_node_reachable")),
-            GaugeMetricFamily("slurmgpu_fleet_nodes", FLEET_NODES_HELP, value=len(nodes))]
-        fleet = GaugeMetricFamily("slurmgpu_fleet_nodes_by_verdict", BY_VERDICT_HELP, labels=["verdict"])
-        for name, count in view.by_verdict.items():
-            fleet.add_metric([name], count)
-        out.append(fleet)
-        if drained is not None:
-            known, values, prefixes = view.drained(drained)
-            out.append(NodeFamily("slurmgpu_node_drained", DRAINED_HELP, ["node"], [known], values, prefixes))
-        out.append(self._findings_family(view.per_check))
-        gpu_nodes, gpus, codes, prefixes = view.gpu_family()
-        self.series_dropped += view.dropped
-        out.append(NodeFamily("slurmgpu_gpu_verdict", GPU_VERDICT_HELP, ["node", "gpu"],
-                              [gpu_nodes, gpus], codes, prefixes))
-        return out
-
-    def close(self) -> None:
-        """Close the scrapes' connection (after the scrape reading it, if any)."""
-        with self._store_lock:
-            if self._reader is not None:
-                self._reader.close()
-            self._reader, self._reads = None, None
+        with queries.snapshot(path) as db:
+            reads = StoreReads.read(db)
+        return self._families(reads, drained)
 
     def _families(self, reads: StoreReads, drained: set[str] | None) -> list[Metric]:
-        """The store's families from one whole reading (what ``_store`` writes from its
-        ``NodeView``, byte for byte: the tests hold the two to it)."""
         return [*self._node_families(reads.nodes, drained), *self._finding_families(reads.findings),
-                *self._small_families(SmallReads(reads.events, reads.decisions, reads.checkpoint_states,
-                                                 reads.pending_drains))]
-
-    def _small_families(self, reads: SmallReads) -> list[Metric]:
-        return [*self._event_families(reads.events), *self._decision_families(reads.decisions),
+                *self._event_families(reads.events), *self._decision_families(reads.decisions),
                 *self._checkpoint_families(reads.checkpoint_states, reads.pending_drains)]
 
-    def _node_families(self, cols: queries.NodeVerdictColumns, drained: set[str] | None,
-                       now: float | None = None) -> list[Metric]:
-        """Nodes: latest report's verdict, last seen, reachable; the fleet by verdict.
-        (10k nodes: a list per family's column; see exposition.NodeFamily.)"""
-        now = time.time() if now is None else now
-        nodes = cols.nodes
-        name_of = {v: verdict_name(v) for v in set(cols.verdicts)}
+    def _node_families(self, cols: queries.NodeVerdictColumns, drained: set[str] | None) -> list[Metric]:
+        """Nodes: latest report's verdict, last seen, reachable; the fleet by verdict."""
+        now = time.time()
+        names = [verdict_name(v) for v in cols.verdicts]
         by_verdict = dict.fromkeys(VERDICT_CODE, 0)
-        for v, count in Counter(cols.verdicts).items():
-            by_verdict[name_of[v]] += count
-        code_of = {v: VERDICT_CODE[n] for v, n in name_of.items()}
+        by_verdict.update(Counter(names))
         out: list[Metric] = [
-            NodeFamily("slurmgpu_node_verdict", NODE_VERDICT_HELP, ["node"], [nodes],
-                       [code_of[v] for v in cols.verdicts]),
-            NodeFamily("slurmgpu_node_last_seen_seconds", LAST_SEEN_HELP, ["node"], [nodes],
-                       [ago if (ago := now - t) > 0.0 else 0.0 for t in cols.last_seen]),
-            NodeFamily("slurmgpu_node_reachable", REACHABLE_HELP, ["node"], [nodes], cols.reachable),
-            GaugeMetricFamily("slurmgpu_fleet_nodes", FLEET_NODES_HELP, value=len(nodes))]
+            _per_node("slurmgpu_node_verdict", NODE_VERDICT_HELP, cols.nodes, [VERDICT_CODE[n] for n in names]),
+            _per_node("slurmgpu_node_last_seen_seconds", LAST_SEEN_HELP, cols.nodes,
+                      [max(0.0, now - t) for t in cols.last_seen]),
+            _per_node("slurmgpu_node_reachable", REACHABLE_HELP, cols.nodes, cols.reachable),
+            GaugeMetricFamily("slurmgpu_fleet_nodes", FLEET_NODES_HELP, value=len(cols.nodes))]
         fleet = GaugeMetricFamily("slurmgpu_fleet_nodes_by_verdict", BY_VERDICT_HELP, labels=["verdict"])
         for name, count in by_verdict.items():
             fleet.add_metric([name], count)
         out.append(fleet)
         if drained is not None:
-            # (``nodes`` holds no name twice and often comes in order: sorting it as it is,
-            # not a set of it, is a merge of its runs)
-            gone = drained.difference(nodes)
-            known = sorted([*nodes, *gone] if gone else nodes)
-            out.append(NodeFamily("slurmgpu_node_drained", DRAINED_HELP, ["node"], [known],
-                                  [1 if name in drained else 0 for name in known]))
+            known = sorted(drained.union(cols.nodes))
+            out.append(_per_node("slurmgpu_node_drained", DRAINED_HELP, known,
+                                 [1 if name in drained else 0 for name in known]))
         return out
 
     def _finding_families(self, current: list[queries.FindingCount]) -> list[Metric]:
@@ -386,21 +303,17 @@ class FleetMetrics:
             findings.add_metric([check, severity], count)
         return findings
 
-    def _gpu_family(self, gpu_rank: dict[tuple[str, int], int]) -> NodeFamily:
+    def _gpu_family(self, gpu_rank: dict[tuple[str, int], int]) -> Metric:
         """Per GPU with a current non-OK finding, its worst severity's code (by node, GPU)."""
-        nodes: list[str] = []
-        gpus: list[str] = []
-        codes: list[int] = []
-        per_node: dict[str, int] = {}
+        family = GaugeMetricFamily("slurmgpu_gpu_verdict", GPU_VERDICT_HELP, labels=["node", "gpu"])
+        per_node: Counter[str] = Counter()
         for (node, gpu_index), rank in sorted(gpu_rank.items()):
-            per_node[node] = per_node.get(node, 0) + 1
+            per_node[node] += 1
             if per_node[node] <= MAX_GPU_SERIES_PER_NODE:
-                nodes.append(str(node))
-                gpus.append(str(gpu_index))
-                codes.append(RANK_CODE[rank])
+                family.add_metric([str(node), str(gpu_index)], RANK_CODE[rank])
             else:
                 self.series_dropped += 1
-        return NodeFamily("slurmgpu_gpu_verdict", GPU_VERDICT_HELP, ["node", "gpu"], [nodes, gpus], codes)
+        return family
 
     def _event_families(self, counts: list[queries.EventCount]) -> list[Metric]:
         """Events (history within the retention): by kind, XIDs by code."""
@@ -503,23 +416,6 @@ _MAX_REQUEST_LINE = 65537  # (http.server's bound)
 CACHE_S = 1.0
 
 
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector off while a scrape is computed. A 10,000-node scrape
-    allocates ~100k objects that live until its body is written (rows, columns, lines)
-    and form no cycles: reference counting frees them, and the collector would only
-    traverse them again and again (~15 % of the scrape). The collector loop does the same
-    around a batch (``transport.receive``); each re-enables it only if it found it on, so
-    the two overlapping leave it on."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 class _Handler(WSGIRequestHandler):
     timeout = REQUEST_TIMEOUT_S
 
@@ -528,9 +424,8 @@ class _Handler(WSGIRequestHandler):
 
 
 class CachedExposition:
-    """The WSGI app: the registry's text format (``exposition.generate``: prometheus-client's
-    ``generate_latest`` but for the per-node families) at most once per ``CACHE_S``, under
-    a lock."""
+    """The WSGI app: the registry's text format (``generate_latest``) at most once per
+    ``CACHE_S``, under a lock."""
 
     def __init__(self, registry: CollectorRegistry, cache_s: float | None = None) -> None:
         self.registry = registry
@@ -543,8 +438,7 @@ class CachedExposition:
     def body(self) -> bytes:
         with self._lock:
             if time.monotonic() - self._at >= self.cache_s:
-                with gc_paused():
-                    self._body = generate(self.registry)
+                self._body = generate_latest(self.registry)
                 self._at = time.monotonic()
                 self.computed += 1
             return self._body
@@ -645,7 +539,6 @@ class MetricsServer:
         self.httpd.shutdown()
         self.httpd.server_close()
         self.thread.join(5)
-        self.metrics.close()
 
     close = shutdown
 

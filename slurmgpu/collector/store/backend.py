@@ -96,13 +96,6 @@ def describe(target: object) -> str:
 # rows in one order), and still wait for, and hold off, every exclusive writer.
 WRITE_LOCK_KEY = int.from_bytes(b"slurmgpu", "big")
 
-# PostgreSQL's change marks (``nodes.changed``/``history_changed``): the id of the writing
-# transaction, not a counter row that every writer would update and so take turns on.
-# A reader's ``node_version`` is its snapshot's xmin less one: every transaction with a
-# lower id had ended when the snapshot was taken, so its rows were read then, and any
-# transaction that commits later has an id at or above that xmin (``changed > version``).
-_PG_CHANGE_MARK = "pg_current_xact_id()::text::bigint"
-
 # SQLite DDL -> PostgreSQL DDL: SQLite's INTEGER is 64-bit and an INTEGER PRIMARY KEY is
 # the rowid (numbered on insert); REAL is a double; rowid tables are SQLite's own business.
 _PG_DDL = [
@@ -126,9 +119,6 @@ class Dialect:
     tables_sql: str
     # one index's CREATE INDEX statement, by name
     index_sql: str
-    # as the first statement of a read transaction: a value that two read transactions of
-    # one connection see equal only if nothing was committed between their snapshots
-    data_version_sql: str
 
     def ddl(self, statement: str) -> str:
         """A migration's statement (written in SQLite's DDL) in this dialect."""
@@ -158,29 +148,6 @@ class Dialect:
             db.execute("ROLLBACK")
             raise
 
-    def change_mark(self, db: Connection) -> int:
-        """Inside a write transaction: the mark its ``nodes`` rows get (``changed``).
-        SQLite: the ``node_version`` counter, bumped (one writer at a time); PostgreSQL:
-        the transaction's id (``_PG_CHANGE_MARK``)."""
-        sql = ("UPDATE node_version SET version = version + 1 RETURNING version" if self.name == "sqlite"
-               else f"SELECT {_PG_CHANGE_MARK}")
-        return int(db.execute(sql).fetchone()[0])
-
-    @property
-    def next_change_mark_sql(self) -> str:
-        """SQL for the mark of a write whose counter is bumped after it, only if it wrote
-        (``Ingest.mark_unreachable``)."""
-        return ("(SELECT version + 1 FROM node_version WHERE id = 1)" if self.name == "sqlite"
-                else _PG_CHANGE_MARK)
-
-    def node_version(self, db: Connection) -> int:
-        """A reader's mark: the rows with ``changed`` above it are those written since the
-        reading that saw it (``change_mark``)."""
-        sql = ("SELECT version FROM node_version WHERE id = 1" if self.name == "sqlite"
-               else "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint - 1")
-        row = db.execute(sql).fetchone()
-        return int(row[0]) if row is not None else -1
-
     def tables(self, db: Connection) -> set[str]:
         return {str(row[0]) for row in db.execute(self.tables_sql)}
 
@@ -188,17 +155,12 @@ class Dialect:
 SQLITE = Dialect(
     name="sqlite", same="IS",
     tables_sql="SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite%'",
-    index_sql="SELECT sql FROM sqlite_master WHERE type = 'index' AND name = ?",
-    # (per connection: it changes when another connection commits)
-    data_version_sql="PRAGMA data_version")
+    index_sql="SELECT sql FROM sqlite_master WHERE type = 'index' AND name = ?")
 POSTGRES = Dialect(
     name="postgresql", same="IS NOT DISTINCT FROM",
     tables_sql="SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() "
                "AND table_type = 'BASE TABLE'",
-    index_sql="SELECT indexdef FROM pg_indexes WHERE schemaname = current_schema() AND indexname = ?",
-    # the transaction's snapshot (xmin:xmax:running xids): a transaction that wrote
-    # changes it when it ends, in whichever database of the server
-    data_version_sql="SELECT txid_current_snapshot()::text")
+    index_sql="SELECT indexdef FROM pg_indexes WHERE schemaname = current_schema() AND indexname = ?")
 
 
 def dialect_of(db: Connection) -> Dialect:

@@ -172,8 +172,6 @@ def _copy_all(src: Connection, dst: Any, replace: bool, result: CopyResult,
             if progress is not None:
                 progress(copied)
         _advance_identities(dst)
-        if "nodes" in tables:  # (SQLite's counter values; PostgreSQL's marks are transaction ids)
-            dst.execute("UPDATE nodes SET changed = 0, history_changed = 0")
         dst.execute(f"ANALYZE {', '.join(_quote(t) for t in tables)}")  # (the planner's statistics)
         dst.execute("COMMIT")
     except BaseException:

@@ -24,7 +24,7 @@ import slurmgpu.collector.store.queries as queries
 from slurmgpu.collector.store.automation import AutomationRecord, reset, stored_version
 from slurmgpu.collector.store.backend import describe, is_postgres
 from slurmgpu.collector.store.history import Rows
-from slurmgpu.collector.store.ingest import BUMP_HISTORY_VERSION, Ingest
+from slurmgpu.collector.store.ingest import Ingest
 from slurmgpu.collector.store.schema import connect, schema_version
 from slurmgpu.collector.store.walcheckpoint import WalCheckpointer
 
@@ -121,10 +121,6 @@ class Store(Ingest):
         inside the caller's ``transaction``."""
         names = ", ".join(f'"{c}"' for c in columns)
         self.db.executemany(f"INSERT INTO {table} ({names}) VALUES ({', '.join('?' * len(columns))})", rows)
-
-    def history_changed(self) -> None:
-        """Readers' caches of the history are stale (``queries.history_version``)."""
-        self.db.execute(BUMP_HISTORY_VERSION)
 
     @contextlib.contextmanager
     def index_rebuilt(self, index: str) -> Iterator[None]:

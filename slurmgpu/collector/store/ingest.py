@@ -151,12 +151,6 @@ def _skip(_row: tuple[Any, ...]) -> None:
     """A row not to collect."""
 
 
-# Every transaction that adds or deletes report_history/findings rows runs this (schema 11).
-BUMP_HISTORY_VERSION = "UPDATE history_version SET version = version + 1"
-# Every transaction that writes nodes rows runs this, and sets their ``changed`` (schema 12).
-BUMP_NODE_VERSION = "UPDATE node_version SET version = version + 1 RETURNING version"
-
-
 class Transaction:
     """``with``: one write transaction (``Dialect.begin_write`` ... COMMIT, ROLLBACK on any
     exception). Inside another one it joins it: the outer one commits or rolls back."""
@@ -203,12 +197,8 @@ _VERDICT_COLUMNS = ("verdict", "worst_check", "worst_severity", "worst_message",
 _UPSERT_NODES = (
     "INSERT INTO nodes (node, first_seen, last_seen, last_seq, verdict, verdict_ts, worst_check, "
     "worst_severity, worst_message, worst_gpu, reachable, unreachable_since, agent_version, "
-    "verdict_epoch, verdict_seq, changed, history_changed) "
-    "VALUES (?,?,?,?,?,?,?,?,?,?,1,NULL,?,?,?,?,?) ON CONFLICT (node) DO UPDATE SET "
-    # (``node_version`` only grows: a batch's value is above any stored one)
-    "changed = excluded.changed, "
-    "history_changed = CASE WHEN excluded.history_changed > nodes.history_changed "
-    "  THEN excluded.history_changed ELSE nodes.history_changed END, "
+    "verdict_epoch, verdict_seq) "
+    "VALUES (?,?,?,?,?,?,?,?,?,?,1,NULL,?,?,?) ON CONFLICT (node) DO UPDATE SET "
     # (CASE, not SQLite's two-argument max(): PostgreSQL spells that greatest())
     "last_seen = CASE WHEN excluded.last_seen > nodes.last_seen THEN excluded.last_seen "
     "  ELSE nodes.last_seen END, "
@@ -219,10 +209,10 @@ _UPSERT_NODES = (
     + ", ".join(f"{c} = CASE WHEN {_NEWER} THEN excluded.{c} ELSE nodes.{c} END" for c in _VERDICT_COLUMNS))
 
 # A node heard from (``touch``): what ``_UPSERT_NODES`` does for a heartbeat (no message:
-# last_seq, the verdict and the history mark stay), and nothing else.
+# last_seq and the verdict stay), and nothing else.
 _TOUCH_NODES = (
-    "INSERT INTO nodes (node, first_seen, last_seen, last_seq, reachable, changed, history_changed) "
-    "VALUES (?,?,?,0,1,?,0) ON CONFLICT (node) DO UPDATE SET changed = excluded.changed, "
+    "INSERT INTO nodes (node, first_seen, last_seen, last_seq, reachable) "
+    "VALUES (?,?,?,0,1) ON CONFLICT (node) DO UPDATE SET "
     "last_seen = CASE WHEN excluded.last_seen > nodes.last_seen THEN excluded.last_seen "
     "  ELSE nodes.last_seen END, "
     "reachable = 1, unreachable_since = NULL")
@@ -531,23 +521,17 @@ class Ingest:
         if rows.latest_facts:
             db.executemany(_UPSERT_FACTS, [_facts_row(node, env)
                                            for node, env in sorted(rows.latest_facts.items())])
-        changed = dialect_of(db).change_mark(db)
-        history = {r[0] for r in rows.history}
-        history.update(r[0] for r in rows.findings)
         nodes = []
         for node, (last_seq, verdict_ts, verdict, w, version, held_by) in sorted(rows.nodes.items()):
             epoch, seq = held_by or (None, None)
-            mark = changed if node in history else 0
             if w:
                 nodes.append((node, now, now, last_seq, verdict, verdict_ts, text(w.get("check")),
                               text(w.get("severity")), text(w.get("message")), _int(w.get("gpu")),
-                              version, epoch, seq, changed, mark))
+                              version, epoch, seq))
             else:  # (no worst finding: the common case)
                 nodes.append((node, now, now, last_seq, verdict, verdict_ts, None, None, None, None,
-                              version, epoch, seq, changed, mark))
+                              version, epoch, seq))
         db.executemany(_UPSERT_NODES, nodes)
-        if rows.history or rows.findings:  # (last: the counter row's lock is held until COMMIT)
-            db.execute(BUMP_HISTORY_VERSION)
 
     def touch(self, nodes: Iterable[str], now: float | None = None) -> None:
         """Record that these nodes were heard from (heartbeats): their ``last_seen`` and
@@ -560,12 +544,10 @@ class Ingest:
         if not heard:
             return
         db = self.db
-        dialect = dialect_of(db)
-        dialect.begin_ingest(db)
+        dialect_of(db).begin_ingest(db)
         try:
             self._note_reachable(heard, when)
-            changed = dialect.change_mark(db)
-            db.executemany(_TOUCH_NODES, [(node, when, when, changed) for node in sorted(heard)])
+            db.executemany(_TOUCH_NODES, [(node, when, when) for node in sorted(heard)])
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -595,7 +577,6 @@ class Ingest:
             with self.transaction():
                 self.db.executemany("INSERT INTO findings (node, seq, ts, check_id, severity, gpu, subject, "
                                     "message) VALUES (?,?,?,?,?,?,?,?)", rows)
-                self.db.execute(BUMP_HISTORY_VERSION)
         return len(rows)
 
     # (rows written inside the caller's transaction)
@@ -643,14 +624,10 @@ class Ingest:
     def mark_unreachable(self, now: float, after_s: float) -> list[str]:
         """Mark nodes silent for more than ``after_s`` unreachable; return the newly marked."""
         unreachable = self._unreachable_nodes()
-        dialect = dialect_of(self.db)
         with self.transaction():
             rows = self.db.execute(
-                "UPDATE nodes SET reachable = 0, unreachable_since = ?, "
-                f"changed = {dialect.next_change_mark_sql} "
+                "UPDATE nodes SET reachable = 0, unreachable_since = ? "
                 "WHERE reachable = 1 AND last_seen < ? RETURNING node", (now, now - after_s)).fetchall()
-            if rows and dialect.name == "sqlite":  # (the value the rows were given: one writer)
-                self.db.execute(BUMP_NODE_VERSION).fetchone()
             gone = sorted(str(r[0]) for r in rows)
             self.db.executemany(
                 "INSERT INTO node_states (node, ts, kind, reason, actor) VALUES (?,?,?,?,?)",
@@ -739,19 +716,12 @@ class Ingest:
         """Delete history older than the retention; returns the rows deleted.
         The latest report and the node rows are kept whatever their age."""
         cutoff = (time.time() if now is None else now) - retention_days * 86400.0
-        deleted = history = 0
+        deleted = 0
         with self.transaction():
             for table, column in _PRUNED:
-                n = self.db.execute(f"DELETE FROM {table} WHERE {column} < ?", (cutoff,)).rowcount
-                deleted += n
-                history += n if table in ("report_history", "findings") else 0
+                deleted += self.db.execute(f"DELETE FROM {table} WHERE {column} < ?", (cutoff,)).rowcount
             deleted += self.db.execute("DELETE FROM checkpoints WHERE state != 'open' AND requested < ?",
                                        (cutoff,)).rowcount
-            if deleted:
-                self.db.execute(BUMP_HISTORY_VERSION)
-            if history:  # any node's current state may be gone: a scrape reads every node again
-                changed = dialect_of(self.db).change_mark(self.db)
-                self.db.execute("UPDATE nodes SET changed = ?, history_changed = ?", (changed, changed))
         # The next report of every node is recorded again, so a node whose state has not
         # changed for longer than the retention still has its current state in the history.
         self._last_state.clear()

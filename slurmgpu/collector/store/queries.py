@@ -38,17 +38,6 @@ CURRENT_FINDINGS_SQL = (
     f"SELECT f.node, f.gpu, f.check_id, f.severity, max({_RANK_SQL}), count(*) "
     "FROM findings f JOIN cur ON f.node = cur.node AND f.ts = cur.ts "
     "AND f.seq = cur.seq GROUP BY f.node, f.gpu, f.check_id, f.severity")
-# The same, of the nodes whose history changed since a ``node_version`` (schema 12): scalar
-# subqueries per node and a CROSS JOIN (SQLite keeps its order; PostgreSQL plans as ever)
-# lead from those nodes' rows, where joins let SQLite scan all of report_history or findings.
-CURRENT_FINDINGS_SINCE_SQL = (
-    "WITH latest AS (SELECT n.node, (SELECT max(h.seq) FROM report_history h WHERE h.node = n.node) "
-    "AS seq FROM nodes n WHERE n.history_changed > ?), "
-    "cur AS (SELECT l.node, l.seq, (SELECT max(h.ts) FROM report_history h WHERE h.node = l.node "
-    "AND h.seq = l.seq) AS ts FROM latest l) "
-    f"SELECT f.node, f.gpu, f.check_id, f.severity, max({_RANK_SQL}), count(*) "
-    "FROM cur CROSS JOIN findings f WHERE f.node = cur.node AND f.ts = cur.ts "
-    "AND f.seq = cur.seq GROUP BY f.node, f.gpu, f.check_id, f.severity")
 
 
 class FleetRow(TypedDict):
@@ -169,14 +158,12 @@ def _dicts(cur: Cursor) -> list[dict[str, Any]]:
 _BEGIN_PG = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 
 
-def _open_read_only(path: str | Path, timeout_s: float, *, any_thread: bool = False) -> Connection:
-    """A read-only connection to the database at ``path`` (or a ``postgresql://`` URL);
-    ``any_thread``: a SQLite one usable from another thread than its opener's."""
+def _open_read_only(path: str | Path, timeout_s: float) -> Connection:
+    """A read-only connection to the database at ``path`` (or a ``postgresql://`` URL)."""
     if is_postgres(path):
         return connect_postgres(str(path), timeout_s)
     uri = Path(path).resolve().as_uri() + "?mode=ro"
-    return sqlite3.connect(uri, uri=True, timeout=timeout_s, isolation_level=None,
-                           check_same_thread=not any_thread)
+    return sqlite3.connect(uri, uri=True, timeout=timeout_s, isolation_level=None)
 
 
 @contextlib.contextmanager
@@ -190,66 +177,6 @@ def snapshot(path: str | Path, timeout_s: float = 5.0) -> Iterator[Connection]:
         yield db
     finally:
         db.close()
-
-
-class Reader:
-    """``snapshot`` on one read-only connection kept open between read transactions (the
-    ``/metrics`` scrape's: a PostgreSQL connection is a server process, ~10 ms to open).
-    A transaction that fails closes the connection; the next ``snapshot`` opens another
-    (``opened`` counts them). One user at a time: the caller serialises."""
-
-    def __init__(self, path: str | Path, timeout_s: float = 5.0) -> None:
-        self.path = path
-        self.timeout_s = timeout_s
-        self.opened = 0
-        self._db: Connection | None = None
-
-    @contextlib.contextmanager
-    def snapshot(self) -> Iterator[Connection]:
-        if self._db is None:
-            self._db = _open_read_only(self.path, self.timeout_s, any_thread=True)
-            self.opened += 1
-        db = self._db
-        try:
-            db.execute(_BEGIN_PG if is_postgres(self.path) else "BEGIN")
-            yield db
-            db.execute("COMMIT")  # (a read transaction: nothing to commit, its snapshot let go)
-        except BaseException:
-            self.close()
-            raise
-
-    def close(self) -> None:
-        db, self._db = self._db, None
-        if db is not None:
-            with contextlib.suppress(sqlite3.Error):
-                db.close()
-
-
-def data_version(db: Connection) -> str:
-    """As the first statement of a read transaction (it takes the snapshot): a marker that
-    two read transactions of the same connection see equal only if nothing was committed
-    to the database between their snapshots (``Dialect.data_version_sql``)."""
-    return str(db.execute(dialect_of(db).data_version_sql).fetchone()[0])
-
-
-def history_version(db: Connection) -> int:
-    """The ``history_version`` counter (schema 11): unchanged, no ``report_history`` or
-    ``findings`` row was added or deleted (-1 on a database without it: always read)."""
-    try:
-        row = db.execute("SELECT version FROM history_version WHERE id = 1").fetchone()
-    except sqlite3.OperationalError:  # (an older database a reader opened as it is)
-        return -1
-    return int(row[0]) if row is not None else -1
-
-
-def node_version(db: Connection) -> int:
-    """The nodes' change mark (schema 12, ``Dialect.node_version``): every transaction that
-    writes ``nodes`` rows sets their ``changed`` above the mark of any reading before it
-    (-1 on a database without it)."""
-    try:
-        return dialect_of(db).node_version(db)
-    except sqlite3.OperationalError:  # (an older database a reader opened as it is)
-        return -1
 
 
 # ---------------------------------------------------------------------- nodes and messages
@@ -271,13 +198,6 @@ def current_findings(db: Connection) -> list[FindingCount]:
     GPU, check and severity."""
     return [FindingCount(node, gpu, check, severity, int(rank), int(count))
             for node, gpu, check, severity, rank, count in db.execute(CURRENT_FINDINGS_SQL)]
-
-
-def current_findings_since(db: Connection, version: int) -> list[FindingCount]:
-    """``current_findings`` of the nodes whose history was written since ``version`` (a
-    ``node_version``: ``nodes.history_changed`` above it)."""
-    return [FindingCount(node, gpu, check, severity, int(rank), int(count))
-            for node, gpu, check, severity, rank, count in db.execute(CURRENT_FINDINGS_SINCE_SQL, (version,))]
 
 
 def latest_report(db: Connection, node: str) -> LatestReport | None:
@@ -468,7 +388,7 @@ def current_drains(db: Connection, node: str | None = None) -> dict[str, Current
     return {str(n): CurrentDrain(float(ts), by, reason) for n, ts, by, reason in cur}
 
 
-# ---------------------------------------------------------------------- issue 15: /metrics at 10k nodes
+# ---------------------------------------------------------------------- /metrics
 # Read for every node at every scrape: columns, not an object per node.
 
 
@@ -482,39 +402,14 @@ class NodeVerdictColumns(NamedTuple):
 
 
 def node_verdict_columns(db: Connection) -> NodeVerdictColumns:
-    """Every node with when it was last heard, whether it is reachable, its latest verdict."""
+    """Every node with when it was last heard, whether it is reachable, its latest verdict;
+    in the order of first sight on SQLite (rowid), by name on PostgreSQL."""
+    order = "n.rowid" if dialect_of(db).name == "sqlite" else "n.node"
     rows = db.execute("SELECT n.node, n.last_seen, n.reachable, r.verdict FROM nodes n "
-                      "LEFT JOIN reports r ON r.node = n.node").fetchall()
+                      f"LEFT JOIN reports r ON r.node = n.node ORDER BY {order}").fetchall()
     nodes, seen, reachable, verdicts = zip(*rows, strict=True) if rows else ((), (), (), ())
     return NodeVerdictColumns([str(n) for n in nodes], [float(t) for t in seen],
                               [1 if r else 0 for r in reachable], list(verdicts))
-
-
-class NodeChanges(NamedTuple):
-    """The nodes written since a ``node_version`` (``node_changes``)."""
-
-    columns: NodeVerdictColumns  # their rows
-    keys: list[Any]  # their place in ``node_verdict_columns``' order (SQLite: rowid; PostgreSQL: name)
-    history: list[str]  # those whose history was written as well (``nodes.history_changed``)
-    total: int  # every node in the table
-
-
-def node_changes(db: Connection, version: int) -> NodeChanges:
-    """``node_verdict_columns`` of the nodes written since ``version`` (a ``node_version``:
-    ``nodes.changed`` above it; -1: every node), which of them had history written, and
-    how many nodes there are (one scan of ``nodes``, one statement). The keys: SQLite
-    returns ``nodes`` in rowid order (the order of first sight), PostgreSQL in its heap's
-    (not kept across updates): by name instead."""
-    key = "n.rowid" if dialect_of(db).name == "sqlite" else "n.node"
-    rows = db.execute(
-        f"SELECT n.node, n.last_seen, n.reachable, r.verdict, n.history_changed, {key} FROM nodes n "
-        "LEFT JOIN reports r ON r.node = n.node WHERE n.changed > ? "
-        "UNION ALL SELECT NULL, count(*), NULL, NULL, NULL, NULL FROM nodes", (version,)).fetchall()
-    total = next(int(row[1]) for row in rows if row[0] is None)
-    rows = [row for row in rows if row[0] is not None]
-    return NodeChanges(NodeVerdictColumns([str(r[0]) for r in rows], [float(r[1]) for r in rows],
-                                          [1 if r[2] else 0 for r in rows], [r[3] for r in rows]),
-                       [r[5] for r in rows], [str(r[0]) for r in rows if r[4] > version], total)
 
 
 # ---------------------------------------------------------------------- validation (slurmgpu validate)

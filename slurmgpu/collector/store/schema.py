@@ -430,10 +430,8 @@ def _migration_10(db: Connection) -> None:
 
 
 def _migration_11(db: Connection) -> None:
-    """``history_version``: one counter, bumped by every transaction that adds or deletes
-    ``report_history``/``findings`` rows (a state change, the pruning): a ``/metrics``
-    scrape reuses its last reading of each node's current findings while it is unchanged
-    (the query is a third of a 10,000-node scrape; those rows change rarely)."""
+    """``history_version``: a counter that incremental ``/metrics`` scrapes read; neither
+    read nor written since (docs/benchmarks.md, "/metrics: one writer")."""
     _script(db, """
         CREATE TABLE history_version (
             id INTEGER PRIMARY KEY CHECK (id = 1),
@@ -444,14 +442,9 @@ def _migration_11(db: Connection) -> None:
 
 
 def _migration_12(db: Connection) -> None:
-    """Incremental ``/metrics`` scrapes (issue 15): ``node_version``, one counter bumped by
-    every transaction that writes ``nodes`` rows (a batch, the marking of silent nodes, the
-    pruning); ``nodes.changed`` is its value at the node's last write (its row or its
-    latest report), ``nodes.history_changed`` at the node's last write of
-    ``report_history``/``findings`` rows (the pruning sets both on every node). A scrape
-    reads again only the nodes changed since the counter its last reading saw (a scan of
-    ``nodes`` with no index: no index to keep up on every write). Rows written before
-    (0) are read by a scrape's first, full reading."""
+    """``node_version``, ``nodes.changed``, ``nodes.history_changed``: the change marks of
+    incremental ``/metrics`` scrapes; neither read nor written since (docs/benchmarks.md,
+    "/metrics: one writer")."""
     _script(db, """
         CREATE TABLE node_version (
             id INTEGER PRIMARY KEY CHECK (id = 1),

@@ -133,7 +133,6 @@ NODE_COLUMNS = ("node", "first_seen", "last_seen", "last_seq", "verdict", "verdi
 
 
 def _insert_history(store: Any, sd: Recorder) -> None:
-    store.history_changed()  # (as the collector's ingest does)
     rows = {"report_history": sd.history, "findings": sd.findings, "events": sd.events,
             "decisions": sorted(sd.decisions), "node_states": sd.states, "gpu_counters": sd.gpu,
             "ib_counters": sd.ib, "node_versions": sd.versions, "checkpoints": sd.checkpoints,
