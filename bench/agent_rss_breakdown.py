@@ -74,17 +74,17 @@ def main() -> int:
 
     import pynvml
 
-    from slurmgpu.sources.nvml import library_path
+    from slurmgpu.config.env import setting_value
 
     t = time.perf_counter()
-    library = library_path(None)  # SLURMGPU_NVML_LIBRARY (the simulator), else the driver's
+    library = setting_value("nvml.library", None, os.environ)  # (the simulator), else the driver's
     if library:
         pynvml.nvmlLib = ctypes.CDLL(library)
     pynvml.nvmlInit()
     stage("nvmlInit", t)
 
     t = time.perf_counter()
-    source = slurmgpu.agent.events.PynvmlSource()
+    source = slurmgpu.agent.events.PynvmlSource(library)
     facts = source.collect()
     stage(f"gather ({len(facts.gpus)} GPUs)", t)
 

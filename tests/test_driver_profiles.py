@@ -133,7 +133,7 @@ from slurmgpu.engine import evaluate
 from slurmgpu.facts import IbFacts, NodeFacts, SoftwareVersions
 from slurmgpu.sources.nvml import PynvmlSource
 cases = json.loads(sys.argv[1])
-source = PynvmlSource(retry_delay_s=0.01)
+source = PynvmlSource(os.environ["SLURMGPU_NVML_LIBRARY"], retry_delay_s=0.01)
 out = {}
 for label, path, config in cases:
     os.environ["SLURMGPU_SIM_SCENARIO"] = path

@@ -11,15 +11,17 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from slurmgpu.facts import NvmlFacts, from_dict
 from tests.simfixtures import ScenarioFactory, sim_env
 
 COLLECT = """
-import json, sys
+import json, os, sys
 from dataclasses import asdict
 from slurmgpu.sources.nvml import PynvmlSource
 scope = json.loads(sys.argv[1])
-facts = PynvmlSource().collect(frozenset(scope) if scope is not None else None)
+facts = PynvmlSource(os.environ["SLURMGPU_NVML_LIBRARY"]).collect(frozenset(scope) if scope is not None else None)
 print(json.dumps(asdict(facts)))
 """
 
@@ -120,9 +122,9 @@ def test_fault_injected_while_process_runs(fake_nvml_lib: Path, scenario_file: S
     """One process collects, the scenario changes under it, the next collect sees it."""
     path = scenario_file()
     code = textwrap.dedent("""
-        import json, sys
+        import json, os, sys
         from slurmgpu.sources.nvml import PynvmlSource
-        source = PynvmlSource()
+        source = PynvmlSource(os.environ["SLURMGPU_NVML_LIBRARY"])
         before = source.collect()
         print(json.dumps([before.gpus[3].remapped_rows.pending, before.gpus[3].lost]), flush=True)
         sys.stdin.readline()  # the test rewrites the scenario now
@@ -156,3 +158,18 @@ def test_retry_delay_is_bounded() -> None:
     assert PynvmlSource(retry_delay_s=float("nan")).retry_delay_s == 0.0
     assert PynvmlSource(retry_delay_s=-1).retry_delay_s == 0.0
     assert PynvmlSource(retry_delay_s=0.2).retry_delay_s == 0.2
+
+
+def test_the_source_takes_its_library_as_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sources take plain arguments: ``$SLURMGPU_NVML_LIBRARY`` reaches the source through
+    the settings (the caller passes ``settings.nvml.library``), not read by the source."""
+    from slurmgpu.config.load import parse_config
+    from slurmgpu.sources.nvml import PynvmlSource
+
+    monkeypatch.setenv("SLURMGPU_NVML_LIBRARY", "/env/libnvidia-ml.so.1")
+    assert PynvmlSource().library is None
+    assert PynvmlSource("").library is None
+    assert PynvmlSource("/given/libnvidia-ml.so.1").library == "/given/libnvidia-ml.so.1"
+    settings = parse_config('[nvml]\nlibrary = "/file/libnvidia-ml.so.1"\n').settings_for(None)
+    assert settings.nvml.library == "/env/libnvidia-ml.so.1"  # (the variable still wins)
+    assert PynvmlSource(settings.nvml.library).library == "/env/libnvidia-ml.so.1"

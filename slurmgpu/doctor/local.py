@@ -222,7 +222,7 @@ def check_nvml(ctx: Context) -> Iterator[Finding]:
 
     # frozenset(): the system queries and the device count only, no per-GPU reads; a hung
     # driver answers within [nvml] query_deadline_s.
-    source = PynvmlSource(settings.nvml.library, environ=ctx.environ, retry_delay_s=0)
+    source = PynvmlSource(settings.nvml.library, retry_delay_s=0)
     nvml = DeadlineNvmlSource(source, settings.nvml.query_deadline_s).collect(frozenset())
     yield _gpu_count_finding(ctx, nvml)
 

@@ -14,20 +14,19 @@ branch does not know answer InvalidArgument and are not applicable.
 
 pynvml dlopens ``libnvidia-ml.so.1`` itself only while ``pynvml.nvmlLib`` is
 None, and caches function pointers for the life of the process; so the library
-path (``SLURMGPU_NVML_LIBRARY`` or ``[nvml] library``) is loaded once per process
-with ``ctypes.CDLL`` and assigned before ``nvmlInit``.
+path the source is given (``settings.nvml.library``: ``[nvml] library`` or
+``$SLURMGPU_NVML_LIBRARY``) is loaded once per process with ``ctypes.CDLL`` and assigned
+before ``nvmlInit``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, TypeVar
 
-from slurmgpu.config.env import setting_value
 from slurmgpu.facts import (
     EccCounts,
     FabricInfo,
@@ -66,11 +65,6 @@ class _GpuLost(Exception):
 
 class _Older(Exception):
     """The driver is older than the call or struct (FunctionNotFound / version mismatch)."""
-
-
-def library_path(configured: str | None, environ: Mapping[str, str] = os.environ) -> str | None:
-    """``[nvml] library`` as ``$SLURMGPU_NVML_LIBRARY`` leaves it; None: the linker's."""
-    return setting_value("nvml.library", configured, environ) or None
 
 
 class QueryWatch:
@@ -147,9 +141,8 @@ def _cuda_version(code: int) -> str:
 class PynvmlSource:
     """The real NVML source."""
 
-    def __init__(self, library: str | None = None, *, environ: Mapping[str, str] = os.environ,
-                 retry_delay_s: float = DEFAULT_RETRY_DELAY_S):
-        self.library = library_path(library, environ)
+    def __init__(self, library: str | None = None, *, retry_delay_s: float = DEFAULT_RETRY_DELAY_S):
+        self.library = library or None  # (None: the linker finds libnvidia-ml.so.1)
         # Bounded: a config value of inf or nan must not hang or crash a gather.
         self.retry_delay_s = min(retry_delay_s, MAX_RETRY_DELAY_S) if retry_delay_s > 0 else 0.0
         self.init_error_code: int | None = None  # the last nvmlInit's failure
