@@ -12,7 +12,6 @@ from slurmgpu.collector.store.automation import AutomationRecord, AutomationStat
 from slurmgpu.collector.store.core import Store
 from slurmgpu.collector.store.ingest import (
     DECISION_SLACK_S,
-    MAX_HIGH_WATER,
     BatchItem,
     Conflict,
     MessageKey,
@@ -21,6 +20,6 @@ from slurmgpu.collector.store.ingest import (
 from slurmgpu.collector.store.leader import Leadership
 from slurmgpu.collector.store.schema import MIGRATIONS, SCHEMA_VERSION, StoreError
 
-__all__ = ["DECISION_SLACK_S", "MAX_HIGH_WATER", "MIGRATIONS", "SCHEMA_VERSION", "AutomationRecord",
+__all__ = ["DECISION_SLACK_S", "MIGRATIONS", "SCHEMA_VERSION", "AutomationRecord",
            "AutomationState", "BatchItem", "Conflict", "Leadership", "MessageKey", "Store", "StoreError",
            "Transaction"]

@@ -48,9 +48,6 @@ BatchItem = tuple[str, Envelope] | tuple[str, Envelope, bytes]
 MessageKey = tuple[str, str, int]
 # A message's body as stored (msgpack bytes) and its digest.
 _Body = tuple[bytes, bytes]
-# In-memory high-water marks kept at most (one per node and spool epoch); past this the
-# map is dropped and rebuilt lazily, so a node inventing epochs cannot grow it.
-MAX_HIGH_WATER = 100_000
 # A drain decision of the automation may be stamped this much after the poll that saw the
 # drain (the same clock; only a bound for the lookup, see Ingest.drain_actor).
 DECISION_SLACK_S = 60.0
@@ -227,8 +224,6 @@ class Ingest:
         self._unreachable: set[str] | None = None  # nodes marked unreachable (loaded lazily)
         # node -> (drained, reason) as last recorded in node_states (loaded lazily)
         self._slurm_state: dict[str, tuple[bool, str | None]] | None = None
-        # (node, epoch) -> largest stored seq, loaded per key on first sight
-        self._high: dict[tuple[str, str], int] = {}
         # Duplicates whose body differed, found by the last ``store_batch`` call.
         self.conflicts: list[Conflict] = []
         # Reports the last ``store_batch`` stored as history only: older (by seq) than the
@@ -286,12 +281,6 @@ class Ingest:
             raise
         self._last_state.update(states)  # only what is committed
         self._current.update((node, row[5]) for node, row in rows.nodes.items() if row[5] is not None)
-        high = self._high
-        for node, epoch, seq in (key for key, _ in new):
-            # (only marks loaded from the database are raised: one missing because the map
-            # was dropped mid-batch is loaded again on next use, never guessed low)
-            if seq > high.get((node, epoch), seq):
-                high[(node, epoch)] = seq
         return [(node, seq) for (node, _epoch, seq), _ in new]
 
     def _candidates(self, batch: Sequence[BatchItem]) -> tuple[
@@ -331,25 +320,15 @@ class Ingest:
     def _forget_uncommitted(self, touched: set[str]) -> None:
         """After a ROLLBACK: drop what memory says about rows that were not written, so
         the next batch writes them (what is stored is what counts)."""
-        self._high.clear()
         self._current.clear()
         self._unreachable = None
         self.history.forget(touched)
 
     def _existing(self, keys: list[MessageKey]) -> dict[MessageKey, bytes | None]:
-        """Which of these (node, epoch, seq) are already stored, with their digests.
-
-        Agents send each spool's seqs in increasing order, so almost every message is
-        above its (node, epoch) high-water mark (the largest stored seq, kept in memory)
-        and needs no query; only resends at or below it cost an indexed point lookup.
-        """
+        """Which of these (node, epoch, seq) are already stored, with their digests (an
+        indexed point lookup each)."""
         found: dict[MessageKey, bytes | None] = {}
-        high = self._high
         for key in keys:
-            node, epoch, seq = key
-            mark = high.get((node, epoch))
-            if seq > (mark if mark is not None else self._high_water(node, epoch)):
-                continue
             row = self.db.execute("SELECT digest FROM messages WHERE node = ? AND epoch = ? AND seq = ?",
                                   key).fetchone()
             if row is not None:
@@ -385,16 +364,6 @@ class Ingest:
             "ON m.node = k.node AND m.epoch = k.epoch AND m.seq = k.seq", (nodes, epochs, seqs))
         return {(str(node), str(epoch), int(seq)): (bytes(digest) if digest is not None else None)
                 for node, epoch, seq, digest in rows}
-
-    def _high_water(self, node: str, epoch: str) -> int:
-        high = self._high.get((node, epoch))
-        if high is None:
-            if len(self._high) >= MAX_HIGH_WATER:
-                self._high.clear()
-            row = self.db.execute("SELECT max(seq) FROM messages WHERE node = ? AND epoch = ?",
-                                  (node, epoch)).fetchone()
-            high = self._high[(node, epoch)] = int(row[0] or 0)
-        return high
 
     def _write(self, new: list[tuple[MessageKey, BatchItem]], bodies: dict[MessageKey, _Body],
                touched: set[str], now: float, states: dict[str, _State]) -> _BatchRows:
