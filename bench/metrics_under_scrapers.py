@@ -5,9 +5,12 @@ A real collector process (CURVE, SQLite, ``metrics_bind`` on localhost) and 100 
 agents (``slurmgpu.sim.fleet``) sending real-sized reports at a steady rate; the run is
 repeated with ``--scrapers`` threads GETting /metrics in a loop. Reported per case: the
 ack latency p50/p99 the agents saw, reports acked, and the scrapes served (the collector
-computes at most one scrape a second; the rest get the cached bytes).
+computes at most one scrape a second; the rest get the cached bytes). ``--seed-nodes``:
+that many more nodes (8 GPUs, a report each, 1 in 10 failing) in the database before the
+collector starts, so each scrape is that fleet's size.
 
-    python bench/metrics_under_scrapers.py [--nodes 100] [--rate 2] [--duration 15] [--scrapers 8] [--json]
+    python bench/metrics_under_scrapers.py [--nodes 100] [--rate 2] [--duration 15] [--scrapers 8]
+                                           [--seed-nodes 0] [--json]
 """
 
 from __future__ import annotations
@@ -46,9 +49,27 @@ def scrape_loop(url: str, stop: threading.Event, served: list[int]) -> None:
             time.sleep(0.05)
 
 
-def run_case(nodes: int, rate: float, duration: float, scrapers: int) -> dict[str, Any]:
+def seed_fleet(db: Path, count: int) -> None:
+    """``count`` nodes with 8 GPUs and a report each (1 in 10 FAIL on a GPU)."""
+    from slurmgpu.collector.store import Store
+    from slurmgpu.wire import REPORT, Envelope
+
+    def body(i: int) -> dict[str, Any]:
+        bad = [{"check": "ecc.uncorrected", "severity": "FAIL", "gpu": 1, "message": "dbe"}] if i % 10 == 0 else []
+        return {"verdict": "FAIL" if bad else "OK", "facts": {}, "findings": [
+            {"check": "ecc.volatile", "severity": "OK", "gpu": g, "message": "ok"} for g in range(8)] + bad}
+
+    store = Store(db)
+    for start in range(0, count, 1000):
+        store.store_batch([(f"seeded-{i:05d}", Envelope(type=REPORT, node=f"seeded-{i:05d}", seq=1, body=body(i)))
+                           for i in range(start, min(count, start + 1000))])
+    store.close()
+
+
+def run_case(nodes: int, rate: float, duration: float, scrapers: int, seed_nodes: int = 0) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="scrapers-"))
     try:
+        seed_fleet(root / "fleet.db", seed_nodes)
         keys.init(root / "keys")
         sim_nodes = simfleet.make_nodes(root / "keys", nodes)
         address = f"tcp://127.0.0.1:{free_port()}"
@@ -75,7 +96,7 @@ def run_case(nodes: int, rate: float, duration: float, scrapers: int) -> dict[st
             collector.send_signal(signal.SIGTERM)
             collector.wait(30)
         summary = stats.summary()
-        return {"scrapers": scrapers, "nodes": nodes, "rate_per_node": rate, "duration_s": duration,
+        return {"scrapers": scrapers, "nodes": nodes, "seed_nodes": seed_nodes, "rate_per_node": rate, "duration_s": duration,
                 "acked": summary.get("acked"), "ack_p50_ms": summary.get("ack_p50_ms"),
                 "ack_p99_ms": summary.get("ack_p99_ms"), "scrapes_served": len(served)}
     finally:
@@ -88,9 +109,10 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=2.0, help="reports per node per second")
     parser.add_argument("--duration", type=float, default=15.0)
     parser.add_argument("--scrapers", type=int, default=8)
+    parser.add_argument("--seed-nodes", type=int, default=0, help="more nodes in the database (scrape size)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    results = [run_case(args.nodes, args.rate, args.duration, n) for n in (0, args.scrapers)]
+    results = [run_case(args.nodes, args.rate, args.duration, n, args.seed_nodes) for n in (0, args.scrapers)]
     if args.json:
         print(json.dumps(results))
     else:
