@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import shutil
 import socket
 import sqlite3
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -527,4 +529,18 @@ def test_odd_node_names_are_escaped_in_the_body(tmp_path: Path) -> None:
     assert {s.labels["node"]: s.value for s in families["slurmgpu_node_drained"].samples} == \
         {**dict.fromkeys(["gpu-a", 'we"ird', "gone-node"], 1.0),
          **dict.fromkeys(["gpu-b", "gpu-c", "back\\slash", "new\nline", "ünï", "x y"], 0.0)}
+    store.close()
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="no promtool (Debian: prometheus)")
+def test_promtool_accepts_the_body(tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    store = Store(tmp_path / "m.db")
+    seed(store, time.time())
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_fleet_metrics(store, {"drained": ["gpu-a"], "held": [], "breaker_open": True}))
+    out = subprocess.run(["promtool", "check", "metrics"], input=generate_latest(registry),
+                         capture_output=True, timeout=60, check=False)
+    assert out.returncode == 0, (out.stdout + out.stderr).decode()
     store.close()
