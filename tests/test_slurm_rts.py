@@ -121,6 +121,7 @@ def test_cleanup_removes_only_slurmgpus_leftovers(cluster: SimCluster, client: C
     borrowed = submit_as_nobody(cluster, "-w", "gpu-n1", "-J", "slurmgpu-validate-gpu-n1", "--wrap", "sleep 300")
     for job in (validation, site_job, borrowed):
         assert cluster.wait_job(job, states=("RUNNING",)) == "RUNNING"
+    assert client.job(validation).gpus == {"gpu-n3": tuple(range(8))}  # --exclusive: every GPU
     done = cleanup(client, keep_nodes={"gpu-n2"})
     assert (done.cancelled_jobs, done.deleted_reservations) == ([validation], [mine.name])
     assert ended(client, validation).state == "CANCELLED"
