@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from slurmgpu.slurm import JobInfo, SlurmError
+from slurmgpu.slurm import JobGone, JobInfo, SlurmError, SlurmUnreachable
 from slurmgpu.slurm.cli import CliSlurmClient, parse_job_json, parse_job_text
 from slurmgpu.slurm.owned import cleanup, node_of, owned_job, reservation_name, validation_job_name
 from slurmgpu.slurm.reservations import parse_reservations_text
@@ -138,3 +138,25 @@ def test_cleanup_keeps_what_is_not_slurmgpus() -> None:
     done = cleanup(fake, keep_nodes={"gpu-n2"})
     assert (done.cancelled_jobs, done.deleted_reservations) == ([mine], ["slurmgpu-rts-gpu-n1"])
     assert fake.jobs["90"].state == "RUNNING" and list(fake.reserved) == ["slurmgpu-rts-gpu-n2"]
+
+
+def test_an_unreachable_slurmctld_gets_retries_tries_of_sbatch_then_unreachable() -> None:
+    refused = (1, "", "sbatch: error: Batch job submission failed: Unable to contact slurm controller "
+                      "(connect failure)\n")
+    runner = Runner({"scontrol --version": [(1, "", "")],
+                     "scontrol -o show": [(0, "No jobs in the system\n", "")], "sbatch": [refused]})
+    sleeps: list[float] = []
+    client = CliSlurmClient(runner=runner, retries=3, retry_delay_s=0.5, sleep=sleeps.append)
+    with pytest.raises(SlurmUnreachable):
+        client.submit_validation("gpu-n1", ["true"], reservation="slurmgpu-rts-gpu-n1", time_limit_min=5)
+    assert (runner.count("sbatch"), sleeps) == (3, [0.5, 0.5])
+
+
+def test_a_job_slurm_no_longer_knows_is_gone() -> None:
+    gone = (1, "", "slurm_load_jobs error: Invalid job id specified\n")
+    runner = Runner({"scontrol --version": [(1, "", "")], "scontrol -o show": [gone],
+                     "scancel": [(1, "", "scancel: error: Kill job error on job id 7: Invalid job id specified\n")]})
+    client = CliSlurmClient(runner=runner, sleep=lambda _s: None)
+    with pytest.raises(JobGone):
+        client.job("7")
+    client.cancel_job("7")  # nothing left to cancel: no error
