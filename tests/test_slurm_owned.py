@@ -124,7 +124,16 @@ def test_bad_input_changes_nothing(bad: dict[str, object]) -> None:
     args: dict[str, object] = {"node": "gpu-n1", "duration_min": 30, "users": ["root"], **bad}
     with pytest.raises(SlurmError):
         client.create_reservation(str(args.pop("node")), **args)  # type: ignore[arg-type]
-    assert all("create" not in c for c in runner.calls)
+    assert runner.calls == []
+
+
+@pytest.mark.parametrize("command", [[], [""]])
+def test_an_empty_validation_command_is_refused(command: list[str]) -> None:
+    runner = Runner({})
+    client = CliSlurmClient(runner=runner, sleep=lambda _s: None)
+    with pytest.raises(SlurmError, match="invalid validation command"):
+        client.submit_validation("gpu-n1", command, reservation="slurmgpu-rts-gpu-n1", time_limit_min=5)
+    assert runner.calls == []
 
 
 def test_cleanup_keeps_what_is_not_slurmgpus() -> None:

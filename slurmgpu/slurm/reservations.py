@@ -95,21 +95,20 @@ class ReturnToServiceCalls:
         return next((r for r in self.reservations() if r.name == name), None)
 
     def create_reservation(self, node: str, *, duration_min: int, users: Sequence[str]) -> Reservation:
-        node = _check_node(node)
+        node, user_list, minutes = _check_node(node), _check_users(users), _check_minutes(duration_min)
         name = reservation_name(node)
         found = self._reservation(name)
         if found is None:
-            self._create_reservation(name, node, duration_min, users)
+            self._create_reservation(name, node, minutes, user_list)
             found = self._reservation(name)
         if found is None:
             raise SlurmError(f"reservation {name} was created but slurmctld does not list it")
         return found
 
-    def _create_reservation(self, name: str, node: str, duration_min: int, users: Sequence[str]) -> None:
+    def _create_reservation(self, name: str, node: str, minutes: int, users: str) -> None:
         try:
             self.run("scontrol", "create", "reservation", f"reservationname={name}", f"nodes={node}",
-                     f"users={_check_users(users)}", "starttime=now",
-                     f"duration={_check_minutes(duration_min)}", "flags=MAINT,IGNORE_JOBS")
+                     f"users={users}", "starttime=now", f"duration={minutes}", "flags=MAINT,IGNORE_JOBS")
         except SlurmCommandError as exc:
             if "duplicate reservation name" not in exc.output.lower():  # (else: made meanwhile)
                 raise _explained(f"cannot create reservation {name}", exc) from exc
@@ -129,6 +128,8 @@ class ReturnToServiceCalls:
         """Tried once per try, each after a look for the job a timed-out try may have
         submitted: a retry never submits a second validation."""
         node = _check_node(node)
+        if not command or not all(isinstance(word, str) and word for word in command):
+            raise SlurmError(f"invalid validation command: {command!r}")
         args = ["--parsable", f"--reservation={_check_reservation(reservation)}", f"--nodelist={node}",
                 "--exclusive", f"--job-name={validation_job_name(node)}",
                 f"--time={_check_minutes(time_limit_min)}", f"--output={output}", "--chdir=/tmp",
