@@ -242,9 +242,8 @@ class PyslurmClient(ClientBase):
     def reboot_and_hold(self, node: str, reason: str) -> None:
         self.command_client().reboot_and_hold(node, reason)
 
-    # ---- return to service: pyslurm 25.11's Reservation object would do, but slurmgpu
-    # also runs where pyslurm is absent or built for another release; one path for both,
-    # the command client's (its argv, idempotency, error texts), and so for sbatch.
+    # ---- return to service: through the command client (its argv, idempotency, error
+    # texts), as on a site without pyslurm: one code path, tested on the mini-cluster.
 
     def reservations(self) -> list[Reservation]:
         return self.command_client().reservations()
