@@ -171,6 +171,7 @@ class FakeSlurmClient:
         self.unreachable = False
         self.calls: list[tuple[str, ...]] = []
         self.jobs: dict[str, Any] = {}  # job id -> JobInfo (add_job)
+        self.reserved: dict[str, Any] = {}  # reservation name -> Reservation
 
     def add_job(self, job_id: str, nodes: list[str], state: str = "RUNNING", user: str | None = None) -> Any:
         from slurmgpu.slurm import JobInfo
@@ -242,3 +243,54 @@ class FakeSlurmClient:
     def set_admin_comment(self, job_id: str, comment: str) -> None:
         self._check()
         self.calls.append(("admin_comment", job_id, comment))
+
+    # ---- return to service (the real calls: slurmgpu.slurm.cli, tested on the mini-cluster)
+
+    def reboot_and_hold(self, node: str, reason: str) -> None:
+        """Like ``scontrol reboot ASAP nextstate=DOWN``: drained, reboot requested."""
+        self.reboot(node, reason)
+        self.calls[-1] = ("reboot_and_hold", node, reason)
+
+    def reservations(self) -> list[Any]:
+        self._check()
+        return list(self.reserved.values())
+
+    def create_reservation(self, node: str, *, duration_min: int, users: Any) -> Any:
+        from slurmgpu.slurm import Reservation
+        from slurmgpu.slurm.owned import reservation_name
+
+        self.node(node)
+        name = reservation_name(node)
+        reserved = self.reserved
+        if name not in reserved:
+            self.calls.append(("create_reservation", node, str(duration_min)))
+            reserved[name] = Reservation(name, (node,), frozenset({"MAINT", "IGNORE_JOBS"}), tuple(users), "ACTIVE")
+        return reserved[name]
+
+    def delete_reservation(self, name: str) -> bool:
+        self._check()
+        self.calls.append(("delete_reservation", name))
+        return self.reserved.pop(name, None) is not None
+
+    def submit_validation(self, node: str, command: Any, *, reservation: str, time_limit_min: int,
+                          output: str = "/dev/null") -> str:
+        from slurmgpu.slurm import SlurmError
+        from slurmgpu.slurm.owned import service_users, validation_job_name
+
+        self.node(node)
+        if reservation not in self.reserved:
+            raise SlurmError(f"sbatch of the validation failed: no such reservation ({reservation})")
+        job_id = str(1000 + len(self.jobs))
+        self.calls.append(("submit_validation", node, reservation, " ".join(command)))
+        job = self.add_job(job_id, [node], state="PENDING", user=service_users()[-1])
+        self.jobs[job_id] = dataclasses.replace(job, name=validation_job_name(node))
+        return job_id
+
+    def all_jobs(self) -> list[Any]:
+        return list(self.jobs.values())
+
+    def cancel_job(self, job_id: str) -> None:
+        self._check()
+        self.calls.append(("cancel_job", job_id))
+        if job_id in self.jobs and self.jobs[job_id].state in ("PENDING", "RUNNING"):
+            self.jobs[job_id] = dataclasses.replace(self.jobs[job_id], state="CANCELLED")

@@ -58,6 +58,8 @@ COMMANDS: dict[str, LazyCommand] = {
                 "Nodes drained by slurmgpu: state, reason, since when."),
     "prolog": _C("slurmgpu.cli.slurm_cmds", "prolog",
                  "Slurm Prolog: gate the job on the health of the GPUs it was given."),
+    "remediate": _C("slurmgpu.cli.remediate_cmd", "remediate",
+                    "Remediation steps on this node: reset a GPU that no process holds."),
     "report": _C("slurmgpu.cli.report_cmd", "report",
                  "Fleet health over a window: availability, drains, failures, XIDs, ECC trends, "
                  "throttling, IB ports, version pin drift, nodes due for service, jobs, MTBF."),

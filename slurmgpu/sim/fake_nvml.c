@@ -1909,3 +1909,70 @@ nvmlReturn_t DECLDIR nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data,
 {
     return event_wait(__func__, set, data, timeoutms);
 }
+
+/* ------------------------------------------------------------------ running processes */
+
+/* "processes": [{"pid": N, "used_memory": B, "type": "compute"|"graphics"}] (type defaults
+ * to compute). An absent list reads as none, as on an idle GPU. Same contract as the
+ * driver's: a too small buffer (or none) gets NVML_ERROR_INSUFFICIENT_SIZE and the count. */
+static int process_kind_matches(const cJSON *proc, const char *kind)
+{
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(proc, "type");
+    const char *have = cJSON_IsString(type) ? type->valuestring : "compute";
+    return strcmp(have, kind) == 0;
+}
+
+static nvmlReturn_t running_processes(nvmlDevice_t device, const char *fn, const char *kind,
+                                      unsigned int *infoCount, nvmlProcessInfo_t *infos)
+{
+    cJSON *gpu;
+    nvmlReturn_t rc = enter_device(device, fn, &gpu);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!infoCount)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    cJSON *list = jpath(gpu, "processes");
+    if (list && !cJSON_IsArray(list))
+        return leave(NVML_ERROR_UNKNOWN);
+    unsigned int n = 0;
+    const cJSON *proc;
+    cJSON_ArrayForEach(proc, list) {
+        if (process_kind_matches(proc, kind))
+            n++;
+    }
+    if (n > 0 && (*infoCount < n || !infos)) {
+        *infoCount = n;
+        return leave(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    unsigned int i = 0;
+    cJSON_ArrayForEach(proc, list) {
+        unsigned int pid;
+        unsigned long long used = 0;
+        if (!process_kind_matches(proc, kind))
+            continue;
+        if (juint(cJSON_GetObjectItemCaseSensitive(proc, "pid"), &pid) != J_OK)
+            return leave(NVML_ERROR_UNKNOWN);
+        if (cJSON_GetObjectItemCaseSensitive(proc, "used_memory") &&
+            jnum(cJSON_GetObjectItemCaseSensitive(proc, "used_memory"), &used) != J_OK)
+            return leave(NVML_ERROR_UNKNOWN);
+        infos[i].pid = pid;
+        infos[i].usedGpuMemory = used;
+        infos[i].gpuInstanceId = 0xFFFFFFFFu;
+        infos[i].computeInstanceId = 0xFFFFFFFFu;
+        i++;
+    }
+    *infoCount = n;
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                             nvmlProcessInfo_t *infos)
+{
+    return running_processes(device, __func__, "compute", infoCount, infos);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                              nvmlProcessInfo_t *infos)
+{
+    return running_processes(device, __func__, "graphics", infoCount, infos);
+}

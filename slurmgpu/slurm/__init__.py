@@ -11,6 +11,7 @@ collector's Slurm poll) knows who drained the node; the automation's reasons car
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -29,6 +30,11 @@ class SlurmError(SlurmGpuError):
 
 class SlurmUnreachable(SlurmError):
     """slurmctld did not answer after the configured retries."""
+
+
+class JobGone(SlurmError):
+    """Slurm does not know this job id (never existed, or finished longer than
+    MinJobAge ago and purged)."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,18 @@ class JobInfo:
     restart_count: int = 0
     state_reason: str | None = None
     admin_comment: str | None = None
+    name: str | None = None
+    # The batch script's exit status once the job ended (None while it runs or unknown).
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True)
+class Reservation:
+    name: str
+    nodes: tuple[str, ...] = ()  # expanded node names
+    flags: frozenset[str] = frozenset()  # upper case: "MAINT", "IGNORE_JOBS", ...
+    users: tuple[str, ...] = ()
+    state: str = ""  # "ACTIVE" or "INACTIVE"
 
 
 class SlurmClient(Protocol):
@@ -102,3 +120,47 @@ class SlurmClient(Protocol):
     def requeue(self, job_id: str) -> None: ...
 
     def set_admin_comment(self, job_id: str, comment: str) -> None: ...
+
+    # ---- return to service (the names: slurmgpu.slurm.owned)
+
+    def reboot_and_hold(self, node: str, reason: str) -> None:
+        """``scontrol reboot ASAP nextstate=DOWN reason=<reason> <node>``: drain now, reboot
+        when idle, and keep the node out of service after the boot (DOWN, the reason
+        ending in ``: reboot complete``) until it is resumed. Slurm 22.05 takes no
+        ``nextstate=DRAIN``. Same RebootProgram rule as ``reboot``."""
+        ...
+
+    def reservations(self) -> list[Reservation]: ...
+
+    def create_reservation(self, node: str, *, duration_min: int, users: Sequence[str]) -> Reservation:
+        """The maintenance reservation ``reservation_name(node)`` on this node alone
+        (``Flags=MAINT,IGNORE_JOBS``, starting now, for ``users``); an existing one of that
+        name is returned as it is. ``resume`` then brings the node back into it."""
+        ...
+
+    def delete_reservation(self, name: str) -> bool:
+        """Delete it; False when there was none of that name."""
+        ...
+
+    def submit_validation(self, node: str, command: Sequence[str], *, reservation: str,
+                          time_limit_min: int, output: str = "/dev/null") -> str:
+        """``sbatch --reservation --nodelist=<node> --exclusive --job-name=
+        validation_job_name(node) --wrap <command>``; the job id. An active job of that
+        name and this user is returned instead of submitting another."""
+        ...
+
+    def all_jobs(self) -> list[JobInfo]:
+        """Every job slurmctld still knows (pending, running and recently ended)."""
+        ...
+
+    def cancel_job(self, job_id: str) -> None:
+        """scancel; a job that has ended or is unknown is no error."""
+        ...
+
+
+#: The ``SlurmClient`` calls that change Slurm (a follower collector makes none).
+CHANGING_CALLS = frozenset({
+    "drain", "resume", "reboot", "signal_job", "requeue", "set_admin_comment",
+    "reboot_and_hold", "create_reservation", "delete_reservation", "submit_validation",
+    "cancel_job",
+})

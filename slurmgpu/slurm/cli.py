@@ -29,8 +29,18 @@ import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Unpack
 
-from slurmgpu.slurm import JobInfo, NodeState, SlurmError, SlurmUnreachable
-from slurmgpu.slurm.common import ClientBase, ClientOptions
+from slurmgpu.slurm import JobGone, JobInfo, NodeState, SlurmError, SlurmUnreachable
+from slurmgpu.slurm.common import (
+    ClientBase,
+    ClientOptions,
+    SlurmCommandError,
+    _check_job,
+    _check_node,
+    _first_line,
+    expand_hostlist,
+    text_pairs,
+)
+from slurmgpu.slurm.reservations import ReturnToServiceCalls
 from slurmgpu.slurm.versions import (
     already_resumed,
     legacy_json,
@@ -89,8 +99,6 @@ _JOB_BASE_STATES = frozenset({
     "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY",
 })
 
-_BAD_NODE_NAME = re.compile(r"[\s,\[\]=\x00-\x1f\x7f]")
-_JOB_ID = re.compile(r"^\d+(?:[_+]\d+)?$")
 _SIGNAL = re.compile(r"^[A-Za-z0-9]{1,16}$")
 
 
@@ -122,15 +130,6 @@ def sanitize_reason(text: str, max_len: int = 256) -> str:
 
 
 # --------------------------------------------------------------------------- parsers
-
-
-def expand_hostlist(expr: str | None) -> tuple[str, ...]:
-    """``gpu-n[1-2],cpu1`` -> ("gpu-n1", "gpu-n2", "cpu1"); "" / "(null)" -> ()."""
-    if not expr or expr in ("(null)", "None", "N/A"):
-        return ()
-    from ClusterShell.NodeSet import NodeSet
-
-    return tuple(str(n) for n in NodeSet(expr))
 
 
 def parse_index_list(text: str) -> tuple[int, ...]:
@@ -316,7 +315,22 @@ def parse_job_json(obj: Mapping[str, Any]) -> JobInfo:
         restart_count=int(restarts or 0),
         state_reason=_job_reason(obj.get("state_reason")),
         admin_comment=_str_or_none(obj.get("admin_comment")),
+        name=_str_or_none(obj.get("name")),
+        exit_code=_json_exit_code(obj.get("exit_code")),
     )
+
+
+def _json_exit_code(value: Any) -> int | None:
+    """22.05: the raw wait status (exit 3 reads 768, measured); >= 23.02:
+    ``{"status": [...], "return_code": {number}}``. A signal's death reads 128 + signal."""
+    if isinstance(value, Mapping):
+        number = _num(value.get("return_code"))
+        return int(number) if number is not None else None
+    number = _num(value)
+    if number is None:
+        return None
+    status = int(number)
+    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
 
 
 def _job_json_matches(obj: Mapping[str, Any], job_id: str) -> bool:
@@ -330,24 +344,10 @@ def _job_json_matches(obj: Mapping[str, Any], job_id: str) -> bool:
     return False
 
 
-# Keys in `scontrol -o` output start with an upper-case letter and follow a space.
-_TEXT_KEY = re.compile(r"(?:^|(?<=\s))([A-Z][A-Za-z0-9_:/]*)=")
 _REASON_WITH_STAMP = re.compile(
     r"(?:^|\s)Reason=(.*?) \[([^\[\]@\s]*)@(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)\](?=\s|$)"
 )
 _REASON_BARE = re.compile(r"(?:^|\s)Reason=(.*?)(?=\s+[A-Z][A-Za-z0-9_:/]*=|\s*$)")
-
-
-def text_pairs(line: str) -> list[tuple[str, str]]:
-    """``Key=value`` pairs of one ``scontrol -o`` record, in order (keys may repeat:
-    ``Nodes=``/``GRES=`` per node group). A value runs to the next ``Key=``, so
-    values with spaces (``OS=Linux 6.1 #1 SMP``) survive."""
-    matches = list(_TEXT_KEY.finditer(line))
-    out = []
-    for i, m in enumerate(matches):
-        end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
-        out.append((m.group(1), line[m.end():end].strip()))
-    return out
 
 
 def _parse_slurm_time(text: str) -> float | None:
@@ -429,7 +429,17 @@ def parse_job_text(line: str) -> JobInfo:
         restart_count=restarts,
         state_reason=_job_reason(first.get("Reason")),
         admin_comment=_str_or_none(first.get("AdminComment")),
+        name=_str_or_none(first.get("JobName")),
+        exit_code=_text_exit_code(first.get("ExitCode")),
     )
+
+
+def _text_exit_code(value: str | None) -> int | None:
+    """``ExitCode=2:0`` (status:signal) -> 2; ``0:9`` (killed) -> 137."""
+    m = re.match(r"(\d+):(\d+)$", value or "")
+    if not m:
+        return None
+    return 128 + int(m.group(2)) if int(m.group(2)) else int(m.group(1))
 
 
 def parse_jobs_text(text: str) -> list[JobInfo]:
@@ -439,26 +449,9 @@ def parse_jobs_text(text: str) -> list[JobInfo]:
 # --------------------------------------------------------------------------- errors
 
 
-class SlurmCommandError(SlurmError):
-    """A Slurm command exited non-zero with a definite answer (not retried)."""
-
-    def __init__(self, message: str, *, output: str = "", returncode: int | None = None) -> None:
-        super().__init__(message)
-        self.output = output
-        self.returncode = returncode
-
-
 def is_unreachable(output: str) -> bool:
     low = output.lower()
     return any(p in low for p in UNREACHABLE_PATTERNS)
-
-
-def _first_line(*texts: str) -> str:
-    for text in texts:
-        for line in (text or "").splitlines():
-            if line.strip():
-                return line.strip()
-    return ""
 
 
 def _last_line(*texts: str) -> str:
@@ -488,19 +481,6 @@ def _default_runner(
     )
 
 
-def _check_node(name: str) -> str:
-    if not isinstance(name, str) or not name or name.startswith("-") or _BAD_NODE_NAME.search(name):
-        raise SlurmError(f"invalid node name: {name!r}")
-    return name
-
-
-def _check_job(job_id: str | int) -> str:
-    jid = str(job_id).strip()
-    if not _JOB_ID.match(jid):
-        raise SlurmError(f"invalid job id: {job_id!r}")
-    return jid
-
-
 def _no_reboot_program(node: str, exc: SlurmCommandError) -> SlurmCommandError | None:
     """The clear error for a reboot refused for want of a RebootProgram, else None."""
     if "rebootprogram" not in exc.output.lower():
@@ -514,7 +494,7 @@ def _no_reboot_program(node: str, exc: SlurmCommandError) -> SlurmCommandError |
 # --------------------------------------------------------------------------- client
 
 
-class CliSlurmClient(ClientBase):
+class CliSlurmClient(ClientBase, ReturnToServiceCalls):
     """``SlurmClient`` backed by scontrol/scancel/squeue/sinfo."""
 
     def __init__(self, *, runner: Runner | None = None, **options: Unpack[ClientOptions]) -> None:
@@ -546,12 +526,12 @@ class CliSlurmClient(ClientBase):
             self._bins[name] = found or os.path.join(FALLBACK_BIN_DIR, name)
         return self._bins[name]
 
-    def run(self, tool: str, *args: str) -> subprocess.CompletedProcess[str]:
+    def run(self, tool: str, *args: str, tries: int | None = None) -> subprocess.CompletedProcess[str]:
         """Run one Slurm command, retrying while slurmctld does not answer.
 
         Returns the finished process (exit 0). Raises ``SlurmUnreachable`` after
-        ``retries`` tries and ``SlurmCommandError`` (a ``SlurmError``) at once
-        for any other failure.
+        ``retries`` tries (or ``tries``, when fewer) and ``SlurmCommandError`` (a
+        ``SlurmError``) at once for any other failure.
         """
         argv = [self.binary(tool), *args]
         label = _label(argv)
@@ -572,7 +552,7 @@ class CliSlurmClient(ClientBase):
                     line = _first_line(cp.stderr, cp.stdout) or f"exit status {cp.returncode}"
                     raise SlurmCommandError(f"{label}: {line}", output=out, returncode=cp.returncode)
                 last = _last_line(cp.stderr, cp.stdout)
-            if not self.may_retry(attempt):
+            if (tries is not None and attempt >= tries) or not self.may_retry(attempt):
                 break
             self._log_retry(label, attempt, last)
             self._sleep(self.retry_delay_s)
@@ -701,9 +681,19 @@ class CliSlurmClient(ClientBase):
         shows ``IDLE+DRAIN+REBOOT_REQUESTED``, then ``DOWN+DRAIN+REBOOT_ISSUED``
         with ``" : reboot issued"`` appended to the reason.
         """
+        self._reboot(node, reason, "RESUME")
+
+    def reboot_and_hold(self, node: str, reason: str) -> None:
+        """``scontrol reboot ASAP nextstate=DOWN reason=... NODE``. 22.05 refuses
+        ``nextstate=DRAIN`` ("Invalid state: DRAIN / Valid states: DOWN, RESUME", measured);
+        after the boot the node is DOWN with ``" : reboot issued : reboot complete"``
+        appended to the reason, and takes jobs only once resumed."""
+        self._reboot(node, reason, "DOWN")
+
+    def _reboot(self, node: str, reason: str, next_state: str) -> None:
         node = _check_node(node)
         try:
-            self.run("scontrol", "reboot", "ASAP", "nextstate=RESUME",
+            self.run("scontrol", "reboot", "ASAP", f"nextstate={next_state}",
                      f"reason={sanitize_reason(reason)}", node)
         except SlurmCommandError as exc:
             clear = _no_reboot_program(node, exc)
@@ -749,12 +739,18 @@ class CliSlurmClient(ClientBase):
             cp = self.run("scontrol", "-o", "show", "job", "-d", jid)
         except SlurmCommandError as exc:
             if "invalid job id" in exc.output.lower():
-                raise SlurmError(f"no such job: {jid}") from exc
+                raise JobGone(f"no such job: {jid}") from exc
             raise
         jobs = parse_jobs_text(cp.stdout)
         if not jobs:
-            raise SlurmError(f"no such job: {jid}")
+            raise JobGone(f"no such job: {jid}")
         return jobs[0]
+
+    def all_jobs(self) -> list[JobInfo]:
+        jobs = self._jobs_json()
+        if jobs is None:
+            jobs = parse_jobs_text(self.run("scontrol", "-o", "show", "job", "-d").stdout)
+        return jobs
 
     def signal_job(self, job_id: str, signal: str = "USR1", *, full: bool = False) -> None:
         jid = _check_job(job_id)

@@ -11,7 +11,8 @@ API names checked against the pyslurm 25.11.2 sources:
 ``{"gpu": {"count": 2, "indexes": "0-1"}}``; errors are ``pyslurm.RPCError``.
 pyslurm has no reboot call (``Node`` offers load/create/modify/delete only, and
 libslurm's reboot RPC is not part of its object API), so ``reboot`` runs the same
-``scontrol reboot`` argv as the CLI client.
+``scontrol reboot`` argv as the CLI client; so do the return-to-service calls
+(reservations, the validation's sbatch, scancel, the job list): one code path.
 
 A caller with a deadline (a hook) gets the command client instead (``factory.bounded``):
 a libslurm call cannot be cut short. Contract-tested against Slurm 25.11.7 with
@@ -28,10 +29,10 @@ import importlib.metadata
 import importlib.util
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar, Unpack
 
-from slurmgpu.slurm import JobInfo, NodeState, SlurmError, SlurmUnreachable
+from slurmgpu.slurm import JobGone, JobInfo, NodeState, Reservation, SlurmError, SlurmUnreachable
 from slurmgpu.slurm.cli import (
     ACTIVE_JOB_STATES,
     CliSlurmClient,
@@ -131,6 +132,11 @@ def _gpu_indices_from_layout(gres: Any) -> tuple[int, ...]:
                 continue
             out.update(parse_index_list(str(val.get("indexes") or "")))
     return tuple(sorted(out))
+
+
+def _exit_code(value: Any) -> int | None:
+    """pyslurm's ``Job.exit_code``: an int once the job ended."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _signal_name(signal: str) -> str:
@@ -233,6 +239,32 @@ class PyslurmClient(ClientBase):
         through ``CliSlurmClient`` (same argv, sanitising, retries and errors)."""
         self.command_client().reboot(node, reason)
 
+    def reboot_and_hold(self, node: str, reason: str) -> None:
+        self.command_client().reboot_and_hold(node, reason)
+
+    # ---- return to service: through the command client (its argv, idempotency, error
+    # texts), as on a site without pyslurm: one code path, tested on the mini-cluster.
+
+    def reservations(self) -> list[Reservation]:
+        return self.command_client().reservations()
+
+    def create_reservation(self, node: str, *, duration_min: int, users: Sequence[str]) -> Reservation:
+        return self.command_client().create_reservation(node, duration_min=duration_min, users=users)
+
+    def delete_reservation(self, name: str) -> bool:
+        return self.command_client().delete_reservation(name)
+
+    def submit_validation(self, node: str, command: Sequence[str], *, reservation: str,
+                          time_limit_min: int, output: str = "/dev/null") -> str:
+        return self.command_client().submit_validation(
+            node, command, reservation=reservation, time_limit_min=time_limit_min, output=output)
+
+    def all_jobs(self) -> list[JobInfo]:
+        return self.command_client().all_jobs()
+
+    def cancel_job(self, job_id: str) -> None:
+        self.command_client().cancel_job(job_id)
+
     def command_client(self) -> CliSlurmClient:
         """The command client with this client's settings and deadline."""
         cli = CliSlurmClient(bin_dir=self.bin_dir, env=self.env, retries=self.retries,
@@ -266,6 +298,8 @@ class PyslurmClient(ClientBase):
             restart_count=int(getattr(j, "requeue_count", 0) or 0),
             state_reason=None if reason in (None, "", "None") else str(reason),
             admin_comment=getattr(j, "admin_comment", None) or None,
+            name=getattr(j, "name", None) or None,
+            exit_code=_exit_code(getattr(j, "exit_code", None)),
         )
 
     def jobs_on_node(self, node: str) -> list[JobInfo]:
@@ -290,7 +324,7 @@ class PyslurmClient(ClientBase):
             j = self._call("Job.load", lambda: self.pyslurm.Job.load(num))
         except SlurmCommandError as exc:
             if "invalid job id" in exc.output.lower():
-                raise SlurmError(f"no such job: {num}") from exc
+                raise JobGone(f"no such job: {num}") from exc
             raise
         return self._job_info(j)
 

@@ -255,7 +255,7 @@ class SimCluster(SlurmDaemons):
         }
 
     def reset(self, timeout: float = 60) -> None:
-        """Back to the state right after ``up``: no jobs, up() scenario on every node, empty
+        """Back to the state right after ``up``: no jobs, no reservations, up() scenario on every node, empty
         kmsg and state dirs, default slurmgpu.toml, hooks as at up, a slurmd for every node
         (restarted if it died), drained/down nodes resumed, every node idle and without a
         reason."""
@@ -267,6 +267,7 @@ class SimCluster(SlurmDaemons):
         self.set_hooks_enabled(False)  # cancelled jobs' epilogs must not drain nodes
         try:
             self.cancel_all(timeout)
+            self.delete_reservations()
             base = load_scenario(self.dir / "scenario.base.json")
             for node in self.nodes:
                 write_scenario(self.scenario_path(node), base)

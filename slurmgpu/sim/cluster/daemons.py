@@ -143,6 +143,17 @@ class SlurmDaemons(GpuCluster):
                 asked = now
             time.sleep(0.2)
 
+    def boot(self, node: str, timeout: float = 15) -> None:
+        """Play a node coming back from ``scontrol reboot``: the RebootProgram (/bin/true)
+        records nothing and restarts nothing, so this is the boot (see _reboot_slurmd)."""
+        self._reboot_slurmd(node, timeout)
+
+    def delete_reservations(self) -> None:
+        """Delete every reservation (a test's, or one slurmgpu left behind)."""
+        out = self._run(["scontrol", "-o", "show", "reservation"], check=False)
+        for name in re.findall(r"^ReservationName=(\S+)", out, re.MULTILINE):
+            self._run(["scontrol", "delete", f"reservationname={name}"], check=False)
+
     def _reboot_slurmd(self, node: str, timeout: float = 15) -> None:
         """Finish a reboot the RebootProgram (/bin/true) never did: restart the node's
         slurmd with -b, which tells slurmctld the node has just booted."""
