@@ -490,9 +490,9 @@ def _migration_14(db: Connection) -> None:
     validation run (a node's return, an idle-time or a manual one), written when it starts
     and again when it ends; ``drain_outcomes``, what each drain turned out to be, per check
     (the report's ``verdict_quality``); ``remediation_ladders``, each node's open ladder as
-    JSON, so that a new leader resumes it."""
+    JSON, so that a new leader resumes it. (IF NOT EXISTS: as in migration 10.)"""
     _script(db, """
-        CREATE TABLE validations (
+        CREATE TABLE IF NOT EXISTS validations (
             node TEXT NOT NULL,
             started REAL NOT NULL,
             trigger TEXT NOT NULL,
@@ -504,8 +504,8 @@ def _migration_14(db: Connection) -> None:
             outcome TEXT,
             PRIMARY KEY (node, started)
         );
-        CREATE INDEX validations_started ON validations (started);
-        CREATE TABLE drain_outcomes (
+        CREATE INDEX IF NOT EXISTS validations_started ON validations (started);
+        CREATE TABLE IF NOT EXISTS drain_outcomes (
             node TEXT NOT NULL,
             drained_at REAL NOT NULL,
             check_id TEXT NOT NULL,
@@ -515,8 +515,8 @@ def _migration_14(db: Connection) -> None:
             returned_by TEXT,
             PRIMARY KEY (node, drained_at, check_id)
         );
-        CREATE INDEX drain_outcomes_drained_at ON drain_outcomes (drained_at);
-        CREATE TABLE remediation_ladders (
+        CREATE INDEX IF NOT EXISTS drain_outcomes_drained_at ON drain_outcomes (drained_at);
+        CREATE TABLE IF NOT EXISTS remediation_ladders (
             node TEXT PRIMARY KEY,
             state TEXT NOT NULL,
             updated REAL NOT NULL
