@@ -18,6 +18,7 @@ from slurmgpu.collector.store.remediation import (
     forget_ladder,
     load_ladders,
     record_drain_outcome,
+    record_ladder,
     record_validation,
     save_ladder,
     validations,
@@ -131,3 +132,34 @@ def test_the_command_says_when_the_database_is_missing_or_too_old(tmp_path: Path
         db.execute("UPDATE schema_version SET version = 13")
     result = CliRunner().invoke(cli, ["validations", "--db", str(old)])
     assert result.exit_code != 0 and "schema version 13 has no validation history" in result.output
+
+
+def test_a_ladder_is_recorded_turn_by_turn_and_its_outcome_once_known(store_url: str) -> None:
+    import slurmgpu.remediation.steps as st
+    from slurmgpu.remediation.ladder import advance
+
+    settings = RemediationSettings()
+    bad = Finding("validate.gemm", Severity.FAIL, "slow", gpu=0)
+    decision = start("gpu-n1", [Finding("ecc.volatile", Severity.FAIL, "bad", gpu=0),
+                                Finding("xid.recent", Severity.FAIL, "XID 48", gpu=0)], T0, settings)
+    store = Store(store_url)
+    try:
+        turns: list[tuple[float, st.Event]] = [
+            (T0 + 60, st.PassiveHealthy()), (T0 + 61, st.ValidationSubmitted("5")),
+            (T0 + 120, st.ValidationFailed("5", (bad,))), (T0 + 180, st.ResetDone()),
+            (T0 + 181, st.ValidationSubmitted("6")), (T0 + 300, st.ValidationPassed("6"))]
+        for now, event in turns:
+            decision = advance(decision.ladder, event, now, settings)
+            with store.transaction():
+                record_ladder(store.db, decision.ladder, now, "NVIDIA H100 80GB HBM3")
+            if now == T0 + 120:
+                assert list(load_ladders(store.db)) == ["gpu-n1"]  # open: kept for the next leader
+                assert [(o.outcome, o.resolved_at) for o in drain_outcomes(store.db)] == [("confirmed", None)] * 2
+        assert load_ladders(store.db) == {}  # closed: nothing left to resume
+        assert [(r.verdict, r.duration_s, r.outcome, r.job_id) for r in validations(store.db)] == [
+            ("fail", 60.0, "drained", "5"), ("pass", 120.0, "released", "6")]
+        assert drain_outcomes(store.db) == [
+            DrainOutcome("gpu-n1", T0, c, "NVIDIA H100 80GB HBM3", "confirmed", T0 + 300, "reset")
+            for c in ("ecc.volatile", "xid.recent")]
+    finally:
+        store.close()

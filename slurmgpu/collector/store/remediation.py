@@ -12,6 +12,7 @@ from dataclasses import astuple, dataclass, fields
 from typing import Any
 
 from slurmgpu.collector.store.backend import Connection
+from slurmgpu.remediation.ladder import Ladder, Stage, ValidationRun
 
 TRIGGERS = ("return", "idle", "manual")
 OUTCOMES = ("confirmed", "cleared_by_validation", "transient", "unknown")
@@ -96,6 +97,40 @@ def load_ladders(db: Connection) -> dict[str, dict[str, Any]]:
     """Every kept ladder's JSON, by node (``ladder.from_json`` reads each)."""
     return {str(node): json.loads(state) for node, state in
             db.execute("SELECT node, state FROM remediation_ladders ORDER BY node")}
+
+
+def record_ladder(db: Connection, ladder: Ladder, now: float, gpu_model: str | None = None) -> None:
+    """Everything a turn of ``ladder`` changed: its JSON kept while it is open (forgotten
+    once closed), its validation runs (trigger ``return``), and once known the outcome of
+    its drain for each of the drain's checks (``gpu_model``: the node's; confirmed may be
+    known before the ladder ends: ``resolved_at`` stays None until it does)."""
+    if ladder.closed:
+        forget_ladder(db, ladder.node)
+    else:
+        save_ladder(db, ladder.node, ladder.to_json(), now)
+    for run in ladder.validations:
+        record_validation(db, _validation_row(ladder, run))
+    outcome = ladder.outcome
+    if outcome is not None:
+        for check in ladder.checks or ["unknown"]:
+            record_drain_outcome(db, DrainOutcome(ladder.node, ladder.since, check, gpu_model, str(outcome),
+                                                  ladder.closed_at, _returned_by(ladder)))
+
+
+def _validation_row(ladder: Ladder, run: ValidationRun) -> ValidationRow:
+    duration = None if run.finished is None else round(run.finished - run.started, 3)
+    last = run is ladder.validations[-1]
+    outcome: str | None = {"pass": "released", "fail": "drained"}.get(str(run.verdict), "retried")
+    if run.verdict is None:
+        outcome = None
+    elif last and ladder.stage is Stage.HELD:
+        outcome = "held"
+    return ValidationRow(ladder.node, run.started, "return", run.tier, run.verdict, duration, run.reservation,
+                         run.job_id, outcome)
+
+
+def _returned_by(ladder: Ladder) -> str | None:
+    return "repair" if ladder.stage is Stage.REPAIR else ladder.returned_by
 
 
 def _upsert(db: Connection, table: str, columns: tuple[str, ...], keys: tuple[str, ...],
