@@ -29,8 +29,11 @@ COLUMNS = ("node", "trigger", "tier", "verdict", "started", "duration_s", "reser
 @db_option
 @json_option("JSON output: a list of runs.")
 def validations(node: str | None, config_file: str | None, db: str | None, as_json: bool) -> None:
-    """The validation history, oldest first: node, trigger (return, idle, manual), tier,
-    verdict, started, duration_s, reservation, outcome (docs/remediation.md)."""
+    """The validation history from the collector's database: one row per run (return to
+    service, idle-time, manual).
+
+    Oldest first: node, trigger (return, idle, manual), tier, verdict, started,
+    duration_s, reservation, outcome (docs/remediation.md)."""
     from slurmgpu.collector.store.queries import snapshot
     from slurmgpu.collector.store.remediation import validations as stored
     from slurmgpu.collector.store.schema import schema_version
