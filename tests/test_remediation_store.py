@@ -16,6 +16,7 @@ from slurmgpu.collector.store.remediation import (
     ValidationRow,
     drain_outcomes,
     forget_ladder,
+    last_validated,
     load_ladders,
     record_drain_outcome,
     record_ladder,
@@ -50,6 +51,9 @@ def test_a_validation_is_written_at_its_start_and_completed_at_its_end(store_url
         assert [(r.node, r.verdict, r.duration_s, r.outcome) for r in rows] == [
             ("gpu-n2", "fail", 30.0, "drained"), ("gpu-n1", "pass", 62.5, "released")]
         assert [r.node for r in validations(store.db, "gpu-n1")] == ["gpu-n1"]
+        with store.transaction():
+            record_validation(store.db, ValidationRow("gpu-n1", T0 + 99, "idle", "quick", "timeout"))
+        assert last_validated(store.db) == {"gpu-n1": T0 + 10, "gpu-n2": T0}  # a timeout judged nothing
         with pytest.raises(ValueError, match="validation trigger 'nightly'"):
             record_validation(store.db, ValidationRow("gpu-n1", T0, "nightly", "quick"))
     finally:

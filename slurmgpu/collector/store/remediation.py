@@ -70,6 +70,14 @@ def validations(db: Connection, node: str | None = None) -> list[ValidationRow]:
     return [ValidationRow(*row) for row in rows]
 
 
+def last_validated(db: Connection) -> dict[str, float]:
+    """Each node's latest validation start that gave a verdict (pass or fail), any trigger:
+    what ``triggers.due_for_idle_validation`` reads."""
+    rows = db.execute("SELECT node, max(started) FROM validations WHERE verdict IN ('pass', 'fail') "
+                      "GROUP BY node").fetchall()
+    return {str(node): float(ts) for node, ts in rows}
+
+
 def record_drain_outcome(db: Connection, row: DrainOutcome) -> None:
     if row.outcome not in OUTCOMES:
         raise ValueError(f"drain outcome {row.outcome!r} (expected one of {', '.join(OUTCOMES)})")
