@@ -167,3 +167,24 @@ def test_a_ladder_is_recorded_turn_by_turn_and_its_outcome_once_known(store_url:
             for c in ("ecc.volatile", "xid.recent")]
     finally:
         store.close()
+
+
+def test_a_held_ladder_records_its_runs_as_retried_then_held_and_no_outcome(store_url: str) -> None:
+    import slurmgpu.remediation.steps as st
+    from slurmgpu.remediation.ladder import Stage, advance
+
+    settings = RemediationSettings(validate_attempts=2, validate_backoff_s=10)
+    ladder = start("gpu-n1", [Finding("ecc.volatile", Severity.FAIL, "bad", gpu=0)], T0, settings).ladder
+    for now, event in [(T0 + 1, st.PassiveHealthy()), (T0 + 2, st.ValidationTimedOut()),
+                       (T0 + 12, st.Tick()), (T0 + 13, st.StepFailed("create_reservation", "exists"))]:
+        ladder = advance(ladder, event, now, settings).ladder
+    assert ladder.stage is Stage.HELD
+    store = Store(store_url)
+    try:
+        with store.transaction():
+            record_ladder(store.db, ladder, T0 + 13)
+        assert [(r.verdict, r.outcome) for r in validations(store.db)] == [("timeout", "retried"),
+                                                                          ("cancelled", "held")]
+        assert drain_outcomes(store.db) == [] and list(load_ladders(store.db)) == ["gpu-n1"]
+    finally:
+        store.close()
