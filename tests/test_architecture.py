@@ -104,6 +104,9 @@ LAYERS = [
     (("slurmgpu.validate",), ("slurmgpu.cli", "slurmgpu.agent", "slurmgpu.collector", "slurmgpu.gate",
                               "slurmgpu.slurm", "slurmgpu.actions"),
      "active tests judge; the CLI runs them, the agent and the collector carry their findings"),
+    (("slurmgpu.remediation",), ("slurmgpu.sources", "slurmgpu.cli", "slurmgpu.agent", "slurmgpu.collector",
+                                 "slurmgpu.gate", "slurmgpu.slurm", "slurmgpu.actions"),
+     "the ladder decides and the ticket is data; the collector carries the steps out"),
 ]
 
 

@@ -74,6 +74,9 @@ COMMANDS: dict[str, LazyCommand] = {
                    "Run active tests on this node (GPU burn with silent-data-corruption screening, "
                    "memory, PCIe, P2P/NVLink and NCCL bandwidth, DCGM diag, IB loopback): for idle "
                    "nodes only, never from a prolog."),
+    "validations": _C("slurmgpu.cli.validations_cmd", "validations",
+                      "The validation history from the collector's database: one row per run "
+                      "(return to service, idle-time, manual)."),
 }
 
 class RootGroup(LazyGroup):

@@ -590,6 +590,7 @@ class ReportSettings:
 
 
 HangSeverity = Literal["warn", "fail", "unknown"]
+Tier = Literal["quick", "full"]
 BANDWIDTH = Range(0.001, 100_000)  # GB/s or Gb/s: well past any link that exists
 
 
@@ -631,6 +632,44 @@ class ValidateSettings:
     nvbandwidth: str = ""
     # The Python that runs the built-in probe ("": slurmgpu's own); one with CuPy or PyTorch.
     probe_python: str = ""
+    # Idle-time validation (docs/remediation.md): every node is validated this often, as a
+    # low-priority job in a preemptible QOS or partition that real work preempts; 0 = never.
+    every_days: Annotated[float, Range(0.01, 365, off=0)] = 0.0
+    idle_tier: Tier = "quick"
+    idle_qos: str = ""
+    idle_partition: str = ""
+
+
+@dataclass
+class RemediationSettings:
+    """Return to service (docs/remediation.md): a node slurmgpu drained passes validation in
+    a maintenance reservation before it takes jobs again; on a fail it climbs the ladder
+    GPU reset -> reboot -> repair hand-off. Each step: attempts (0 for reset or reboot
+    skips that rung) and a backoff that doubles with each failed attempt."""
+
+    enabled: bool = False
+    # The validation tier run in the reservation, and how long the run may take.
+    tier: Tier = "quick"
+    validation_timeout_s: Annotated[float, Range(60, 2 * DAY)] = 1800.0
+    # The reservation's duration (it ends on its own even if slurmgpu never deletes it).
+    reservation_s: Annotated[float, Range(300, 7 * DAY)] = 7200.0
+    validate_attempts: Annotated[int, Range(1, 100)] = 2
+    validate_backoff_s: Annotated[float, Range(0, DAY)] = 300.0
+    reset_attempts: Annotated[int, Range(0, 100)] = 1
+    reset_backoff_s: Annotated[float, Range(0, DAY)] = 300.0
+    reset_timeout_s: Annotated[float, Range(10, DAY)] = 600.0
+    reboot_attempts: Annotated[int, Range(0, 100)] = 1
+    reboot_backoff_s: Annotated[float, Range(0, DAY)] = 900.0
+    # How long a rebooting node has to come back before the attempt counts as failed.
+    reboot_timeout_s: Annotated[float, Range(60, 7 * DAY)] = 3600.0
+    # Run with the repair ticket (JSON, docs/remediation.md) on stdin; "" = no hand-off
+    # beyond the drain reason. Split like a shell line, not run by a shell.
+    repair_command: str = ""
+    repair_timeout_s: Annotated[float, TIMEOUT] = 60.0
+    # Operator drains: validated before resume when their reason holds operator_tag, or
+    # all of them with operator_drains.
+    operator_drains: bool = False
+    operator_tag: str = "[validate]"
 
 
 @dataclass
@@ -664,3 +703,4 @@ class Settings:
     automation: AutomationSettings = field(default_factory=AutomationSettings)
     report: ReportSettings = field(default_factory=ReportSettings)
     validate: ValidateSettings = field(default_factory=ValidateSettings)
+    remediation: RemediationSettings = field(default_factory=RemediationSettings)

@@ -334,6 +334,10 @@ class Validator:
                 err = _free_min_error(v)
                 if err:
                     raise self.error((*key, DictKey(k)), err)
+        elif setting in _TEXT_RULES:
+            err = _TEXT_RULES[setting](value)
+            if err:
+                raise self.error(key, err)
         elif setting == "ib.hw_counters_delta_max":
             for k in value:
                 if not _HW_COUNTER_RE.fullmatch(k):
@@ -408,6 +412,29 @@ def endpoint_error(address: str) -> str | None:
     if not 1 <= int(found.group(1)) <= 65535:
         return f"port out of range in {quote(address)} (1 to 65535)"
     return None
+
+
+def _command_error(text: str) -> str | None:
+    """``[remediation] repair_command``: "" or a line ``shlex`` can split."""
+    import shlex
+
+    try:
+        shlex.split(text)
+    except ValueError as exc:
+        return f"not a command line ({exc}): quote it as a shell would"
+    return None
+
+
+def _tag_error(text: str) -> str | None:
+    """``[remediation] operator_tag``: a word an operator writes in a drain reason."""
+    if not text.strip() or text != text.strip():
+        return 'must be a non-empty tag without surrounding spaces, e.g. "[validate]"'
+    return None
+
+
+# Settings whose string value has a form a type cannot say: setting -> its error (None: fine).
+_TEXT_RULES = {"remediation.repair_command": _command_error,
+               "remediation.operator_tag": _tag_error}
 
 
 def _free_min_error(text: str) -> str | None:

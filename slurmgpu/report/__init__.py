@@ -11,7 +11,7 @@ SCHEMA = "slurmgpu.report/1"
 
 # Section ids, in report order: HTML <section id=...> and the model's keys.
 SECTIONS = ("summary", "availability", "drains", "failures", "xids", "ecc-trends", "throttling",
-            "ib", "pin-drift", "service", "jobs", "mtbf")
+            "ib", "pin-drift", "service", "jobs", "mtbf", "verdict_quality", "return-to-service")
 
 TITLES = {
     "summary": "Summary",
@@ -26,6 +26,8 @@ TITLES = {
     "service": "Nodes due for service",
     "jobs": "Jobs affected",
     "mtbf": "MTBF by GPU model",
+    "verdict_quality": "Verdict quality",
+    "return-to-service": "Return to service",
 }
 
 FORMATS = ("html", "md", "json")

@@ -13,7 +13,17 @@ from typing import Any
 from slurmgpu.report import SECTIONS, TITLES
 from slurmgpu.report import sections as shared
 from slurmgpu.report.render_util import axis, day, duration, hours, num, pct, per, tick, when
-from slurmgpu.report.sections import MTBF_HEADERS, Renderers, mtbf_rows
+from slurmgpu.report.sections import (
+    MTBF_HEADERS,
+    NO_OUTCOMES,
+    RETURN_HEADERS,
+    VERDICT_HEADERS,
+    Renderers,
+    mtbf_rows,
+    return_rows,
+    validation_runs,
+    verdict_rows,
+)
 
 COLORS = {"healthy": "#2e9d57", "degraded": "#e0a100", "drained": "#c8453c",
           "unreachable": "#8c8c8c"}
@@ -461,6 +471,29 @@ def _mtbf(m: dict[str, Any]) -> str:
     return ('<p class="meta">Node-hours observed in the window divided by the failures '
             "counted; n/a when there was none.</p>"
             + _table(MTBF_HEADERS, mtbf_rows(m), numeric=range(1, 7)))
+
+
+@renders("verdict_quality")
+def _verdict_quality(m: dict[str, Any]) -> str:
+    q = m["verdict_quality"]
+    if q["source"] is None:
+        return f'<p class="meta">{e(NO_OUTCOMES)}</p>'
+    return ('<p class="meta">What the drains started in the window turned out to be. Precision: '
+            "the share of the judged drains (confirmed, transient, cleared by validation) that "
+            "were right; not judged without one.</p>"
+            + _table(VERDICT_HEADERS, verdict_rows(q["checks"]), numeric=range(1, 7))
+            + "<h3>By GPU model</h3>"
+            + _table(VERDICT_HEADERS, verdict_rows(q["by_gpu_model"]), numeric=range(1, 7)))
+
+
+@renders("return-to-service")
+def _return_to_service(m: dict[str, Any]) -> str:
+    r = m["return-to-service"]
+    if r["source"] is None:
+        return f'<p class="meta">{e(NO_OUTCOMES)}</p>'
+    return ('<p class="meta">From drain to return (or to the repair hand-off), per step, of the '
+            f"drains resolved in the window. Validations run: {e(validation_runs(r['validations']))}.</p>"
+            + _table(RETURN_HEADERS, return_rows(r["steps"]), numeric=range(1, 5)))
 
 
 _RENDER = renders.complete()

@@ -9,7 +9,17 @@ from typing import Any
 from slurmgpu.report import SECTIONS, TITLES
 from slurmgpu.report import sections as shared
 from slurmgpu.report.render_util import duration, hours, num, pct, per, when
-from slurmgpu.report.sections import MTBF_HEADERS, Renderers, mtbf_rows
+from slurmgpu.report.sections import (
+    MTBF_HEADERS,
+    NO_OUTCOMES,
+    RETURN_HEADERS,
+    VERDICT_HEADERS,
+    Renderers,
+    mtbf_rows,
+    return_rows,
+    validation_runs,
+    verdict_rows,
+)
 
 BAR_WIDTH = 20
 
@@ -223,6 +233,24 @@ def _jobs(m: dict[str, Any]) -> str:
 @renders("mtbf")
 def _mtbf(m: dict[str, Any]) -> str:
     return table(MTBF_HEADERS, mtbf_rows(m))
+
+
+@renders("verdict_quality")
+def _verdict_quality(m: dict[str, Any]) -> str:
+    q = m["verdict_quality"]
+    if q["source"] is None:
+        return f"_{NO_OUTCOMES}_\n"
+    return (table(VERDICT_HEADERS, verdict_rows(q["checks"])) + "\nBy GPU model:\n\n"
+            + table(VERDICT_HEADERS, verdict_rows(q["by_gpu_model"])))
+
+
+@renders("return-to-service")
+def _return_to_service(m: dict[str, Any]) -> str:
+    r = m["return-to-service"]
+    if r["source"] is None:
+        return f"_{NO_OUTCOMES}_\n"
+    return (table(RETURN_HEADERS, return_rows(r["steps"]))
+            + f"\nValidations run: {cell(validation_runs(r['validations']))}\n")
 
 
 _RENDER = renders.complete()

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from slurmgpu.report import SECTIONS
-from slurmgpu.report.render_util import hours, mtbf, num
+from slurmgpu.report.render_util import duration, hours, mtbf, num
 
 # Renders one section of the report model.
 Renderer = Callable[[dict[str, Any]], str]
@@ -56,3 +56,29 @@ def pin_finding_rows(by_nodes: Sequence[Mapping[str, Any]]) -> list[list[Any]]:
     """The nodes' own pin findings as table rows: node, check, severity, message."""
     return [[f["node"], f["check"] + (f" GPU {f['gpu']}" if f["gpu"] is not None else ""),
              f["severity"], f["message"] or ""] for f in by_nodes]
+
+
+VERDICT_HEADERS = ("check", "drains", "confirmed", "cleared by validation", "transient", "unknown",
+                   "precision")
+RETURN_HEADERS = ("returned by", "nodes", "median", "p90", "max")
+NO_OUTCOMES = "not recorded: this database is from before return to service (schema 14)"
+
+
+def verdict_rows(rows: Sequence[Mapping[str, Any]]) -> list[list[Any]]:
+    """Verdict quality rows (``VERDICT_HEADERS``): a check's drains by outcome and its
+    precision, "not judged" where no drain was resolved."""
+    return [[r["check"] + (f" ({r['gpu_model']})" if "gpu_model" in r else ""), r["drains"], r["confirmed"],
+             r["cleared_by_validation"], r["transient"], r["unknown"],
+             "not judged" if r["precision"] is None else f"{100 * r['precision']:.0f}% of {r['resolved']}"]
+            for r in rows]
+
+
+def return_rows(steps: Sequence[Mapping[str, Any]]) -> list[list[Any]]:
+    """Return-to-service rows (``RETURN_HEADERS``): per step, the time from drain to return."""
+    return [[s["step"], s["nodes"], duration(s["median_s"]), duration(s["p90_s"]), duration(s["max_s"])]
+            for s in steps]
+
+
+def validation_runs(runs: Sequence[Mapping[str, Any]]) -> str:
+    """``return pass 3, idle fail 1`` (none: ``none``)."""
+    return ", ".join(f"{r['trigger']} {r['verdict'] or 'running'} {r['runs']}" for r in runs) or "none"

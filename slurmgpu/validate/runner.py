@@ -2,7 +2,8 @@
 files (a child left holding a pipe cannot block us), a hard deadline after which the
 whole group is killed with SIGKILL, and the group swept after a normal exit too, so
 nothing a test started outlives it. A command that cannot start is a ``ToolRun`` with
-``error`` set, never an exception."""
+``error`` set, never an exception. Its stdin: nothing, or bytes given (from a file, so
+a command that never reads them cannot block us either)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO
 
@@ -40,14 +41,15 @@ class ToolRun:
 class Running:
     """A started command: its process group and output files, until ``finish``."""
 
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str] | None) -> None:
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str] | None, stdin: bytes | None = None) -> None:
         self.argv = tuple(argv)
         self.started = time.monotonic()
         self._out: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 (closed in finish)
         self._err: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 (closed in finish)
-        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=self._out,
-                                     stderr=self._err, env=None if env is None else dict(env),
-                                     start_new_session=True)
+        with _input(stdin) as given:
+            self.proc = subprocess.Popen(self.argv, stdin=given, stdout=self._out,
+                                         stderr=self._err, env=None if env is None else dict(env),
+                                         start_new_session=True)
 
     def wait(self, timeout_s: float) -> bool:
         """True when it exited within ``timeout_s``."""
@@ -79,23 +81,37 @@ class Running:
                        _read(self._err), time.monotonic() - self.started, timed_out=not exited)
 
 
+@contextlib.contextmanager
+def _input(data: bytes | None) -> Iterator[IO[bytes] | int]:
+    """The child's stdin: /dev/null, or a file holding ``data``."""
+    if data is None:
+        yield subprocess.DEVNULL
+        return
+    with tempfile.TemporaryFile() as handle:
+        handle.write(data)
+        handle.seek(0)
+        yield handle
+
+
 def _read(handle: IO[bytes]) -> str:
     with handle:
         handle.seek(0)
         return handle.read(MAX_OUTPUT).decode("utf-8", "replace")
 
 
-def start(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Running | ToolRun:
+def start(argv: Sequence[str], env: Mapping[str, str] | None = None,
+          stdin: bytes | None = None) -> Running | ToolRun:
     """The started command, or a ``ToolRun`` saying why it could not start."""
     try:
-        return Running(argv, env)
+        return Running(argv, env, stdin)
     except OSError as exc:
         return ToolRun(tuple(argv), None, "", "", 0.0, error=f"{argv[0]}: {exc.strerror or exc}")
 
 
-def run(argv: Sequence[str], timeout_s: float, env: Mapping[str, str] | None = None) -> ToolRun:
+def run(argv: Sequence[str], timeout_s: float, env: Mapping[str, str] | None = None,
+        stdin: bytes | None = None) -> ToolRun:
     """Run ``argv`` to its end or ``timeout_s``, whichever comes first."""
-    started = start(argv, env)
+    started = start(argv, env, stdin)
     if isinstance(started, ToolRun):
         return started
     return started.finish(timeout_s)

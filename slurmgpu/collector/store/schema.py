@@ -478,12 +478,51 @@ def _migration_13(db: Connection) -> None:
     """)
 
 
+def _migration_14(db: Connection) -> None:
+    """Return to service (issue 32, ``remediation``): ``validations``, one row per
+    validation run (a node's return, an idle-time or a manual one), written when it starts
+    and again when it ends; ``drain_outcomes``, what each drain turned out to be, per check
+    (the report's ``verdict_quality``); ``remediation_ladders``, each node's open ladder as
+    JSON, so that a new leader resumes it. (IF NOT EXISTS: as in migration 10.)"""
+    _script(db, """
+        CREATE TABLE IF NOT EXISTS validations (
+            node TEXT NOT NULL,
+            started REAL NOT NULL,
+            trigger TEXT NOT NULL,
+            tier TEXT NOT NULL,
+            verdict TEXT,
+            duration_s REAL,
+            reservation TEXT,
+            job_id TEXT,
+            outcome TEXT,
+            PRIMARY KEY (node, started)
+        );
+        CREATE INDEX IF NOT EXISTS validations_started ON validations (started);
+        CREATE TABLE IF NOT EXISTS drain_outcomes (
+            node TEXT NOT NULL,
+            drained_at REAL NOT NULL,
+            check_id TEXT NOT NULL,
+            gpu_model TEXT,
+            outcome TEXT NOT NULL,
+            resolved_at REAL,
+            returned_by TEXT,
+            PRIMARY KEY (node, drained_at, check_id)
+        );
+        CREATE INDEX IF NOT EXISTS drain_outcomes_drained_at ON drain_outcomes (drained_at);
+        CREATE TABLE IF NOT EXISTS remediation_ladders (
+            node TEXT PRIMARY KEY,
+            state TEXT NOT NULL,
+            updated REAL NOT NULL
+        )
+    """)
+
+
 # Applied in order at open; the schema version is the number applied. Append only.
 MIGRATIONS: list[Callable[[Connection], None]] = [_migration_1, _migration_2, _migration_3,
                                                           _migration_4, _migration_5, _migration_6,
                                                           _migration_7, _migration_8, _migration_9,
                                                           _migration_10, _migration_11,
-                                                          _migration_12, _migration_13]
+                                                          _migration_12, _migration_13, _migration_14]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

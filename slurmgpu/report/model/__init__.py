@@ -28,6 +28,7 @@ from slurmgpu.report.model.common import (
     _r,
     _ts,
 )
+from slurmgpu.report.model.remediation import return_to_service, verdict_quality
 from slurmgpu.report.model.window import (
     ReportError,
     iso,
@@ -193,6 +194,8 @@ def build_report(db: Connection, t0: float, t1: float, *,
                        for n in b.nodes.values()})
     s["service"] = _service(b, s["ecc-trends"], started, _lemons(db), s["pin-drift"])
     s["mtbf"] = _mtbf(b, versions, started)
+    s["verdict_quality"] = verdict_quality(db, t0, t1)
+    s["return-to-service"] = return_to_service(db, t0, t1)
     return {
         "schema": SCHEMA,
         "generated_at": iso(generated_at),
@@ -201,7 +204,8 @@ def build_report(db: Connection, t0: float, t1: float, *,
         "source": source or {},
         "summary": _summary(b, s),
         **{key: s[key] for key in ("availability", "drains", "failures", "xids", "ecc-trends",
-                                   "throttling", "ib", "pin-drift", "service", "jobs", "mtbf")},
+                                   "throttling", "ib", "pin-drift", "service", "jobs", "mtbf",
+                                   "verdict_quality", "return-to-service")},
     }
 
 
