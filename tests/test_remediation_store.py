@@ -35,9 +35,9 @@ def runs(store: Store) -> None:
     with store.transaction():
         record_validation(store.db, ValidationRow("gpu-n2", T0, "idle", "quick"))
         record_validation(store.db, ValidationRow("gpu-n1", T0 + 10, "return", "quick",
-                                                  reservation="slurmgpu_validate_gpu-n1", job_id="41"))
+                                                  reservation="slurmgpu-rts-gpu-n1", job_id="41"))
         record_validation(store.db, ValidationRow("gpu-n1", T0 + 10, "return", "quick", "pass", 62.5,
-                                                  "slurmgpu_validate_gpu-n1", "41", "released"))
+                                                  "slurmgpu-rts-gpu-n1", "41", "released"))
         record_validation(store.db, ValidationRow("gpu-n2", T0, "idle", "quick", "fail", 30.0, None, "40",
                                                   "drained"))
 
@@ -120,7 +120,7 @@ def test_the_validations_command_lists_the_history(store_url: str, tmp_path: Pat
     assert header.split() == ["NODE", "TRIGGER", "TIER", "VERDICT", "STARTED", "DURATION_S", "RESERVATION",
                               "OUTCOME"]
     assert line.split()[:4] == ["gpu-n1", "return", "quick", "pass"] and line.split()[-3:] == [
-        "62", "slurmgpu_validate_gpu-n1", "released"]
+        "62", "slurmgpu-rts-gpu-n1", "released"]
     none = CliRunner().invoke(cli, ["validations", "--db", store_url, "--node", "gpu-n9"])
     assert none.exit_code == 0 and none.output == "no validation runs recorded for gpu-n9\n"
 

@@ -169,3 +169,9 @@ def test_a_job_slurm_no_longer_knows_is_gone() -> None:
     with pytest.raises(JobGone):
         client.job("7")
     client.cancel_job("7")  # nothing left to cancel: no error
+
+
+def test_the_ladder_names_its_reservation_by_the_slurm_side_rule() -> None:
+    from slurmgpu.remediation import ladder
+    assert ladder.reservation_name("gpu-n7") == reservation_name("gpu-n7")
+    assert node_of(ladder.reservation_name("gpu-n7")) == "gpu-n7"

@@ -77,8 +77,9 @@ class Outcome(enum.StrEnum):
 
 
 def reservation_name(node: str) -> str:
-    """The reservation slurmgpu makes for ``node``: the only ones it ever deletes."""
-    return f"slurmgpu_validate_{node}"
+    """The reservation slurmgpu makes for ``node``: the only ones it ever deletes (the
+    Slurm side's naming rule, ``slurmgpu.slurm.owned``, which a test holds equal)."""
+    return f"slurmgpu-rts-{node}"
 
 
 def entry_action(findings: Sequence[Finding], action: str | None = None) -> str:
