@@ -30,11 +30,10 @@ def reset(config_file: str | None, gpu: int, timeout_s: float, as_json: bool) ->
     """Reset GPU N with `nvidia-smi -r -i N`, only when NVML lists no process on it."""
     from slurmgpu.engine import node_name
     from slurmgpu.gpureset import NvmlUnanswered, reset_gpu
-    from slurmgpu.sources.nvml import library_path
 
     settings = load_settings(config_file).settings
     try:
-        outcome = reset_gpu(gpu, library=library_path(settings.nvml.library), environ=os.environ,
+        outcome = reset_gpu(gpu, library=settings.nvml.library, environ=os.environ,
                             timeout_s=timeout_s)
     except NvmlUnanswered as exc:
         document = {"schema": JSON_SCHEMA, "gpu": gpu, "action": "unknown", "message": str(exc)}
