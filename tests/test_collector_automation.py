@@ -407,3 +407,40 @@ def test_breaker_help_documents_the_exit_codes() -> None:
         result = CliRunner().invoke(fleet_cmd.breaker, [command, "--help"])
         assert result.exit_code == 0
         assert "Exit status:" in result.output and "  4  no breaker state" in result.output
+
+
+def test_a_report_stored_before_a_crash_is_automated_once_at_the_next_start(tmp_path: Path) -> None:
+    """One route into the automation on SQLite too (issue 30): what a batch stored goes
+    through the inbox, so a report stored (and acked) by a collector that died before its
+    automation ran is drained at the next start, and one it did automate is not again."""
+    from slurmgpu.collector.counters import Counters
+    from slurmgpu.collector.fleet import Fleet
+    from slurmgpu.config.schema import CollectorSettings
+    from slurmgpu.wire import Envelope
+
+    client = FakeSlurmClient(["gpu-a", "gpu-b"])
+
+    def life() -> Fleet:
+        auto = Automation(AutomationSettings(), client, tmp_path / "state", store=Store(tmp_path / "fleet.db"))
+        allowed = {f"key-{i}".encode(): f"gpu-{i}" for i in range(40)}  # (the breaker lets two drains by)
+        return Fleet(CollectorSettings(), auto.store, Counters(), allowed=allowed, automation=auto, own_store=True)
+
+    def batch(node: str) -> list[Any]:
+        report = Envelope(type=REPORT, node=node, seq=1, body={"verdict": "FAIL", "findings": [ECC]},
+                          findings=(decode_finding(ECC),))  # (as wire.decode gives it)
+        return [(node, report, b"")]
+
+    fleet = life()
+    for node, crashes in (("gpu-a", False), ("gpu-b", True)):
+        stored_ = fleet.commit(batch(node), 100.0)
+        assert stored_ is not None and stored_.new == [(node, 1)]
+        if not crashes:
+            fleet.acked(batch(node), stored_.new, 100.0)
+    assert [c[:2] for c in client.calls] == [("drain", "gpu-a")]
+    fleet.store.close()  # the crash: gpu-b's report is stored, its automation never ran
+    fleet = life()
+    fleet.tick()
+    fleet.tick()
+    assert [c[:2] for c in client.calls] == [("drain", "gpu-a"), ("drain", "gpu-b")]
+    assert fleet.store.count("leader_inbox") == 0 and fleet.store.count("decisions") == 2
+    fleet.close()

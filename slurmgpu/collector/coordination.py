@@ -13,13 +13,10 @@ from typing import Any
 
 import slurmgpu.collector.store.coordination as tables
 from slurmgpu.collector.store import Leadership, Store
-from slurmgpu.collector.store.coordination import InboxRow
 from slurmgpu.collector.transport import CollectorError
 from slurmgpu.log import get_logger
 from slurmgpu.slurm import SlurmClient, SlurmError
 
-# Inbox rows handed to the automation per chunk (each chunk is deleted once handled).
-INBOX_CHUNK = 500
 # How often the outbox is read for the agents connected here.
 DELIVER_EVERY_S = 0.25
 
@@ -70,18 +67,6 @@ class Coordination:
     def close(self) -> None:
         self.leadership.release()
         self.leader = False
-
-    # ------------------------------------------------------------------ the inbox
-
-    def inbox(self) -> list[InboxRow]:
-        """The next chunk of the inbox (empty when not leading)."""
-        if not self.leader:
-            return []
-        return tables.inbox_take(self.store.db, INBOX_CHUNK)
-
-    def handled(self, rows: list[InboxRow]) -> None:
-        if rows:
-            tables.inbox_done(self.store.db, [row.id for row in rows])
 
     # ------------------------------------------------------------------ commands
 

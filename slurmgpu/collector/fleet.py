@@ -10,21 +10,20 @@ import sqlite3
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from slurmgpu.collector.checkpoint import refusal_event
-from slurmgpu.collector.coordination import INBOX_CHUNK, Coordination
+from slurmgpu.collector.coordination import Coordination
 from slurmgpu.collector.counters import Counters, LimitedLog
 from slurmgpu.collector.store import Store
-from slurmgpu.collector.store.coordination import InboxRow
+from slurmgpu.collector.store.coordination import INBOX_CHUNK, InboxRow, inbox_done, inbox_take
 from slurmgpu.collector.transport import Batch, Stored
 from slurmgpu.collector.validation import VALIDATION, judge_stragglers
 from slurmgpu.config.schema import CollectorSettings
 from slurmgpu.log import get_logger
 from slurmgpu.result import Finding, Severity
 from slurmgpu.slurm import NodeState, SlurmClient
-from slurmgpu.wire import COMMAND_RESULT, EVENT, REPORT, decode_finding, decode_severity
+from slurmgpu.wire import COMMAND_RESULT, EVENT, REPORT, Envelope, decode_finding, decode_severity
 
 if TYPE_CHECKING:
     from slurmgpu.collector.checkpoint import Checkpoints
@@ -34,39 +33,15 @@ PRUNE_EVERY_S = 3600.0
 STATS_EVERY_S = 60.0
 
 
-@dataclass(frozen=True)
-class Fresh:
-    """A newly stored message the automation or the checkpoints must see: from this
-    collector's batch, or (several collectors) from the leader's inbox."""
-
-    node: str
-    seq: int
-    type: str
-    body: dict[str, Any]
-    decoded: tuple[Finding, ...] | None = None  # the findings, when already decoded
-
-    def findings(self) -> tuple[Finding, ...]:
-        if self.decoded is not None:
-            return self.decoded
-        return tuple(decode_finding(f, self.type) for f in self.body.get("findings", ()))
+def _findings(row: InboxRow) -> tuple[Finding, ...]:
+    return tuple(decode_finding(f, row.type) for f in row.body.get("findings", ()))
 
 
-def _fresh(batch: Batch, new: list[tuple[str, int]], stale: set[tuple[str, int]]) -> list[Fresh]:
-    """The batch's newly stored messages, in batch order (a seq repeated within the batch
-    counts once), less the ``stale`` reports (older than their node's state: history)."""
-    fresh = set(new) - stale
-    items = []
-    for node, env, _data in batch:
-        if (node, env.seq) not in fresh:
-            continue
-        fresh.discard((node, env.seq))
-        body = env.body if isinstance(env.body, dict) else {}
-        items.append(Fresh(node, env.seq, env.type, body, env.findings))
-    return items
-
-
-def _from_inbox(row: InboxRow) -> Fresh:
-    return Fresh(row.node, row.seq, row.type, row.body)
+def _new_events(batch: Batch, new: list[tuple[str, int]], kind: str) -> list[tuple[str, Envelope]]:
+    """The batch's newly stored events of this kind, with their nodes."""
+    fresh = set(new)
+    return [(node, env) for node, env, _ in batch if (node, env.seq) in fresh and env.type == EVENT
+            and isinstance(env.body, dict) and env.body.get("kind") == kind]
 
 
 def _message_fault(exc: BaseException) -> bool:
@@ -127,29 +102,6 @@ class SlurmPoller(threading.Thread):
         self._stop_event.set()
 
 
-class AutomationStateSync:
-    """The one place the collector re-reads the automation's state. `slurmgpu breaker
-    release` writes it in the store while the collector runs: ``sync`` reads it back when
-    another process changed it (one indexed read of its version), so an operator's release
-    is seen, and not overwritten by the state in memory."""
-
-    def __init__(self, automation: Automation, counters: Counters, log: Any) -> None:
-        self.automation = automation
-        self.counters = counters
-        self.log = log
-
-    def sync(self) -> None:
-        automation = self.automation
-        try:
-            if automation.refresh():
-                self.log.info("automation_state_reloaded", db=automation.store.where,
-                              breaker_open=bool(automation.state.breaker.get("open")))
-        except Exception as exc:  # unreadable for now: keep the state in memory
-            self.counters.automation_errors += 1
-            self.log.error("automation_state_unreadable", db=automation.store.where,
-                           error=f"{type(exc).__name__}: {exc}")
-
-
 class Fleet:
     """The transport's ``Handler``: stores, automates, coordinates checkpoints, polls
     Slurm. Also what ``/metrics`` reads (``counters.MetricsSource``)."""
@@ -163,16 +115,13 @@ class Fleet:
         self.settings = settings
         self.store, self._own_store = store, own_store
         self.coordination = coordination
-        self._stale: set[tuple[str, int]] = set()  # the last batch's stale reports (store.stale)
-        if coordination is not None and (automation is not None or checkpoints is not None):
-            store.inbox = True  # the leader (maybe another collector) must see our messages
+        # What the automation must see goes through the inbox, read by the leader (this one alone)
+        store.inbox = automation is not None or checkpoints is not None
         self.counters = counters
         self.automation, self.checkpoints = automation, checkpoints
         self.poller = poller
         self.log = get_logger(component="collector")
         self._limited = LimitedLog(self.log)
-        self._state = (AutomationStateSync(automation, counters, self.log)
-                       if automation is not None else None)
         now = time.monotonic()
         self._next_unreachable = now + settings.heartbeat_s
         self._next_prune = now  # prune once at start, then hourly
@@ -204,7 +153,6 @@ class Fleet:
             return self._store_halves(batch, now)
         self.counters.store_failing = 0
         self._note_conflicts()
-        self._stale = set(self.store.stale)
         return Stored(new, set())
 
     def _store_halves(self, batch: Batch, now: float) -> Stored | None:
@@ -212,7 +160,6 @@ class Fleet:
         failing half split again (in batch order), a failing single message refused."""
         new: list[tuple[str, int]] = []
         bad: set[tuple[str, str, int]] = set()
-        self._stale = set()
         parts = _halves(batch)
         while parts:
             part = parts.pop()
@@ -227,7 +174,6 @@ class Fleet:
                 else:
                     bad.add(self._refuse(part[0], exc))
                 continue
-            self._stale |= self.store.stale
             self._note_conflicts()
         self.counters.store_failing = 0
         return Stored(new, bad)
@@ -256,24 +202,18 @@ class Fleet:
     # ------------------------------------------------------------------ after the acks
 
     def acked(self, batch: Batch, new: list[tuple[str, int]], now: float) -> None:
-        """The newly stored messages of an acked batch: automation, then checkpoints. With
-        several collectors they go through the leader's inbox (this batch's rows included),
-        so the leader, whichever collector it is, sees every collector's messages once."""
+        """The newly stored messages of an acked batch: validation stragglers, then (the
+        leader) the automation's inbox, this batch's rows included, whichever collector
+        stored them; without automation, the prolog's refusals."""
         self._stragglers(batch, new)
         if self.automation is None and self.checkpoints is None:
             self._note_refusals(batch, new, now)
-            return
-        if self.coordination is not None:
-            if self.coordination.leader:
-                self._handle_inbox()
-            return
-        self._handle(_fresh(batch, new, self._stale), now)
+        elif self._lead:
+            self._handle_inbox()
 
     def _stragglers(self, batch: Batch, new: list[tuple[str, int]]) -> None:
         """Each newly stored validation: its node against the fleet (``validate.straggler``)."""
-        fresh = set(new)
-        events = [(node, env) for node, env, _ in batch if (node, env.seq) in fresh and env.type == EVENT
-                  and isinstance(env.body, dict) and env.body.get("kind") == VALIDATION]
+        events = _new_events(batch, new, VALIDATION)
         if not events:
             return
         try:
@@ -289,12 +229,10 @@ class Fleet:
     def _note_refusals(self, batch: Batch, new: list[tuple[str, int]], now: float) -> None:
         """Without automation: the prolog's refusals still go to their jobs' timelines
         (`slurmgpu jobs events`); nothing is set on the jobs."""
-        if not any(env.type == EVENT and isinstance(env.body, dict) and env.body.get("kind") == "prolog_blocked"
-                   for _, env, _ in batch):
+        events = [e for node, env in _new_events(batch, new, "prolog_blocked")
+                  if (e := refusal_event(node, env.body, now)) is not None]
+        if not events:
             return
-        events = [e for item in _fresh(batch, new, self._stale)
-                  if item.type == EVENT and item.body.get("kind") == "prolog_blocked"
-                  and (e := refusal_event(item.node, item.body, now)) is not None]
         try:
             with self.store.transaction():
                 for e in events:
@@ -303,30 +241,32 @@ class Fleet:
             self.counters.store_errors += 1
             self.log.error("job_events_store_failed", error=str(exc))
 
-    def _handle(self, items: list[Fresh], now: float) -> None:
-        if self.automation is not None:
-            self._automate(items, now)
-        if self.checkpoints is not None:
-            self._checkpoint_messages(items, now)
-
     def _handle_inbox(self) -> None:
         """The leader: every message any collector stored for the automation since, in
-        chunks, each deleted once handled."""
-        coordination = self.coordination
-        assert coordination is not None
+        chunks, each deleted once handled. A chunk is handled and deleted only while this
+        collector still leads (a fresh check each): a leader cut off meanwhile leaves its
+        rows to the new one."""
         while True:
             try:
-                rows = coordination.inbox()
-                if not rows:
+                rows = inbox_take(self.store.db, INBOX_CHUNK)
+                if not rows or not self._still_leading():
                     return
-                self._handle([_from_inbox(row) for row in rows], time.time())
-                coordination.handled(rows)
+                self._handle(rows, time.time())
+                if not self._still_leading():
+                    return
+                inbox_done(self.store.db, [row.id for row in rows])
             except sqlite3.Error as exc:  # the database is failing: the rows wait for the next turn
                 self.counters.store_errors += 1
                 self.log.error("leader_inbox_failed", error=str(exc))
                 return
             if len(rows) < INBOX_CHUNK:
                 return
+
+    def _handle(self, rows: list[InboxRow], now: float) -> None:
+        if self.automation is not None:
+            self._automate(rows, now)
+        if self.checkpoints is not None:
+            self._checkpoint_messages(rows, now)
 
     def allow_list_changed(self, allowed: Mapping[bytes, str]) -> None:
         self.allowed = allowed
@@ -345,11 +285,11 @@ class Fleet:
             return False
         return True
 
-    def _automate(self, items: list[Fresh], now: float) -> None:
+    def _automate(self, items: list[InboxRow], now: float) -> None:
         """Feed the newly stored reports and events to the automation (after the acks)."""
-        automation, state = self.automation, self._state
-        assert automation is not None and state is not None
-        state.sync()
+        automation = self.automation
+        assert automation is not None
+        self._sync_state()
         self._automation_released()  # before new reports: they may trip the breaker again
         decisions: list[Decision] = []
         for item in items:
@@ -359,14 +299,14 @@ class Fleet:
                 verdict = decode_severity(item.body["verdict"])  # (a str: decode validated it)
                 if verdict is Severity.OK and item.body.get("kind") == VALIDATION:
                     continue  # (active tests passing say nothing of the passive checks: no healthy streak)
-                decisions.extend(automation.on_report(item.node, verdict, item.findings(), now))
+                decisions.extend(automation.on_report(item.node, verdict, _findings(item), now))
             except Exception as exc:  # a policy bug must not take the collector down
                 self.counters.automation_errors += 1
                 self.log.error("automation_failed", node=item.node, seq=item.seq,
                                error=f"{type(exc).__name__}: {exc}")
         self._record_decisions(decisions)
 
-    def _checkpoint_messages(self, items: list[Fresh], now: float) -> None:
+    def _checkpoint_messages(self, items: list[InboxRow], now: float) -> None:
         """Acks of checkpoint requests (command results) and agents' local fallbacks."""
         checkpoints = self.checkpoints
         assert checkpoints is not None
@@ -399,19 +339,35 @@ class Fleet:
             self.log.error("decisions_store_failed", error=str(exc), decisions=len(decisions))
 
     def _automation_fleet_size(self) -> None:
-        if self.automation is None or self._state is None or not self._lead:
+        if self.automation is None or not self._lead:
             return
-        self._state.sync()
+        self._sync_state()
         try:
             self.automation.fleet_size(len(self.allowed))
         except Exception as exc:
             self.counters.automation_errors += 1
             self.log.error("automation_failed", error=f"{type(exc).__name__}: {exc}")
 
+    def _sync_state(self) -> None:
+        """Read the automation's state back when another process changed it (`slurmgpu
+        breaker release`: one indexed read of its version), so an operator's release is
+        seen, and not overwritten by the state in memory."""
+        automation = self.automation
+        if automation is None:
+            return
+        try:
+            if automation.refresh():
+                self.log.info("automation_state_reloaded", db=automation.store.where,
+                              breaker_open=bool(automation.state.breaker.get("open")))
+        except Exception as exc:  # unreadable for now: keep the state in memory
+            self.counters.automation_errors += 1
+            self.log.error("automation_state_unreadable", db=automation.store.where,
+                           error=f"{type(exc).__name__}: {exc}")
+
     def _automation_released(self) -> None:
         """Carry out the drains an operator released (``slurmgpu breaker release``)."""
-        automation, state = self.automation, self._state
-        if automation is None or state is None or not automation.state.released:
+        automation = self.automation
+        if automation is None or not automation.state.released:
             return
         try:
             decisions = automation.run_released(time.time())
@@ -443,6 +399,10 @@ class Fleet:
     def _lead(self) -> bool:
         return self.coordination is None or self.coordination.leader
 
+    def _still_leading(self) -> bool:
+        """A fresh check (one query; always, alone on the database)."""
+        return self.coordination is None or self.coordination.still_leading()
+
     def _leading(self) -> bool:
         """Whether this collector runs the automation now (always, alone on its database).
         A collector that just became the leader takes the automation's state and pending
@@ -465,10 +425,9 @@ class Fleet:
             self.log.error("checkpoints_reload_failed", error=str(exc))
 
     def _leader_tick(self, mono: float) -> None:
-        if self._state is not None:
-            self._state.sync()
-            self._automation_released()
-        if self.coordination is not None and (self.automation is not None or self.checkpoints is not None):
+        self._sync_state()
+        self._automation_released()
+        if self.automation is not None or self.checkpoints is not None:
             self._handle_inbox()
         self._checkpoint_tick()
         self._slurm_states()
@@ -492,8 +451,7 @@ class Fleet:
     def _checkpoint_tick(self) -> None:
         if self.checkpoints is None:
             return
-        if self._state is not None:
-            self._state.sync()
+        self._sync_state()
         try:
             decisions = self.checkpoints.tick(time.time())
         except Exception as exc:

@@ -1,18 +1,17 @@
-"""The tables that let several collectors share one PostgreSQL database (migration 8):
-the leader's inbox and the command outbox. The logic that uses them is
-``slurmgpu.collector.coordination``; this module only reads and writes them.
+"""The automation's inbox and the command outbox (migration 8). The logic that uses them
+is ``slurmgpu.collector.fleet`` (the inbox) and ``slurmgpu.collector.coordination`` (the
+outbox); this module only reads and writes them.
 
-* ``leader_inbox``: every collector that runs the automation writes, in the transaction
-  that stores a batch, one row per newly stored report, event and command result
-  (``Ingest.inbox``). The leader takes the rows in id order, hands them to the
-  automation and deletes those rows, by id. Collectors' batches commit side by side
-  (``Dialect.begin_ingest``), so a row may commit after one with a higher id was taken:
-  it is taken next time (never deleted unseen). One collector's batches commit one after
-  the other, so a node's rows from one collector come in order; a node that fails over
-  in the middle of a batch may have the old collector's last rows handled after the new
-  one's first (they were sent before and are older by seq).
-* ``command_outbox``: a command for an agent connected to another collector. Every
-  collector sends the rows for the agents connected to it and marks them sent.
+* ``leader_inbox``: a collector that runs the automation writes, in the transaction that
+  stores a batch, one row per newly stored report, event and command result
+  (``Ingest.inbox``), on either backend. The leader (alone on SQLite: the only collector)
+  takes the rows in id order, hands them to the automation and deletes those rows, by
+  id. Collectors' batches commit side by side (``Dialect.begin_ingest``), so a row may
+  commit after one with a higher id was taken: it is taken next time (never deleted
+  unseen). A node that fails over in the middle of a batch may have the old collector's
+  last rows handled after the new one's first (they were sent before and are older by seq).
+* ``command_outbox``: a command for an agent connected to another collector (PostgreSQL).
+  Every collector sends the rows for the agents connected to it and marks them sent.
 """
 
 from __future__ import annotations
@@ -30,6 +29,8 @@ from slurmgpu.collector.store.ingest import Transaction
 # command that old is past any checkpoint deadline, and an inbox row that old means no
 # collector ran the automation for a day (its verdicts are in the history all the same).
 STALE_S = 86_400.0
+# Inbox rows handed to the automation per chunk (each chunk is deleted once handled).
+INBOX_CHUNK = 500
 
 
 @dataclass(frozen=True)
