@@ -358,7 +358,7 @@ class Fleet:
         try:
             if automation.refresh():
                 self.log.info("automation_state_reloaded", db=automation.store.where,
-                              breaker_open=bool(automation.state.breaker.get("open")))
+                              breaker_open=automation.state.breaker.open)
         except Exception as exc:  # unreadable for now: keep the state in memory
             self.counters.automation_errors += 1
             self.log.error("automation_state_unreadable", db=automation.store.where,
