@@ -6,10 +6,11 @@ Design notes: docs/design-notes.md (``slurmgpu/collector/fleet.py``).
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from slurmgpu.collector.checkpoint import refusal_event
@@ -216,15 +217,13 @@ class Fleet:
         events = _new_events(batch, new, VALIDATION)
         if not events:
             return
-        try:
+        # (the database failing: stragglers wait for the next validation)
+        with self._trouble("straggler_check_failed", counter="store_errors"):
             found = judge_stragglers(self.store, self.settings, [node for node, _ in events])
             for node, env in events:
                 if found.get(node):
                     self.store.add_findings(node, env.seq, env.ts, found[node])
                     self.log.warning("validate_straggler", node=node, findings=[f.message for f in found[node]])
-        except Exception as exc:  # the database is failing: stragglers wait for the next validation
-            self.counters.store_errors += 1
-            self.log.error("straggler_check_failed", error=f"{type(exc).__name__}: {exc}")
 
     def _note_refusals(self, batch: Batch, new: list[tuple[str, int]], now: float) -> None:
         """Without automation: the prolog's refusals still go to their jobs' timelines
@@ -233,13 +232,10 @@ class Fleet:
                   if (e := refusal_event(node, env.body, now)) is not None]
         if not events:
             return
-        try:
-            with self.store.transaction():
-                for e in events:
-                    self.store.add_job_event(e.job_id, e.ts, e.kind, e.node, e.detail)
-        except sqlite3.Error as exc:
-            self.counters.store_errors += 1
-            self.log.error("job_events_store_failed", error=str(exc))
+        with self._trouble("job_events_store_failed", sqlite3.Error, counter="store_errors"), \
+                self.store.transaction():
+            for e in events:
+                self.store.add_job_event(e.job_id, e.ts, e.kind, e.node, e.detail)
 
     def _handle_inbox(self) -> None:
         """The leader: every message any collector stored for the automation since, in
@@ -256,8 +252,7 @@ class Fleet:
                     return
                 inbox_done(self.store.db, [row.id for row in rows])
             except sqlite3.Error as exc:  # the database is failing: the rows wait for the next turn
-                self.counters.store_errors += 1
-                self.log.error("leader_inbox_failed", error=str(exc))
+                self._trouble_seen("leader_inbox_failed", exc, "store_errors")
                 return
             if len(rows) < INBOX_CHUNK:
                 return
@@ -295,15 +290,11 @@ class Fleet:
         for item in items:
             if item.type not in (REPORT, EVENT):
                 continue
-            try:
+            with self._trouble("automation_failed", node=item.node, seq=item.seq):  # (a policy bug)
                 verdict = decode_severity(item.body["verdict"])  # (a str: decode validated it)
                 if verdict is Severity.OK and item.body.get("kind") == VALIDATION:
                     continue  # (active tests passing say nothing of the passive checks: no healthy streak)
                 decisions.extend(automation.on_report(item.node, verdict, _findings(item), now))
-            except Exception as exc:  # a policy bug must not take the collector down
-                self.counters.automation_errors += 1
-                self.log.error("automation_failed", node=item.node, seq=item.seq,
-                               error=f"{type(exc).__name__}: {exc}")
         self._record_decisions(decisions)
 
     def _checkpoint_messages(self, items: list[InboxRow], now: float) -> None:
@@ -313,17 +304,13 @@ class Fleet:
         decisions: list[Decision] = []
         for item in items:
             body = item.body
-            try:
+            with self._trouble("checkpoint_message_failed", node=item.node, seq=item.seq):
                 if item.type == COMMAND_RESULT:
                     decisions += checkpoints.on_result(item.node, body, now)
                 elif item.type == EVENT and body.get("kind") == "local_checkpoint":
                     checkpoints.on_local(item.node, body, now)
                 elif item.type == EVENT and body.get("kind") == "prolog_blocked":
                     checkpoints.on_prolog_refusal(item.node, body, now)
-            except Exception as exc:
-                self.counters.automation_errors += 1
-                self.log.error("checkpoint_message_failed", node=item.node, seq=item.seq,
-                               error=f"{type(exc).__name__}: {exc}")
         self._record_decisions(decisions)
 
     def _record_decisions(self, decisions: list[Decision]) -> None:
@@ -332,21 +319,15 @@ class Fleet:
         for d in decisions:
             self.log.info("automation_decision", node=d.node, action=d.action, result=d.result,
                           held=d.held, dry_run=d.dry_run, trigger=d.trigger, reason=d.reason)
-        try:
+        with self._trouble("decisions_store_failed", sqlite3.Error, counter="store_errors", decisions=len(decisions)):
             self.counters.decisions += self.store.add_decisions(decisions)
-        except sqlite3.Error as exc:
-            self.counters.store_errors += 1
-            self.log.error("decisions_store_failed", error=str(exc), decisions=len(decisions))
 
     def _automation_fleet_size(self) -> None:
         if self.automation is None or not self._lead:
             return
         self._sync_state()
-        try:
+        with self._trouble("automation_failed"):
             self.automation.fleet_size(len(self.allowed))
-        except Exception as exc:
-            self.counters.automation_errors += 1
-            self.log.error("automation_failed", error=f"{type(exc).__name__}: {exc}")
 
     def _sync_state(self) -> None:
         """Read the automation's state back when another process changed it (`slurmgpu
@@ -355,30 +336,38 @@ class Fleet:
         automation = self.automation
         if automation is None:
             return
-        try:
+        # (unreadable for now: the state in memory is kept)
+        with self._trouble("automation_state_unreadable", db=automation.store.where):
             if automation.refresh():
                 self.log.info("automation_state_reloaded", db=automation.store.where,
                               breaker_open=automation.state.breaker.open)
-        except Exception as exc:  # unreadable for now: keep the state in memory
-            self.counters.automation_errors += 1
-            self.log.error("automation_state_unreadable", db=automation.store.where,
-                           error=f"{type(exc).__name__}: {exc}")
 
     def _automation_released(self) -> None:
         """Carry out the drains an operator released (``slurmgpu breaker release``)."""
         automation = self.automation
         if automation is None or not automation.state.released:
             return
-        try:
+        with self._trouble("automation_failed"):
             decisions = automation.run_released(time.time())
-        except Exception as exc:
-            self.counters.automation_errors += 1
-            self.log.error("automation_failed", error=f"{type(exc).__name__}: {exc}")
-            return
-        for d in decisions:
-            self.log.info("breaker_release_carried_out", node=d.node, action=d.action, result=d.result,
-                          released_by=d.released_by)
-        self._record_decisions(decisions)
+            for d in decisions:
+                self.log.info("breaker_release_carried_out", node=d.node, action=d.action, result=d.result,
+                              released_by=d.released_by)
+            self._record_decisions(decisions)
+
+    @contextlib.contextmanager
+    def _trouble(self, event: str, errors: type[BaseException] = Exception, *,
+                 counter: str | None = "automation_errors", **fields: Any) -> Iterator[None]:
+        """Run the block; slurmgpu's own trouble there (``errors``) is counted and logged
+        as ``event``, and the loop goes on."""
+        try:
+            yield
+        except errors as exc:
+            self._trouble_seen(event, exc, counter, **fields)
+
+    def _trouble_seen(self, event: str, exc: BaseException, counter: str | None, **fields: Any) -> None:
+        if counter is not None:
+            setattr(self.counters, counter, getattr(self.counters, counter) + 1)
+        self.log.error(event, error=f"{type(exc).__name__}: {exc}", **fields)
 
     # ------------------------------------------------------------------ periodic
 
@@ -416,13 +405,9 @@ class Fleet:
 
     def _take_over(self) -> None:
         self._automation_fleet_size()  # (reads the automation's state back first)
-        if self.checkpoints is None:
-            return
-        try:
-            self.checkpoints.reload()
-        except sqlite3.Error as exc:
-            self.counters.store_errors += 1
-            self.log.error("checkpoints_reload_failed", error=str(exc))
+        if self.checkpoints is not None:
+            with self._trouble("checkpoints_reload_failed", sqlite3.Error, counter="store_errors"):
+                self.checkpoints.reload()
 
     def _leader_tick(self, mono: float) -> None:
         self._sync_state()
@@ -439,26 +424,17 @@ class Fleet:
             self._prune()
 
     def _prune(self) -> None:
-        try:
+        with self._trouble("prune_failed", sqlite3.Error, counter=None):
             deleted = self.store.prune(self.settings.retention_days)
             if self.coordination is not None:
                 deleted += self.coordination.prune(time.time())
             if deleted:
                 self.log.info("pruned", rows=deleted, retention_days=self.settings.retention_days)
-        except sqlite3.Error as exc:
-            self.log.error("prune_failed", error=str(exc))
 
     def _checkpoint_tick(self) -> None:
-        if self.checkpoints is None:
-            return
-        self._sync_state()
-        try:
-            decisions = self.checkpoints.tick(time.time())
-        except Exception as exc:
-            self.counters.automation_errors += 1
-            self.log.error("checkpoint_tick_failed", error=f"{type(exc).__name__}: {exc}")
-            return
-        self._record_decisions(decisions)
+        if self.checkpoints is not None:
+            with self._trouble("checkpoint_tick_failed"):
+                self._record_decisions(self.checkpoints.tick(time.time()))
 
     def _slurm_states(self) -> None:
         """Record drain/resume transitions from the poller's latest look at Slurm."""
@@ -469,21 +445,13 @@ class Fleet:
             return
         at, states = polled
         fleet = set(self.allowed.values())
-        try:
-            changes = self.store.record_slurm_states([s for s in states if s.name in fleet], at)
-        except sqlite3.Error as exc:
-            self.log.error("slurm_states_store_failed", error=str(exc))
-            return
-        for node, kind in changes:
-            self.log.info("node_state", node=node, kind=kind)
+        with self._trouble("slurm_states_store_failed", sqlite3.Error, counter=None):
+            for node, kind in self.store.record_slurm_states([s for s in states if s.name in fleet], at):
+                self.log.info("node_state", node=node, kind=kind)
 
     def _mark_unreachable(self) -> None:
         """Nodes silent for ``unreachable_after`` heartbeats (by their last message stored)."""
         window = self.settings.unreachable_after * self.settings.heartbeat_s
-        try:
-            gone = self.store.mark_unreachable(time.time(), window)
-        except sqlite3.Error as exc:
-            self.log.error("mark_unreachable_failed", error=str(exc))
-            return
-        for node in gone:
-            self.log.warning("node_unreachable", node=node, silent_s=window)
+        with self._trouble("mark_unreachable_failed", sqlite3.Error, counter=None):
+            for node in self.store.mark_unreachable(time.time(), window):
+                self.log.warning("node_unreachable", node=node, silent_s=window)
