@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -444,4 +445,23 @@ def test_a_report_stored_before_a_crash_is_automated_once_at_the_next_start(tmp_
     fleet.tick()
     assert [c[:2] for c in client.calls] == [("drain", "gpu-a"), ("drain", "gpu-b")]
     assert fleet.store.count("leader_inbox") == 0 and fleet.store.count("decisions") == 2
+    fleet.close()
+
+
+def test_inbox_rows_a_day_old_are_pruned_on_sqlite_too(tmp_path: Path) -> None:
+    """Rows left by a collector that ran the automation, and then ran without it, do not
+    stay for ever: the hourly prune drops inbox rows older than a day on either backend."""
+    from slurmgpu.collector.counters import Counters
+    from slurmgpu.collector.fleet import Fleet
+    from slurmgpu.config.schema import CollectorSettings
+    from slurmgpu.wire import Envelope
+
+    store = Store(tmp_path / "fleet.db")
+    store.inbox = True
+    report = Envelope(type=REPORT, node="gpu-a", seq=1, body={"verdict": "OK", "findings": []})
+    store.store_batch([("gpu-a", report)], received_at=time.time() - 2 * 86_400)
+    assert store.count("leader_inbox") == 1
+    fleet = Fleet(CollectorSettings(), store, Counters(), allowed={}, own_store=True)  # no automation
+    fleet.tick()  # (the first prune comes at the start)
+    assert store.count("leader_inbox") == 0
     fleet.close()

@@ -100,9 +100,6 @@ class Coordination:
             tables.outbox_sent(self.store.db, sent, self.name, time.time())
         return len(sent)
 
-    def prune(self, now: float) -> int:
-        return tables.prune(self.store.db, now)
-
 
 class NotLeader(SlurmError):
     """This collector lost the leader's lock: it does not change Slurm (the new leader

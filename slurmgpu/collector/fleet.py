@@ -18,6 +18,7 @@ from slurmgpu.collector.coordination import Coordination
 from slurmgpu.collector.counters import Counters, LimitedLog
 from slurmgpu.collector.store import Store
 from slurmgpu.collector.store.coordination import INBOX_CHUNK, InboxRow, inbox_done, inbox_take
+from slurmgpu.collector.store.coordination import prune as prune_coordination
 from slurmgpu.collector.transport import Batch, Stored
 from slurmgpu.collector.validation import VALIDATION, judge_stragglers
 from slurmgpu.config.schema import CollectorSettings
@@ -425,9 +426,7 @@ class Fleet:
 
     def _prune(self) -> None:
         with self._trouble("prune_failed", sqlite3.Error, counter=None):
-            deleted = self.store.prune(self.settings.retention_days)
-            if self.coordination is not None:
-                deleted += self.coordination.prune(time.time())
+            deleted = self.store.prune(self.settings.retention_days) + prune_coordination(self.store.db, time.time())
             if deleted:
                 self.log.info("pruned", rows=deleted, retention_days=self.settings.retention_days)
 

@@ -77,10 +77,6 @@ def inbox_done(db: Connection, ids: Iterable[int]) -> None:
         tx.execute(f"DELETE FROM leader_inbox WHERE id IN ({', '.join('?' * len(handled))})", handled)
 
 
-def inbox_size(db: Connection) -> int:
-    return int(db.execute("SELECT count(*) FROM leader_inbox").fetchone()[0])
-
-
 def outbox_add(db: Connection, node: str, command_id: str, command: str, args: dict[str, Any],
                now: float) -> None:
     with Transaction(db) as tx:
