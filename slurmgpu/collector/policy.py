@@ -1,12 +1,6 @@
-"""The collector's automation decisions: what to do about a node's report.
-
-Pure apart from what the caller injects: the ``SlurmClient`` (all Slurm calls go
-through ``slurmgpu.actions.Actions``, which journals the calls Slurm could not take in
-the state directory) and the fleet database (``Store``), whose ``automation_*`` tables
-keep strikes, healthy streaks, drain history and the circuit breaker across restarts
-(``slurmgpu.collector.store.automation``). Each change is saved as it is made; an
-operator's command (``release``, ``clear_lemon``) is one read-modify-write transaction,
-and ``refresh`` picks up such a change made by another process.
+"""The collector's automation decisions: what to do about a node's report. Slurm is
+reached only through ``slurmgpu.actions.Actions``; the state lives in the fleet database
+(``slurmgpu.collector.store.automation``), each change saved as it is made.
 
 Design notes: docs/design-notes.md (``slurmgpu/collector/policy.py``).
 """

@@ -1,17 +1,9 @@
-"""The automation's inbox and the command outbox (migration 8). The logic that uses them
-is ``slurmgpu.collector.fleet`` (the inbox) and ``slurmgpu.collector.coordination`` (the
-outbox); this module only reads and writes them.
+"""The automation's inbox (``leader_inbox``, on either backend) and the command outbox
+(``command_outbox``, several collectors on PostgreSQL): migration 8's tables, read and
+written here only; ``slurmgpu.collector.fleet`` handles the inbox,
+``slurmgpu.collector.coordination`` the outbox.
 
-* ``leader_inbox``: a collector that runs the automation writes, in the transaction that
-  stores a batch, one row per newly stored report, event and command result
-  (``Ingest.inbox``), on either backend. The leader (alone on SQLite: the only collector)
-  takes the rows in id order, hands them to the automation and deletes those rows, by
-  id. Collectors' batches commit side by side (``Dialect.begin_ingest``), so a row may
-  commit after one with a higher id was taken: it is taken next time (never deleted
-  unseen). A node that fails over in the middle of a batch may have the old collector's
-  last rows handled after the new one's first (they were sent before and are older by seq).
-* ``command_outbox``: a command for an agent connected to another collector (PostgreSQL).
-  Every collector sends the rows for the agents connected to it and marks them sent.
+Design notes: docs/design-notes.md (``slurmgpu/collector/store/coordination.py``).
 """
 
 from __future__ import annotations
