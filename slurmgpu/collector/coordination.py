@@ -33,7 +33,7 @@ class Coordination:
         self.leadership = leadership
         self.name = name or uuid.uuid4().hex[:12]
         self.poll_s = poll_s
-        self.leader = False
+        self.leader = leadership.leader  # (alone on SQLite: leading from the start)
         self._next_poll = 0.0
         self._next_delivery = 0.0
         self.log = get_logger(component="coordination", collector=self.name)

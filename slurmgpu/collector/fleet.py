@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from slurmgpu.collector.checkpoint import refusal_event
 from slurmgpu.collector.coordination import Coordination
 from slurmgpu.collector.counters import Counters, LimitedLog
-from slurmgpu.collector.store import Store
+from slurmgpu.collector.store import Leadership, Store
 from slurmgpu.collector.store.coordination import INBOX_CHUNK, InboxRow, inbox_done, inbox_take
 from slurmgpu.collector.store.coordination import prune as prune_coordination
 from slurmgpu.collector.transport import Batch, Stored
@@ -112,11 +112,11 @@ class Fleet:
                  allowed: Mapping[bytes, str], automation: Automation | None = None,
                  checkpoints: Checkpoints | None = None, poller: SlurmPoller | None = None,
                  own_store: bool = False, coordination: Coordination | None = None) -> None:
-        """``own_store``: ``close`` closes the store. ``coordination``: one of several
-        collectors on a shared database (None: the only one, always leading)."""
+        """``own_store``: ``close`` closes the store. ``coordination``: this collector's part
+        among several on a shared database (default: the only one, always leading)."""
         self.settings = settings
         self.store, self._own_store = store, own_store
-        self.coordination = coordination
+        self.coordination = coordination or Coordination(store, Leadership(store.path))
         # What the automation must see goes through the inbox, read by the leader (this one alone)
         store.inbox = automation is not None or checkpoints is not None
         self.counters = counters
@@ -134,8 +134,7 @@ class Fleet:
     def close(self) -> None:
         if self.poller is not None:
             self.poller.stop()
-        if self.coordination is not None:
-            self.coordination.close()
+        self.coordination.close()
         if self._own_store:
             self.store.close()
 
@@ -387,18 +386,15 @@ class Fleet:
 
     @property
     def _lead(self) -> bool:
-        return self.coordination is None or self.coordination.leader
+        return self.coordination.leader
 
     def _still_leading(self) -> bool:
-        """A fresh check (one query; always, alone on the database)."""
-        return self.coordination is None or self.coordination.still_leading()
+        return self.coordination.still_leading()  # (a fresh check: one query on PostgreSQL)
 
     def _leading(self) -> bool:
         """Whether this collector runs the automation now (always, alone on its database).
         A collector that just became the leader takes the automation's state and pending
         checkpoints from the database, as its predecessor left them."""
-        if self.coordination is None:
-            return True
         leading, became = self.coordination.leading()
         if became:
             self._take_over()
