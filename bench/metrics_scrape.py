@@ -40,6 +40,7 @@ from slurmgpu.collector import metrics
 from slurmgpu.collector.app import Collector, build_collector
 from slurmgpu.collector.policy import Automation, Decision
 from slurmgpu.collector.store import Store
+from slurmgpu.collector.store.automation import DrainedNode
 from slurmgpu.config.schema import AutomationSettings, CollectorSettings
 from slurmgpu.sim.postgres import PgServer
 from slurmgpu.testing import FakeSlurmClient
@@ -107,8 +108,8 @@ def run(nodes: int, changes: int, scrapes: int, pg: PgServer | None = None) -> d
         client = FakeSlurmClient([])
         store = Store(cfg.db)
         auto = Automation(AutomationSettings(), client, root / "state", store=store)
-        auto.state.drained = {f"gpu-{i:05d}": {"time": 0.0} for i in range(0, nodes, 10)}
-        auto._save()  # the state the collector's automation starts from
+        auto.state.drained = {f"gpu-{i:05d}": DrainedNode(0.0) for i in range(0, nodes, 10)}
+        auto._record.save()  # the state the collector's automation starts from
         store.close()
         metrics.CACHE_S = 0.0  # every scrape computes (what a scrape costs)
         collector = build_collector(cfg, automation=AutomationSettings(), slurm=client,

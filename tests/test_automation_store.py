@@ -17,8 +17,9 @@ from click.testing import CliRunner
 from slurmgpu.cli import fleet_cmd
 from slurmgpu.collector.policy import IMPORTED_SUFFIX, LEGACY_STATE_FILE, Automation
 from slurmgpu.collector.store import SCHEMA_VERSION, Store
-from slurmgpu.collector.store.automation import TABLES, image
+from slurmgpu.collector.store.automation import TABLES, Breaker, DrainedNode, Lemon, Stage, image
 from slurmgpu.config.schema import AutomationSettings
+from slurmgpu.decision import Action
 from slurmgpu.result import Severity
 from slurmgpu.testing import FakeClock, FakeSlurmClient
 from slurmgpu.wire import REPORT, decode_finding
@@ -95,13 +96,17 @@ def test_an_old_database_and_its_automation_json_upgrade(tmp_path: Path, store_u
     assert not (state_dir / LEGACY_STATE_FILE).exists()
     assert (state_dir / (LEGACY_STATE_FILE + IMPORTED_SUFFIX)).is_file()
     st = auto.state
-    assert st.breaker == LEGACY["breaker"] and st.fleet == 40 and st.lemons == LEGACY["lemons"]
-    assert st.held == LEGACY["held"] and st.released == LEGACY["released"]
+    assert st.breaker == Breaker(**LEGACY["breaker"]) and st.fleet == 40
+    assert st.lemons == {node: Lemon(**v) for node, v in LEGACY["lemons"].items()}
+    for mine, theirs in ((st.held, LEGACY["held"]), (st.released, LEGACY["released"])):
+        assert {node: v.to_json(node) for node, v in mine.items()} == {n: dict(v, node=n) for n, v in theirs.items()}
     assert st.strikes == LEGACY["strikes"] and st.healthy == LEGACY["healthy"]
     assert st.history == LEGACY["history"] and st.drain_times == LEGACY["drain_times"]
     assert st.failing == LEGACY["failing"] and st.seen == LEGACY["seen"] and st.log == LEGACY["log"]
     # "waits for checkpoints" has one home: pending_drains (the JSON's copy is not kept)
-    assert st.drained == LEGACY["drained"]
+    assert st.drained == {"gpu-001": DrainedNode(10.0, "ecc.uncorrected", "slurmgpu: ecc"),
+                          "gpu-004": DrainedNode(50.0, "mem.row_remap", "slurmgpu: mem.row_remap",
+                                                 Stage.CHECKPOINTING, Action.CHECKPOINT)}
     assert auto.status()["checkpointing"] == ["gpu-004"]
     store.close()
 
@@ -214,8 +219,8 @@ def test_an_operators_release_in_the_middle_of_a_slurm_call_is_kept(tmp_path: Pa
     [d] = collector.on_report(NODES[0], Severity.OK, [], clock.time())  # healthy: resumed
     assert d.result == "resumed"
     in_db = Store(store_url).automation().state
-    assert in_db.released[NODES[2]]["released_by"] == "dave" and NODES[2] not in in_db.held
-    assert not in_db.breaker["open"]  # the collector did not write its stale breaker back
+    assert in_db.released[NODES[2]].released_by == "dave" and NODES[2] not in in_db.held
+    assert not in_db.breaker.open  # the collector did not write its stale breaker back
     assert NODES[0] not in in_db.drained  # the collector's own change, saved all the same
     assert image(collector.state) == image(in_db)  # and it read the release back
     [done] = collector.run_released(clock.time())
@@ -271,7 +276,67 @@ def test_cli_release_while_the_collector_runs(tmp_path: Path, keys_dir: Path,  #
             report("gpu-a")
     assert [c[1] for c in client.calls if c[0] == "drain"] == ["gpu-a", "gpu-b"]  # once
     in_db = Store(cfg.db).automation().state
-    assert not in_db.breaker["open"] and in_db.held == {} and in_db.released == {}
+    assert not in_db.breaker.open and in_db.held == {} and in_db.released == {}
     assert sorted(in_db.drained) == ["gpu-a", "gpu-b"]
     [d] = Store(cfg.db).decisions(node="gpu-b")[-1:]
     assert d["reason"].endswith("(held by the breaker, released by erin)")
+
+
+# Rows as the automation wrote them before its state was typed (issue 30): a drained node,
+# one waiting for its jobs' checkpoints before a reboot, one imported from automation.json
+# with its time alone, a lemon, a held drain (its jobs asked, a reboot to follow) and a
+# released one, the breaker open.
+OLD_ROWS = {
+    "automation_state": [(1, 7, 40, 1, 61.0, "fraction: 2 of 40 nodes drained")],
+    "automation_drained": [("gpu-001", 10.0, "ecc.uncorrected", "slurmgpu: ecc", None),
+                           ("gpu-004", 50.0, "xid.recent", "slurmgpu: xid 79", "reboot"),
+                           ("gpu-006", 5.0, None, None, None)],
+    "pending_drains": [("gpu-004", "drain-now", "slurmgpu: xid 79", "xid.recent", 50.0, "[]")],
+    "automation_lemons": [("gpu-006", 2.0, "3 drains within 7 days, last: slurmgpu: ecc")],
+    "automation_held": [("gpu-002", "drain-now", "slurmgpu: nvlink", "nvlink.state", 60.0, 55.0, "reboot", 2)],
+    "automation_released": [("gpu-003", "drain", "slurmgpu: nvlink 1", "nvlink.state", 61.0, 61.0, None, None,
+                             70.0, "alice")],
+}
+
+
+def test_rows_of_the_untyped_automation_load_and_carry_on(tmp_path: Path, store_url: str) -> None:
+    """A collector upgraded in place keeps its drained nodes, lemons, held and released
+    drains: the old rows load into the typed records, `breaker status` shows what it
+    showed, saving rewrites none of them, and the automation carries on from them."""
+    with contextlib.closing(Store(store_url)) as store, store.transaction() as db:
+        for table, rows_ in OLD_ROWS.items():
+            db.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(rows_[0]))})", rows_)
+    store = Store(store_url)
+    client = FakeSlurmClient(NODES)
+    for node in ("gpu-001", "gpu-006"):
+        client.drain(node, "slurmgpu: ecc")
+    auto = Automation(AutomationSettings(reboot_allowed=True, resume_healthy_reports=1, resume_after_s=0),
+                      client, tmp_path, FakeClock(now=100.0), store=store)
+    st = auto.state
+    assert st.drained == {"gpu-001": DrainedNode(10.0, "ecc.uncorrected", "slurmgpu: ecc"),
+                          "gpu-004": DrainedNode(50.0, "xid.recent", "slurmgpu: xid 79", Stage.CHECKPOINTING,
+                                                 Action.DRAIN_NOW, then_reboot=True),
+                          "gpu-006": DrainedNode(5.0)}
+    assert st.breaker == Breaker(True, 61.0, "fraction: 2 of 40 nodes drained") and list(st.lemons) == ["gpu-006"]
+    status = auto.status()
+    assert (status["drained"], status["checkpointing"]) == (["gpu-001", "gpu-006"], ["gpu-004"])
+    assert status["held"] == [{"action": "drain-now", "reason": "slurmgpu: nvlink", "trigger": "nvlink.state",
+                               "time": 60.0, "since": 55.0, "then": "reboot", "checkpoints": 2, "node": "gpu-002"}]
+    assert status["released"] == [{"action": "drain", "reason": "slurmgpu: nvlink 1", "trigger": "nvlink.state",
+                                   "time": 61.0, "since": 61.0, "released_at": 70.0, "released_by": "alice",
+                                   "node": "gpu-003"}]
+    assert status["lemons"] == {"gpu-006": {"since": 2.0, "why": "3 drains within 7 days, last: slurmgpu: ecc"}}
+
+    def stored_rows() -> list[list[Any]]:
+        return [sorted(store.db.execute(f"SELECT * FROM {t}").fetchall()) for t in OLD_ROWS if t != "automation_state"]
+
+    before = stored_rows()
+    auto._record.save()
+    assert stored_rows() == before
+    # The automation carries on: the drained node resumes, the lemon stays, the pending reboot comes.
+    ok = [decode_finding(dict(ECC, severity="OK", message="fine"))]
+    assert [d.result for d in auto.on_report("gpu-001", Severity.OK, ok)] == ["resumed"]
+    assert auto.on_report("gpu-006", Severity.OK, ok) == [] and "gpu-006" in auto.state.drained
+    assert auto.finish_pending("gpu-004", Action.DRAIN_NOW, "slurmgpu: xid 79", "xid.recent", 101.0).result \
+        == "reboot-requested"
+    store.close()

@@ -461,7 +461,7 @@ def test_xid79_reboots_after_the_checkpoint_when_allowed(tmp_path: Path) -> None
     assert done.result == "reboot-requested"
     assert [c[0] for c in rig.client.calls] == ["signal", "reboot", "admin_comment", "requeue"]
     entry = rig.auto.state.drained["gpu-006"]
-    assert entry["trigger"] == "xid.recent" and "pending" not in entry and "then" not in entry
+    assert (entry.trigger, entry.stage, entry.pending, entry.then_reboot) == ("xid.recent", "drained", None, False)
 
 
 def test_xid79_on_an_idle_node_reboots_at_once_when_allowed(tmp_path: Path) -> None:

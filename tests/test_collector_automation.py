@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,9 @@ from slurmgpu.cli import cli, fleet_cmd
 from slurmgpu.cli.common import load_settings
 from slurmgpu.collector.policy import Automation
 from slurmgpu.collector.store import Store
+from slurmgpu.collector.store.automation import Breaker, HeldDrain, Lemon
 from slurmgpu.config.schema import AutomationSettings
+from slurmgpu.decision import Action
 from slurmgpu.result import Finding, Severity
 from slurmgpu.slurm import NodeState
 from slurmgpu.testing import FakeSlurmClient
@@ -120,16 +123,16 @@ def test_automation_failure_keeps_serving(tmp_path: Path, keys_dir: Path, ctx: z
 def test_external_release_is_picked_up(tmp_path: Path, keys_dir: Path, ctx: zmq.Context[Any]) -> None:  # noqa: F811
     cfg = make_settings(tmp_path, keys_dir)
     before, _client = automation(tmp_path)
-    before.state.breaker = {"open": True, "since": 1.0, "why": "test"}
-    before._save()  # the collector starts with its breaker open
+    before.state.breaker = Breaker(True, 1.0, "test")
+    before._record.save()  # the collector starts with its breaker open
     args, _ = with_automation(tmp_path)
     with running(cfg, **args) as collector:
         auto = collector.automation
-        assert auto is not None and auto.state.breaker.get("open")
+        assert auto is not None and auto.state.breaker.open
         other, _ = automation(tmp_path)
         assert other.status()["breaker_open"]
         other.release()
-        wait_until(lambda: not auto.state.breaker.get("open"))
+        wait_until(lambda: not auto.state.breaker.open)
 
 
 # --------------------------------------------------------------------------- CLI
@@ -145,10 +148,10 @@ def config(tmp_path: Path) -> Path:
 def test_breaker_status_and_release(tmp_path: Path, config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("slurmgpu.slurm.factory.make_client", lambda *a, **k: FakeSlurmClient())
     auto, _ = automation(tmp_path)
-    auto.state.breaker = {"open": True, "since": 1.0, "why": "storm: ecc.uncorrected failing"}
-    auto.state.held["gpu-a"] = {"action": "drain", "reason": "slurmgpu: x", "trigger": "t", "time": 1.0}
-    auto.state.lemons["gpu-b"] = {"since": 1.0, "why": "3 drains"}
-    auto._save()
+    auto.state.breaker = Breaker(True, 1.0, "storm: ecc.uncorrected failing")
+    auto.state.held["gpu-a"] = HeldDrain(Action.DRAIN, "slurmgpu: x", "t", 1.0, 1.0)
+    auto.state.lemons["gpu-b"] = Lemon(1.0, "3 drains")
+    auto._record.save()
 
     result = CliRunner().invoke(fleet_cmd.breaker, ["status", "--config", str(config), "--json"])
     assert result.exit_code == 0, result.output
@@ -163,7 +166,7 @@ def test_breaker_status_and_release(tmp_path: Path, config: Path, monkeypatch: p
     assert result.exit_code == 0, result.output
     status = json.loads(result.output)
     assert not status["breaker_open"] and status["held"] == [] and "gpu-b" in status["lemons"]
-    assert stored(tmp_path).breaker["open"] is False
+    assert stored(tmp_path).breaker.open is False
 
     result = CliRunner().invoke(fleet_cmd.breaker, ["status", "--config", str(config)])
     assert result.exit_code == 0 and "breaker closed" in result.output
@@ -214,11 +217,10 @@ def test_breaker_status_is_current(tmp_path: Path, config: Path, monkeypatch: py
     monkeypatch.setattr("slurmgpu.slurm.factory.make_client", lambda *a, **k: FakeSlurmClient())
     auto, _ = automation(tmp_path)
     auto.fleet_size(4)
-    auto.state.breaker = {"open": True, "since": 1.0, "why": "fraction: 2 of 4 nodes drained, gpu-c would make 3"}
+    auto.state.breaker = Breaker(True, 1.0, "fraction: 2 of 4 nodes drained, gpu-c would make 3")
     for node in ("gpu-c", "gpu-d"):
-        auto.state.held[node] = {"action": "drain", "reason": f"slurmgpu: pin.driver {node}", "trigger": "pin.driver",
-                                 "time": 1.0}
-    auto._save()
+        auto.state.held[node] = HeldDrain(Action.DRAIN, f"slurmgpu: pin.driver {node}", "pin.driver", 1.0, 1.0)
+    auto._record.save()
     poll = [NodeState("gpu-a", "idle", frozenset({"DRAIN"}), "slurmgpu: xid.recent [by prolog]"),
             NodeState("gpu-b", "idle", frozenset({"DRAIN"}), "fan [by root]"),
             NodeState("gpu-c", "idle", frozenset({"DRAIN"}), "slurmgpu: pin.driver off-pin [by prolog]")]
@@ -284,8 +286,8 @@ def test_breaker_release_says_it_would_trip_again_and_why(tmp_path: Path, config
                         "drained; max_fraction = 0.34 trips at 2 nodes: the next drain trips the breaker again")
     assert f"state: {tmp_path / 'fleet.db'} (config: {config})" in lines
     in_db = stored(tmp_path)
-    assert in_db.breaker["open"] is False and in_db.held == {}
-    assert in_db.released["gpu-b"]["released_by"] == "alice"
+    assert in_db.breaker.open is False and in_db.held == {}
+    assert in_db.released["gpu-b"].released_by == "alice"
 
 
 def test_breaker_release_json(tmp_path: Path, config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -371,8 +373,8 @@ def test_breaker_status_without_state_is_not_closed(tmp_path: Path, no_config_en
 def test_breaker_status_finds_the_state_as_the_collector_does(tmp_path: Path, no_config_env: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     auto, _ = automation(tmp_path)  # state in tmp_path/fleet.db
-    auto.state.breaker = {"open": True, "since": 1.0, "why": "storm: ecc.uncorrected failing"}
-    auto._save()
+    auto.state.breaker = Breaker(True, 1.0, "storm: ecc.uncorrected failing")
+    auto._record.save()
     no_config_env.parent.mkdir()
     no_config_env.write_text(f'[collector]\ndb = "{tmp_path / "fleet.db"}"\n')
     result = CliRunner().invoke(fleet_cmd.breaker, ["status"])  # /etc/slurmgpu/slurmgpu.toml
@@ -407,3 +409,59 @@ def test_breaker_help_documents_the_exit_codes() -> None:
         result = CliRunner().invoke(fleet_cmd.breaker, [command, "--help"])
         assert result.exit_code == 0
         assert "Exit status:" in result.output and "  4  no breaker state" in result.output
+
+
+def test_a_report_stored_before_a_crash_is_automated_once_at_the_next_start(tmp_path: Path) -> None:
+    """One route into the automation on SQLite too (issue 30): what a batch stored goes
+    through the inbox, so a report stored (and acked) by a collector that died before its
+    automation ran is drained at the next start, and one it did automate is not again."""
+    from slurmgpu.collector.counters import Counters
+    from slurmgpu.collector.fleet import Fleet
+    from slurmgpu.config.schema import CollectorSettings
+    from slurmgpu.wire import Envelope
+
+    client = FakeSlurmClient(["gpu-a", "gpu-b"])
+
+    def life() -> Fleet:
+        auto = Automation(AutomationSettings(), client, tmp_path / "state", store=Store(tmp_path / "fleet.db"))
+        allowed = {f"key-{i}".encode(): f"gpu-{i}" for i in range(40)}  # (the breaker lets two drains by)
+        return Fleet(CollectorSettings(), auto.store, Counters(), allowed=allowed, automation=auto, own_store=True)
+
+    def batch(node: str) -> list[Any]:
+        report = Envelope(type=REPORT, node=node, seq=1, body={"verdict": "FAIL", "findings": [ECC]},
+                          findings=(decode_finding(ECC),))  # (as wire.decode gives it)
+        return [(node, report, b"")]
+
+    fleet = life()
+    for node, crashes in (("gpu-a", False), ("gpu-b", True)):
+        stored_ = fleet.commit(batch(node), 100.0)
+        assert stored_ is not None and stored_.new == [(node, 1)]
+        if not crashes:
+            fleet.acked(batch(node), stored_.new, 100.0)
+    assert [c[:2] for c in client.calls] == [("drain", "gpu-a")]
+    fleet.store.close()  # the crash: gpu-b's report is stored, its automation never ran
+    fleet = life()
+    fleet.tick()
+    fleet.tick()
+    assert [c[:2] for c in client.calls] == [("drain", "gpu-a"), ("drain", "gpu-b")]
+    assert fleet.store.count("leader_inbox") == 0 and fleet.store.count("decisions") == 2
+    fleet.close()
+
+
+def test_inbox_rows_a_day_old_are_pruned_on_sqlite_too(tmp_path: Path) -> None:
+    """Rows left by a collector that ran the automation, and then ran without it, do not
+    stay for ever: the hourly prune drops inbox rows older than a day on either backend."""
+    from slurmgpu.collector.counters import Counters
+    from slurmgpu.collector.fleet import Fleet
+    from slurmgpu.config.schema import CollectorSettings
+    from slurmgpu.wire import Envelope
+
+    store = Store(tmp_path / "fleet.db")
+    store.inbox = True
+    report = Envelope(type=REPORT, node="gpu-a", seq=1, body={"verdict": "OK", "findings": []})
+    store.store_batch([("gpu-a", report)], received_at=time.time() - 2 * 86_400)
+    assert store.count("leader_inbox") == 1
+    fleet = Fleet(CollectorSettings(), store, Counters(), allowed={}, own_store=True)  # no automation
+    fleet.tick()  # (the first prune comes at the start)
+    assert store.count("leader_inbox") == 0
+    fleet.close()

@@ -26,6 +26,7 @@ class Lock:
 
     def __init__(self) -> None:
         self.held = True
+        self.leader = False  # (as a shared database's: not leading before the first poll)
         self.polls = 0
         self.ended: int | None = None  # (a stale leader's session ended by a poll: none here)
 

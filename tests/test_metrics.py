@@ -22,8 +22,10 @@ from slurmgpu.collector.app import CollectorError, build_collector
 from slurmgpu.collector.metrics import IngestRate, parse_bind
 from slurmgpu.collector.policy import Automation, Decision
 from slurmgpu.collector.store import Store
+from slurmgpu.collector.store.automation import Breaker, DrainedNode, HeldDrain, Lemon
 from slurmgpu.collector.store.backend import is_postgres
 from slurmgpu.config.schema import AutomationSettings
+from slurmgpu.decision import Action
 from slurmgpu.testing import FakeSlurmClient
 from slurmgpu.wire import EVENT, HELLO, REPORT, Envelope
 from tests.agenthelpers import wait_until
@@ -127,11 +129,11 @@ def test_scrape_reports_store_automation_and_checkpoints(tmp_path: Path, keys_di
     client = FakeSlurmClient(["gpu-a", "gpu-b"])
     store = Store(cfg.db)
     before = Automation(AutomationSettings(), client, tmp_path / "state", store=store)
-    before.state.breaker = {"open": True, "since": 1.0, "why": "storm"}
-    before.state.held = {"gpu-b": {"action": "drain"}, "gpu-c": {"action": "drain"}}
-    before.state.lemons = {"gpu-c": {"since": 1.0, "why": "lemon"}}
-    before.state.drained = {"gpu-a": {"time": 1.0}}
-    before._save()  # the state the collector's automation starts from
+    before.state.breaker = Breaker(True, 1.0, "storm")
+    before.state.held = {n: HeldDrain(Action.DRAIN, "", "", 1.0, 1.0) for n in ("gpu-b", "gpu-c")}
+    before.state.lemons = {"gpu-c": Lemon(1.0, "lemon")}
+    before.state.drained = {"gpu-a": DrainedNode(1.0)}
+    before._record.save()  # the state the collector's automation starts from
     store.close()
     collector = build_collector(cfg, automation=AutomationSettings(), slurm=client, state_dir=tmp_path / "state")
     auto = collector.automation

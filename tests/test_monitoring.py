@@ -16,6 +16,7 @@ import yaml
 from slurmgpu.collector.app import build_collector
 from slurmgpu.collector.policy import Automation
 from slurmgpu.collector.store import Store
+from slurmgpu.collector.store.automation import DrainedNode
 from slurmgpu.config.schema import AutomationSettings
 from slurmgpu.testing import FakeSlurmClient
 from tests.test_collector import free_port, keys_dir, make_settings  # noqa: F401
@@ -53,8 +54,8 @@ def exported(tmp_path: Path, keys_dir: Path) -> set[str]:  # noqa: F811
     client = FakeSlurmClient(["gpu-a", "gpu-b"])
     store = Store(cfg.db)
     auto = Automation(AutomationSettings(), client, tmp_path / "state", store=store)
-    auto.state.drained = {"gpu-a": {"time": 1.0}}
-    auto._save()
+    auto.state.drained = {"gpu-a": DrainedNode(1.0)}
+    auto._record.save()
     store.close()
     collector = build_collector(cfg, automation=AutomationSettings(), slurm=client,
                                 state_dir=tmp_path / "state")

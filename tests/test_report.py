@@ -15,6 +15,7 @@ from click.testing import CliRunner, Result
 
 from slurmgpu.cli import cli
 from slurmgpu.collector.store import Store, queries
+from slurmgpu.collector.store.automation import Lemon
 from slurmgpu.collector.store.backend import Connection, is_postgres
 from slurmgpu.collector.store.schema import expected_tables
 from slurmgpu.config.load import load_config
@@ -206,7 +207,7 @@ def fleet(tmp_path: Path, store_url: str) -> dict[str, Any]:
     state.mkdir()
     store = Store(path)  # the automation's state: one lemon
     record = store.automation()
-    record.state.lemons = {"n4": {"since": T0, "why": "3 drains within 604800 s"}}
+    record.state.lemons = {"n4": Lemon(T0, "3 drains within 604800 s")}
     record.save()
     store.close()
     config = tmp_path / "slurmgpu.toml"

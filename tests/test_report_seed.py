@@ -129,7 +129,7 @@ def test_lemons_in_the_automation_state(seeded: tuple[Path, dict[str, Any], Path
         store.close()
     assert sorted(state.lemons) == summary["lemons"] and len(summary["lemons"]) == 2
     for info in state.lemons.values():
-        assert info["since"] <= END and "3 drains" in info["why"]
+        assert info.since <= END and "3 drains" in info.why
     assert sorted(state.drained) == summary["drained_at_end"] and state.fleet == 60
     assert not list(tmp.glob("**/automation.json"))  # no state file beside the database
 

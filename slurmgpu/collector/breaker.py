@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 from slurmgpu.collector.store import AutomationState
+from slurmgpu.collector.store.automation import Breaker
 from slurmgpu.config.schema import AutomationSettings
 
 HOUR = 3600.0
@@ -36,18 +37,10 @@ def setting_text(settings: AutomationSettings, key: str) -> str:
     return f"{key} = {value:g}" if isinstance(value, float) else f"{key} = {value}"
 
 
-def is_open(state: AutomationState) -> bool:
-    return bool(state.breaker.get("open"))
-
-
 def trip(state: AutomationState, why: str, now: float) -> None:
     """Open the breaker (an open one keeps the reason it opened with)."""
-    if not is_open(state):
-        state.breaker = {"open": True, "since": now, "why": why}
-
-
-def close(state: AutomationState) -> None:
-    state.breaker = {"open": False, "since": None, "why": None}
+    if not state.breaker.open:
+        state.breaker = Breaker(True, now, why)
 
 
 def check_drain(state: AutomationState, settings: AutomationSettings, fleet: int, node: str,
@@ -121,8 +114,8 @@ def _storm_rule(st: AutomationState, s: AutomationSettings, fleet: int, coming: 
     # report it again, and that counts towards a storm as soon as the breaker closes.
     per_check: dict[str, int] = {}
     for node in [*st.drained, *coming]:
-        entry = st.drained.get(node) or st.released.get(node) or st.held.get(node) or {}
-        check = str(entry.get("trigger", ""))
+        entry = st.drained.get(node) or st.released.get(node) or st.held.get(node)
+        check = entry.trigger if entry is not None else ""
         if check in st.strikes.get(node, {}):
             per_check[check] = per_check.get(check, 0) + 1
     check, failing = max(sorted(per_check.items()), key=lambda kv: kv[1], default=("", 0))

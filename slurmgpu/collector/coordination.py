@@ -13,13 +13,10 @@ from typing import Any
 
 import slurmgpu.collector.store.coordination as tables
 from slurmgpu.collector.store import Leadership, Store
-from slurmgpu.collector.store.coordination import InboxRow
 from slurmgpu.collector.transport import CollectorError
 from slurmgpu.log import get_logger
 from slurmgpu.slurm import SlurmClient, SlurmError
 
-# Inbox rows handed to the automation per chunk (each chunk is deleted once handled).
-INBOX_CHUNK = 500
 # How often the outbox is read for the agents connected here.
 DELIVER_EVERY_S = 0.25
 
@@ -36,7 +33,7 @@ class Coordination:
         self.leadership = leadership
         self.name = name or uuid.uuid4().hex[:12]
         self.poll_s = poll_s
-        self.leader = False
+        self.leader = leadership.leader  # (alone on SQLite: leading from the start)
         self._next_poll = 0.0
         self._next_delivery = 0.0
         self.log = get_logger(component="coordination", collector=self.name)
@@ -71,18 +68,6 @@ class Coordination:
         self.leadership.release()
         self.leader = False
 
-    # ------------------------------------------------------------------ the inbox
-
-    def inbox(self) -> list[InboxRow]:
-        """The next chunk of the inbox (empty when not leading)."""
-        if not self.leader:
-            return []
-        return tables.inbox_take(self.store.db, INBOX_CHUNK)
-
-    def handled(self, rows: list[InboxRow]) -> None:
-        if rows:
-            tables.inbox_done(self.store.db, [row.id for row in rows])
-
     # ------------------------------------------------------------------ commands
 
     def sender(self, send_local: SendLocal) -> Callable[[str, str, dict[str, Any]], str]:
@@ -114,9 +99,6 @@ class Coordination:
         if sent:
             tables.outbox_sent(self.store.db, sent, self.name, time.time())
         return len(sent)
-
-    def prune(self, now: float) -> int:
-        return tables.prune(self.store.db, now)
 
 
 class NotLeader(SlurmError):

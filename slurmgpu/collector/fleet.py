@@ -6,25 +6,26 @@ Design notes: docs/design-notes.md (``slurmgpu/collector/fleet.py``).
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from slurmgpu.collector.checkpoint import refusal_event
-from slurmgpu.collector.coordination import INBOX_CHUNK, Coordination
+from slurmgpu.collector.coordination import Coordination
 from slurmgpu.collector.counters import Counters, LimitedLog
-from slurmgpu.collector.store import Store
-from slurmgpu.collector.store.coordination import InboxRow
+from slurmgpu.collector.store import Leadership, Store
+from slurmgpu.collector.store.coordination import INBOX_CHUNK, InboxRow, inbox_done, inbox_take
+from slurmgpu.collector.store.coordination import prune as prune_coordination
 from slurmgpu.collector.transport import Batch, Stored
 from slurmgpu.collector.validation import VALIDATION, judge_stragglers
 from slurmgpu.config.schema import CollectorSettings
 from slurmgpu.log import get_logger
 from slurmgpu.result import Finding, Severity
 from slurmgpu.slurm import NodeState, SlurmClient
-from slurmgpu.wire import COMMAND_RESULT, EVENT, REPORT, decode_finding, decode_severity
+from slurmgpu.wire import COMMAND_RESULT, EVENT, REPORT, Envelope, decode_finding, decode_severity
 
 if TYPE_CHECKING:
     from slurmgpu.collector.checkpoint import Checkpoints
@@ -34,39 +35,15 @@ PRUNE_EVERY_S = 3600.0
 STATS_EVERY_S = 60.0
 
 
-@dataclass(frozen=True)
-class Fresh:
-    """A newly stored message the automation or the checkpoints must see: from this
-    collector's batch, or (several collectors) from the leader's inbox."""
-
-    node: str
-    seq: int
-    type: str
-    body: dict[str, Any]
-    decoded: tuple[Finding, ...] | None = None  # the findings, when already decoded
-
-    def findings(self) -> tuple[Finding, ...]:
-        if self.decoded is not None:
-            return self.decoded
-        return tuple(decode_finding(f, self.type) for f in self.body.get("findings", ()))
+def _findings(row: InboxRow) -> tuple[Finding, ...]:
+    return tuple(decode_finding(f, row.type) for f in row.body.get("findings", ()))
 
 
-def _fresh(batch: Batch, new: list[tuple[str, int]], stale: set[tuple[str, int]]) -> list[Fresh]:
-    """The batch's newly stored messages, in batch order (a seq repeated within the batch
-    counts once), less the ``stale`` reports (older than their node's state: history)."""
-    fresh = set(new) - stale
-    items = []
-    for node, env, _data in batch:
-        if (node, env.seq) not in fresh:
-            continue
-        fresh.discard((node, env.seq))
-        body = env.body if isinstance(env.body, dict) else {}
-        items.append(Fresh(node, env.seq, env.type, body, env.findings))
-    return items
-
-
-def _from_inbox(row: InboxRow) -> Fresh:
-    return Fresh(row.node, row.seq, row.type, row.body)
+def _new_events(batch: Batch, new: list[tuple[str, int]], kind: str) -> list[tuple[str, Envelope]]:
+    """The batch's newly stored events of this kind, with their nodes."""
+    fresh = set(new)
+    return [(node, env) for node, env, _ in batch if (node, env.seq) in fresh and env.type == EVENT
+            and isinstance(env.body, dict) and env.body.get("kind") == kind]
 
 
 def _message_fault(exc: BaseException) -> bool:
@@ -127,29 +104,6 @@ class SlurmPoller(threading.Thread):
         self._stop_event.set()
 
 
-class AutomationStateSync:
-    """The one place the collector re-reads the automation's state. `slurmgpu breaker
-    release` writes it in the store while the collector runs: ``sync`` reads it back when
-    another process changed it (one indexed read of its version), so an operator's release
-    is seen, and not overwritten by the state in memory."""
-
-    def __init__(self, automation: Automation, counters: Counters, log: Any) -> None:
-        self.automation = automation
-        self.counters = counters
-        self.log = log
-
-    def sync(self) -> None:
-        automation = self.automation
-        try:
-            if automation.refresh():
-                self.log.info("automation_state_reloaded", db=automation.store.where,
-                              breaker_open=bool(automation.state.breaker.get("open")))
-        except Exception as exc:  # unreadable for now: keep the state in memory
-            self.counters.automation_errors += 1
-            self.log.error("automation_state_unreadable", db=automation.store.where,
-                           error=f"{type(exc).__name__}: {exc}")
-
-
 class Fleet:
     """The transport's ``Handler``: stores, automates, coordinates checkpoints, polls
     Slurm. Also what ``/metrics`` reads (``counters.MetricsSource``)."""
@@ -158,21 +112,18 @@ class Fleet:
                  allowed: Mapping[bytes, str], automation: Automation | None = None,
                  checkpoints: Checkpoints | None = None, poller: SlurmPoller | None = None,
                  own_store: bool = False, coordination: Coordination | None = None) -> None:
-        """``own_store``: ``close`` closes the store. ``coordination``: one of several
-        collectors on a shared database (None: the only one, always leading)."""
+        """``own_store``: ``close`` closes the store. ``coordination``: this collector's part
+        among several on a shared database (default: the only one, always leading)."""
         self.settings = settings
         self.store, self._own_store = store, own_store
-        self.coordination = coordination
-        self._stale: set[tuple[str, int]] = set()  # the last batch's stale reports (store.stale)
-        if coordination is not None and (automation is not None or checkpoints is not None):
-            store.inbox = True  # the leader (maybe another collector) must see our messages
+        self.coordination = coordination or Coordination(store, Leadership(store.path))
+        # What the automation must see goes through the inbox, read by the leader (this one alone)
+        store.inbox = automation is not None or checkpoints is not None
         self.counters = counters
         self.automation, self.checkpoints = automation, checkpoints
         self.poller = poller
         self.log = get_logger(component="collector")
         self._limited = LimitedLog(self.log)
-        self._state = (AutomationStateSync(automation, counters, self.log)
-                       if automation is not None else None)
         now = time.monotonic()
         self._next_unreachable = now + settings.heartbeat_s
         self._next_prune = now  # prune once at start, then hourly
@@ -183,8 +134,7 @@ class Fleet:
     def close(self) -> None:
         if self.poller is not None:
             self.poller.stop()
-        if self.coordination is not None:
-            self.coordination.close()
+        self.coordination.close()
         if self._own_store:
             self.store.close()
 
@@ -204,7 +154,6 @@ class Fleet:
             return self._store_halves(batch, now)
         self.counters.store_failing = 0
         self._note_conflicts()
-        self._stale = set(self.store.stale)
         return Stored(new, set())
 
     def _store_halves(self, batch: Batch, now: float) -> Stored | None:
@@ -212,7 +161,6 @@ class Fleet:
         failing half split again (in batch order), a failing single message refused."""
         new: list[tuple[str, int]] = []
         bad: set[tuple[str, str, int]] = set()
-        self._stale = set()
         parts = _halves(batch)
         while parts:
             part = parts.pop()
@@ -227,7 +175,6 @@ class Fleet:
                 else:
                     bad.add(self._refuse(part[0], exc))
                 continue
-            self._stale |= self.store.stale
             self._note_conflicts()
         self.counters.store_failing = 0
         return Stored(new, bad)
@@ -256,77 +203,65 @@ class Fleet:
     # ------------------------------------------------------------------ after the acks
 
     def acked(self, batch: Batch, new: list[tuple[str, int]], now: float) -> None:
-        """The newly stored messages of an acked batch: automation, then checkpoints. With
-        several collectors they go through the leader's inbox (this batch's rows included),
-        so the leader, whichever collector it is, sees every collector's messages once."""
+        """The newly stored messages of an acked batch: validation stragglers, then (the
+        leader) the automation's inbox, this batch's rows included, whichever collector
+        stored them; without automation, the prolog's refusals."""
         self._stragglers(batch, new)
         if self.automation is None and self.checkpoints is None:
             self._note_refusals(batch, new, now)
-            return
-        if self.coordination is not None:
-            if self.coordination.leader:
-                self._handle_inbox()
-            return
-        self._handle(_fresh(batch, new, self._stale), now)
+        elif self._lead:
+            self._handle_inbox()
 
     def _stragglers(self, batch: Batch, new: list[tuple[str, int]]) -> None:
         """Each newly stored validation: its node against the fleet (``validate.straggler``)."""
-        fresh = set(new)
-        events = [(node, env) for node, env, _ in batch if (node, env.seq) in fresh and env.type == EVENT
-                  and isinstance(env.body, dict) and env.body.get("kind") == VALIDATION]
+        events = _new_events(batch, new, VALIDATION)
         if not events:
             return
-        try:
+        # (the database failing: stragglers wait for the next validation)
+        with self._trouble("straggler_check_failed", counter="store_errors"):
             found = judge_stragglers(self.store, self.settings, [node for node, _ in events])
             for node, env in events:
                 if found.get(node):
                     self.store.add_findings(node, env.seq, env.ts, found[node])
                     self.log.warning("validate_straggler", node=node, findings=[f.message for f in found[node]])
-        except Exception as exc:  # the database is failing: stragglers wait for the next validation
-            self.counters.store_errors += 1
-            self.log.error("straggler_check_failed", error=f"{type(exc).__name__}: {exc}")
 
     def _note_refusals(self, batch: Batch, new: list[tuple[str, int]], now: float) -> None:
         """Without automation: the prolog's refusals still go to their jobs' timelines
         (`slurmgpu jobs events`); nothing is set on the jobs."""
-        if not any(env.type == EVENT and isinstance(env.body, dict) and env.body.get("kind") == "prolog_blocked"
-                   for _, env, _ in batch):
+        events = [e for node, env in _new_events(batch, new, "prolog_blocked")
+                  if (e := refusal_event(node, env.body, now)) is not None]
+        if not events:
             return
-        events = [e for item in _fresh(batch, new, self._stale)
-                  if item.type == EVENT and item.body.get("kind") == "prolog_blocked"
-                  and (e := refusal_event(item.node, item.body, now)) is not None]
-        try:
-            with self.store.transaction():
-                for e in events:
-                    self.store.add_job_event(e.job_id, e.ts, e.kind, e.node, e.detail)
-        except sqlite3.Error as exc:
-            self.counters.store_errors += 1
-            self.log.error("job_events_store_failed", error=str(exc))
-
-    def _handle(self, items: list[Fresh], now: float) -> None:
-        if self.automation is not None:
-            self._automate(items, now)
-        if self.checkpoints is not None:
-            self._checkpoint_messages(items, now)
+        with self._trouble("job_events_store_failed", sqlite3.Error, counter="store_errors"), \
+                self.store.transaction():
+            for e in events:
+                self.store.add_job_event(e.job_id, e.ts, e.kind, e.node, e.detail)
 
     def _handle_inbox(self) -> None:
         """The leader: every message any collector stored for the automation since, in
-        chunks, each deleted once handled."""
-        coordination = self.coordination
-        assert coordination is not None
+        chunks, each deleted once handled. A chunk is handled and deleted only while this
+        collector still leads (a fresh check each): a leader cut off meanwhile leaves its
+        rows to the new one."""
         while True:
             try:
-                rows = coordination.inbox()
-                if not rows:
+                rows = inbox_take(self.store.db, INBOX_CHUNK)
+                if not rows or not self._still_leading():
                     return
-                self._handle([_from_inbox(row) for row in rows], time.time())
-                coordination.handled(rows)
+                self._handle(rows, time.time())
+                if not self._still_leading():
+                    return
+                inbox_done(self.store.db, [row.id for row in rows])
             except sqlite3.Error as exc:  # the database is failing: the rows wait for the next turn
-                self.counters.store_errors += 1
-                self.log.error("leader_inbox_failed", error=str(exc))
+                self._trouble_seen("leader_inbox_failed", exc, "store_errors")
                 return
             if len(rows) < INBOX_CHUNK:
                 return
+
+    def _handle(self, rows: list[InboxRow], now: float) -> None:
+        if self.automation is not None:
+            self._automate(rows, now)
+        if self.checkpoints is not None:
+            self._checkpoint_messages(rows, now)
 
     def allow_list_changed(self, allowed: Mapping[bytes, str]) -> None:
         self.allowed = allowed
@@ -345,45 +280,37 @@ class Fleet:
             return False
         return True
 
-    def _automate(self, items: list[Fresh], now: float) -> None:
+    def _automate(self, items: list[InboxRow], now: float) -> None:
         """Feed the newly stored reports and events to the automation (after the acks)."""
-        automation, state = self.automation, self._state
-        assert automation is not None and state is not None
-        state.sync()
+        automation = self.automation
+        assert automation is not None
+        self._sync_state()
         self._automation_released()  # before new reports: they may trip the breaker again
         decisions: list[Decision] = []
         for item in items:
             if item.type not in (REPORT, EVENT):
                 continue
-            try:
+            with self._trouble("automation_failed", node=item.node, seq=item.seq):  # (a policy bug)
                 verdict = decode_severity(item.body["verdict"])  # (a str: decode validated it)
                 if verdict is Severity.OK and item.body.get("kind") == VALIDATION:
                     continue  # (active tests passing say nothing of the passive checks: no healthy streak)
-                decisions.extend(automation.on_report(item.node, verdict, item.findings(), now))
-            except Exception as exc:  # a policy bug must not take the collector down
-                self.counters.automation_errors += 1
-                self.log.error("automation_failed", node=item.node, seq=item.seq,
-                               error=f"{type(exc).__name__}: {exc}")
+                decisions.extend(automation.on_report(item.node, verdict, _findings(item), now))
         self._record_decisions(decisions)
 
-    def _checkpoint_messages(self, items: list[Fresh], now: float) -> None:
+    def _checkpoint_messages(self, items: list[InboxRow], now: float) -> None:
         """Acks of checkpoint requests (command results) and agents' local fallbacks."""
         checkpoints = self.checkpoints
         assert checkpoints is not None
         decisions: list[Decision] = []
         for item in items:
             body = item.body
-            try:
+            with self._trouble("checkpoint_message_failed", node=item.node, seq=item.seq):
                 if item.type == COMMAND_RESULT:
                     decisions += checkpoints.on_result(item.node, body, now)
                 elif item.type == EVENT and body.get("kind") == "local_checkpoint":
                     checkpoints.on_local(item.node, body, now)
                 elif item.type == EVENT and body.get("kind") == "prolog_blocked":
                     checkpoints.on_prolog_refusal(item.node, body, now)
-            except Exception as exc:
-                self.counters.automation_errors += 1
-                self.log.error("checkpoint_message_failed", node=item.node, seq=item.seq,
-                               error=f"{type(exc).__name__}: {exc}")
         self._record_decisions(decisions)
 
     def _record_decisions(self, decisions: list[Decision]) -> None:
@@ -392,37 +319,55 @@ class Fleet:
         for d in decisions:
             self.log.info("automation_decision", node=d.node, action=d.action, result=d.result,
                           held=d.held, dry_run=d.dry_run, trigger=d.trigger, reason=d.reason)
-        try:
+        with self._trouble("decisions_store_failed", sqlite3.Error, counter="store_errors", decisions=len(decisions)):
             self.counters.decisions += self.store.add_decisions(decisions)
-        except sqlite3.Error as exc:
-            self.counters.store_errors += 1
-            self.log.error("decisions_store_failed", error=str(exc), decisions=len(decisions))
 
     def _automation_fleet_size(self) -> None:
-        if self.automation is None or self._state is None or not self._lead:
+        if self.automation is None or not self._lead:
             return
-        self._state.sync()
-        try:
+        self._sync_state()
+        with self._trouble("automation_failed"):
             self.automation.fleet_size(len(self.allowed))
-        except Exception as exc:
-            self.counters.automation_errors += 1
-            self.log.error("automation_failed", error=f"{type(exc).__name__}: {exc}")
+
+    def _sync_state(self) -> None:
+        """Read the automation's state back when another process changed it (`slurmgpu
+        breaker release`: one indexed read of its version), so an operator's release is
+        seen, and not overwritten by the state in memory."""
+        automation = self.automation
+        if automation is None:
+            return
+        # (unreadable for now: the state in memory is kept)
+        with self._trouble("automation_state_unreadable", db=automation.store.where):
+            if automation.refresh():
+                self.log.info("automation_state_reloaded", db=automation.store.where,
+                              breaker_open=automation.state.breaker.open)
 
     def _automation_released(self) -> None:
         """Carry out the drains an operator released (``slurmgpu breaker release``)."""
-        automation, state = self.automation, self._state
-        if automation is None or state is None or not automation.state.released:
+        automation = self.automation
+        if automation is None or not automation.state.released:
             return
-        try:
+        with self._trouble("automation_failed"):
             decisions = automation.run_released(time.time())
-        except Exception as exc:
-            self.counters.automation_errors += 1
-            self.log.error("automation_failed", error=f"{type(exc).__name__}: {exc}")
-            return
-        for d in decisions:
-            self.log.info("breaker_release_carried_out", node=d.node, action=d.action, result=d.result,
-                          released_by=d.released_by)
-        self._record_decisions(decisions)
+            for d in decisions:
+                self.log.info("breaker_release_carried_out", node=d.node, action=d.action, result=d.result,
+                              released_by=d.released_by)
+            self._record_decisions(decisions)
+
+    @contextlib.contextmanager
+    def _trouble(self, event: str, errors: type[BaseException] = Exception, *,
+                 counter: str | None = "automation_errors", **fields: Any) -> Iterator[None]:
+        """Run the block; slurmgpu's own trouble there (``errors``) is counted and logged
+        as ``event``, and the loop goes on."""
+        try:
+            yield
+        except errors as exc:
+            self._trouble_seen(event, exc, counter, **fields)
+
+    def _trouble_seen(self, event: str, exc: BaseException, counter: str | None, **fields: Any) -> None:
+        if counter is not None:
+            setattr(self.counters, counter, getattr(self.counters, counter) + 1)
+        self.log.error(event, error=f"{type(exc).__name__}: {exc}", **fields)
 
     # ------------------------------------------------------------------ periodic
 
@@ -441,14 +386,15 @@ class Fleet:
 
     @property
     def _lead(self) -> bool:
-        return self.coordination is None or self.coordination.leader
+        return self.coordination.leader
+
+    def _still_leading(self) -> bool:
+        return self.coordination.still_leading()  # (a fresh check: one query on PostgreSQL)
 
     def _leading(self) -> bool:
         """Whether this collector runs the automation now (always, alone on its database).
         A collector that just became the leader takes the automation's state and pending
         checkpoints from the database, as its predecessor left them."""
-        if self.coordination is None:
-            return True
         leading, became = self.coordination.leading()
         if became:
             self._take_over()
@@ -456,19 +402,14 @@ class Fleet:
 
     def _take_over(self) -> None:
         self._automation_fleet_size()  # (reads the automation's state back first)
-        if self.checkpoints is None:
-            return
-        try:
-            self.checkpoints.reload()
-        except sqlite3.Error as exc:
-            self.counters.store_errors += 1
-            self.log.error("checkpoints_reload_failed", error=str(exc))
+        if self.checkpoints is not None:
+            with self._trouble("checkpoints_reload_failed", sqlite3.Error, counter="store_errors"):
+                self.checkpoints.reload()
 
     def _leader_tick(self, mono: float) -> None:
-        if self._state is not None:
-            self._state.sync()
-            self._automation_released()
-        if self.coordination is not None and (self.automation is not None or self.checkpoints is not None):
+        self._sync_state()
+        self._automation_released()
+        if self.automation is not None or self.checkpoints is not None:
             self._handle_inbox()
         self._checkpoint_tick()
         self._slurm_states()
@@ -480,27 +421,15 @@ class Fleet:
             self._prune()
 
     def _prune(self) -> None:
-        try:
-            deleted = self.store.prune(self.settings.retention_days)
-            if self.coordination is not None:
-                deleted += self.coordination.prune(time.time())
+        with self._trouble("prune_failed", sqlite3.Error, counter=None):
+            deleted = self.store.prune(self.settings.retention_days) + prune_coordination(self.store.db, time.time())
             if deleted:
                 self.log.info("pruned", rows=deleted, retention_days=self.settings.retention_days)
-        except sqlite3.Error as exc:
-            self.log.error("prune_failed", error=str(exc))
 
     def _checkpoint_tick(self) -> None:
-        if self.checkpoints is None:
-            return
-        if self._state is not None:
-            self._state.sync()
-        try:
-            decisions = self.checkpoints.tick(time.time())
-        except Exception as exc:
-            self.counters.automation_errors += 1
-            self.log.error("checkpoint_tick_failed", error=f"{type(exc).__name__}: {exc}")
-            return
-        self._record_decisions(decisions)
+        if self.checkpoints is not None:
+            with self._trouble("checkpoint_tick_failed"):
+                self._record_decisions(self.checkpoints.tick(time.time()))
 
     def _slurm_states(self) -> None:
         """Record drain/resume transitions from the poller's latest look at Slurm."""
@@ -511,21 +440,13 @@ class Fleet:
             return
         at, states = polled
         fleet = set(self.allowed.values())
-        try:
-            changes = self.store.record_slurm_states([s for s in states if s.name in fleet], at)
-        except sqlite3.Error as exc:
-            self.log.error("slurm_states_store_failed", error=str(exc))
-            return
-        for node, kind in changes:
-            self.log.info("node_state", node=node, kind=kind)
+        with self._trouble("slurm_states_store_failed", sqlite3.Error, counter=None):
+            for node, kind in self.store.record_slurm_states([s for s in states if s.name in fleet], at):
+                self.log.info("node_state", node=node, kind=kind)
 
     def _mark_unreachable(self) -> None:
         """Nodes silent for ``unreachable_after`` heartbeats (by their last message stored)."""
         window = self.settings.unreachable_after * self.settings.heartbeat_s
-        try:
-            gone = self.store.mark_unreachable(time.time(), window)
-        except sqlite3.Error as exc:
-            self.log.error("mark_unreachable_failed", error=str(exc))
-            return
-        for node in gone:
-            self.log.warning("node_unreachable", node=node, silent_s=window)
+        with self._trouble("mark_unreachable_failed", sqlite3.Error, counter=None):
+            for node in self.store.mark_unreachable(time.time(), window):
+                self.log.warning("node_unreachable", node=node, silent_s=window)

@@ -5,6 +5,7 @@ Pure functions over the automation's state; ``policy.Automation`` calls them."""
 from __future__ import annotations
 
 from slurmgpu.collector.store import AutomationState
+from slurmgpu.collector.store.automation import Lemon
 from slurmgpu.config.schema import AutomationSettings
 from slurmgpu.report.render_util import span
 
@@ -15,8 +16,8 @@ def note_drain(state: AutomationState, settings: AutomationSettings, node: str, 
     history = [t for t in state.history.get(node, []) if now - t < settings.lemon_window_s] + [now]
     state.history[node] = history
     if len(history) >= settings.lemon_drains and node not in state.lemons:
-        state.lemons[node] = {"since": now, "why": f"{len(history)} drains within "
-                              f"{span(settings.lemon_window_s)}, last: {reason}"}
+        state.lemons[node] = Lemon(now, f"{len(history)} drains within {span(settings.lemon_window_s)}, "
+                                        f"last: {reason}")
 
 
 def is_lemon(state: AutomationState, node: str) -> bool:

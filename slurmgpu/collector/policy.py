@@ -1,12 +1,6 @@
-"""The collector's automation decisions: what to do about a node's report.
-
-Pure apart from what the caller injects: the ``SlurmClient`` (all Slurm calls go
-through ``slurmgpu.actions.Actions``, which journals the calls Slurm could not take in
-the state directory) and the fleet database (``Store``), whose ``automation_*`` tables
-keep strikes, healthy streaks, drain history and the circuit breaker across restarts
-(``slurmgpu.collector.store.automation``). Each change is saved as it is made; an
-operator's command (``release``, ``clear_lemon``) is one read-modify-write transaction,
-and ``refresh`` picks up such a change made by another process.
+"""The collector's automation decisions: what to do about a node's report. Slurm is
+reached only through ``slurmgpu.actions.Actions``; the state lives in the fleet database
+(``slurmgpu.collector.store.automation``), each change saved as it is made.
 
 Design notes: docs/design-notes.md (``slurmgpu/collector/policy.py``).
 """
@@ -27,6 +21,7 @@ import slurmgpu.collector.breaker as breaker
 import slurmgpu.collector.lemons as lemons
 from slurmgpu.actions import Actions
 from slurmgpu.collector.store import AutomationState, Store, queries
+from slurmgpu.collector.store.automation import Breaker, DrainedNode, HeldDrain, Stage
 from slurmgpu.config.schema import AutomationSettings
 from slurmgpu.decision import (
     ACTION_RANK,
@@ -55,12 +50,7 @@ LOG_KEEP = 100
 
 
 class Clock(Protocol):
-    def time(self) -> float: ...
-
-
-class _SystemClock:
-    def time(self) -> float:
-        return time.time()
+    def time(self) -> float: ...  # (the ``time`` module is one)
 
 
 @dataclass(frozen=True)
@@ -71,8 +61,7 @@ class Decision:
     held: bool = False
     dry_run: bool = False
     trigger: str = ""  # the check id (or "healthy" for a resume)
-    # What happened: a ``decision.Outcome``, or "error: ...".
-    result: str = ""
+    result: Outcome | str = ""  # what happened: a ``decision.Outcome``, or "error: ..."
     time: float = 0.0
     # A drain the breaker held and an operator released (`slurmgpu breaker release`): who.
     released_by: str = ""
@@ -102,7 +91,7 @@ class Automation:
         self.client = client
         self.actions = Actions(client, state_dir)
         self.store = store
-        self.clock: Clock = clock or _SystemClock()
+        self.clock: Clock = clock or time
         if not read_only:
             _probe_writable(Path(state_dir))
         self._record = store.automation()
@@ -143,7 +132,7 @@ class Automation:
             log.warning("automation_json_not_renamed", path=str(path), error=str(exc))
         st = self.state
         log.info("automation_state_imported", path=str(path), db=self.store.where,
-                 breaker_open=bool(st.breaker.get("open")), held=len(st.held), released=len(st.released),
+                 breaker_open=st.breaker.open, held=len(st.held), released=len(st.released),
                  drained=len(st.drained), lemons=len(st.lemons))
 
     # ---- fleet and breaker
@@ -168,13 +157,12 @@ class Automation:
             st = self.state
             released = []
             for node, held in sorted(st.held.items()):
-                entry = dict(held, released_at=now, released_by=by)
-                st.released[node] = entry
-                released.append(dict(entry, node=node))
-            breaker.close(st)
+                st.released[node] = dataclasses.replace(held, released_at=now, released_by=by)
+                released.append(st.released[node].to_json(node))
+            st.breaker = Breaker()
             st.held.clear()
             st.failing.clear()
-            self._save()
+            self._record.save()
         return released
 
     def run_released(self, now: float | None = None) -> list[Decision]:
@@ -188,28 +176,23 @@ class Automation:
         nodes = set(st.released)
         decisions: list[Decision] = []
         for node, entry in sorted(st.released.items()):
-            action, reason = Action.DRAIN, str(entry.get("reason", ""))
-            trigger = str(entry.get("trigger", ""))
             try:
-                action = _stored_action(entry)
-                decisions += self._drain(node, action, reason, trigger, now,
-                                         then_reboot=entry.get("then") == Action.REBOOT)
+                decisions += self._drain(node, entry.action, entry.reason, entry.trigger, now,
+                                         then_reboot=entry.then_reboot)
             except Exception as exc:  # recorded, not retried every loop turn
                 st.released.pop(node, None)
                 get_logger(component="automation").error("released_drain_failed", node=node,
                                                          error=f"{type(exc).__name__}: {exc}")
-                decisions.append(self._decision(node, action, reason, trigger, f"error: {exc}", now,
-                                                released_by=str(entry.get("released_by", ""))))
+                decisions.append(self._decision(node, entry.action, entry.reason, entry.trigger,
+                                                f"error: {exc}", now, released_by=entry.released_by or ""))
         st.released.clear()
         st.log = (st.log + [d.to_json() for d in decisions])[-LOG_KEEP:]
         self._record.save(nodes)
         return decisions
 
     def forecast(self, now: float | None = None) -> dict[str, Any]:
-        """The breaker once the drains it holds (or that were released) are done: per rule
-        (fraction, rate, storm) the count, the limit, the [automation] setting that decides
-        it, and whether it trips again (the next drain, or the drained nodes' next reports
-        of a storm). ``would_trip``: any of them; ``why``: their texts."""
+        """The breaker once the drains it holds (or that were released) are done
+        (``breaker.forecast``)."""
         now = self.clock.time() if now is None else now
         return breaker.forecast(self.state, self.settings, self._fleet(), now)
 
@@ -224,22 +207,21 @@ class Automation:
         """The breaker (``why``: the reason it opened with, then), the drains it holds
         (not those of nodes someone else has drained since), and the nodes Slurm shows
         drained now (``drained_now``: node -> who drained it, at the collector's last poll)."""
-        b = self.state.breaker
+        st = self.state
         now_drained = {node: d.drained_by or "?" for node, d in self._current_drains().items()}
         return {
-            "breaker_open": bool(b.get("open")),
-            "since": b.get("since"),
-            "why": b.get("why"),
+            "breaker_open": st.breaker.open,
+            "since": st.breaker.since,
+            "why": st.breaker.why,
             "fleet": self._fleet(),
             "drained_now": now_drained,
-            "held": [dict(v, node=k) for k, v in sorted(self.state.held.items())
-                     if not _moot_hold(v, now_drained.get(k))],
-            "released": [dict(v, node=k) for k, v in sorted(self.state.released.items())],
-            "lemons": dict(self.state.lemons),
-            "drained": sorted(n for n, v in self.state.drained.items() if not v.get("pending")),
+            "held": [v.to_json(k) for k, v in sorted(st.held.items()) if not _moot_hold(v, now_drained.get(k))],
+            "released": [v.to_json(k) for k, v in sorted(st.released.items())],
+            "lemons": {node: dataclasses.asdict(lemon) for node, lemon in st.lemons.items()},
+            "drained": sorted(n for n, v in st.drained.items() if v.stage is not Stage.CHECKPOINTING),
             # Drained nodes reporting OK now: [OK reports, since] (auto-resume's streak).
-            "healthy": {n: v for n, v in self.state.healthy.items() if n in self.state.drained},
-            "checkpointing": sorted(n for n, v in self.state.drained.items() if v.get("pending")),
+            "healthy": {n: v for n, v in st.healthy.items() if n in st.drained},
+            "checkpointing": sorted(n for n, v in st.drained.items() if v.stage is Stage.CHECKPOINTING),
             "dry_run": self.settings.dry_run,
         }
 
@@ -264,7 +246,7 @@ class Automation:
         decisions: list[Decision] = []
         if verdict is Severity.OK and not bad:
             dropped = [e for e in (st.held.pop(node, None), st.released.pop(node, None)) if e]
-            if self.checkpoints is not None and any(e.get("checkpoints") for e in dropped):
+            if self.checkpoints is not None and any(e.checkpoints for e in dropped):
                 self.checkpoints.cancel(node, now, "the node is healthy again: its held drain is dropped")
             decisions += self._healthy(node, now)
         else:
@@ -280,7 +262,7 @@ class Automation:
         for f in sorted(bad, key=lambda f: f.check):
             action = self.policy.action(f, strikes.get(f.check, 1))
             if action in DRAINING:
-                self._note_failing(f.check, node, now)
+                breaker.note_failing(self.state, self.settings, self._fleet(), f.check, node, now)
             if ACTION_RANK[action] > ACTION_RANK[worst]:
                 worst, trigger = action, f
         if trigger is None:
@@ -302,67 +284,70 @@ class Automation:
         action = self.policy.action(finding, strikes)
         return next(k for k in range(1, strikes + 1) if self.policy.action(finding, k) is action)
 
-    def _note_failing(self, check: str, node: str, now: float) -> None:
-        breaker.note_failing(self.state, self.settings, self._fleet(), check, node, now)
-
     def _drain(self, node: str, action: Action, reason: str, check: str, now: float, *,
                then_reboot: bool = False) -> list[Decision]:
-        """``then_reboot``: a drain-now whose fault only a reboot clears (XID 79, with
+        """Take the node away, unless it is already (or the breaker holds the drain).
+        ``then_reboot``: a drain-now whose fault only a reboot clears (XID 79, with
         reboot_allowed): the jobs checkpoint and are requeued as for any drain-now, and the
         node is then rebooted (``scontrol reboot ASAP``) instead of only drained."""
-        st, s = self.state, self.settings
+        st = self.state
         released = st.released.pop(node, None)  # an operator released its held drain
-        if released is not None and ACTION_RANK.get(str(released.get("action")), 0) > ACTION_RANK[action]:
-            action, reason, check = _stored_action(released), str(released["reason"]), str(released["trigger"])
-        if released is not None and released.get("then") == Action.REBOOT:
-            then_reboot = True
-        if node in st.drained:
-            pending = st.drained[node].get("pending")
-            if pending == Action.CHECKPOINT and action is Action.DRAIN_NOW and self.checkpoints is not None \
-                    and self.checkpoints.escalate(node, reason, check, now):
-                st.drained[node]["pending"] = action
-                return [self._decision(node, action, reason, check, Outcome.ESCALATED, now)]
-            if s.dry_run or pending or self._still_drained(node):
-                return []  # idempotent: already drained (or draining after checkpoints) by us
-            st.drained.pop(node)  # someone resumed it while it still fails: drain again
+        if released is not None:
+            action, reason, check, then_reboot = _worse(released, action, reason, check, then_reboot)
+        if node in st.drained and (done := self._drained_again(node, action, reason, check, now)) is not None:
+            return done
         if released is None:  # a released drain proceeds whatever the breaker says now
-            breaker.check_drain(st, s, self._fleet(), node, now)
-            if breaker.is_open(st):
+            breaker.check_drain(st, self.settings, self._fleet(), node, now)
+            if st.breaker.open:
                 return self._hold(node, action, reason, check, now, then_reboot=then_reboot)
         else:
             st.drain_times = [t for t in st.drain_times if now - t < breaker.HOUR]
         st.held.pop(node, None)
-        by = str(released.get("released_by") or "operator") if released is not None else ""
+        by = (released.released_by or "operator") if released is not None else ""
+        return [self._take(node, action, reason, check, now, then_reboot=then_reboot, by=by)]
+
+    def _drained_again(self, node: str, action: Action, reason: str, check: str,
+                       now: float) -> list[Decision] | None:
+        """A node the automation took away already: its pending checkpoint escalated to a
+        drain-now, or nothing (idempotent); None: someone resumed it while it still
+        fails, so it is drained again."""
+        drained = self.state.drained[node]
+        if drained.pending is Action.CHECKPOINT and action is Action.DRAIN_NOW and self.checkpoints is not None \
+                and self.checkpoints.escalate(node, reason, check, now):
+            drained.pending = action
+            return [self._decision(node, action, reason, check, Outcome.ESCALATED, now)]
+        if self.settings.dry_run or drained.stage is Stage.CHECKPOINTING or self._still_drained(node):
+            return []
+        del self.state.drained[node]
+        return None
+
+    def _take(self, node: str, action: Action, reason: str, check: str, now: float, *,
+              then_reboot: bool, by: str) -> Decision:
+        """Drain (or reboot) the node now, or once its jobs have checkpointed. ``by``: the
+        operator who released the drain the breaker held."""
+        st, s = self.state, self.settings
         waiting = 0
         if not s.dry_run and action in CHECKPOINTING and self.checkpoints is not None:
             # Jobs run there: they are told to checkpoint (a held drain's jobs already
             # were: their requests are reused); the drain comes at their ack.
             waiting = self.checkpoints.begin(node, action, reason, check, now, released_by=by or None)
-        if s.dry_run:
-            result = Outcome.DRY_RUN
-        elif waiting:
-            result = Outcome.CHECKPOINTING
-        else:
-            try:
-                result = self._take_away(node, Action.REBOOT if then_reboot else action, reason)
-            except SlurmUnreachable:
-                result = Outcome.UNREACHABLE  # journaled by Actions; replayed later
-            except SlurmError as e:
-                return [self._decision(node, action, reason, check, f"error: {e}", now)]
-        if result in TAKEN_AWAY:
-            st.drained[node] = {"time": now, "trigger": check, "reason": reason}
-            if result == Outcome.CHECKPOINTING:
-                st.drained[node]["pending"] = action
-                if then_reboot:
-                    st.drained[node]["then"] = Action.REBOOT
+        result: Outcome | str = Outcome.CHECKPOINTING if waiting else Outcome.DRY_RUN
+        if not s.dry_run and not waiting:
+            result = self._slurm_outcome(node, Action.REBOOT if then_reboot else action, reason)
+        if not isinstance(result, Outcome):  # an error: nothing taken away
+            return self._decision(node, action, reason, check, result, now)
+        if result is Outcome.CHECKPOINTING:
+            st.drained[node] = DrainedNode(now, check, reason, Stage.CHECKPOINTING, action, then_reboot)
+        elif result in TAKEN_AWAY:
+            st.drained[node] = DrainedNode(now, check, reason)
         if result in NEW_DRAINS:
             st.drain_times.append(now)
             lemons.note_drain(st, s, node, reason, now)
         if waiting:
             reason = f"{reason} (waiting for {waiting} job checkpoint(s))"
-        if released is not None:
+        if by:
             reason = f"{reason} (held by the breaker, released by {by})"
-        return [self._decision(node, action, reason, check, result, now, released_by=by)]
+        return self._decision(node, action, reason, check, result, now, released_by=by)
 
     def _hold(self, node: str, action: Action, reason: str, check: str, now: float, *,
               then_reboot: bool = False) -> list[Decision]:
@@ -370,7 +355,7 @@ class Automation:
         node are asked to checkpoint all the same (once per hold): only the drain waits, so
         a job on a failing node can save its state meanwhile. The worst action held wins."""
         st = self.state
-        prev = st.held.get(node) or {}
+        prev = st.held.get(node)
         elsewhere = self._current_drains(node).get(node)
         if elsewhere is not None and _moot_hold(prev, elsewhere.drained_by) and action not in CHECKPOINTING:
             # The prolog, an operator, ... drained it since: nothing is left to hold.
@@ -379,19 +364,16 @@ class Automation:
             return [self._decision(node, action, f"{reason} (drained meanwhile by "
                                    f"{elsewhere.drained_by or '?'}: no longer held)", check,
                                    Outcome.ALREADY_DRAINED, now)]
-        entry: dict[str, Any] = {"action": action, "reason": reason, "trigger": check, "time": now,
-                                 "since": prev.get("since", prev.get("time", now))}
-        if ACTION_RANK.get(str(prev.get("action")), -1) > ACTION_RANK[action]:
-            entry.update(action=prev["action"], reason=prev["reason"], trigger=prev["trigger"])
-        if then_reboot or prev.get("then") == Action.REBOOT:
-            entry["then"] = Action.REBOOT
-        if "checkpoints" in prev:
-            entry["checkpoints"] = prev["checkpoints"]
-        elif not self.settings.dry_run and entry["action"] in CHECKPOINTING and self.checkpoints is not None:
-            entry["checkpoints"] = self.checkpoints.request(node, Action(entry["action"]), entry["reason"],
-                                                            entry["trigger"], now)
-            if entry["checkpoints"]:
-                reason = f"{reason} (drain held; {entry['checkpoints']} job(s) asked to checkpoint)"
+        entry = HeldDrain(action, reason, check, now, now, then_reboot)
+        if prev is not None:
+            entry.action, entry.reason, entry.trigger, entry.then_reboot = _worse(
+                prev, action, reason, check, then_reboot)
+            entry.since, entry.checkpoints = prev.since, prev.checkpoints
+        if entry.checkpoints is None and not self.settings.dry_run and entry.action in CHECKPOINTING \
+                and self.checkpoints is not None:
+            entry.checkpoints = self.checkpoints.request(node, entry.action, entry.reason, entry.trigger, now)
+            if entry.checkpoints:
+                reason = f"{reason} (drain held; {entry.checkpoints} job(s) asked to checkpoint)"
         st.held[node] = entry
         return [self._decision(node, action, reason, check, Outcome.HELD, now, held=True)]
 
@@ -408,30 +390,31 @@ class Automation:
                                                            error=str(e))
         return self.actions.drain(node, reason).action
 
+    def _slurm_outcome(self, node: str, action: Action, reason: str) -> Outcome | str:
+        """``_take_away``'s outcome: unreachable (journaled by Actions, replayed later), or
+        ``error: ...``."""
+        try:
+            return self._take_away(node, action, reason)
+        except SlurmUnreachable:
+            return Outcome.UNREACHABLE
+        except SlurmError as e:
+            return f"error: {e}"
+
     def finish_pending(self, node: str, action: Action, reason: str, trigger: str,
                        now: float) -> Decision:
         """The jobs on ``node`` have checkpointed (or run out of time): drain it now (or
         reboot it, when the drain-now was for a fault only a reboot clears)."""
         self.refresh()
         st = self.state
-        drained = st.drained.get(node)
-        then = drained.get("then") if drained is not None else None
-        result: Outcome | str
-        try:
-            result = self._take_away(node, Action.REBOOT, reason) if then == Action.REBOOT \
-                else self.actions.drain(node, reason).action
-        except SlurmUnreachable:
-            result = Outcome.UNREACHABLE
-        except SlurmError as e:
-            result = f"error: {e}"
         entry = st.drained.get(node)
-        if entry is not None:
-            entry.pop("pending", None)
-            entry.pop("then", None)
+        reboot = entry is not None and entry.then_reboot
+        result = self._slurm_outcome(node, Action.REBOOT if reboot else Action.DRAIN, reason)
         if result not in FINISHED:
             st.drained.pop(node, None)  # an operator's drain, or an error: not ours
         elif entry is None:
-            st.drained[node] = {"time": now, "trigger": trigger, "reason": reason}
+            st.drained[node] = DrainedNode(now, trigger, reason)
+        else:
+            entry.stage, entry.pending, entry.then_reboot = Stage.DRAINED, None, False
         decision = self._decision(node, action, reason, trigger, result, now)
         st.log = [*st.log, decision.to_json()][-LOG_KEEP:]
         self._record.save((node,))
@@ -452,7 +435,8 @@ class Automation:
 
     def _healthy(self, node: str, now: float) -> list[Decision]:
         st, s = self.state, self.settings
-        if node not in st.drained or lemons.is_lemon(st, node) or st.drained[node].get("pending"):
+        drained = st.drained.get(node)
+        if drained is None or drained.stage is not Stage.DRAINED or lemons.is_lemon(st, node):
             return []
         count, first = st.healthy.get(node, [0, now])
         count += 1
@@ -468,21 +452,17 @@ class Automation:
                 result = self.actions.resume_recovered(node).action
             except SlurmError as e:
                 return [self._decision(node, Action.RESUME, reason, "healthy", f"error: {e}", now)]
-        if result != Outcome.REBOOTING_LEFT_ALONE:
+        if result is not Outcome.REBOOTING_LEFT_ALONE:
             # resumed, or no longer ours to resume (operator drain, sticky XID drain, not drained)
             st.drained.pop(node, None)
         return [self._decision(node, Action.RESUME, reason, "healthy", result, now)]
 
     # ---- helpers
 
-    def _decision(self, node: str, action: Action, reason: str, trigger: str, result: str, now: float,
+    def _decision(self, node: str, action: Action, reason: str, trigger: str, result: Outcome | str, now: float,
                   *, held: bool = False, released_by: str = "") -> Decision:
         return Decision(node, action, reason, held=held, dry_run=self.settings.dry_run,
                         trigger=trigger, result=result, time=now, released_by=released_by)
-
-    def _save(self) -> None:
-        """Write every change to the state (a full comparison with what is stored)."""
-        self._record.save()
 
 
 def _probe_writable(state_dir: Path) -> None:
@@ -498,14 +478,17 @@ def _probe_writable(state_dir: Path) -> None:
                          f"({exc.strerror or exc}): fix it, or run without [automation]") from None
 
 
-def _moot_hold(entry: dict[str, Any], drained_by: str | None) -> bool:
+def _moot_hold(entry: HeldDrain | None, drained_by: str | None) -> bool:
     """A held drain that has nothing left to do: someone other than the automation has
     drained the node since, and no job there waits on it (asked to checkpoint: the
     release still requeues them)."""
-    return drained_by is not None and drained_by != "automation" and not entry.get("checkpoints")
+    return drained_by is not None and drained_by != "automation" and not (entry and entry.checkpoints)
 
 
-def _stored_action(entry: dict[str, Any]) -> Action:
-    """The action of a held or released drain read back from the store (a drain when none
-    is named); ValueError for one that is no action."""
-    return Action(str(entry.get("action", Action.DRAIN)))
+def _worse(held: HeldDrain, action: Action, reason: str, check: str,
+           then_reboot: bool) -> tuple[Action, str, str, bool]:
+    """The worse of a held drain and a new one (its action, reason and check), and
+    whether a reboot follows."""
+    if ACTION_RANK.get(held.action, -1) > ACTION_RANK[action]:
+        action, reason, check = held.action, held.reason, held.trigger
+    return action, reason, check, then_reboot or held.then_reboot

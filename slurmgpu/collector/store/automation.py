@@ -1,52 +1,106 @@
 """The automation's state in the fleet database (schema 7; before, it was the JSON file
-``<state_dir>/automation.json``).
+``<state_dir>/automation.json``, imported once).
 
 ``AutomationState`` is the state as the policy (``slurmgpu.collector.policy``) works on it,
-in memory; ``AutomationRecord`` keeps it in the ``automation_*`` tables:
+in memory: one typed record per node the automation took away (``DrainedNode``, whose
+``Stage`` the return-to-service ladder extends), per drain the breaker holds or an
+operator released (``HeldDrain``) and per lemon (``Lemon``). ``AutomationRecord`` keeps
+it in the ``automation_*`` tables, writing only the rows a change touched; rows of any
+earlier version load.
 
 Design notes: docs/design-notes.md (``slurmgpu/collector/store/automation.py``).
 """
 
 from __future__ import annotations
 
+import enum
 import json
 from collections import Counter
-from collections.abc import Collection, Iterable
+from collections.abc import Collection
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, NotRequired, TypedDict
+from typing import Any
 
 from slurmgpu.collector.store.backend import Connection, dialect_of
 from slurmgpu.collector.store.ingest import Ingest
+from slurmgpu.decision import Action
 
 Row = tuple[Any, ...]
 
 
-class DrainedNode(TypedDict):
-    """A node the automation drained (``AutomationState.drained``): when, for which check
-    and why; ``pending``: the drain waits for its jobs' checkpoints (the action it will
-    take); ``then``: a reboot follows the drain."""
+
+
+class Stage(enum.StrEnum):
+    """Where a node the automation took away stands (the return-to-service ladder adds
+    its steps here: validating in a reservation, reset, reboot, repair)."""
+
+    CHECKPOINTING = "checkpointing"  # the drain waits for its jobs' checkpoints
+    DRAINED = "drained"
+
+
+@dataclass(slots=True)
+class DrainedNode:
+    """A node the automation took away: when, for which check and why."""
 
     time: float
-    trigger: str
+    trigger: str = ""
+    reason: str = ""
+    stage: Stage = Stage.DRAINED
+    pending: Action | None = None  # CHECKPOINTING: the action its jobs' acks lead to
+    then_reboot: bool = False  # CHECKPOINTING: a reboot, not a drain, once they acked
+
+
+@dataclass(slots=True)
+class HeldDrain:
+    """A drain the circuit breaker holds (``AutomationState.held``), or one an operator
+    released (``released``, with ``released_by``), carried out once by the collector."""
+
+    action: Action
     reason: str
-    pending: NotRequired[str]
-    then: NotRequired[str]
+    trigger: str
+    time: float
+    since: float
+    then_reboot: bool = False  # a drain-now whose fault only a reboot clears
+    checkpoints: int | None = None  # jobs asked to checkpoint while it was held (None: not asked)
+    released_at: float | None = None
+    released_by: str | None = None
+
+    def to_json(self, node: str) -> dict[str, Any]:
+        """As `slurmgpu breaker status --json` shows it (a key that is not set is absent)."""
+        out: dict[str, Any] = {"action": self.action, "reason": self.reason, "trigger": self.trigger,
+                               "time": self.time, "since": self.since}
+        if self.then_reboot:
+            out["then"] = Action.REBOOT
+        for key in ("checkpoints", "released_at", "released_by"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return dict(out, node=node)
 
 
-class Lemon(TypedDict):
+@dataclass(slots=True)
+class Lemon:
     """A node drained too often (``AutomationState.lemons``): since when, and why."""
 
     since: float
     why: str
+
+
+@dataclass(slots=True)
+class Breaker:
+    """The circuit breaker (``slurmgpu.collector.breaker``): open since when, and why."""
+
+    open: bool = False
+    since: float | None = None
+    why: str | None = None
+
+
 Rows = dict[Row, Row]  # one table's rows: key columns -> value columns
 Group = dict[str, Rows]  # table -> rows
 Image = dict[str, Group]  # FLEET (the fleet-wide rows) or a node -> its rows
 FLEET = ""
 
-# Entry keys of a held drain, in column order (`then` is the `then_action` column).
-_HELD = ("action", "reason", "trigger", "time", "since", "then", "checkpoints")
-_RELEASED = (*_HELD, "released_at", "released_by")
+# A released drain's keys in automation.json, in column order (`then`: `then_action`).
+_RELEASED = ("action", "reason", "trigger", "time", "since", "then", "checkpoints", "released_at", "released_by")
 _LOG = ("time", "node", "action", "reason", "held", "dry_run", "trigger", "result", "released_by")
 _HELD_COLUMNS = ("action", "reason", "trigger", "time", "since", "then_action", "checkpoints")
 # table -> (key columns, value columns); the first key of a per-node table is the node.
@@ -75,26 +129,48 @@ class AutomationState:
     seen: list[str] = field(default_factory=list)
     strikes: dict[str, dict[str, int]] = field(default_factory=dict)  # node -> check -> n
     healthy: dict[str, list[float]] = field(default_factory=dict)  # node -> [count, first]
-    drained: dict[str, DrainedNode] = field(default_factory=dict)  # by us, still drained
+    drained: dict[str, DrainedNode] = field(default_factory=dict)  # by us, still taken away
     history: dict[str, list[float]] = field(default_factory=dict)  # node -> drain times
     drain_times: list[float] = field(default_factory=list)  # all new drains, last hour
     failing: dict[str, dict[str, float]] = field(default_factory=dict)  # check -> node -> time
-    breaker: dict[str, Any] = field(default_factory=lambda: {"open": False, "since": None, "why": None})
-    held: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # Held drains an operator released, to be carried out once by the collector.
-    released: dict[str, dict[str, Any]] = field(default_factory=dict)
+    breaker: Breaker = field(default_factory=Breaker)
+    held: dict[str, HeldDrain] = field(default_factory=dict)
+    released: dict[str, HeldDrain] = field(default_factory=dict)  # carried out once by the collector
     lemons: dict[str, Lemon] = field(default_factory=dict)
     log: list[dict[str, Any]] = field(default_factory=list)
 
 
 def read_json(path: Path) -> AutomationState:
     """The state of a slurmgpu before schema 7, from its ``automation.json`` (OSError,
-    ValueError: unreadable)."""
+    ValueError, TypeError, KeyError: unreadable)."""
     raw = json.loads(path.read_text())
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: not a JSON object")
-    names = {f.name for f in fields(AutomationState)}
-    return AutomationState(**{k: v for k, v in raw.items() if k in names})
+    names = {f.name for f in fields(AutomationState)} - {"breaker", "drained", "held", "released", "lemons"}
+    st = AutomationState(**{k: v for k, v in raw.items() if k in names})
+    st.breaker = Breaker(**raw.get("breaker") or {})
+    st.drained = {n: _drained(e.get("time"), e.get("trigger"), e.get("reason"), e.get("then"))
+                  for n, e in (raw.get("drained") or {}).items()}
+    for table, key in ((st.held, "held"), (st.released, "released")):
+        table.update({n: _held(*(e.get(k) for k in _RELEASED)) for n, e in (raw.get(key) or {}).items()})
+    st.lemons = {n: Lemon(**e) for n, e in (raw.get("lemons") or {}).items()}
+    return st
+
+
+def _drained(time: Any, trigger: Any, reason: Any, then: Any) -> DrainedNode:
+    """A drained node from its stored values (any of them NULL in an old row)."""
+    return DrainedNode(float(time or 0.0), str(trigger or ""), str(reason or ""),
+                       then_reboot=then == Action.REBOOT)
+
+
+def _held(action: Any, reason: Any, trigger: Any, time: Any, since: Any, then: Any, checkpoints: Any,
+          released_at: Any = None, released_by: Any = None) -> HeldDrain:
+    """A held or released drain from its stored values (a drain when it names no action;
+    ValueError for one that is no action)."""
+    at = float(time or 0.0)
+    return HeldDrain(Action(action or Action.DRAIN), str(reason or ""), str(trigger or ""), at,
+                     at if since is None else float(since), then == Action.REBOOT,
+                     None if checkpoints is None else int(checkpoints), released_at, released_by)
 
 
 class AutomationRecord:
@@ -188,12 +264,21 @@ def _node_group(st: AutomationState, node: str, seen: set[str]) -> Group:
         "automation_strikes": {(node, str(c)): (int(n),) for c, n in (st.strikes.get(node) or {}).items()},
         "automation_healthy": {(node,): (int(healthy[0]), float(healthy[1]))} if healthy else {},
         "automation_drained": {} if drained is None else {(node,): (
-            drained.get("time"), drained.get("trigger"), drained.get("reason"), drained.get("then"))},
+            drained.time, drained.trigger, drained.reason, _then(drained.then_reboot))},
         "automation_drain_history": {(node, ts): (n,) for ts, n in Counter(st.history.get(node) or ()).items()},
-        "automation_held": {} if held is None else {(node,): tuple(held.get(k) for k in _HELD)},
-        "automation_released": {} if released is None else {(node,): tuple(released.get(k) for k in _RELEASED)},
-        "automation_lemons": {} if lemon is None else {(node,): (lemon.get("since"), lemon.get("why"))},
+        "automation_held": {} if held is None else {(node,): _held_row(held)[:len(_HELD_COLUMNS)]},
+        "automation_released": {} if released is None else {(node,): _held_row(released)},
+        "automation_lemons": {} if lemon is None else {(node,): (lemon.since, lemon.why)},
     }
+
+
+def _then(reboot: bool) -> str | None:
+    return str(Action.REBOOT) if reboot else None
+
+
+def _held_row(h: HeldDrain) -> Row:
+    return (str(h.action), h.reason, h.trigger, h.time, h.since, _then(h.then_reboot), h.checkpoints,
+            h.released_at, h.released_by)
 
 
 def _fleet_group(st: AutomationState) -> Group:
@@ -205,7 +290,7 @@ def _fleet_group(st: AutomationState) -> Group:
         log[(*row, copies[row])] = ()
         copies[row] += 1
     return {
-        "automation_state": {(1,): (int(st.fleet), int(bool(b.get("open"))), b.get("since"), b.get("why"))},
+        "automation_state": {(1,): (int(st.fleet), int(b.open), b.since, b.why)},
         "automation_drain_times": {(ts,): (n,) for ts, n in Counter(st.drain_times).items()},
         "automation_failing": {(c, n): (t,) for c, on in st.failing.items() for n, t in on.items()},
         "automation_log": log,
@@ -272,17 +357,12 @@ def stored_version(db: Connection) -> int | None:
     return None if row is None else int(row[0])
 
 
-def _present(keys: Iterable[str], values: Iterable[Any]) -> dict[str, Any]:
-    """An entry from its columns: a NULL column is a key the entry does not have."""
-    return {k: v for k, v in zip(keys, values, strict=True) if v is not None}
-
-
 def _load(db: Connection) -> tuple[AutomationState, int | None]:
     row = db.execute("SELECT version, fleet, breaker_open, breaker_since, breaker_why FROM "
                      "automation_state WHERE id = 1").fetchone()
     if row is None:
         return AutomationState(), None
-    st = AutomationState(fleet=int(row[1]), breaker={"open": bool(row[2]), "since": row[3], "why": row[4]})
+    st = AutomationState(fleet=int(row[1]), breaker=Breaker(bool(row[2]), row[3], row[4]))
     st.seen = [str(n) for (n,) in db.execute("SELECT node FROM automation_seen ORDER BY node")]
     for node, check, n in db.execute("SELECT node, check_id, strikes FROM automation_strikes"):
         st.strikes.setdefault(node, {})[check] = int(n)
@@ -290,9 +370,9 @@ def _load(db: Connection) -> tuple[AutomationState, int | None]:
                   db.execute("SELECT node, reports, first FROM automation_healthy")}
     pending = {str(n): str(a) for n, a in db.execute("SELECT node, action FROM pending_drains")}
     for node, *values in db.execute("SELECT node, time, trigger, reason, then_action FROM automation_drained"):
-        st.drained[node] = _present(("time", "trigger", "reason", "then"), values)  # type: ignore[assignment]
+        st.drained[node] = _drained(*values)
         if node in pending:
-            st.drained[node]["pending"] = pending[node]
+            st.drained[node].stage, st.drained[node].pending = Stage.CHECKPOINTING, Action(pending[node])
     for node, ts, n in db.execute("SELECT node, ts, drains FROM automation_drain_history ORDER BY node, ts"):
         st.history.setdefault(node, []).extend([float(ts)] * int(n))
     for ts, n in db.execute("SELECT ts, drains FROM automation_drain_times ORDER BY ts"):
@@ -300,13 +380,12 @@ def _load(db: Connection) -> tuple[AutomationState, int | None]:
     for check, node, t in db.execute("SELECT check_id, node, time FROM automation_failing"):
         st.failing.setdefault(check, {})[node] = t
     for node, *values in db.execute(f"SELECT node, {', '.join(_HELD_COLUMNS)} FROM automation_held"):
-        st.held[node] = _present(_HELD, values)
+        st.held[node] = _held(*values)
     for node, *values in db.execute(f"SELECT node, {', '.join(_HELD_COLUMNS)}, released_at, released_by "
                                     "FROM automation_released"):
-        st.released[node] = _present(_RELEASED, values)
-    st.lemons = {node: _present(("since", "why"), (since, why))  # type: ignore[misc]
-                 for node, since, why in
-                 db.execute("SELECT node, since, why FROM automation_lemons")}
+        st.released[node] = _held(*values)
+    st.lemons = {node: Lemon(float(since or 0.0), str(why or ""))
+                 for node, since, why in db.execute("SELECT node, since, why FROM automation_lemons")}
     for values in db.execute(f"SELECT {', '.join(_LOG)} FROM automation_log ORDER BY id"):
         entry = dict(zip(_LOG, values, strict=True))
         entry["held"], entry["dry_run"] = bool(entry["held"]), bool(entry["dry_run"])

@@ -1,18 +1,9 @@
-"""The tables that let several collectors share one PostgreSQL database (migration 8):
-the leader's inbox and the command outbox. The logic that uses them is
-``slurmgpu.collector.coordination``; this module only reads and writes them.
+"""The automation's inbox (``leader_inbox``, on either backend) and the command outbox
+(``command_outbox``, several collectors on PostgreSQL): migration 8's tables, read and
+written here only; ``slurmgpu.collector.fleet`` handles the inbox,
+``slurmgpu.collector.coordination`` the outbox.
 
-* ``leader_inbox``: every collector that runs the automation writes, in the transaction
-  that stores a batch, one row per newly stored report, event and command result
-  (``Ingest.inbox``). The leader takes the rows in id order, hands them to the
-  automation and deletes those rows, by id. Collectors' batches commit side by side
-  (``Dialect.begin_ingest``), so a row may commit after one with a higher id was taken:
-  it is taken next time (never deleted unseen). One collector's batches commit one after
-  the other, so a node's rows from one collector come in order; a node that fails over
-  in the middle of a batch may have the old collector's last rows handled after the new
-  one's first (they were sent before and are older by seq).
-* ``command_outbox``: a command for an agent connected to another collector. Every
-  collector sends the rows for the agents connected to it and marks them sent.
+Design notes: docs/design-notes.md (``slurmgpu/collector/store/coordination.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +21,8 @@ from slurmgpu.collector.store.ingest import Transaction
 # command that old is past any checkpoint deadline, and an inbox row that old means no
 # collector ran the automation for a day (its verdicts are in the history all the same).
 STALE_S = 86_400.0
+# Inbox rows handed to the automation per chunk (each chunk is deleted once handled).
+INBOX_CHUNK = 500
 
 
 @dataclass(frozen=True)
@@ -74,10 +67,6 @@ def inbox_done(db: Connection, ids: Iterable[int]) -> None:
         return
     with Transaction(db) as tx:
         tx.execute(f"DELETE FROM leader_inbox WHERE id IN ({', '.join('?' * len(handled))})", handled)
-
-
-def inbox_size(db: Connection) -> int:
-    return int(db.execute("SELECT count(*) FROM leader_inbox").fetchone()[0])
 
 
 def outbox_add(db: Connection, node: str, command_id: str, command: str, args: dict[str, Any],

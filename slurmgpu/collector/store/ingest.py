@@ -236,8 +236,8 @@ class Ingest:
         # PostgreSQL: other collectors may write the same nodes' messages (active/active),
         # so what memory says was stored is only a hint (``_existing``).
         self.shared = dialect_of(db).name != "sqlite"
-        # Also write what the automation must see to ``leader_inbox`` (set by the collector
-        # when it runs the automation on a shared database: the leader may be another one).
+        # Also write what the automation must see to ``leader_inbox`` (set by a collector
+        # that runs the automation: its leader reads them back).
         self.inbox = False
         self._pack = msgpack.Packer(use_bin_type=True).pack  # (packb makes a Packer per call)
 

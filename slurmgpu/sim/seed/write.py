@@ -12,6 +12,7 @@ from typing import Any
 import msgpack
 
 from slurmgpu import __version__
+from slurmgpu.collector.store.automation import DrainedNode, Lemon
 
 from .model import HOUR, REPORT_S, REPORTS_PER_HOUR, Node, SeedError, message_seq
 from .rows import Recorder
@@ -103,8 +104,8 @@ def _seed_automation(store: Any, sd: Recorder, fleet: int) -> None:
     drained (still drained at the end) and the two lemons (inside the seeding transaction)."""
     record = store.automation()
     record.state.fleet = fleet
-    record.state.drained = {node: dict(info) for node, info in sd.drained.items()}
-    record.state.lemons = {node: dict(info) for node, info in sd.lemons.items()}
+    record.state.drained = {node: DrainedNode(**info) for node, info in sd.drained.items()}
+    record.state.lemons = {node: Lemon(**info) for node, info in sd.lemons.items()}
     record.save()
 
 
