@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from slurmgpu.config.tomltext import quote
+from slurmgpu.record import record
 
 # A [[hosts]] hostlist is expanded into a set of names when it is parsed, so a typo such as
 # "gpu-[1-99999999]" would hang every hook; its size is counted from the text first.
@@ -22,7 +23,7 @@ Table = dict[str, Any]
 Tables = dict[str, Table]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class HostSection:
     """One ``[[hosts]]`` section: its nodes and the tables it sets."""
 

@@ -11,7 +11,7 @@ collector's Slurm poll) knows who drained the node; the automation's reasons car
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Protocol
 
 # The reason vocabulary lives in slurmgpu.decision (shared with the collector); the names
@@ -21,6 +21,7 @@ from slurmgpu.decision import TAGGED_ACTORS as TAGGED_ACTORS
 from slurmgpu.decision import actor_tag as actor_tag
 from slurmgpu.decision import reason_actor as reason_actor
 from slurmgpu.errors import SlurmGpuError
+from slurmgpu.record import record
 
 
 class SlurmError(SlurmGpuError):
@@ -31,7 +32,7 @@ class SlurmUnreachable(SlurmError):
     """slurmctld did not answer after the configured retries."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class NodeState:
     name: str
     # Base state, lower case: "idle", "allocated", "mixed", "down", "future", "unknown"...
@@ -57,7 +58,7 @@ class NodeState:
         return bool(self.reason) and self.reason.startswith(REASON_PREFIX)  # type: ignore[union-attr]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class JobInfo:
     job_id: str
     state: str  # upper case: "RUNNING", "PENDING", "COMPLETED", ...
