@@ -41,11 +41,11 @@ ONE_SHOT_FORBIDDEN = (*FORBIDDEN, "click", "click.*", "structlog", "structlog.*"
 # Runs the real entry point, slurmgpu.cli.main(), and writes sys.modules at the very end:
 # from os._exit (wrapped) for one-shot commands, from atexit otherwise.
 HARNESS = """
-import atexit, json, os, sys
+import atexit, gc, json, os, sys
 
 def record(via):
     with open(os.environ["COLD_OUT"], "w") as fh:
-        json.dump({"via": via, "modules": sorted(sys.modules)}, fh)
+        json.dump({"via": via, "modules": sorted(sys.modules), "gc": gc.isenabled()}, fh)
 
 real_exit = os._exit
 
@@ -97,6 +97,7 @@ def test_check_imports_nothing_it_does_not_use(node_env: dict[str, str], tmp_pat
     assert seen["via"] == "os._exit"
     assert forbidden(seen["modules"], ONE_SHOT_FORBIDDEN) == []
     assert cli_modules(seen["modules"]) == {"slurmgpu.cli.oneshot", "slurmgpu.cli.checkrun", "slurmgpu.cli.loading"}
+    assert seen["gc"] is False  # the cyclic collector only rescans what the imports keep
 
 
 def compiled_dataclasses(modules: list[str]) -> list[str]:
@@ -150,6 +151,7 @@ def test_hooks_import_nothing_they_do_not_use(node_env: dict[str, str], tmp_path
     assert seen["via"] == "os._exit"
     assert forbidden(seen["modules"], ONE_SHOT_FORBIDDEN) == []
     assert cli_modules(seen["modules"]) == {"slurmgpu.cli.oneshot", "slurmgpu.cli.hooks", "slurmgpu.cli.loading"}
+    assert seen["gc"] is False
     records = [json.loads(line) for line in (tmp_path / "state" / "gate.jsonl").read_text().splitlines()]
     assert [(r["phase"], r["verdict"]) for r in records] == [(phase, "OK")]
     lines = [json.loads(line) for line in proc.stderr.splitlines()]
@@ -175,6 +177,7 @@ def test_top_level_help_imports_no_command(tmp_path: Path) -> None:
     proc, seen = run_cold(["--help"], dict(os.environ), tmp_path)
     assert proc.returncode == 0 and "Commands:" in proc.stdout
     assert seen["via"] == "atexit"  # not a one-shot command: the usual exit
+    assert seen["gc"] is True
     assert cli_modules(seen["modules"]) == {"slurmgpu.cli.common", "slurmgpu.cli.lazy", "slurmgpu.cli.root",
                                             "slurmgpu.cli.loading"}
 
