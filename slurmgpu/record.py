@@ -1,5 +1,5 @@
 """``record``: ``@dataclass`` for the classes the one-shot commands create at import (the
-settings, the facts, the findings), a few times cheaper to create.
+settings, the facts, the findings), cheaper to create.
 
 A record is a dataclass (``dataclasses.fields``, ``replace``, ``asdict`` and type
 checkers treat it as one) whose ``__eq__``, ``__repr__`` and, when frozen, ``__hash__``
