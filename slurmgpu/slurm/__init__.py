@@ -12,7 +12,7 @@ collector's Slurm poll) knows who drained the node; the automation's reasons car
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Protocol
 
 # The reason vocabulary lives in slurmgpu.decision (shared with the collector); the names
@@ -22,6 +22,7 @@ from slurmgpu.decision import TAGGED_ACTORS as TAGGED_ACTORS
 from slurmgpu.decision import actor_tag as actor_tag
 from slurmgpu.decision import reason_actor as reason_actor
 from slurmgpu.errors import SlurmGpuError
+from slurmgpu.record import record
 
 
 class SlurmError(SlurmGpuError):
@@ -37,7 +38,7 @@ class JobGone(SlurmError):
     MinJobAge ago and purged)."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class NodeState:
     name: str
     # Base state, lower case: "idle", "allocated", "mixed", "down", "future", "unknown"...
@@ -63,7 +64,7 @@ class NodeState:
         return bool(self.reason) and self.reason.startswith(REASON_PREFIX)  # type: ignore[union-attr]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class JobInfo:
     job_id: str
     state: str  # upper case: "RUNNING", "PENDING", "COMPLETED", ...
@@ -80,7 +81,7 @@ class JobInfo:
     exit_code: int | None = None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Reservation:
     name: str
     nodes: tuple[str, ...] = ()  # expanded node names
