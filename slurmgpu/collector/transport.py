@@ -32,9 +32,8 @@ from slurmgpu.log import get_logger
 from slurmgpu.wire import MAX_FRAME, Envelope
 
 MAX_BATCH = 256  # messages a batch (one transaction, then its acks)
-MAX_BATCH_POSTGRES = 1000
-MAX_BATCH_READ_S = 0.03  # a batch reads, and waits for more, at most this long
-MAX_BATCH_READ_S_POSTGRES = 0.05
+MAX_BATCH_POSTGRES = 128
+MAX_BATCH_READ_S = 0.05  # a batch reads, and waits for more, at most this long
 MAX_BATCH_BYTES = 2 * MAX_FRAME  # and ends past this many bytes (a few large frames)
 MAX_EVENTS_PER_BATCH = 256  # events socket frames read a loop turn
 EVENTS_PEEK_EVERY = 16  # main socket frames between looks at whether events wait
