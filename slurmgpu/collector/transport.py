@@ -211,23 +211,25 @@ class Transport:
         """Read the main socket into ``batch``; when that leaves room, wait out
         ``max_batch_read_s`` (unless events come) and read it again."""
         until = time.monotonic() + self.max_batch_read_s
-        handled = self._read_main(batch, to_ack, now, 0)
+        handled = self._read(self.sock, batch, to_ack, now, 0)
         if handled < self.max_batch and len(batch) < self.max_batch and not self._events_waiting(until):
-            handled = self._read_main(batch, to_ack, now, handled)
+            handled = self._read(self.sock, batch, to_ack, now, handled)
         return handled
 
-    def _read_main(self, batch: Batch, to_ack: list[AckItem], now: float, handled: int) -> int:
-        """Read what the main socket has, until the batch is full or events wait."""
-        size = sum(len(body) for _, _, body in batch)
-        while handled < self.max_batch and len(batch) < self.max_batch and size < MAX_BATCH_BYTES:
+    def _read(self, sock: zmq.Socket[Any], batch: Batch, to_ack: list[AckItem], now: float, handled: int) -> int:
+        """Read what ``sock`` has into ``batch`` until it is full (from the main socket: or
+        until events wait); returns the frames read, ``handled`` included."""
+        main, size = sock is self.sock, sum(len(body) for _, _, body in batch)
+        limit = self.max_batch if main else MAX_EVENTS_PER_BATCH
+        while handled < limit and len(batch) < limit and size < MAX_BATCH_BYTES:
             try:
-                parts = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
             handled += 1
-            self._accept(parts, batch, to_ack, now)
+            self._accept(parts, batch, to_ack, now, None if main else sock)
             size += len(parts[-1])
-            if handled % EVENTS_PEEK_EVERY == 0 and self._events_waiting():
+            if main and handled % EVENTS_PEEK_EVERY == 0 and self._events_waiting():
                 break
         return handled
 
@@ -264,17 +266,7 @@ class Transport:
             self.heard.difference_update([node for node, _ in new])
 
     def _take_events(self, batch: Batch, to_ack: list[AckItem], now: float) -> int:
-        """Read the events socket's frames (at most MAX_EVENTS_PER_BATCH) into ``batch``."""
-        sock = self.events_sock
-        taken = 0
-        while sock is not None and taken < MAX_EVENTS_PER_BATCH:
-            try:
-                parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                break
-            taken += 1
-            self._accept(parts, batch, to_ack, now, sock)
-        return taken
+        return 0 if self.events_sock is None else self._read(self.events_sock, batch, to_ack, now, 0)
 
     def _accept(self, parts: list[Any], batch: Batch, to_ack: list[AckItem], now: float,
                 sock: zmq.Socket[Any] | None = None) -> None:
