@@ -76,9 +76,10 @@ def test_the_wal_is_started_over_while_batches_follow_each_other(store: Store) -
 
 def test_a_reader_on_an_old_snapshot_holds_the_wal_until_it_is_gone(store: Store) -> None:
     """A reader still on an old snapshot (a scrape, a report) keeps the checkpoints from
-    copying past it, so the WAL grows meanwhile; once it is gone the WAL is started over."""
+    copying past it, so the WAL grows meanwhile, and the passes go back to their interval
+    instead of back to back; once it is gone the WAL is started over."""
     store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # (the migrations' frames)
-    start(store)
+    checkpointer = start(store)
     writer = Writer(store)
     writer.batch(events=2)  # (a WAL below PAGES: nothing to start over before the reader)
     assert isinstance(store.path, Path)
@@ -86,8 +87,12 @@ def test_a_reader_on_an_old_snapshot_holds_the_wal_until_it_is_gone(store: Store
     try:
         reader.execute("BEGIN")
         reader.execute("SELECT count(*) FROM events").fetchone()  # (its snapshot: the WAL as now)
-        while writer.written < 20 * PAGES * 4096:
+        began, passes = time.monotonic(), checkpointer.checkpoints
+        while writer.written < 20 * PAGES * 4096 or time.monotonic() < began + 0.5:
             writer.batch()
+            time.sleep(0.002)
+        # every 10 ms (every_s), not every 5 (CHASE_PAUSE_S): at most ~100 a second, not ~200
+        assert checkpointer.checkpoints - passes < 150 * (time.monotonic() - began) + 10
         assert wal_size(store) > 20 * PAGES * 4096
     finally:
         reader.execute("COMMIT")
