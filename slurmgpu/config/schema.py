@@ -485,6 +485,10 @@ class CollectorSettings:
     # collector runs without it (logged) when it cannot bind it; agents send there only
     # once connected, so a closed port costs nothing but the latency it was meant to save.
     events_port: Annotated[int, Range(0, 65535)] = 7151
+    # Frames an agent draining a backlog may send in one message (its acks offer this);
+    # 1 = one at a time. A round over the fleet's backlogs (nodes x bundle frames) should
+    # take well under the unreachable window at the drain rate (docs/benchmarks.md).
+    bundle: Annotated[int, Range(1, 256)] = 16
     # `slurmgpu validate` results: a node this fraction below the fleet median (same GPU
     # model and measurement) gets a validate.straggler WARN, once this many nodes have results.
     straggler_fraction: Annotated[float, FRACTION] = 0.15
