@@ -1,0 +1,96 @@
+"""Idle-time validation on the real Slurm mini-cluster: the submitter's job in the
+preemptible ``idle-validate`` partition (PreemptType=preempt/partition_prio, the
+partition's PreemptMode=CANCEL) yields to a real job, and each run lands in the
+``validations`` table with trigger ``idle``. Run with `pytest -m slurm`."""
+
+from __future__ import annotations
+
+import functools
+import time
+from pathlib import Path
+
+import pytest
+
+from slurmgpu.collector.idlevalidation import IdleJob, run_pass
+from slurmgpu.collector.store import Store
+from slurmgpu.collector.store.remediation import ValidationRow, record_validation, validations
+from slurmgpu.config.schema import ValidateSettings
+from slurmgpu.sim.cluster import SimCluster
+from slurmgpu.sim.cluster.render import IDLE_PARTITION, slurmgpu_command
+from slurmgpu.slurm.cli import CliSlurmClient
+from slurmgpu.slurm.owned import ENDED_JOB_STATES
+from tests.agenthelpers import wait_until
+
+pytestmark = pytest.mark.slurm
+
+wait_for = functools.partial(wait_until, timeout=60, interval=0.3)
+SETTINGS = ValidateSettings(every_days=1, idle_partition=IDLE_PARTITION)
+
+
+@pytest.fixture
+def client(cluster: SimCluster) -> CliSlurmClient:
+    return CliSlurmClient(retries=2, retry_delay_s=0.3, command_timeout_s=10)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    return Store(tmp_path / "fleet.db")
+
+
+def only_due(store: Store, cluster: SimCluster, node: str, now: float) -> None:
+    """Every other node passed a validation just now: ``node`` alone is due."""
+    with store.transaction():
+        for other in cluster.nodes:
+            if other != node:
+                record_validation(store.db, ValidationRow(other, now - 60, "manual", "quick", "pass"))
+
+
+def validate_job(cluster: SimCluster, node: str) -> IdleJob:
+    """`slurmgpu validate` as the idle job runs it, seeing ``node``'s simulated GPUs."""
+    exports = [f"{key}={value}" for key, value in cluster.node_env(node).items()]
+    return IdleJob(partition=IDLE_PARTITION, program=("env", *exports, *slurmgpu_command().split()),
+                   extra=("--tests", "gemm", "--node", node))
+
+
+def run_to_the_end(store: Store, client: CliSlurmClient, cluster: SimCluster, node: str) -> ValidationRow:
+    now = time.time()
+    only_due(store, cluster, node, now)
+    (submitted,) = run_pass(store, client, SETTINGS, now, job=validate_job(cluster, node), limit=4).submitted
+    assert (submitted.node, submitted.trigger, submitted.verdict) == (node, "idle", None)
+    wait_for(lambda: client.job(str(submitted.job_id)).state in ENDED_JOB_STATES, what="idle validation ended")
+    (collected,) = run_pass(store, client, SETTINGS, now + 1, job=validate_job(cluster, node), limit=0).collected
+    assert validations(store.db, node)[-1] == collected
+    return collected
+
+
+def test_an_idle_validation_yields_to_a_real_job_and_is_recorded_as_preempted(
+        cluster: SimCluster, client: CliSlurmClient, store: Store) -> None:
+    node, now = "gpu-n1", time.time()
+    only_due(store, cluster, node, now)
+    long_run = IdleJob(partition=IDLE_PARTITION, program=("sh", "-c", "sleep 300", "--"))
+    (idle,) = run_pass(store, client, SETTINGS, now, job=long_run, limit=4).submitted
+    assert cluster.wait_job(str(idle.job_id), states=("RUNNING",)) == "RUNNING"
+    assert client.job(str(idle.job_id)).name == "slurmgpu-idle-validate-gpu-n1"
+    asked = time.monotonic()
+    real = cluster.sbatch("", "-w", node, "--exclusive", "-o", "/dev/null", "--wrap", "sleep 2")
+    assert cluster.wait_job(real, states=("RUNNING",)) in ("RUNNING", "COMPLETED")
+    waited = time.monotonic() - asked
+    assert client.job(str(idle.job_id)).state == "PREEMPTED"
+    assert run_pass(store, client, SETTINGS, now + 1, job=long_run, limit=4).submitted == []  # busy node
+    (row,) = [r for r in validations(store.db, node) if r.trigger == "idle"]
+    assert (row.verdict, row.outcome, row.job_id) == ("preempted", "preempted", idle.job_id)
+    assert not client.node(node).drained
+    print(f"real job started {waited:.1f} s after its submission")
+
+
+def test_a_passing_idle_validation_is_recorded_as_a_pass(cluster: SimCluster, client: CliSlurmClient,
+                                                         store: Store) -> None:
+    row = run_to_the_end(store, client, cluster, "gpu-n2")
+    assert (row.trigger, row.verdict, row.outcome) == ("idle", "pass", "passed")
+
+
+def test_a_failing_idle_validation_is_recorded_as_a_fail(cluster: SimCluster, client: CliSlurmClient,
+                                                         store: Store) -> None:
+    cluster.inject("gpu-n3", "fault-sdc")  # GPU 3's GEMM is wrong: validate exits 2 (FAIL)
+    row = run_to_the_end(store, client, cluster, "gpu-n3")
+    assert (row.trigger, row.verdict, row.outcome) == ("idle", "fail", "reported")
