@@ -15,9 +15,11 @@ from slurmgpu.collector.idlevalidation import IdleJob, run_pass
 from slurmgpu.collector.store import Store
 from slurmgpu.collector.store.remediation import ValidationRow, record_validation, validations
 from slurmgpu.config.schema import ValidateSettings
+from slurmgpu.doctor.idlevalidate import idle_validation_problems
 from slurmgpu.sim.cluster import SimCluster
 from slurmgpu.sim.cluster.render import IDLE_PARTITION, slurmgpu_command
 from slurmgpu.slurm.cli import CliSlurmClient
+from slurmgpu.slurm.conf import parse_slurm_conf
 from slurmgpu.slurm.owned import ENDED_JOB_STATES
 from tests.agenthelpers import wait_until
 
@@ -66,6 +68,7 @@ def run_to_the_end(store: Store, client: CliSlurmClient, cluster: SimCluster, no
 def test_an_idle_validation_yields_to_a_real_job_and_is_recorded_as_preempted(
         cluster: SimCluster, client: CliSlurmClient, store: Store) -> None:
     node, now = "gpu-n1", time.time()
+    assert list(idle_validation_problems(parse_slurm_conf(str(cluster.conf)), SETTINGS)) == []  # doctor agrees
     only_due(store, cluster, node, now)
     long_run = IdleJob(partition=IDLE_PARTITION, program=("sh", "-c", "sleep 300", "--"))
     (idle,) = run_pass(store, client, SETTINGS, now, job=long_run, limit=4).submitted
