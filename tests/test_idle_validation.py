@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from slurmgpu.cli.root import cli
-from slurmgpu.collector.idlevalidation import IdleJob, run_pass, time_limit_min
+from slurmgpu.collector.idlevalidation import IdleJob, pass_lock, run_pass, time_limit_min
 from slurmgpu.collector.store import Store
 from slurmgpu.collector.store.remediation import (
     ValidationRow,
@@ -85,7 +85,8 @@ def test_a_pass_submits_on_idle_due_nodes_only_once_and_skips_the_others(store: 
     assert again.submitted == [] and again.skipped["gpu-n1"] == "an idle validation is active"
 
 
-def test_ended_jobs_are_recorded_and_a_forgotten_one_is_lost(store: Store) -> None:
+def test_ended_jobs_are_recorded_and_a_forgotten_one_is_lost(store_url: str) -> None:
+    store = Store(store_url)
     fake = FakeSlurmClient(["gpu-n1", "gpu-n2", "gpu-n3"])
     first = run_pass(store, fake, SETTINGS, T0, job=JOB, limit=8)
     n1, n2, n3 = (r.job_id for r in first.submitted)
@@ -99,6 +100,22 @@ def test_ended_jobs_are_recorded_and_a_forgotten_one_is_lost(store: Store) -> No
         ("gpu-n1", "idle", "preempted"), ("gpu-n2", "idle", "fail"), ("gpu-n3", "idle", "lost")]
     retry = run_pass(store, fake, SETTINGS, T0 + 1200, job=JOB, limit=8)
     assert [r.node for r in retry.submitted] == ["gpu-n1", "gpu-n3"]  # gpu-n2 was judged
+    store.close()
+
+
+def test_one_pass_at_a_time_on_a_shared_postgresql_database(pg_url: str) -> None:
+    """Two heads' timers: the second pass finds the first one's lock and does nothing."""
+    first, second = Store(pg_url), Store(pg_url)
+    fake = FakeSlurmClient(["gpu-n1"])
+    try:
+        with pass_lock(first) as mine:
+            assert mine
+            blocked = run_pass(second, fake, SETTINGS, T0, job=JOB, limit=8)
+        assert (blocked.other_pass, blocked.submitted, fake.calls) == (True, [], [])
+        assert [r.node for r in run_pass(second, fake, SETTINGS, T0, job=JOB, limit=8).submitted] == ["gpu-n1"]
+    finally:
+        first.close()
+        second.close()
 
 
 def test_the_limit_bounds_a_pass_and_off_only_collects(store: Store) -> None:

@@ -115,9 +115,12 @@ def _print_pass(done: Any, as_json: bool, every_days: float) -> None:
     if as_json:
         click.echo(json.dumps({"collected": [r.to_json() for r in done.collected],
                                "submitted": [r.to_json() for r in done.submitted],
-                               "skipped": done.skipped, "errors": done.errors}, indent=2))
+                               "skipped": done.skipped, "errors": done.errors,
+                               "other_pass": done.other_pass}, indent=2))
         return
-    if every_days <= 0:
+    if done.other_pass:
+        click.echo("another head's idle validation pass is running: nothing done")
+    elif every_days <= 0:
         click.echo("idle-time validation is off ([validate] every_days = 0)")
     for row in done.collected:
         click.echo(f"{row.node}: job {row.job_id} ended: {row.verdict} ({row.outcome})")

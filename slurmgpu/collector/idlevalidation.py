@@ -3,15 +3,20 @@ head node): record the results of the idle validation jobs earlier passes submit
 (``validations``, trigger ``idle``), then submit ``slurmgpu validate --send`` as a
 preemptible job on each idle node that is due. The job hands its findings to the node's
 agent like any ``validate --send``, so a FAIL reaches the collector and drains through
-the automation; a pass only records runs. docs/remediation.md, "Idle-time validation"."""
+the automation; a pass only records runs. On a shared PostgreSQL database one pass runs at
+a time (an advisory lock): a second head's timer finds it taken and does nothing.
+docs/remediation.md, "Idle-time validation"."""
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from slurmgpu.collector.store import Store
+from slurmgpu.collector.store.backend import is_postgres
+from slurmgpu.collector.store.leader import LEADER_LOCK_KEY
 from slurmgpu.collector.store.remediation import (
     ValidationRow,
     last_validated,
@@ -30,6 +35,8 @@ TRIGGER = "idle"
 START_WITHIN_MIN = 60
 #: Minutes a job gets beyond its tier's budget (start-up, the probe's import).
 SLACK_MIN = 5
+#: The advisory lock one pass holds on PostgreSQL (beside the leader's).
+PASS_LOCK_KEY = LEADER_LOCK_KEY + 1
 
 
 @dataclass
@@ -41,6 +48,8 @@ class IdlePass:
     submitted: list[ValidationRow] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    #: Set when another head's pass held the lock: this pass did nothing.
+    other_pass: bool = False
 
 
 @dataclass(frozen=True)
@@ -58,10 +67,29 @@ def run_pass(store: Store, client: SlurmClient, settings: ValidateSettings, now:
              limit: int) -> IdlePass:
     """Collect the ended runs, then submit at most ``limit`` new ones."""
     done = IdlePass()
-    still_open = collect(store, client, now, done)
-    if settings.every_days > 0:
-        submit_due(store, client, settings, now, job=job, limit=limit, busy=still_open, done=done)
+    with pass_lock(store) as mine:
+        if not mine:
+            done.other_pass = True
+            return done
+        still_open = collect(store, client, now, done)
+        if settings.every_days > 0:
+            submit_due(store, client, settings, now, job=job, limit=limit, busy=still_open, done=done)
     return done
+
+
+@contextlib.contextmanager
+def pass_lock(store: Store) -> Iterator[bool]:
+    """Whether this pass may run: on PostgreSQL, whether it got ``PASS_LOCK_KEY`` (held
+    for the pass); on SQLite (one head's file) always."""
+    if not is_postgres(store.path):
+        yield True
+        return
+    got = bool(store.db.execute(f"SELECT pg_try_advisory_lock({PASS_LOCK_KEY})").fetchone()[0])
+    try:
+        yield got
+    finally:
+        if got:
+            store.db.execute(f"SELECT pg_advisory_unlock({PASS_LOCK_KEY})")
 
 
 def open_runs(store: Store) -> list[ValidationRow]:
