@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from slurmgpu.collector.store import Store
 from slurmgpu.collector.store.backend import is_postgres
-from slurmgpu.collector.store.leader import LEADER_LOCK_KEY
 from slurmgpu.collector.store.remediation import (
     ValidationRow,
+    idle_pass_lock,
     last_validated,
     load_ladders,
     record_validation,
@@ -35,8 +35,6 @@ TRIGGER = "idle"
 START_WITHIN_MIN = 60
 #: Minutes a job gets beyond its tier's budget (start-up, the probe's import).
 SLACK_MIN = 5
-#: The advisory lock one pass holds on PostgreSQL (beside the leader's).
-PASS_LOCK_KEY = LEADER_LOCK_KEY + 1
 
 
 @dataclass
@@ -77,19 +75,9 @@ def run_pass(store: Store, client: SlurmClient, settings: ValidateSettings, now:
     return done
 
 
-@contextlib.contextmanager
-def pass_lock(store: Store) -> Iterator[bool]:
-    """Whether this pass may run: on PostgreSQL, whether it got ``PASS_LOCK_KEY`` (held
-    for the pass); on SQLite (one head's file) always."""
-    if not is_postgres(store.path):
-        yield True
-        return
-    got = bool(store.db.execute(f"SELECT pg_try_advisory_lock({PASS_LOCK_KEY})").fetchone()[0])
-    try:
-        yield got
-    finally:
-        if got:
-            store.db.execute(f"SELECT pg_advisory_unlock({PASS_LOCK_KEY})")
+def pass_lock(store: Store) -> contextlib.AbstractContextManager[bool]:
+    """Whether this pass may run (held for the pass): ``store.remediation.idle_pass_lock``."""
+    return idle_pass_lock(store.db, postgres=is_postgres(store.path))
 
 
 def open_runs(store: Store) -> list[ValidationRow]:
