@@ -26,7 +26,8 @@ IDLE_PASS_LOCK_KEY = LEADER_LOCK_KEY + 1
 @dataclass(frozen=True)
 class ValidationRow:
     """One validation run: ``trigger`` return, idle or manual; ``verdict`` None while it
-    runs; ``outcome``: what came of it (released, drained, retried, held, preempted)."""
+    runs; ``outcome``: what came of it (released, drained, retried, held; idle runs: passed,
+    reported, preempted, retried)."""
 
     node: str
     started: float
