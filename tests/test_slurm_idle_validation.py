@@ -1,7 +1,8 @@
 """Idle-time validation on the real Slurm mini-cluster: the submitter's job in the
 preemptible ``idle-validate`` partition (PreemptType=preempt/partition_prio, the
 partition's PreemptMode=CANCEL) yields to a real job, and each run lands in the
-``validations`` table with trigger ``idle``. Run with `pytest -m slurm`."""
+``validations`` table with trigger ``idle``; on the fleet cluster (agents, collector) a
+failing one drains its node through the collector. Run with `pytest -m slurm`."""
 
 from __future__ import annotations
 
@@ -97,3 +98,23 @@ def test_a_failing_idle_validation_is_recorded_as_a_fail(cluster: SimCluster, cl
     cluster.inject("gpu-n3", "fault-sdc")  # GPU 3's GEMM is wrong: validate exits 2 (FAIL)
     row = run_to_the_end(store, client, cluster, "gpu-n3")
     assert (row.trigger, row.verdict, row.outcome) == ("idle", "fail", "reported")
+
+
+def test_a_failing_idle_validation_drains_its_node_through_the_collector(fleet: SimCluster) -> None:
+    """The job's `validate --send` hands the FAIL to the node's agent; the collector's
+    automation drains (the pass itself only records the run)."""
+    node, now = "gpu-n1", time.time()
+    fleet.set_automation("")
+    fleet.inject(node, "fault-sdc")
+    client = CliSlurmClient(retries=2, retry_delay_s=0.3, command_timeout_s=10)
+    store = Store(fleet.collector_db())
+    try:
+        only_due(store, fleet, node, now)
+        (submitted,) = run_pass(store, client, SETTINGS, now, job=validate_job(fleet, node), limit=4).submitted
+        wait_for(lambda: client.node(node).drained, what=f"{node} drained by the collector")
+        assert "validate.gemm" in (client.node(node).reason or ""), client.node(node)
+        wait_for(lambda: client.job(str(submitted.job_id)).state in ENDED_JOB_STATES, what="idle validation ended")
+        (row,) = run_pass(store, client, SETTINGS, now + 1, job=validate_job(fleet, node), limit=0).collected
+        assert (row.verdict, row.outcome) == ("fail", "reported")
+    finally:
+        store.close()
