@@ -7,11 +7,14 @@ failing one drains its node through the collector. Run with `pytest -m slurm`.""
 from __future__ import annotations
 
 import functools
+import json
 import time
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from slurmgpu.cli.root import cli
 from slurmgpu.collector.idlevalidation import IdleJob, run_pass
 from slurmgpu.collector.store import Store
 from slurmgpu.collector.store.remediation import ValidationRow, record_validation, validations
@@ -98,6 +101,26 @@ def test_a_failing_idle_validation_is_recorded_as_a_fail(cluster: SimCluster, cl
     cluster.inject("gpu-n3", "fault-sdc")  # GPU 3's GEMM is wrong: validate exits 2 (FAIL)
     row = run_to_the_end(store, client, cluster, "gpu-n3")
     assert (row.trigger, row.verdict, row.outcome) == ("idle", "fail", "reported")
+
+
+def test_the_timer_command_submits_then_records(cluster: SimCluster, client: CliSlurmClient, store: Store,
+                                                tmp_path: Path) -> None:
+    """`slurmgpu validations idle`, as the timer runs it, twice: a submission, then its end."""
+    now = time.time()
+    only_due(store, cluster, "gpu-n4", now)
+    store.close()
+    config = tmp_path / "slurmgpu.toml"
+    config.write_text(f'[validate]\nevery_days = 1\nidle_partition = "{IDLE_PARTITION}"\n')
+    argv = ["validations", "idle", "--config", str(config), "--db", str(tmp_path / "fleet.db"),
+            "--program", "sh -c true --"]  # a stand-in that passes: the CLI's plumbing is under test
+    first = CliRunner().invoke(cli, argv)
+    assert first.exit_code == 0 and "gpu-n4: submitted job" in first.output, first.output
+    job = first.output.split("submitted job ")[1].split()[0]
+    wait_for(lambda: client.job(job).state in ENDED_JOB_STATES, what="idle validation ended")
+    second = CliRunner().invoke(cli, [*argv, "--json"])
+    assert second.exit_code == 0, second.output
+    (row,) = json.loads(second.output)["collected"]
+    assert (row["node"], row["trigger"], row["verdict"], row["job_id"]) == ("gpu-n4", "idle", "pass", job)
 
 
 def test_a_failing_idle_validation_drains_its_node_through_the_collector(fleet: SimCluster) -> None:
