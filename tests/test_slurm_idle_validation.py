@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -69,8 +70,18 @@ def run_to_the_end(store: Store, client: CliSlurmClient, cluster: SimCluster, no
     return collected
 
 
+@pytest.fixture(params=["CANCEL", "REQUEUE"])
+def preempt_mode(request: pytest.FixtureRequest, cluster: SimCluster) -> Iterator[str]:
+    """The idle partition's PreemptMode, set for this test (slurm.conf says CANCEL)."""
+    cluster.scontrol("update", f"partitionname={IDLE_PARTITION}", f"preemptmode={request.param}")
+    assert f"PreemptMode={request.param}" in cluster.scontrol("-o", "show", "partition", IDLE_PARTITION)
+    yield request.param
+    cluster.scontrol("update", f"partitionname={IDLE_PARTITION}", "preemptmode=CANCEL")
+
+
 def test_an_idle_validation_yields_to_a_real_job_and_is_recorded_as_preempted(
-        cluster: SimCluster, client: CliSlurmClient, store: Store) -> None:
+        cluster: SimCluster, client: CliSlurmClient, store: Store, preempt_mode: str) -> None:
+    """REQUEUE too ends the run: the job is submitted --no-requeue."""
     node, now = "gpu-n1", time.time()
     assert list(idle_validation_problems(parse_slurm_conf(str(cluster.conf)), SETTINGS)) == []  # doctor agrees
     only_due(store, cluster, node, now)
