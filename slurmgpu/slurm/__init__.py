@@ -150,6 +150,14 @@ class SlurmClient(Protocol):
         name and this user is returned instead of submitting another."""
         ...
 
+    def submit_idle_validation(self, node: str, command: Sequence[str], *, qos: str = "", partition: str = "",
+                               time_limit_min: int, start_within_min: int) -> str:
+        """``sbatch --qos/--partition --nodelist=<node> --exclusive --no-requeue
+        --job-name=idle_job_name(node) --deadline --wrap <command>``: a low-priority run
+        that real work preempts; the job id. An active job of that name and this user is
+        returned instead of submitting another."""
+        ...
+
     def all_jobs(self) -> list[JobInfo]:
         """Every job slurmctld still knows (pending, running and recently ended)."""
         ...
@@ -163,5 +171,5 @@ class SlurmClient(Protocol):
 CHANGING_CALLS = frozenset({
     "drain", "resume", "reboot", "signal_job", "requeue", "set_admin_comment",
     "reboot_and_hold", "create_reservation", "delete_reservation", "submit_validation",
-    "cancel_job",
+    "submit_idle_validation", "cancel_job",
 })
