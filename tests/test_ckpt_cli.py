@@ -178,4 +178,5 @@ def test_ckpt_module_imports_no_zmq_nor_nvml() -> None:
                           timeout=60, check=True)
     # The CLI's root and its shared options (click, the variable table), no config loader.
     assert proc.stdout.strip() == str(["slurmgpu.cli", "slurmgpu.cli.common", "slurmgpu.cli.loading", "slurmgpu.config",
-                                       "slurmgpu.config.env", "slurmgpu.errors", "slurmgpu.jobfiles"])
+                                       "slurmgpu.config.env", "slurmgpu.errors", "slurmgpu.jobfiles",
+                                       "slurmgpu.record"])
