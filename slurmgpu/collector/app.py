@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import shlex
 import signal
 import sqlite3
 import threading
@@ -28,7 +27,7 @@ from slurmgpu.collector.coordination import Coordination, FencedSlurm
 from slurmgpu.collector.counters import Counters
 from slurmgpu.collector.fleet import Fleet, SlurmPoller
 from slurmgpu.collector.policy import Automation, Clock
-from slurmgpu.collector.remediate import Remediation
+from slurmgpu.collector.remediate import attach
 from slurmgpu.collector.store import Leadership, Store
 from slurmgpu.collector.store.backend import is_postgres
 from slurmgpu.collector.transport import (
@@ -190,7 +189,7 @@ def build_collector(settings: CollectorSettings, *, automation: AutomationSettin
             auto = Automation(automation, slurm, state_dir, clock, store=store,
                               checkpoints=make_checkpoints)
             if remediation is not None and remediation.enabled:
-                auto.remediation = _remediation(remediation, auto, slurm, store, Path(state_dir))
+                attach(auto, remediation, Path(state_dir))
         poller = None
         if slurm_poll is not None and settings.slurm_poll_s > 0:
             poller = SlurmPoller(slurm_poll, settings.slurm_poll_s)
@@ -204,13 +203,6 @@ def build_collector(settings: CollectorSettings, *, automation: AutomationSettin
     transport.log.info("collector_listening", endpoint=transport.endpoint, nodes=len(transport.allowed),
                        db=store.where, automation=auto is not None)
     return Collector(transport, fleet, metrics=_metrics(settings, transport, fleet))
-
-
-def _remediation(settings: RemediationSettings, auto: Automation, slurm: SlurmClient, store: Store,
-                 state_dir: Path) -> Remediation:
-    return Remediation(settings, slurm, store, state_dir, dry_run=auto.settings.dry_run,
-                       program=shlex.split(settings.job_program), note_action=auto.ladder_reboot,
-                       on_closed=auto.ladder_closed)
 
 
 def _metrics(settings: CollectorSettings, transport: Transport, fleet: Fleet) -> MetricsServer | None:

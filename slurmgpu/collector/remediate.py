@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from slurmgpu.collector.store import Store, queries
 from slurmgpu.collector.store.remediation import load_ladders, record_ladder
@@ -26,12 +28,25 @@ from slurmgpu.remediation.ticket import build_ticket
 from slurmgpu.result import Finding, Severity
 from slurmgpu.slurm import JobGone, SlurmClient, SlurmError, owned
 
+if TYPE_CHECKING:
+    from slurmgpu.collector.policy import Automation
+
 #: How often the open ladders look at Slurm (their jobs, their nodes).
 POLL_S = 1.0
 #: `slurmgpu remediate reset`'s exit code for a GPU a process holds.
 RESET_BUSY = 1
 #: `slurmgpu validate`'s exit codes: OK or WARN pass, FAIL fails; any other is its own trouble.
 PASSED, FAILED = (0, 1), 2
+
+
+def attach(auto: Automation, settings: RemediationSettings, state_dir: Path, *,
+           poll_s: float = POLL_S) -> Remediation:
+    """The automation's drained nodes return through their ladders from now on."""
+    auto.remediation = Remediation(
+        settings, auto.client, auto.store, state_dir, dry_run=auto.settings.dry_run,
+        program=shlex.split(settings.job_program), note_action=auto.ladder_reboot,
+        on_closed=auto.ladder_closed, poll_s=poll_s)
+    return auto.remediation
 
 
 class Remediation:
@@ -42,14 +57,14 @@ class Remediation:
     def __init__(self, settings: RemediationSettings, client: SlurmClient, store: Store, state_dir: Path, *,
                  dry_run: bool = False, program: Sequence[str] = ("slurmgpu",),
                  note_action: Callable[[str, str, float], None] | None = None,
-                 on_closed: Callable[[str, bool], None] | None = None) -> None:
+                 on_closed: Callable[[str, bool], None] | None = None, poll_s: float = POLL_S) -> None:
         self.settings, self.client, self.store, self.dry_run = settings, client, store, dry_run
         self.program = tuple(program)
         self.out_dir = Path(state_dir) / "validations"
         self.note_action, self.on_closed = note_action, on_closed
         self.ladders: dict[str, lad.Ladder] = {}
         self._reset_jobs: dict[str, str] = {}  # node -> its reset job (asked again at a Restart)
-        self._next_poll = 0.0
+        self.poll_s, self._next_poll = poll_s, 0.0
         self.log = get_logger(component="remediation")
 
     # ---- what the automation tells it
@@ -85,11 +100,11 @@ class Remediation:
             self._event(ladder, st.Restart(), now)
 
     def tick(self, now: float) -> None:
-        """Every loop turn: each open ladder's job or node looked at (every ``POLL_S``),
+        """Every loop turn: each open ladder's job or node looked at (every ``poll_s``),
         then time (backoffs, deadlines)."""
         if time.monotonic() < self._next_poll:
             return
-        self._next_poll = time.monotonic() + POLL_S
+        self._next_poll = time.monotonic() + self.poll_s
         for node in list(self.ladders):
             event = None if self.dry_run else self._observe(self.ladders[node])
             if event is not None:
