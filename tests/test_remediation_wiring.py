@@ -15,9 +15,10 @@ import pytest
 from click.testing import CliRunner
 
 from slurmgpu.cli import fleet_cmd
+from slurmgpu.collector.app import attach
 from slurmgpu.collector.coordination import FencedSlurm, NotLeader
 from slurmgpu.collector.policy import Automation
-from slurmgpu.collector.remediate import Remediation, attach
+from slurmgpu.collector.remediate import Remediation
 from slurmgpu.collector.store import Store
 from slurmgpu.collector.store.remediation import drain_outcomes, load_ladders
 from slurmgpu.config.schema import AutomationSettings, RemediationSettings
@@ -131,3 +132,21 @@ def test_fleet_shows_where_the_node_is_in_its_ladder(tmp_path: Path, monkeypatch
     result = CliRunner().invoke(fleet_cmd.fleet, ["--config", str(config)])
     assert result.exit_code == 0, result.output
     assert f"{NODE}: return to service: awaiting_validation: result of job 1000, timeout in 30 min" in result.output
+
+
+def test_a_reset_runs_as_a_job_in_the_reservation_and_a_reboot_counts_towards_a_lemon(tmp_path: Path) -> None:
+    auto, rem, client = wired(tmp_path)
+    auto.settings.lemon_drains = 2
+    drained_then_healthy(auto, rem)
+    finish(client, "1000", 2)  # the validation fails: reset
+    rem.tick(110.0)
+    reset = client.calls[-1]
+    assert reset[:3] == ("submit_validation", NODE, f"slurmgpu-rts-{NODE}") and "remediate reset --gpu 0" in reset[3]
+    finish(client, "1001", 0)  # the reset job: validate again
+    rem.tick(120.0)
+    assert [c[0] for c in client.calls[-5:]] == ["drain", "delete_reservation", "create_reservation", "resume",
+                                               "submit_validation"]  # drained before the reservation goes
+    finish(client, "1002", 2)  # fails again: reboot
+    rem.tick(130.0)
+    assert client.calls[-1][0] == "reboot_and_hold" and rem.ladders[NODE].stage == "reboot"
+    assert len(auto.state.history[NODE]) == 2 and NODE in auto.state.lemons  # the drain and the reboot

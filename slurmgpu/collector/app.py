@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import shlex
 import signal
 import sqlite3
 import threading
@@ -27,7 +28,7 @@ from slurmgpu.collector.coordination import Coordination, FencedSlurm
 from slurmgpu.collector.counters import Counters
 from slurmgpu.collector.fleet import Fleet, SlurmPoller
 from slurmgpu.collector.policy import Automation, Clock
-from slurmgpu.collector.remediate import attach
+from slurmgpu.collector.remediate import POLL_S, Remediation
 from slurmgpu.collector.store import Leadership, Store
 from slurmgpu.collector.store.backend import is_postgres
 from slurmgpu.collector.transport import (
@@ -203,6 +204,16 @@ def build_collector(settings: CollectorSettings, *, automation: AutomationSettin
     transport.log.info("collector_listening", endpoint=transport.endpoint, nodes=len(transport.allowed),
                        db=store.where, automation=auto is not None)
     return Collector(transport, fleet, metrics=_metrics(settings, transport, fleet))
+
+
+def attach(auto: Automation, settings: RemediationSettings, state_dir: Path, *,
+           poll_s: float = POLL_S) -> Remediation:
+    """The automation's drained nodes return through their ladders from now on."""
+    auto.remediation = Remediation(
+        settings, auto.client, auto.store, state_dir, dry_run=auto.settings.dry_run,
+        program=shlex.split(settings.job_program), note_action=auto.ladder_reboot,
+        on_closed=auto.ladder_closed, poll_s=poll_s)
+    return auto.remediation
 
 
 def _metrics(settings: CollectorSettings, transport: Transport, fleet: Fleet) -> MetricsServer | None:

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import json
 import math
-import shlex
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from slurmgpu.collector.store import Store, queries
 from slurmgpu.collector.store.remediation import load_ladders, record_ladder
@@ -28,25 +26,12 @@ from slurmgpu.remediation.ticket import build_ticket
 from slurmgpu.result import Finding, Severity
 from slurmgpu.slurm import JobGone, SlurmClient, SlurmError, owned
 
-if TYPE_CHECKING:
-    from slurmgpu.collector.policy import Automation
-
 #: How often the open ladders look at Slurm (their jobs, their nodes).
 POLL_S = 1.0
 #: `slurmgpu remediate reset`'s exit code for a GPU a process holds.
 RESET_BUSY = 1
 #: `slurmgpu validate`'s exit codes: OK or WARN pass, FAIL fails; any other is its own trouble.
 PASSED, FAILED = (0, 1), 2
-
-
-def attach(auto: Automation, settings: RemediationSettings, state_dir: Path, *,
-           poll_s: float = POLL_S) -> Remediation:
-    """The automation's drained nodes return through their ladders from now on."""
-    auto.remediation = Remediation(
-        settings, auto.client, auto.store, state_dir, dry_run=auto.settings.dry_run,
-        program=shlex.split(settings.job_program), note_action=auto.ladder_reboot,
-        on_closed=auto.ladder_closed, poll_s=poll_s)
-    return auto.remediation
 
 
 class Remediation:
