@@ -183,6 +183,9 @@ def test_a_persistent_fault_climbs_to_repair_and_a_restart_mid_ladder_resumes_it
     ticket = json.loads(text)
     assert check_ticket(ticket)["node"] == node and ticket["ladder"]["remedies"] == ["reset", "reboot"]
     assert [v["verdict"] for v in ticket["validations"]] == ["cancelled", "fail", "fail", "fail"]
+    assert {(f["check"], f["gpu"]) for f in ticket["validations"][-1]["findings"]} == {("validate.gemm", 3)}
+    scenario = json.loads(fleet.scenario_path(node).read_text())
+    assert scenario["gpus"][3]["resets"] == 1  # the reset job ran nvidia-smi -r on GPU 3, once
     assert {g["serial"] for g in ticket["gpus"]} and all(g["uuid"] for g in ticket["gpus"])
     assert reservations(fleet) == [] and active_jobs(fleet) == {}
     # (d) the report counts the drain as confirmed
