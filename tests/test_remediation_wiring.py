@@ -150,3 +150,15 @@ def test_a_reset_runs_as_a_job_in_the_reservation_and_a_reboot_counts_towards_a_
     rem.tick(130.0)
     assert client.calls[-1][0] == "reboot_and_hold" and rem.ladders[NODE].stage == "reboot"
     assert len(auto.state.history[NODE]) == 2 and NODE in auto.state.lemons  # the drain and the reboot
+
+
+def test_an_operator_drain_that_opted_in_is_validated_before_resume(tmp_path: Path) -> None:
+    auto, rem, client = wired(tmp_path)
+    client.drain(NODE, "disk swap [validate]")
+    client.drain("gpu-b", "disk swap")  # no tag: never the automation's
+    auto.operator_drains(client.nodes(), 100.0)
+    assert rem.owns(NODE) and not rem.owns("gpu-b")
+    for node in (NODE, "gpu-b"):
+        auto.on_report(node, Severity.OK, [], 101.0)
+    assert [c[:2] for c in client.calls[2:]] == [("create_reservation", NODE), ("resume", NODE),
+                                                 ("submit_validation", NODE)]
