@@ -130,6 +130,13 @@ def test_the_passive_checks_mean_nothing_outside_the_drained_stage() -> None:
 # --------------------------------------------------------------------------- persistent
 
 
+def test_the_reset_takes_the_gpus_the_validation_failed_too() -> None:
+    ladder, _ = validated_once()  # drained for GPU 1
+    other = Finding("validate.gemm", Severity.FAIL, "GPU 3 wrong product", gpu=3)
+    [d] = drive(ladder, (100, st.ValidationFailed("77", (other,))))
+    assert d.steps[-1] == st.ResetGpus(NODE, (1, 3))
+
+
 def test_persistent_climbs_reset_reboot_and_repair_exactly_once() -> None:
     ladder, _ = validated_once()
     d = drive(ladder, (100, st.ValidationFailed("77", (BAD,))))

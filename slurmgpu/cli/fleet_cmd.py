@@ -33,6 +33,7 @@ from slurmgpu.config.schema import Settings
 if TYPE_CHECKING:
     from slurmgpu.collector.policy import Automation
     from slurmgpu.collector.store import Store
+    from slurmgpu.remediation.status import LadderStatus
     from slurmgpu.slurm import NodeState
 
 
@@ -72,7 +73,8 @@ def _collector_args(settings: Settings, *, dry_run: bool = False) -> dict[str, A
         from slurmgpu.slurm.factory import make_client
 
         auto = dataclasses.replace(settings.automation, dry_run=True) if dry_run else settings.automation
-        args.update(automation=auto, slurm=make_client(settings.slurm), state_dir=settings.paths.state_dir)
+        args.update(automation=auto, slurm=make_client(settings.slurm), state_dir=settings.paths.state_dir,
+                    remediation=settings.remediation)
     return args
 
 
@@ -185,6 +187,7 @@ def fleet(config_file: str | None, db: str | None, as_json: bool) -> None:
         rows: list[dict[str, Any]] = [dict(r) for r in store.fleet()]
         pending = _pending_checkpoints(store)
         status = _automation_status(settings, store)
+        ladders = _ladders(store)
     finally:
         store.close()
     drained = _drained(settings)
@@ -196,6 +199,7 @@ def fleet(config_file: str | None, db: str | None, as_json: bool) -> None:
         r["drained"] = None if drained is None else (state.drained if state is not None else None)
         r["last_seen_age_s"] = None if r["last_seen"] is None else round(now - r["last_seen"], 1)
         r["comes_back"] = back.get(r["node"])
+        r["ladder"] = ladders[r["node"]].to_json() if r["node"] in ladders else None
     if as_json:
         click.echo(json.dumps({"nodes": rows, "pending_checkpoints": pending,
                                "automation": status if isinstance(status, dict) else
@@ -207,6 +211,8 @@ def fleet(config_file: str | None, db: str | None, as_json: bool) -> None:
         click.echo("no nodes have reported yet")
     for node, text in sorted(back.items()):
         click.echo(f"{node}: {text}")
+    for node, ladder in sorted(ladders.items()):
+        click.echo(f"{node}: return to service: {ladder.text(now)}")
     if breaker:
         click.echo(breaker)
     for p in pending:
@@ -251,6 +257,41 @@ def _automation_status(settings: Settings, store: Store) -> dict[str, Any] | str
         return _automation(settings, store=store, read_only=True).status()
     except Exception as exc:  # unreadable state: say so, the fleet table still stands
         return f"automation: state unreadable ({type(exc).__name__}: {exc})"
+
+
+def _ladders(store: Store) -> dict[str, LadderStatus]:
+    """Each open remediation ladder's status (none where the database has no ladders)."""
+    from slurmgpu.collector.store.remediation import load_ladders
+    from slurmgpu.remediation.ladder import from_json
+    from slurmgpu.remediation.status import ladder_status
+
+    try:
+        kept = load_ladders(store.db)
+    except Exception:  # (a database before schema 14, or unreadable: no ladder to show)
+        return {}
+    out = {}
+    for node, data in kept.items():
+        with contextlib.suppress(ValueError):
+            out[node] = ladder_status(from_json(data))
+    return out
+
+
+def ladders_of(config_file: str | None) -> dict[str, LadderStatus]:
+    """The open ladders' status from the fleet database the config names (`slurmgpu
+    nodes`); none when it is not here."""
+    from slurmgpu.collector.store import Store
+
+    try:
+        found = fleet_db(load_settings(config_file), None)
+        if not found.exists():
+            return {}
+        store = Store(found.path)
+    except Exception:  # (no database here: nothing to show)
+        return {}
+    try:
+        return _ladders(store)
+    finally:
+        store.close()
 
 
 def automation_status_of(config_file: str | None) -> dict[str, Any] | None:

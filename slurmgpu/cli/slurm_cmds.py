@@ -104,17 +104,20 @@ def resume(node: str, force: bool, config_file: str | None, as_json: bool) -> No
 def nodes(show_all: bool, config_file: str | None, as_json: bool) -> None:
     """Nodes drained by slurmgpu: state, reason, since when."""
     from slurmgpu.cli import outlook
-    from slurmgpu.cli.fleet_cmd import automation_status_of
+    from slurmgpu.cli.fleet_cmd import automation_status_of, ladders_of
 
     settings = _settings(config_file, None)
     rows = [n for n in _client(settings).nodes() if n.drained and (show_all or n.owned_by_slurmgpu)]
     resumers = outlook.resumers(settings, automation_status_of(config_file), os.environ) if rows else None
     back = {n.name: outlook.outlook(n, resumers) for n in rows if resumers is not None}
+    ladders = ladders_of(config_file) if rows else {}
     if as_json:
         click.echo(json.dumps([{"node": n.name, "state": n.state, "flags": sorted(n.flags),
                                 "reason": n.reason, "reason_user": n.reason_user,
                                 "since": n.reason_time, "slurmgpu": n.owned_by_slurmgpu,
-                                "comes_back": back.get(n.name)} for n in rows], indent=2))
+                                "comes_back": back.get(n.name),
+                                "ladder": ladders[n.name].to_json() if n.name in ladders else None}
+                               for n in rows], indent=2))
         return
     if not rows:
         click.echo("no nodes drained by slurmgpu" if not show_all else "no drained nodes")
@@ -125,6 +128,8 @@ def nodes(show_all: bool, config_file: str | None, as_json: bool) -> None:
         state = n.state + "".join(f"+{f}" for f in sorted(n.flags))
         click.echo(f"{n.name:<16} {state:<14} {since:<20} {n.reason or ''}")
         click.echo(f"{'':<16} -> {back.get(n.name)}")
+        if n.name in ladders:
+            click.echo(f"{'':<16} -> return to service: {ladders[n.name].text(time.time())}")
 
 
 def _print_result(result: Any, as_json: bool) -> None:

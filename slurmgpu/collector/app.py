@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import shlex
 import signal
 import sqlite3
 import threading
@@ -27,6 +28,7 @@ from slurmgpu.collector.coordination import Coordination, FencedSlurm
 from slurmgpu.collector.counters import Counters
 from slurmgpu.collector.fleet import Fleet, SlurmPoller
 from slurmgpu.collector.policy import Automation, Clock
+from slurmgpu.collector.remediate import POLL_S, Remediation
 from slurmgpu.collector.store import Leadership, Store
 from slurmgpu.collector.store.backend import is_postgres
 from slurmgpu.collector.transport import (
@@ -35,7 +37,7 @@ from slurmgpu.collector.transport import (
     CollectorError,
     Transport,
 )
-from slurmgpu.config.schema import AutomationSettings, CollectorSettings
+from slurmgpu.config.schema import AutomationSettings, CollectorSettings, RemediationSettings
 from slurmgpu.log import get_logger
 from slurmgpu.slurm import SlurmClient
 
@@ -144,7 +146,8 @@ class Collector:
 def build_collector(settings: CollectorSettings, *, automation: AutomationSettings | None = None,
                     slurm: SlurmClient | None = None, state_dir: str | Path | None = None,
                     slurm_poll: SlurmClient | None = None, store: Store | None = None,
-                    clock: Clock | None = None, max_batch: int | None = None) -> Collector:
+                    clock: Clock | None = None, max_batch: int | None = None,
+                    remediation: RemediationSettings | None = None) -> Collector:
     """The collector for ``settings``, bound and ready to ``run``.
 
     ``automation``: the ``[automation]`` settings (None: no automation), acting through
@@ -152,7 +155,8 @@ def build_collector(settings: CollectorSettings, *, automation: AutomationSettin
     ``slurm_poll``: the client asked for the nodes' states every ``slurm_poll_s`` (None:
     no polling). ``store``: an open store to use (default: ``settings.db``, closed with
     the collector). ``max_batch``: messages a batch (default: the backend's, MAX_BATCH or
-    MAX_BATCH_POSTGRES). CollectorError: cannot bind or serve metrics; ValueError: a bad
+    MAX_BATCH_POSTGRES). ``remediation``: ``[remediation]`` (with ``enabled``, drained nodes
+    return through the ladder: ``collector.remediate``). CollectorError: cannot bind or serve metrics; ValueError: a bad
     ``[automation]`` (or its state directory not writable)."""
     counters = Counters()
     postgres = is_postgres(str(store.path if store else settings.db))
@@ -182,6 +186,8 @@ def build_collector(settings: CollectorSettings, *, automation: AutomationSettin
                                                  clock=clock.time if clock is not None else time.time)
             auto = Automation(automation, slurm, state_dir, clock, store=store,
                               checkpoints=make_checkpoints)
+            if remediation is not None and remediation.enabled:
+                attach(auto, remediation, Path(state_dir))
         poller = None
         if slurm_poll is not None and settings.slurm_poll_s > 0:
             poller = SlurmPoller(slurm_poll, settings.slurm_poll_s)
@@ -195,6 +201,16 @@ def build_collector(settings: CollectorSettings, *, automation: AutomationSettin
     transport.log.info("collector_listening", endpoint=transport.endpoint, nodes=len(transport.allowed),
                        db=store.where, automation=auto is not None)
     return Collector(transport, fleet, metrics=_metrics(settings, transport, fleet))
+
+
+def attach(auto: Automation, settings: RemediationSettings, state_dir: Path, *,
+           poll_s: float = POLL_S) -> Remediation:
+    """The automation's drained nodes return through their ladders from now on."""
+    auto.remediation = Remediation(
+        settings, auto.client, auto.store, state_dir, dry_run=auto.settings.dry_run,
+        program=shlex.split(settings.job_program), note_action=auto.ladder_reboot,
+        on_closed=auto.ladder_closed, poll_s=poll_s)
+    return auto.remediation
 
 
 def _metrics(settings: CollectorSettings, transport: Transport, fleet: Fleet) -> MetricsServer | None:

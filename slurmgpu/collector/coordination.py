@@ -15,7 +15,7 @@ import slurmgpu.collector.store.coordination as tables
 from slurmgpu.collector.store import Leadership, Store
 from slurmgpu.collector.transport import CollectorError
 from slurmgpu.log import get_logger
-from slurmgpu.slurm import SlurmClient, SlurmError
+from slurmgpu.slurm import CHANGING_CALLS, SlurmClient, SlurmError
 
 # How often the outbox is read for the agents connected here.
 DELIVER_EVERY_S = 0.25
@@ -110,7 +110,7 @@ class FencedSlurm:
     """A ``SlurmClient`` whose calls that change Slurm first check that this collector
     still leads (``Coordination.still_leading``); the others pass through."""
 
-    CHANGES = frozenset({"drain", "resume", "reboot", "signal_job", "requeue", "set_admin_comment"})
+    CHANGES = CHANGING_CALLS
 
     def __init__(self, client: SlurmClient, coordination: Coordination) -> None:
         self._client = client

@@ -130,6 +130,7 @@ class Fleet:
         self._next_stats = now + STATS_EVERY_S
         self.allowed: Mapping[bytes, str] = {}
         self.allow_list_changed(allowed)
+        self._ladders_taken = False  # the remediation ladders, taken over once per leadership
 
     def close(self) -> None:
         if self.poller is not None:
@@ -396,6 +397,7 @@ class Fleet:
         return leading
 
     def _take_over(self) -> None:
+        self._ladders_taken = False
         self._automation_fleet_size()  # (reads the automation's state back first)
         if self.checkpoints is not None:
             with self._trouble("checkpoints_reload_failed", sqlite3.Error, counter="store_errors"):
@@ -408,12 +410,25 @@ class Fleet:
             self._handle_inbox()
         self._checkpoint_tick()
         self._slurm_states()
+        self._ladders_tick()
         if mono >= self._next_unreachable:
             self._next_unreachable = mono + self.settings.heartbeat_s
             self._mark_unreachable()
         if mono >= self._next_prune:
             self._next_prune = mono + PRUNE_EVERY_S
             self._prune()
+
+    def _ladders_tick(self) -> None:
+        """The remediation ladders (``collector.remediate``): taken over at the first turn
+        of a leadership, then their jobs and deadlines."""
+        rem = self.automation.remediation if self.automation is not None else None
+        if rem is None:
+            return
+        with self._trouble("remediation_failed"):
+            if not self._ladders_taken:
+                self._ladders_taken = True
+                rem.take_over(time.time())
+            rem.tick(time.time())
 
     def _prune(self) -> None:
         with self._trouble("prune_failed", sqlite3.Error, counter=None):
@@ -438,6 +453,9 @@ class Fleet:
         with self._trouble("slurm_states_store_failed", sqlite3.Error, counter=None):
             for node, kind in self.store.record_slurm_states([s for s in states if s.name in fleet], at):
                 self.log.info("node_state", node=node, kind=kind)
+        if self.automation is not None:
+            with self._trouble("remediation_failed"):
+                self.automation.operator_drains([s for s in states if s.name in fleet], at)
 
     def _mark_unreachable(self) -> None:
         """Nodes silent for ``unreachable_after`` heartbeats (by their last message stored)."""

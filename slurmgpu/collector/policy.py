@@ -36,11 +36,13 @@ from slurmgpu.decision import (
 )
 from slurmgpu.decision import PolicyTable as PolicyTable
 from slurmgpu.log import get_logger
+from slurmgpu.remediation.triggers import operator_opted_in
 from slurmgpu.result import Finding, Severity
-from slurmgpu.slurm import SlurmClient, SlurmError, SlurmUnreachable
+from slurmgpu.slurm import NodeState, SlurmClient, SlurmError, SlurmUnreachable
 
 if TYPE_CHECKING:
     from slurmgpu.collector.checkpoint import Checkpoints, MakeCheckpoints
+    from slurmgpu.collector.remediate import Remediation
 
 # Where a slurmgpu before schema 7 kept the state: imported into the database once.
 LEGACY_STATE_FILE = "automation.json"
@@ -99,6 +101,8 @@ class Automation:
             self._import_legacy(legacy_state_file(state_dir))
         self.checkpoints: Checkpoints | None = (
             checkpoints(drain_node=self.finish_pending) if checkpoints is not None else None)
+        # With [remediation] enabled: a drained node returns through its ladder (``ladder``).
+        self.remediation: Remediation | None = None
 
     @property
     def state(self) -> AutomationState:
@@ -254,7 +258,45 @@ class Automation:
             decisions += self._unhealthy(node, bad, strikes, now)
         st.log = (st.log + [d.to_json() for d in decisions])[-LOG_KEEP:]
         self._record.save((node,))
+        self._ladder_start(node, bad, decisions, now)
         return decisions
+
+    # ---- the return-to-service ladder (slurmgpu.collector.remediate)
+
+    def _ladder_start(self, node: str, bad: list[Finding], decisions: list[Decision], now: float) -> None:
+        """A new drain (not one waiting for checkpoints) opens the node's ladder."""
+        new = [d for d in decisions if d.result in NEW_DRAINS and d.result is not Outcome.CHECKPOINTING]
+        if self.remediation is not None and new:
+            self.remediation.drained(node, bad, str(new[-1].action), now)
+
+    def _ladder_owns(self, node: str) -> bool:
+        return self.remediation is not None and self.remediation.owns(node)
+
+    def ladder_closed(self, node: str, in_service: bool) -> None:
+        """The node's ladder ended: back in service, resumed by an operator, or handed to
+        repair (drained, no longer the automation's to resume)."""
+        self.refresh()
+        if self.state.drained.pop(node, None) is not None or in_service:
+            self._record.save((node,))
+
+    def ladder_reboot(self, node: str, reason: str, now: float) -> None:
+        """A reboot of the ladder: a breaker action and a step towards a lemon."""
+        st = self.state
+        st.drain_times.append(now)
+        lemons.note_drain(st, self.settings, node, reason, now)
+        self._record.save((node,))
+
+    def operator_drains(self, states: Sequence[NodeState], now: float) -> None:
+        """Operator drains that opted in (``triggers.operator_opted_in``) get a ladder."""
+        rem = self.remediation
+        if rem is None:
+            return
+        for s in states:
+            if s.drained and not rem.owns(s.name) and s.name not in self.state.drained \
+                    and operator_opted_in(s.reason or "", rem.settings):
+                self.state.drained[s.name] = DrainedNode(now, "operator", s.reason or "")
+                self._record.save((s.name,))
+                rem.drained(s.name, [], None, now)
 
     def _unhealthy(self, node: str, bad: list[Finding], strikes: dict[str, int],
                    now: float) -> list[Decision]:
@@ -265,8 +307,8 @@ class Automation:
                 breaker.note_failing(self.state, self.settings, self._fleet(), f.check, node, now)
             if ACTION_RANK[action] > ACTION_RANK[worst]:
                 worst, trigger = action, f
-        if trigger is None:
-            return []
+        if trigger is None or self._ladder_owns(node):
+            return []  # (a node in its ladder: the ladder decides)
         check = trigger.check
         wants_reboot = str(trigger.data.get("action")) == Action.REBOOT
         then_reboot = worst is Action.DRAIN_NOW and wants_reboot and self.settings.reboot_allowed
@@ -445,6 +487,12 @@ class Automation:
             return []
         reason = f"{int(count)} OK reports over {now - first:g} s"
         st.healthy.pop(node, None)
+        if self.remediation is not None:
+            if not self.remediation.owns(node):  # (drained before [remediation] was enabled)
+                self.remediation.drained(node, [Finding(drained.trigger or "unknown", Severity.FAIL,
+                                                        drained.reason)], None, now)
+            self.remediation.healthy(node, now)
+            return []
         if s.dry_run:
             result = Outcome.DRY_RUN
         else:

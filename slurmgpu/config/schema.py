@@ -676,6 +676,9 @@ class RemediationSettings:
     # all of them with operator_drains.
     operator_drains: bool = False
     operator_tag: str = "[validate]"
+    # slurmgpu on the nodes, as the validation and reset jobs run it (split like a shell
+    # line): e.g. "sudo -n /usr/bin/slurmgpu" where a GPU reset needs root.
+    job_program: str = "slurmgpu"
 
 
 @record

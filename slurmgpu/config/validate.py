@@ -433,7 +433,7 @@ def _tag_error(text: str) -> str | None:
 
 
 # Settings whose string value has a form a type cannot say: setting -> its error (None: fine).
-_TEXT_RULES = {"remediation.repair_command": _command_error,
+_TEXT_RULES = {"remediation.repair_command": _command_error, "remediation.job_program": _command_error,
                "remediation.operator_tag": _tag_error}
 
 

@@ -370,7 +370,7 @@ class _Turn:
         if lad.stage is Stage.VALIDATING:
             self.issue_validation()
         elif lad.stage is Stage.RESETTING:
-            self.steps.append(ResetGpus(lad.node, tuple(_gpus(lad.findings))))
+            self.steps.append(ResetGpus(lad.node, tuple(_reset_gpus(lad))))
         elif lad.stage is Stage.REBOOTING:
             self.steps.append(Reboot(lad.node, _with_checks("reboot (remediation)", lad.checks)))
         elif lad.stage is Stage.REPAIR and not lad.repair_requested:
@@ -463,6 +463,12 @@ def _backoff(settings: RemediationSettings, stage: Stage, failures: int) -> floa
     base = {Stage.VALIDATING: settings.validate_backoff_s, Stage.RESETTING: settings.reset_backoff_s,
             Stage.REBOOTING: settings.reboot_backoff_s}.get(stage, 0.0)
     return float(base * 2 ** max(failures - 1, 0))
+
+
+def _reset_gpus(ladder: Ladder) -> list[int]:
+    """The GPUs the drain named and those its last validation failed."""
+    last = ladder.validations[-1].findings if ladder.validations else []
+    return sorted(set(_gpus(ladder.findings)) | set(_gpus(last)))
 
 
 def _gpus(findings: list[dict[str, Any]]) -> list[int]:

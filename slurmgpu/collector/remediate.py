@@ -1,0 +1,292 @@
+"""The collector's remediation executor: it keeps each node's open ladder
+(``slurmgpu.remediation.ladder``), saves every turn (``record_ladder``) before it carries
+the turn's steps out through the (fenced) Slurm client, and reports what happened back
+as events. What slurmgpu creates in Slurm follows ``slurmgpu.slurm.owned``'s naming; the
+GPU reset runs as a job in the node's reservation. docs/remediation.md, "Wiring".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from slurmgpu.collector.store import Store, queries
+from slurmgpu.collector.store.remediation import load_ladders, record_ladder
+from slurmgpu.config.schema import RemediationSettings
+from slurmgpu.decision import with_prefix
+from slurmgpu.facts import GpuFacts, NodeFacts
+from slurmgpu.log import get_logger
+from slurmgpu.remediation import ladder as lad
+from slurmgpu.remediation import steps as st
+from slurmgpu.remediation.repair import run_repair
+from slurmgpu.remediation.ticket import build_ticket
+from slurmgpu.result import Finding, Severity
+from slurmgpu.slurm import JobGone, SlurmClient, SlurmError, owned
+
+#: How often the open ladders look at Slurm (their jobs, their nodes).
+POLL_S = 1.0
+#: `slurmgpu remediate reset`'s exit code for a GPU a process holds.
+RESET_BUSY = 1
+#: `slurmgpu validate`'s exit codes: OK or WARN pass, FAIL fails; any other is its own trouble.
+PASSED, FAILED = (0, 1), 2
+
+
+class Remediation:
+    """Open ladders by node. ``note_action``: told of each reboot it makes (the breaker's
+    and the lemons' count); ``on_closed``: told when a ladder ends (and whether the node
+    is in service)."""
+
+    def __init__(self, settings: RemediationSettings, client: SlurmClient, store: Store, state_dir: Path, *,
+                 dry_run: bool = False, program: Sequence[str] = ("slurmgpu",),
+                 note_action: Callable[[str, str, float], None] | None = None,
+                 on_closed: Callable[[str, bool], None] | None = None, poll_s: float = POLL_S) -> None:
+        self.settings, self.client, self.store, self.dry_run = settings, client, store, dry_run
+        self.program = tuple(program)
+        self.out_dir = Path(state_dir) / "validations"
+        self.note_action, self.on_closed = note_action, on_closed
+        self.ladders: dict[str, lad.Ladder] = {}
+        self._reset_jobs: dict[str, str] = {}  # node -> its reset job (asked again at a Restart)
+        self.poll_s, self._next_poll = poll_s, 0.0
+        self.log = get_logger(component="remediation")
+
+    # ---- what the automation tells it
+
+    def owns(self, node: str) -> bool:
+        return node in self.ladders
+
+    def drained(self, node: str, findings: Sequence[Finding], action: str | None, now: float) -> None:
+        """slurmgpu (or an opted-in operator) drained ``node``: its ladder starts."""
+        if node not in self.ladders:
+            self._apply(lad.start(node, findings, now, self.settings, action=action, dry_run=self.dry_run),
+                        now)
+
+    def healthy(self, node: str, now: float) -> None:
+        """The passive checks pass again (where the automation used to resume the node)."""
+        ladder = self.ladders.get(node)
+        if ladder is not None and ladder.stage is lad.Stage.DRAINED:
+            self._event(ladder, st.PassiveHealthy(), now)
+
+    def take_over(self, now: float) -> None:
+        """Collector start or new leader: the open ladders resume (``Restart``); what
+        slurmgpu left in Slurm for a node without one is removed."""
+        self.ladders = {}
+        for node, data in load_ladders(self.store.db).items():
+            try:
+                self.ladders[node] = lad.from_json(data)
+            except ValueError as exc:
+                self.log.error("ladder_unreadable", node=node, error=str(exc))
+        if not self.dry_run:
+            done = owned.cleanup(self.client, keep_nodes=set(self.ladders))
+            self.log.info("remediation_cleanup", jobs=done.cancelled_jobs, reservations=done.deleted_reservations)
+        for ladder in list(self.ladders.values()):
+            self._event(ladder, st.Restart(), now)
+
+    def tick(self, now: float) -> None:
+        """Every loop turn: each open ladder's job or node looked at (every ``poll_s``),
+        then time (backoffs, deadlines)."""
+        if time.monotonic() < self._next_poll:
+            return
+        self._next_poll = time.monotonic() + self.poll_s
+        for node in list(self.ladders):
+            event = None if self.dry_run else self._observe(self.ladders[node])
+            if event is not None:
+                self._event(self.ladders[node], event, now)
+            if node in self.ladders:
+                self._event(self.ladders[node], st.Tick(), now)
+
+    # ---- turns
+
+    def _event(self, ladder: lad.Ladder, event: st.Event, now: float) -> None:
+        self._apply(lad.advance(ladder, event, now, self.settings, dry_run=self.dry_run), now)
+
+    def _apply(self, decision: lad.Decision, now: float) -> None:
+        """Save the turn, then carry its steps out in order; a step whose outcome is an
+        event ends the turn and the ladder hears it (the rest of the steps were its
+        followers)."""
+        ladder = decision.ladder
+        with self.store.transaction() as db:
+            record_ladder(db, ladder, now, self._gpu_model(ladder.node))
+        if not ladder.closed:
+            self.ladders[ladder.node] = ladder
+        elif self.ladders.pop(ladder.node, None) is not None and self.on_closed is not None:
+            self.on_closed(ladder.node, ladder.stage is not lad.Stage.REPAIR)
+        for step in decision.steps:
+            self.log.info("remediation_step", node=ladder.node, step=step.kind, stage=str(ladder.stage))
+            event = self._carry(step, ladder, now)
+            if event is not None:
+                self._event(ladder, event, now)
+                return
+
+    def _carry(self, step: st.Step, ladder: lad.Ladder, now: float) -> st.Event | None:
+        try:
+            return self._do(step, ladder, now)
+        except SlurmError as exc:
+            self.log.warning("remediation_step_failed", node=step.node, step=step.kind, error=str(exc))
+            if isinstance(step, st.ResetGpus):
+                return st.ResetFailed(str(exc))
+            if isinstance(step, st.CreateReservation | st.ResumeIntoReservation | st.SubmitValidation | st.Drain):
+                return st.StepFailed(step.kind, str(exc))
+            return None
+
+    def _do(self, step: st.Step, ladder: lad.Ladder, now: float) -> st.Event | None:
+        c = self.client
+        if isinstance(step, st.CreateReservation):
+            c.create_reservation(step.node, duration_min=_minutes(step.duration_s), users=owned.service_users())
+        elif isinstance(step, st.ResumeIntoReservation):
+            c.resume(step.node)
+        elif isinstance(step, st.SubmitValidation):
+            return st.ValidationSubmitted(self._submit(step.node, step.reservation,
+                                                      ["validate", "--tier", step.tier, "--json"], step.timeout_s))
+        elif isinstance(step, st.Release):
+            c.delete_reservation(step.reservation)
+        elif isinstance(step, st.Cleanup):
+            self._cleanup(step.node, step.reservation, step.job_id)
+        elif isinstance(step, st.Drain):
+            c.drain(step.node, step.reason)
+        elif isinstance(step, st.ResetGpus):
+            self._reset(step)
+        elif isinstance(step, st.Reboot):
+            if self.note_action is not None:
+                self.note_action(step.node, step.reason, now)
+            c.reboot_and_hold(step.node, step.reason)
+        elif isinstance(step, st.RunRepair):
+            return self._repair(ladder, step.reason, now)
+        return None
+
+    # ---- the steps
+
+    def _submit(self, node: str, reservation: str, args: list[str], timeout_s: float) -> str:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        return self.client.submit_validation(node, [*self.program, *args], reservation=reservation,
+                                             time_limit_min=_minutes(timeout_s), output=str(self._out(node)))
+
+    def _out(self, node: str) -> Path:
+        return self.out_dir / f"{node}.out"
+
+    def _reset(self, step: st.ResetGpus) -> None:
+        """The reset runs on the node as a job in its reservation (named like the
+        validation: ``slurmgpu.slurm.owned`` cleans it up the same way), one
+        ``remediate reset --gpu N`` per GPU; its exit code is the result."""
+        gpus = step.gpus or tuple(range(_gpu_count(self._facts(step.node))))
+        argv = ["sh", "-c", " && ".join(owned.wrap_text([*self.program, "remediate", "reset", "--gpu", str(g)])
+                                        for g in gpus) or "true"]
+        reservation = owned.reservation_name(step.node)
+        self.client.create_reservation(step.node, duration_min=_minutes(self.settings.reset_timeout_s) + 5,
+                                       users=owned.service_users())
+        self.client.resume(step.node)
+        self._reset_jobs[step.node] = self.client.submit_validation(
+            step.node, argv, reservation=reservation, time_limit_min=_minutes(self.settings.reset_timeout_s),
+            output=str(self._out(step.node)))
+
+    def _cleanup(self, node: str, reservation: str | None, job_id: str | None) -> None:
+        if job_id:
+            self.client.cancel_job(job_id)
+        if reservation:
+            self.client.delete_reservation(reservation)
+
+    def _repair(self, ladder: lad.Ladder, reason: str, now: float) -> st.Event:
+        if not self.settings.repair_command:
+            return st.RepairDone(None, "no repair_command")
+        ticket = build_ticket(ladder, _gpus(self._facts(ladder.node)), now, reason)
+        done = run_repair(self.settings.repair_command, ticket, self.settings.repair_timeout_s)
+        self.log.info("repair_command", node=ladder.node, exit_code=done.exit_code, error=done.error)
+        return st.RepairDone(done.exit_code, done.error)
+
+    # ---- looking at Slurm
+
+    def _observe(self, ladder: lad.Ladder) -> st.Event | None:
+        """What Slurm shows of the ladder's current step, as an event (None: nothing new)."""
+        try:
+            if ladder.stage is lad.Stage.VALIDATING and ladder.job_id:
+                return self._validation_result(ladder)
+            if ladder.stage is lad.Stage.RESETTING and ladder.issued_at is not None:
+                return self._reset_result(ladder.node)
+            if ladder.stage is lad.Stage.REBOOTING and ladder.issued_at is not None:
+                return self._back(ladder.node)
+            if ladder.stage in (lad.Stage.DRAINED, lad.Stage.HELD):
+                return self._resumed_by_operator(ladder.node)
+        except JobGone:
+            return st.StepFailed("validation", "Slurm no longer knows the job") \
+                if ladder.stage is lad.Stage.VALIDATING else st.ResetFailed("the reset job is gone")
+        except SlurmError as exc:
+            self.log.warning("remediation_poll_failed", node=ladder.node, error=str(exc))
+        return None
+
+    def _validation_result(self, ladder: lad.Ladder) -> st.Event | None:
+        job = self.client.job(str(ladder.job_id))
+        if job.state not in owned.ENDED_JOB_STATES:
+            return None
+        findings = _job_findings(self._out(ladder.node), job.exit_code)
+        if job.state == "COMPLETED" and job.exit_code in PASSED:
+            return st.ValidationPassed(job.job_id, findings)
+        if job.state == "FAILED" and job.exit_code == FAILED:
+            return st.ValidationFailed(job.job_id, findings)
+        return st.StepFailed("validation", f"job {job.job_id} ended {job.state} (exit {job.exit_code})")
+
+    def _reset_result(self, node: str) -> st.Event | None:
+        job_id = self._reset_jobs.get(node)
+        if job_id is None:
+            return None
+        job = self.client.job(job_id)
+        if job.state not in owned.ENDED_JOB_STATES:
+            return None
+        del self._reset_jobs[node]
+        # Out of service again before the reservation goes: no job slips in.
+        self.client.drain(node, with_prefix("reset done, validation next"))
+        self.client.delete_reservation(owned.reservation_name(node))
+        if job.exit_code == 0:
+            return st.ResetDone()
+        return st.ResetFailed(f"reset job {job.job_id} exit {job.exit_code}", busy=job.exit_code == RESET_BUSY)
+
+    def _back(self, node: str) -> st.Event | None:
+        state = self.client.node(node)
+        return st.NodeBack() if not state.rebooting and "reboot complete" in (state.reason or "") else None
+
+    def _resumed_by_operator(self, node: str) -> st.Event | None:
+        state = self.client.node(node)
+        if state.drained or state.rebooting or state.state == "down":
+            return None
+        return st.OperatorResume(state.reason_user or "")
+
+    # ---- stored facts
+
+    def _facts(self, node: str) -> NodeFacts | None:
+        try:
+            latest = queries.latest_report(self.store.db, node)
+            facts = latest["body"].get("facts") if latest is not None else None
+            return NodeFacts.from_json(facts) if isinstance(facts, dict) else None
+        except Exception:  # (no facts: the ticket says so by an empty gpus list)
+            return None
+
+    def _gpu_model(self, node: str) -> str | None:
+        gpus = _gpus(self._facts(node))
+        return gpus[0].name if gpus else None
+
+
+def _gpus(facts: NodeFacts | None) -> list[GpuFacts]:
+    return list(facts.gpus) if facts is not None else []
+
+
+def _gpu_count(facts: NodeFacts | None) -> int:
+    return len(_gpus(facts))
+
+
+def _minutes(seconds: float) -> int:
+    return max(1, math.ceil(seconds / 60))
+
+
+def _job_findings(path: Path, exit_code: int | None) -> tuple[Finding, ...]:
+    """The validation's findings from its ``--json`` output (when the head node can read
+    it: a shared file system, or the mini-cluster); else one naming the exit code."""
+    try:
+        text = path.read_text(errors="replace")
+        doc = json.loads(text[text.index("{"):])
+        found = tuple(st.finding_from_json(f) for f in doc.get("findings", ()))
+        return tuple(f for f in found if f.severity is not Severity.OK) or found
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        if exit_code in (None, 0):
+            return ()
+        return (Finding("validate.job", Severity.FAIL, f"validation job exit {exit_code}"),)

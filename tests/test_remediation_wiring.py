@@ -1,0 +1,164 @@
+"""The collector's automation with ``[remediation]`` on (``collector.remediate``), over the
+fake Slurm client and a real SQLite store: a drained node returns only through its
+ladder, an operator resume ends it (outcome ``unknown``), dry run records and does
+nothing, a follower makes none of its calls, `slurmgpu fleet` shows where it is. The real
+Slurm calls: tests/test_remediation_e2e.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from slurmgpu.cli import fleet_cmd
+from slurmgpu.collector.app import attach
+from slurmgpu.collector.coordination import FencedSlurm, NotLeader
+from slurmgpu.collector.policy import Automation
+from slurmgpu.collector.remediate import Remediation
+from slurmgpu.collector.store import Store
+from slurmgpu.collector.store.remediation import drain_outcomes, load_ladders
+from slurmgpu.config.schema import AutomationSettings, RemediationSettings
+from slurmgpu.result import Finding, Severity
+from slurmgpu.testing import FakeSlurmClient
+
+NODE = "gpu-a"
+ECC = Finding("ecc.uncorrected", Severity.FAIL, "3 volatile uncorrected ECC errors", gpu=0)
+SETTINGS = RemediationSettings(enabled=True, validate_backoff_s=0)
+
+
+def wired(tmp_path: Path, *, dry_run: bool = False) -> tuple[Automation, Remediation, FakeSlurmClient]:
+    client = FakeSlurmClient([NODE, "gpu-b"])
+    auto = Automation(AutomationSettings(resume_healthy_reports=1, resume_after_s=0, max_fraction=1.0,
+                                         dry_run=dry_run), client, tmp_path / "state",
+                      store=Store(tmp_path / "fleet.db"))
+    return auto, attach(auto, SETTINGS, tmp_path / "state", poll_s=0), client
+
+
+def drained_then_healthy(auto: Automation, rem: Remediation, now: float = 100.0) -> None:
+    auto.on_report(NODE, Severity.FAIL, [ECC], now)
+    rem.take_over(now + 1)
+    auto.on_report(NODE, Severity.OK, [], now + 2)
+
+
+def finish(client: FakeSlurmClient, job_id: str, exit_code: int) -> None:
+    state = "COMPLETED" if exit_code == 0 else "FAILED"
+    client.jobs[job_id] = dataclasses.replace(client.jobs[job_id], state=state, exit_code=exit_code)
+
+
+def test_a_drained_node_returns_only_through_a_passing_validation(tmp_path: Path) -> None:
+    auto, rem, client = wired(tmp_path)
+    drained_then_healthy(auto, rem)
+    names = [c[0] for c in client.calls]
+    assert names == ["drain", "create_reservation", "resume", "submit_validation"]  # no plain resume
+    assert NODE in auto.state.drained and rem.owns(NODE)
+    [job] = client.jobs
+    rem.tick(110.0)
+    assert rem.owns(NODE)  # still running: nothing released
+    finish(client, job, 0)
+    rem.tick(120.0)
+    assert client.calls[-1] == ("delete_reservation", f"slurmgpu-rts-{NODE}")
+    assert not rem.owns(NODE) and NODE not in auto.state.drained
+    assert [o.outcome for o in drain_outcomes(auto.store.db)] == ["cleared_by_validation"]
+    assert load_ladders(auto.store.db) == {}
+
+
+def test_a_failed_validation_drains_again_with_its_findings_and_climbs(tmp_path: Path) -> None:
+    auto, rem, client = wired(tmp_path)
+    drained_then_healthy(auto, rem)
+    [job] = client.jobs
+    finish(client, job, 2)
+    rem.tick(120.0)
+    drains = [c for c in client.calls if c[0] == "drain"]
+    assert drains[-1][2].startswith("slurmgpu: validation failed: validate.job")
+    assert rem.ladders[NODE].stage == "reset"
+    assert ("cancel_job", job) in client.calls and ("delete_reservation", f"slurmgpu-rts-{NODE}") in client.calls
+    assert [o.outcome for o in drain_outcomes(auto.store.db)] == ["confirmed"]
+
+
+def test_an_operator_resume_ends_the_ladder_as_unknown(tmp_path: Path) -> None:
+    auto, rem, client = wired(tmp_path)
+    auto.on_report(NODE, Severity.FAIL, [ECC], 100.0)
+    client.resume(NODE)  # an operator, without a validation
+    rem.tick(110.0)
+    assert not rem.owns(NODE) and NODE not in auto.state.drained
+    assert [o.outcome for o in drain_outcomes(auto.store.db)] == ["unknown"]
+
+
+def test_dry_run_records_the_ladder_and_makes_no_call(tmp_path: Path) -> None:
+    auto, rem, client = wired(tmp_path, dry_run=True)
+    drained_then_healthy(auto, rem)
+    rem.tick(110.0)
+    assert client.calls == []
+    history = rem.ladders[NODE].history
+    assert [h.event for h in history] == ["start", "restart", "passive_healthy"]
+    assert history[-1].dry_run and [s["step"] for s in history[-1].steps] == [
+        "create_reservation", "resume_into_reservation", "submit_validation"]
+
+
+def test_a_new_leader_cleans_up_what_no_open_ladder_owns(tmp_path: Path) -> None:
+    auto, rem, client = wired(tmp_path)
+    drained_then_healthy(auto, rem)
+    client.create_reservation("gpu-b", duration_min=5, users=["root"])  # a leftover of a closed ladder
+    rem.take_over(130.0)
+    assert [r.name for r in client.reservations()] == [f"slurmgpu-rts-{NODE}"]
+    assert [h.event for h in rem.ladders[NODE].history][-2:] == ["restart", "validation_submitted"]
+
+
+def test_a_follower_makes_no_return_to_service_call() -> None:
+    class Follower:
+        def still_leading(self) -> bool:
+            return False
+
+    fenced: Any = FencedSlurm(FakeSlurmClient([NODE]), Follower())  # type: ignore[arg-type]
+    for call in (lambda: fenced.create_reservation(NODE, duration_min=5, users=["root"]),
+                 lambda: fenced.submit_validation(NODE, ["true"], reservation="r", time_limit_min=5),
+                 lambda: fenced.reboot_and_hold(NODE, "x"), lambda: fenced.cancel_job("1"),
+                 lambda: fenced.delete_reservation("r")):
+        with pytest.raises(NotLeader):
+            call()
+
+
+def test_fleet_shows_where_the_node_is_in_its_ladder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    auto, rem, _ = wired(tmp_path)
+    drained_then_healthy(auto, rem, time.time())
+    auto.store.close()
+    config = tmp_path / "slurmgpu.toml"
+    config.write_text(f'[collector]\ndb = "{tmp_path / "fleet.db"}"\n[paths]\nstate_dir = "{tmp_path / "state"}"\n')
+    monkeypatch.setattr("slurmgpu.slurm.factory.make_client", lambda *a, **k: FakeSlurmClient([NODE]))
+    result = CliRunner().invoke(fleet_cmd.fleet, ["--config", str(config)])
+    assert result.exit_code == 0, result.output
+    assert f"{NODE}: return to service: awaiting_validation: result of job 1000, timeout in 30 min" in result.output
+
+
+def test_a_reset_runs_as_a_job_in_the_reservation_and_a_reboot_counts_towards_a_lemon(tmp_path: Path) -> None:
+    auto, rem, client = wired(tmp_path)
+    auto.settings.lemon_drains = 2
+    drained_then_healthy(auto, rem)
+    finish(client, "1000", 2)  # the validation fails: reset
+    rem.tick(110.0)
+    reset = client.calls[-1]
+    assert reset[:3] == ("submit_validation", NODE, f"slurmgpu-rts-{NODE}") and "remediate reset --gpu 0" in reset[3]
+    finish(client, "1001", 0)  # the reset job: validate again
+    rem.tick(120.0)
+    assert [c[0] for c in client.calls[-5:]] == ["drain", "delete_reservation", "create_reservation", "resume",
+                                               "submit_validation"]  # drained before the reservation goes
+    finish(client, "1002", 2)  # fails again: reboot
+    rem.tick(130.0)
+    assert client.calls[-1][0] == "reboot_and_hold" and rem.ladders[NODE].stage == "reboot"
+    assert len(auto.state.history[NODE]) == 2 and NODE in auto.state.lemons  # the drain and the reboot
+
+
+def test_an_operator_drain_that_opted_in_is_validated_before_resume(tmp_path: Path) -> None:
+    auto, rem, client = wired(tmp_path)
+    client.drain(NODE, "disk swap [validate]")
+    client.drain("gpu-b", "disk swap")  # no tag: never the automation's
+    auto.operator_drains(client.nodes(), 100.0)
+    assert rem.owns(NODE) and not rem.owns("gpu-b")
+    for node in (NODE, "gpu-b"):
+        auto.on_report(node, Severity.OK, [], 101.0)
+    assert [c[:2] for c in client.calls[2:]] == [("create_reservation", NODE), ("resume", NODE),
+                                                 ("submit_validation", NODE)]
