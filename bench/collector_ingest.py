@@ -153,9 +153,6 @@ class NullHandler:
     def heard(self, nodes: set[str], now: float) -> bool:
         return True
 
-    def holding(self) -> bool:
-        return False
-
 
 def serve_floor(address: str, events_port: int, keys_dir: str) -> None:
     """The collector's transport serving with a ``NullHandler`` until SIGTERM (``--floor``)."""

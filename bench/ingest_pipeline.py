@@ -84,9 +84,7 @@ def feed(collector: Any, bundles: list[list[Frame]], batch: int) -> None:
         if len(items) >= batch:
             transport._commit(fleet, items, to_ack, now)
             items, to_ack = [], []
-            fleet.tick()  # (the loop's turn: the WAL thread's turn for the writer, when due)
-            while fleet.holding():  # (as the transport waits, reading only events meanwhile)
-                time.sleep(0.001)
+            fleet.tick()  # (the loop's turn)
     if items:
         transport._commit(fleet, items, to_ack, now)
 

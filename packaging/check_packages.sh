@@ -62,7 +62,8 @@ assert ns["protocol"]().__file__.endswith("/slurmgpu/localproto.py")'
 
 hooks=(slurmgpu-prolog slurmgpu-epilog slurmgpu-healthcheck slurmgpu-taskprolog slurmgpu-taskprolog.py
        slurmgpu-quickgate slurmgpu-nightly-report)
-units=(slurmgpu-agent.service slurmgpu-collector.service slurmgpu-report.service slurmgpu-report.timer)
+units=(slurmgpu-agent.service slurmgpu-collector.service slurmgpu-report.service slurmgpu-report.timer
+       slurmgpu-idle-validate.service slurmgpu-idle-validate.timer)
 
 # ------------------------------------------------------------------------------- .deb
 if [ -n "$do_deb" ]; then

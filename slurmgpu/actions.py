@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 # The reason vocabulary (slurmgpu.decision); drain_reason, with_actor and MAX_REASON stay
@@ -24,6 +23,7 @@ from slurmgpu.decision import MAX_REASON as MAX_REASON
 from slurmgpu.decision import REASON_PREFIX, Action, Outcome
 from slurmgpu.decision import drain_reason as drain_reason
 from slurmgpu.decision import with_actor as with_actor
+from slurmgpu.record import record
 from slurmgpu.slurm import SlurmClient, SlurmError, SlurmUnreachable
 
 # Checks whose failures are events, not states: the hardware can look healthy
@@ -31,7 +31,7 @@ from slurmgpu.slurm import SlurmClient, SlurmError, SlurmUnreachable
 STICKY_CHECKS = ("xid.recent",)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ActionResult:
     node: str
     action: Outcome

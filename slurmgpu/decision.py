@@ -168,8 +168,8 @@ MAX_REASON = 256
 # Who may tag a reason: the three hooks and an operator's `slurmgpu drain`.
 TAGGED_ACTORS = ("prolog", "epilog", "healthcheck", "operator")
 # " [by epilog]", " [by operator alice]" (a login: Slurm user-name characters, <= 32)
-_ACTOR_TAG = re.compile(r" \[by (prolog|epilog|healthcheck|operator)(?: ([A-Za-z0-9._-]{1,32}))?\]")
-_LOGIN = re.compile(r"[A-Za-z0-9._-]{1,32}")
+_ACTOR_TAG = r" \[by (prolog|epilog|healthcheck|operator)(?: ([A-Za-z0-9._-]{1,32}))?\]"
+_LOGIN = r"[A-Za-z0-9._-]{1,32}"
 
 
 #: The XID policy's "-> action" as a drain reason says it where slurmgpu does not do it.
@@ -250,7 +250,7 @@ def actor_tag(actor: str, user: str | None = None) -> str:
     out). ValueError for an actor that is not in ``TAGGED_ACTORS``."""
     if actor not in TAGGED_ACTORS:
         raise ValueError(f"unknown drain actor {actor!r}")
-    who = f" {user}" if actor == "operator" and user and _LOGIN.fullmatch(user) else ""
+    who = f" {user}" if actor == "operator" and user and re.fullmatch(_LOGIN, user) else ""
     return f" [by {actor}{who}]"
 
 
@@ -260,5 +260,5 @@ def reason_actor(reason: str | None) -> tuple[str, str | None] | None:
     not slurmgpu's or carries no tag."""
     if not reason or not reason.startswith(REASON_PREFIX):
         return None
-    tags = list(_ACTOR_TAG.finditer(reason))
+    tags = list(re.finditer(_ACTOR_TAG, reason))
     return (tags[-1].group(1), tags[-1].group(2)) if tags else None

@@ -13,20 +13,20 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from slurmgpu.checks.registry import CheckContext, CheckSpec, enabled_checks, unknown
 from slurmgpu.config.env import apply_env
 from slurmgpu.config.schema import Settings, ThermalSettings
 from slurmgpu.facts import HostFacts, IbFacts, NodeFacts, NvmlFacts, SoftwareVersions, XidEvent
+from slurmgpu.record import record
 from slurmgpu.result import Finding, Severity, Verdict
 from slurmgpu.sources import Clock, IbSource, NvmlSource, SystemClock, VersionSource, kmsg, procs
 from slurmgpu.sources.host import HostSource
 from slurmgpu.xid import XidPolicy
 
 
-@dataclass
+@record
 class Sources:
     """The fact sources a gather reads."""
 
@@ -183,7 +183,7 @@ class FactsProvider(Protocol):
         ...
 
 
-@dataclass
+@record
 class SourceFacts:
     """The cold path's ``FactsProvider``: ``gather`` over the node's sources, device
     holders from /proc (``slurmgpu.sources.procs``)."""

@@ -11,8 +11,10 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, TypeVar
+
+from slurmgpu.record import record
 
 # Clock-event reason bits (nvmlClocksEventReason*).
 CLOCKS_EVENT_GPU_IDLE = 0x1
@@ -66,7 +68,7 @@ NVML_ERROR_RESET_REQUIRED = 16
 NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
 
 
-@dataclass
+@record
 class EccCounts:
     """One GPU's ECC error counters (None: not reported)."""
 
@@ -76,7 +78,7 @@ class EccCounts:
     uncorrected_aggregate: int | None = None
 
 
-@dataclass
+@record
 class RetiredPages:
     """Dynamic page retirement (Kepler..Volta/Turing; Ampere+ uses row remapping)."""
 
@@ -85,7 +87,7 @@ class RetiredPages:
     pending: bool = False
 
 
-@dataclass
+@record
 class RemappedRows:
     """Row remapping (Ampere+): nvmlDeviceGetRemappedRows."""
 
@@ -95,7 +97,7 @@ class RemappedRows:
     failure: bool = False
 
 
-@dataclass
+@record
 class PcieLink:
     """One GPU's PCIe link: generation, width, replays."""
 
@@ -105,7 +107,7 @@ class PcieLink:
     width_max: int | None = None
 
 
-@dataclass
+@record
 class NvLink:
     """One NVLink of a GPU: state and error counters."""
 
@@ -117,7 +119,7 @@ class NvLink:
     crc_data: int | None = None
 
 
-@dataclass
+@record
 class FabricInfo:
     """nvmlDeviceGetGpuFabricInfoV (Hopper+ NVSwitch systems)."""
 
@@ -133,7 +135,7 @@ class FabricInfo:
         return FABRIC_STATE_NAMES.get(self.state, f"UNKNOWN({self.state})")
 
 
-@dataclass
+@record
 class GpuFacts:
     """What NVML says about one GPU."""
 
@@ -191,7 +193,7 @@ class GpuFacts:
     transient_errors: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass
+@record
 class NvmlFacts:
     """What NVML says about the node: driver, GPUs."""
 
@@ -215,7 +217,7 @@ class NvmlFacts:
     bus_ids: list[str] = field(default_factory=list)
 
 
-@dataclass
+@record
 class IbPort:
     """One InfiniBand port from sysfs."""
 
@@ -237,7 +239,7 @@ class IbPort:
     flap_strikes: int | None = None
 
 
-@dataclass
+@record
 class IbHca:
     """One InfiniBand HCA from sysfs, with its ports."""
 
@@ -248,7 +250,7 @@ class IbHca:
     ports: list[IbPort] = field(default_factory=list)
 
 
-@dataclass
+@record
 class IbFacts:
     """The node's InfiniBand HCAs."""
 
@@ -258,7 +260,7 @@ class IbFacts:
     error: str | None = None
 
 
-@dataclass
+@record
 class SoftwareVersions:
     """Versions of the driver, CUDA, NCCL, OFED and firmware."""
 
@@ -278,7 +280,7 @@ class SoftwareVersions:
 XID_MESSAGE_MAX = 240
 
 
-@dataclass
+@record
 class XidEvent:
     """One XID: its code, GPU, time and driver message."""
 
@@ -291,7 +293,7 @@ class XidEvent:
     message: str | None = None
 
 
-@dataclass
+@record
 class ServiceState:
     """One systemd unit as ``systemctl show`` reports it."""
 
@@ -303,7 +305,7 @@ class ServiceState:
     result: str | None = None  # "success", "exit-code", "core-dump", ...
 
 
-@dataclass
+@record
 class DiskState:
     """The file system holding one configured path (statvfs)."""
 
@@ -314,7 +316,7 @@ class DiskState:
     error: str | None = None
 
 
-@dataclass
+@record
 class HungProcess:
     """A process in D state (uninterruptible sleep) holding a GPU device file open."""
 
@@ -323,7 +325,7 @@ class HungProcess:
     devices: list[str] = field(default_factory=list)
 
 
-@dataclass
+@record
 class SxidEvent:
     """An NVSwitch SXid from the kernel log:
     ``nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress ...``."""
@@ -335,7 +337,7 @@ class SxidEvent:
     message: str | None = None  # the text after the code, at most XID_MESSAGE_MAX characters
 
 
-@dataclass
+@record
 class HostFacts:
     """The layers around NVML: the kernel module, GPU services, disks, GPUDirect RDMA."""
 
@@ -359,7 +361,7 @@ class HostFacts:
     errors: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass
+@record
 class NodeFacts:
     """Everything gathered about one node at one time."""
 

@@ -22,7 +22,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from slurmgpu.facts import (
     clocks_event_names,
 )
 from slurmgpu.fileutil import append_private, private_dir, write_text_atomic
+from slurmgpu.record import record
 from slurmgpu.result import Severity, Verdict
 from slurmgpu.slurm import SlurmClient, SlurmError, SlurmUnreachable
 from slurmgpu.slurm.common import ClientBase
@@ -55,7 +56,7 @@ def _nobody(what: str) -> None:
     """Nobody to tell that the hook decided (the agent's warm path; tests)."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class JobContext:
     """The job a hook runs for, from Slurm's environment."""
 
@@ -139,7 +140,7 @@ class Watchdog:
         self.step = step
 
 
-@dataclass
+@record
 class Gate:
     settings: Settings
     environ: Mapping[str, str]

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
+
+from slurmgpu.record import record
 
 
 class Severity(enum.IntEnum):
@@ -44,7 +46,7 @@ def worst(severities: Iterable[Severity]) -> Severity:
     return max(severities, key=lambda s: s.rank, default=Severity.OK)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Finding:
     """One statement a check makes about the node or one GPU/port."""
 
@@ -71,7 +73,7 @@ class Finding:
         }
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Verdict:
     """Every finding for a node plus the worst of them."""
 

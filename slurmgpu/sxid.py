@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 from slurmgpu.decision import XID_ACTION_SEVERITY
+from slurmgpu.record import record
 from slurmgpu.result import Severity
 
 CLASS_ACTION = {"non-fatal": "warn", "notable": "warn", "fatal": "drain", "always-fatal": "reboot"}
@@ -19,7 +19,7 @@ _FATAL_WORD = re.compile(r"(?<![-\w])fatal\b", re.I)
 _NON_FATAL_WORD = re.compile(r"\bnon-?fatal\b", re.I)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class SxidRule:
     """What to do about one NVSwitch SXid code."""
 

@@ -222,11 +222,11 @@ class FakeSlurmClient:
         return [j for j in self.jobs.values() if node in j.nodes and j.state in ("RUNNING", "COMPLETING")]
 
     def job(self, job_id: str) -> Any:
-        from slurmgpu.slurm import SlurmError
+        from slurmgpu.slurm import JobGone
 
         self._check()
         if job_id not in self.jobs:
-            raise SlurmError(f"no such job: {job_id}")
+            raise JobGone(f"no such job: {job_id}")
         return self.jobs[job_id]
 
     def signal_job(self, job_id: str, signal: str = "USR1", *, full: bool = False) -> None:
@@ -284,6 +284,21 @@ class FakeSlurmClient:
         self.calls.append(("submit_validation", node, reservation, " ".join(command)))
         job = self.add_job(job_id, [node], state="PENDING", user=service_users()[-1])
         self.jobs[job_id] = dataclasses.replace(job, name=validation_job_name(node))
+        return job_id
+
+    def submit_idle_validation(self, node: str, command: Any, *, qos: str = "", partition: str = "",
+                               time_limit_min: int, start_within_min: int) -> str:
+        from slurmgpu.slurm.owned import ENDED_JOB_STATES, idle_job_name, service_users
+
+        self.node(node)
+        name = idle_job_name(node)
+        active = [j for j in self.jobs.values() if j.name == name and j.state not in ENDED_JOB_STATES]
+        if active:
+            return str(active[0].job_id)
+        job_id = str(1000 + len(self.jobs))
+        self.calls.append(("submit_idle_validation", node, qos or partition, " ".join(command)))
+        job = self.add_job(job_id, [node], state="PENDING", user=service_users()[-1])
+        self.jobs[job_id] = dataclasses.replace(job, name=name)
         return job_id
 
     def all_jobs(self) -> list[Any]:

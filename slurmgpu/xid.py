@@ -12,11 +12,12 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from functools import cache
 from pathlib import Path
 
 from slurmgpu.decision import XID_ACTION_SEVERITY, XID_ACTIONS, Action
+from slurmgpu.record import record
 from slurmgpu.result import Severity
 
 # (the XID actions and their severities are slurmgpu.decision's; these names stay)
@@ -24,7 +25,7 @@ ACTIONS = XID_ACTIONS
 ACTION_SEVERITY = XID_ACTION_SEVERITY
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class XidVariant:
     """An XID whose action depends on the driver's message."""
 
@@ -34,7 +35,7 @@ class XidVariant:
     nvidia: str | None = None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class XidRule:
     """What to do about one XID code."""
 

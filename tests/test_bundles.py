@@ -22,7 +22,6 @@ import zmq
 from slurmgpu import keys, wire
 from slurmgpu.agent import link as link_mod
 from slurmgpu.agent.spool import Spool
-from slurmgpu.collector import bundles as bundles_mod
 from slurmgpu.collector import transport as transport_mod
 from slurmgpu.collector.app import Collector, build_collector
 from slurmgpu.config.schema import CollectorSettings
@@ -147,7 +146,7 @@ def test_a_bundle_is_stored_and_acked_as_its_messages(settings: CollectorSetting
         got = acks(sock)
         assert len(got) == 1, "one ack for the bundle's 41 messages"
         assert sorted(got[0].body["seqs"]) == list(range(1, 42)) and got[0].epoch == "e1"
-        assert got[0].body["bundle"] == bundles_mod.BUNDLE_OFFER_MAX  # (one node)
+        assert got[0].body["bundle"] == CollectorSettings.bundle  # (the default)
         counters = collector.counters
         assert (counters.received, counters.bundles, counters.bundled, counters.stored) == (1, 1, 41, 41)
         sock.send(wire.bundle_frame(NODE, [frame(seq) for seq in range(2, 42)]))  # resent: duplicates
@@ -197,107 +196,33 @@ def test_a_bundle_on_the_events_socket_is_refused(settings: CollectorSettings, d
         collector.close()
 
 
-def test_a_bundle_with_an_event_ends_the_batch(settings: CollectorSettings, dealer: Any) -> None:
-    """A backlog's bundle with an event in it (the events socket was down) is committed and
-    acked at once, like a lone event, not after a thousand more reports."""
-    collector = build_collector(settings)
+@pytest.mark.parametrize("offer", [1, 16, 64])
+def test_every_ack_offers_the_configured_bundle(settings: CollectorSettings, dealer: Any, offer: int) -> None:
+    """``[collector] bundle``: the bundle size every ack offers, whatever the rate or the
+    number of nodes heard."""
+    collector = build_collector(dataclasses.replace(settings, bundle=offer))
     try:
-        sock = dealer()
-        fault = frame(3, wire.EVENT, body={"kind": "xid", "verdict": "FAIL", "findings": []})
-        sock.send(wire.bundle_frame(NODE, [frame(1), frame(2), fault]))
-        for start in range(4, 400, 4):
-            sock.send(wire.bundle_frame(NODE, [frame(seq) for seq in range(start, start + 4)]))
-        wait_until(lambda: collector.transport.sock.poll(0), timeout=BOUND_S, what="queued")
-        time.sleep(0.2)  # (every bundle at the collector: the batch could take them all)
-        assert collector.serve_once(0) == 1, "the first bundle, alone"
-        assert set(stored(settings)) == {1, 2, 3}
-    finally:
-        collector.close()
-
-
-@pytest.mark.parametrize("nodes, offer", [(1, 32), (100, 32), (1000, 6), (5000, 1), (10_000, 1)])
-def test_the_offer_keeps_a_round_over_the_fleet_within_half_the_unreachable_window(
-        settings: CollectorSettings, dealer: Any, nodes: int, offer: int) -> None:
-    """At 20,000 messages a second, 0.2 s heartbeats and 3 of them to be unreachable, a
-    round over the N nodes heard (N bundles) fits in 0.3 s with bundles of 6,000 / N;
-    every ack says so."""
-    collector = build_collector(settings)
-    try:
-        transport = collector.transport
-        transport.seen = {f"n{i}": time.time() for i in range(nodes - 1)}
-        transport.bundles.rate = 20_000.0
-        transport.bundles.busy, transport.bundles.measured_at = 20_000, time.monotonic() - 1.0
-        transport._offer_bundles(transport.bundles.measured_at + 1.0)
-        transport.bundles.next_at = float("inf")  # (no new offer while this test serves)
-        assert transport.bundles.offer == offer
         sock = dealer()
         sock.send(frame(1))
         serve_until(collector, lambda: bool(stored(settings)))
-        assert acks(sock)[0].body["bundle"] == offer
+        sock.send(wire.bundle_frame(NODE, [frame(2), frame(3)]))
+        serve_until(collector, lambda: len(stored(settings)) == 3)
+        assert [env.body["bundle"] for env in acks(sock)] == [offer, offer]
     finally:
         collector.close()
 
 
-def test_the_offer_counts_the_nodes_heard_and_grows_by_at_most_double(
-        settings: CollectorSettings) -> None:
-    """Before any node is heard, the allow-list is the fleet; then the nodes heard (a
-    second collector on the database hears the others). The offer at most doubles a
-    step: right after a start, few nodes are heard yet."""
-    collector = build_collector(settings)
-    try:
-        transport = collector.transport
-        transport.allowed = {f"key{i}".encode(): f"n{i}" for i in range(3000)}
-        transport.seen, transport.bundles.offer, transport.bundles.rate = {}, 0, 20_000.0
-        transport._offer_bundles(time.monotonic())
-        assert transport.bundles.offer == 2  # 6,000 / 3,000 allowed
-        transport.seen = {f"n{i}": time.time() for i in range(100)}
-        offers = []
-        for _ in range(5):
-            transport._offer_bundles(time.monotonic())
-            offers.append(transport.bundles.offer)
-        assert offers == [4, 8, 16, 32, 32]  # (6,000 / 100 heard: the most, step by step)
-    finally:
-        collector.close()
+def test_the_bundle_setting_is_bounded(tmp_path: Path) -> None:
+    """A bundle of 0 or past a frame's MAX_BUNDLE frames: a one-line error at load."""
+    from slurmgpu.config.load import load_config
+    from slurmgpu.errors import ConfigError
 
-
-def test_the_offer_is_measured_by_the_clock(settings: CollectorSettings, dealer: Any) -> None:
-    """The rate behind the offer: messages handled over the time since the last offer,
-    by the clock (what a round takes); too few messages keep the last rate."""
-    collector = build_collector(settings)
-    try:
-        transport = collector.transport
-        transport.bundles.next_at = float("inf")  # (no offer while this test serves)
-        transport.bundles.rate = 1000.0  # (a lower rate is taken at once)
-        sock = dealer()
-        for start in range(1, 400, 20):
-            sock.send(wire.bundle_frame(NODE, [frame(seq) for seq in range(start, start + 20)]))
-        serve_until(collector, lambda: len(stored(settings)) == 400)
-        assert transport.bundles.busy == 400
-        transport._offer_bundles(transport.bundles.measured_at + 2.0)
-        assert transport.bundles.rate == pytest.approx(200.0)
-        assert transport.bundles.busy == 0
-        transport.bundles.busy = bundles_mod.BUNDLE_MIN_SAMPLE - 1
-        transport._offer_bundles(transport.bundles.measured_at + 100.0)
-        assert transport.bundles.rate == pytest.approx(200.0)  # (kept)
-    finally:
-        collector.close()
-
-
-def test_a_fast_second_raises_the_rate_a_quarter_of_the_way(settings: CollectorSettings) -> None:
-    """A rate above the last one counts a quarter (one fast second does not size a whole
-    round's bundles); a slower one counts at once."""
-    collector = build_collector(settings)
-    try:
-        transport = collector.transport
-        transport.bundles.rate = 4000.0
-        rates = []
-        for measured in (12_000, 12_000, 1000, 3000):
-            transport.bundles.busy, transport.bundles.measured_at = measured, time.monotonic() - 1.0
-            transport._offer_bundles(transport.bundles.measured_at + 1.0)
-            rates.append(transport.bundles.rate)
-        assert rates == pytest.approx([6000.0, 7500.0, 1000.0, 1500.0])
-    finally:
-        collector.close()
+    path = tmp_path / "slurmgpu.toml"
+    for bad in (0, wire.MAX_BUNDLE + 1):
+        path.write_text(f"[collector]\nbundle = {bad}\n")
+        with pytest.raises(ConfigError, match=r"bundle") as info:
+            load_config(str(path), environ={})
+        assert "\n" not in str(info.value)
 
 
 def test_the_link_follows_the_offer(spool: Spool, keys_dir: Path) -> None:  # noqa: F811
@@ -362,8 +287,10 @@ def test_a_backlog_drains_in_bundles(settings: CollectorSettings, spool: Spool, 
 def older(monkeypatch: pytest.MonkeyPatch) -> None:
     """Collectors built from now on are as before bundles: acks without ``bundle``, and a
     bundle refused (here as an unexpected type; there as an unknown one), unacked."""
-    monkeypatch.setattr(transport_mod.Transport, "_offer_bundles", lambda self, mono: None)
-    monkeypatch.setattr(transport_mod, "BUNDLE", "no such type")
+    ack_frame = wire.ack_frame
+    monkeypatch.setattr(wire, "ack_frame", lambda *args, bundle=0, **kwargs: ack_frame(*args, **kwargs))
+    monkeypatch.setattr(transport_mod.Transport, "_unbundle", lambda self, _frames, node, *_rest:
+                        self._reject("unexpected_type", node=node, type=wire.BUNDLE))
 
 
 def test_no_bundles_to_a_collector_that_does_not_say_it_takes_them(
@@ -442,7 +369,7 @@ def test_the_simulator_bundles_only_when_the_collector_says_so(simulated: Any) -
     serving, _, fleet = simulated
     with fleet(bundle=8) as sim:
         assert sim.hello(BOUND_S) == 3
-        assert sim.collector_bundle == bundles_mod.BUNDLE_OFFER_MAX
+        assert sim.collector_bundle == CollectorSettings.bundle
         stats = sim.run(1.0, None, window=16, drain_s=BOUND_S)
     assert stats.bundles_sent > 0 and stats.acked == stats.sent == 8 * stats.bundles_sent
     assert max(map(len, sim.inflight)) == 0

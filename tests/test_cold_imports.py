@@ -5,7 +5,9 @@ commands it points at."""
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
+import importlib
 import json
 import os
 import re
@@ -21,6 +23,7 @@ from click.testing import CliRunner
 from slurmgpu.cli import COMMANDS, cli
 from slurmgpu.cli.lazy import LazyCommand, LazyGroup
 from slurmgpu.cli.sim import sim
+from slurmgpu.record import is_record
 from tests.simfixtures import ScenarioFactory, sim_env
 
 REPO = Path(__file__).resolve().parent.parent
@@ -38,11 +41,11 @@ ONE_SHOT_FORBIDDEN = (*FORBIDDEN, "click", "click.*", "structlog", "structlog.*"
 # Runs the real entry point, slurmgpu.cli.main(), and writes sys.modules at the very end:
 # from os._exit (wrapped) for one-shot commands, from atexit otherwise.
 HARNESS = """
-import atexit, json, os, sys
+import atexit, gc, json, os, sys
 
 def record(via):
     with open(os.environ["COLD_OUT"], "w") as fh:
-        json.dump({"via": via, "modules": sorted(sys.modules)}, fh)
+        json.dump({"via": via, "modules": sorted(sys.modules), "gc": gc.isenabled()}, fh)
 
 real_exit = os._exit
 
@@ -94,6 +97,29 @@ def test_check_imports_nothing_it_does_not_use(node_env: dict[str, str], tmp_pat
     assert seen["via"] == "os._exit"
     assert forbidden(seen["modules"], ONE_SHOT_FORBIDDEN) == []
     assert cli_modules(seen["modules"]) == {"slurmgpu.cli.oneshot", "slurmgpu.cli.checkrun", "slurmgpu.cli.loading"}
+    assert seen["gc"] is False  # the cyclic collector only rescans what the imports keep
+
+
+def compiled_dataclasses(modules: list[str]) -> list[str]:
+    """The ``@dataclass`` classes (not records) that ``modules`` of slurmgpu define."""
+    found = []
+    for name in (m for m in modules if m.startswith("slurmgpu.")):
+        module = importlib.import_module(name)
+        found += [f"{name}.{cls.__qualname__}" for cls in vars(module).values()
+                  if isinstance(cls, type) and cls.__module__ == name and dataclasses.is_dataclass(cls)
+                  and not is_record(cls)]
+    return found
+
+
+@pytest.mark.parametrize("command", ["check", "prolog"])
+def test_one_shot_paths_create_records_not_dataclasses(node_env: dict[str, str], tmp_path: Path,
+                                                       command: str) -> None:
+    """``@dataclass`` compiles each class's ``__eq__`` and ``__repr__`` at import; the
+    classes a one-shot command creates share them instead (``slurmgpu.record``)."""
+    args = ["--json", "--node", "gpu-h100-001"] if command == "check" else []
+    proc, seen = run_cold([command, "--config", str(SIM_CONFIG), *args], node_env, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert compiled_dataclasses(seen["modules"]) == []
 
 
 def test_check_logging_its_results_imports_no_structlog(node_env: dict[str, str], tmp_path: Path) -> None:
@@ -125,6 +151,7 @@ def test_hooks_import_nothing_they_do_not_use(node_env: dict[str, str], tmp_path
     assert seen["via"] == "os._exit"
     assert forbidden(seen["modules"], ONE_SHOT_FORBIDDEN) == []
     assert cli_modules(seen["modules"]) == {"slurmgpu.cli.oneshot", "slurmgpu.cli.hooks", "slurmgpu.cli.loading"}
+    assert seen["gc"] is False
     records = [json.loads(line) for line in (tmp_path / "state" / "gate.jsonl").read_text().splitlines()]
     assert [(r["phase"], r["verdict"]) for r in records] == [(phase, "OK")]
     lines = [json.loads(line) for line in proc.stderr.splitlines()]
@@ -150,6 +177,7 @@ def test_top_level_help_imports_no_command(tmp_path: Path) -> None:
     proc, seen = run_cold(["--help"], dict(os.environ), tmp_path)
     assert proc.returncode == 0 and "Commands:" in proc.stdout
     assert seen["via"] == "atexit"  # not a one-shot command: the usual exit
+    assert seen["gc"] is True
     assert cli_modules(seen["modules"]) == {"slurmgpu.cli.common", "slurmgpu.cli.lazy", "slurmgpu.cli.root",
                                             "slurmgpu.cli.loading"}
 

@@ -125,36 +125,6 @@ def test_nodes_acked_within_the_interval_get_no_heartbeat(tmp_path: Path, keys_d
         transport.close()
 
 
-def test_a_batch_ends_after_an_event(tmp_path: Path, keys_dir: Path, ctx: zmq.Context[Any]) -> None:  # noqa: F811
-    """Events first: reports queued before and after an event; the event's batch ends with
-    it (stored and acked at once), the reports behind it come in the next batch."""
-    from slurmgpu.collector.app import build_collector
-    from slurmgpu.wire import ACK, EVENT
-
-    cfg = make_settings(tmp_path, keys_dir)
-    collector = build_collector(cfg)
-    try:
-        agent = Agent(ctx, cfg, keys_dir, "gpu-a")
-        for seq in range(1, 41):
-            agent.report(seq)
-        agent.send(EVENT, 41, {"verdict": "FAIL", "findings": [], "kind": "xid", "gpu": 3, "data": 79})
-        for seq in range(42, 81):
-            agent.report(seq)
-        acks: list[list[int]] = []
-        deadline = time.monotonic() + 10
-        time.sleep(0.5)  # (all queued at the collector before it reads: one batch without the rule)
-        while sum(map(len, acks)) < 80 and time.monotonic() < deadline:
-            collector.serve_once(100)
-            while (env := agent.recv(0.05)) is not None:
-                assert env.type == ACK
-                acks.append(list(env.body["seqs"]))
-        assert sorted(s for a in acks for s in a) == list(range(1, 81))
-        assert not any(41 in a and 42 in a for a in acks), acks
-        assert any(a[-1] == 41 for a in acks)
-    finally:
-        collector.close()
-
-
 def test_the_intervals_work_is_spread_over_loop_turns(tmp_path: Path, keys_dir: Path) -> None:  # noqa: F811
     """At 10,000 nodes one interval's heartbeat bookkeeping at once held the loop (and an
     event's batch behind it) for ~180 ms: each turn records at most HEARD_PER_TURN heard

@@ -1,8 +1,8 @@
 """Issue 15, live events during a backlog drain: events and command results have a
-socket of their own (``[collector] events_port``). The collector reads it before every
-batch, so an event is stored and acked in a batch of its own however many reports the
-fleet has queued on the main socket; the agent's link falls back to the main socket
-when the events socket is not there, drops, or does not ack.
+socket of their own (``[collector] events_port``). The collector reads it once every loop
+turn and stores and acks what it holds in a batch of its own, before the turn's reports,
+however many the fleet has queued on the main socket; the agent's link falls back to the
+main socket when the events socket is not there, drops, or does not ack.
 
 Real ZeroMQ, real CURVE keys, real collectors (``build_collector``) on SQLite files;
 every wait polls for the effect itself (rows, the spool, a counter bumped before it).
@@ -86,22 +86,24 @@ def flood(keys_dir: Path, address: str, count: int) -> zmq.Socket[Any]:  # noqa:
 def event_served_alone(collector: Collector, settings: CollectorSettings, spool: Spool,  # noqa: F811
                        links: Any) -> Any:
     """An event sent on the events socket by NODE's link; the collector's next loop turn
-    stores it alone. Returns the link."""
+    stores it, in a batch of its own. Returns the link."""
     link = links(settings.addresses[0], settings.events_port)
     fault = event(spool)
     link.wake()
     wait_until(lambda: link.events_sent == 1, timeout=BOUND_S, what="the event sent on the events socket")
     wait_until(lambda: collector.transport.events_sock.poll(0), timeout=BOUND_S,  # type: ignore[union-attr]
                what="the event queued at the collector")
-    assert collector.serve_once(0) == 1  # the event alone
+    batches = collector.counters.batches
+    collector.serve_once(0)
     assert stored(settings, NODE, spool.epoch) == {fault: "event"}
+    assert collector.counters.batches - batches in (1, 2)  # the event's, then the reports'
     return link
 
 
 def test_the_event_is_acked_in_a_batch_of_its_own_ahead_of_the_queue(
         settings: CollectorSettings, keys_dir: Path, spool: Spool, links: Any) -> None:  # noqa: F811
     """Reports queued on the main socket, an event on the events socket: the collector's
-    next batch is the event alone, stored and acked before any of the reports."""
+    next turn stores and acks the event, and at most a batch of the reports."""
     keys.add_node(keys_dir, OTHER)
     collector = build_collector(settings)
     backlog = flood(keys_dir, settings.addresses[0], 300)
@@ -109,7 +111,7 @@ def test_the_event_is_acked_in_a_batch_of_its_own_ahead_of_the_queue(
         assert collector.transport.events_sock is not None
         wait_until(lambda: collector.transport.sock.poll(0), timeout=BOUND_S, what="reports queued")
         link = event_served_alone(collector, settings, spool, links)
-        assert stored(settings, OTHER) == {}
+        assert len(stored(settings, OTHER)) <= transport_mod.MAX_BATCH
         wait_until(lambda: spool.pending() == [] and spool.count() == 0, timeout=BOUND_S,
                    what="the event's ack, on the events socket")
         deadline = time.monotonic() + BOUND_S
@@ -117,36 +119,6 @@ def test_the_event_is_acked_in_a_batch_of_its_own_ahead_of_the_queue(
             collector.serve_once(50)
         assert len(stored(settings, OTHER)) == 300  # then the reports, every one
         assert link.events_fallbacks == 0
-    finally:
-        backlog.close(linger=0)
-        collector.close()
-
-
-def test_while_the_wal_is_started_over_events_are_stored_and_reports_wait(
-        settings: CollectorSettings, keys_dir: Path, spool: Spool, links: Any,  # noqa: F811
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The store holding bulk batches (its WAL being started over, ``Store.wal_holding``):
-    the loop reads the events socket alone, so a live node's event is stored and acked
-    meanwhile; the reports queued on the main socket are stored once the hold ends."""
-    keys.add_node(keys_dir, OTHER)
-    collector = build_collector(settings)
-    backlog = flood(keys_dir, settings.addresses[0], 50)
-    holding = [True]
-    monkeypatch.setattr(collector.fleet.store, "wal_holding", lambda: holding[0])
-    try:
-        assert collector.transport.events_sock is not None
-        wait_until(lambda: collector.transport.sock.poll(0), timeout=BOUND_S, what="reports queued")
-        assert collector.serve_once(0) == 0  # (held: the main socket is not read)
-        event_served_alone(collector, settings, spool, links)
-        wait_until(lambda: spool.count() == 0, timeout=BOUND_S, what="the event's ack")
-        for _ in range(5):
-            collector.serve_once(10)
-        assert stored(settings, OTHER) == {}  # still held
-        holding[0] = False
-        deadline = time.monotonic() + BOUND_S
-        while len(stored(settings, OTHER)) < 50 and time.monotonic() < deadline:
-            collector.serve_once(50)
-        assert len(stored(settings, OTHER)) == 50
     finally:
         backlog.close(linger=0)
         collector.close()
@@ -264,15 +236,15 @@ def test_events_port_in_the_config(tmp_path: Path) -> None:
     assert "\n" not in str(info.value)
 
 
-def test_batches_read_longer_on_postgresql(tmp_path: Path, keys_dir: Path, store_url: str) -> None:  # noqa: F811
-    """A batch's fixed cost on PostgreSQL is a dozen round trips: its batches read for up
-    to 50 ms, SQLite's for 10 (an event waits for at most about twice that)."""
+def test_batches_are_smaller_on_postgresql(tmp_path: Path, keys_dir: Path, store_url: str) -> None:  # noqa: F811
+    """A PostgreSQL batch's commit takes longer (two collectors, a dozen round trips): its
+    batches hold MAX_BATCH_POSTGRES messages, so a live event waits less behind one."""
     settings = dataclasses.replace(_settings(tmp_path, keys_dir, events_port=0), db=store_url)
     collector = build_collector(settings)
     try:
-        expected = transport_mod.MAX_BATCH_READ_S_POSTGRES if store_url.startswith("postgresql") \
-            else transport_mod.MAX_BATCH_READ_S
-        assert collector.transport.max_batch_read_s == expected
+        expected = transport_mod.MAX_BATCH_POSTGRES if store_url.startswith("postgresql") \
+            else transport_mod.MAX_BATCH
+        assert collector.transport.max_batch == expected < 1000
     finally:
         collector.close()
 
@@ -303,6 +275,9 @@ class _Queue:
             raise zmq.Again()
         return self.frames.pop(0)
 
+    def poll(self, timeout_ms: int = 0) -> int:
+        return zmq.POLLIN if self.frames else 0
+
 
 class _Batches:
     """A Handler that stores everything and records each batch's message types."""
@@ -322,10 +297,10 @@ class _Batches:
 
 def test_a_flood_of_events_does_not_starve_the_reports(
         settings: CollectorSettings, keys_dir: Path) -> None:  # noqa: F811
-    """A node sending nothing but events on the events socket: a batch of events alone is
-    never followed by another, and the batch after it reads only reports, so the reports
-    queued on the main socket are read every other batch however long the flood lasts."""
-    transport = transport_mod.Transport(settings, transport_mod.Counters())
+    """A node sending nothing but events on the events socket: every loop turn reads at
+    most MAX_EVENTS_PER_BATCH of them and some of the reports queued on the main socket,
+    so the reports are read every turn however long the flood lasts."""
+    transport = transport_mod.Transport(settings, transport_mod.Counters(), max_batch=50, max_batch_read_s=0)
     sockets = transport.sock, transport.events_sock
     try:
         user = keys.client_keys(keys_dir / "bundles" / NODE)[0].decode()
@@ -341,39 +316,24 @@ def test_a_flood_of_events_does_not_starve_the_reports(
         transport.sock = _Queue(reports)  # type: ignore[assignment]
         transport._send = lambda *_args: True  # type: ignore[method-assign]
         handler = _Batches()
-        while reports:
-            transport._drain_batch(handler)  # type: ignore[arg-type]
-            assert len(handler.batches) < 40, "the reports are starved"
+        turns = 0
+        while reports and turns < 20:
+            transport._turn(handler)  # type: ignore[arg-type]
+            turns += 1
+        assert not reports, "the reports are starved"
         assert flood_frames, "the reports waited for the whole flood"
-        for first, second in zip(handler.batches[::2], handler.batches[1::2], strict=False):
-            assert set(first) == {"event"} and set(second) == {"report"}  # events, then reports
-        transport._drain_batch(handler)  # type: ignore[arg-type]
-        assert set(handler.batches[-1]) == {"event"}  # and the flood goes on
+        # events, then reports (EVENTS_PEEK_EVERY of them: more events wait)
+        assert [set(b) for b in handler.batches] == [{"event"}, {"report"}] * turns
+        assert {len(b) for b in handler.batches[::2]} == {transport_mod.MAX_EVENTS_PER_BATCH}
     finally:
         transport.sock, transport.events_sock = sockets
         transport.close()
 
 
-class _Late(_Queue):
-    """An events socket whose frames arrive once the batch has begun: empty when the
-    batch starts (its first read), then the frames."""
-
-    def __init__(self, frames: list[list[_Frame]]) -> None:
-        super().__init__(frames)
-        self.reads = 0
-
-    def recv_multipart(self, flags: int = 0, copy: bool = True) -> list[_Frame]:
-        self.reads += 1
-        if self.reads == 1:
-            raise zmq.Again()
-        return super().recv_multipart(flags, copy)
-
-
-def test_an_event_taken_while_a_batch_reads_is_stored_and_acked_before_it(
+def test_a_turns_events_are_stored_and_acked_before_its_reports(
         settings: CollectorSettings, keys_dir: Path) -> None:  # noqa: F811
-    """Reports queued on the main socket; an event reaches the events socket after the
-    batch began: the batch stops reading, the event is committed alone and acked, and only
-    then are the reports read before it committed (and acked)."""
+    """Reports queued on the main socket, an event on the events socket: the loop turn
+    commits and acks the event alone, and only then the reports it read."""
     transport = transport_mod.Transport(settings, transport_mod.Counters())
     sockets = transport.sock, transport.events_sock
     try:
@@ -384,7 +344,7 @@ def test_an_event_taken_while_a_batch_reads_is_stored_and_acked_before_it(
                     _Frame(wire.message_frame(wire.REPORT, NODE, seq, {"verdict": "OK", "findings": []},
                                               epoch="backlog"), user)]
                    for seq in range(1, 201)]
-        transport.events_sock = _Late([[_Frame(b"\x00ev", user), _Frame(fault, user)]])  # type: ignore[assignment]
+        transport.events_sock = _Queue([[_Frame(b"\x00ev", user), _Frame(fault, user)]])  # type: ignore[assignment]
         transport.sock = _Queue(reports)  # type: ignore[assignment]
         steps: list[str] = []
 
@@ -402,11 +362,47 @@ def test_an_event_taken_while_a_batch_reads_is_stored_and_acked_before_it(
             return commit(batch, now)
 
         handler.commit = record  # type: ignore[method-assign]
-        transport._drain_batch(handler)  # type: ignore[arg-type]
-        assert steps[:2] == ["commit event", "ack live"]
-        assert steps[2] == "commit report" and set(steps[3:]) == {"ack backlog"}
-        assert transport_mod.EVENTS_POLL_EVERY <= len(handler.batches[1]) < 200  # read before the event, no more
-        assert handler.batches[0] == ["event"]
+        transport._turn(handler)  # type: ignore[arg-type]
+        assert steps == ["commit event", "ack live", "commit report", "ack backlog"]
+        assert handler.batches[0] == ["event"] and len(handler.batches[1]) == transport_mod.EVENTS_PEEK_EVERY
+    finally:
+        transport.sock, transport.events_sock = sockets
+        transport.close()
+
+
+class _Trickle(_Queue):
+    """A main socket whose frames come one at a time: empty between two of them."""
+
+    def __init__(self, frames: list[list[_Frame]]) -> None:
+        super().__init__(frames)
+        self.dry = False
+
+    def recv_multipart(self, flags: int = 0, copy: bool = True) -> list[_Frame]:
+        self.dry = not self.dry
+        if self.dry:
+            return super().recv_multipart(flags, copy)
+        raise zmq.Again()
+
+
+def test_a_turn_waits_for_more_reports_before_its_one_commit(
+        settings: CollectorSettings, keys_dir: Path) -> None:  # noqa: F811
+    """Reports arriving one by one (a fleet in steady state): a loop turn reads one, waits
+    out ``max_batch_read_s`` for more, and commits (and acks) what came in one batch,
+    instead of one commit per report."""
+    transport = transport_mod.Transport(settings, transport_mod.Counters(), max_batch_read_s=0.001)
+    sockets = transport.sock, transport.events_sock
+    try:
+        user = keys.client_keys(keys_dir / "bundles" / NODE)[0].decode()
+        reports = [[_Frame(b"\x00rp", user),
+                    _Frame(wire.message_frame(wire.REPORT, NODE, seq, {"verdict": "OK", "findings": []},
+                                              epoch="steady"), user)]
+                   for seq in (1, 2)]
+        transport.sock = _Trickle(reports)  # type: ignore[assignment]
+        transport.events_sock = _Queue([])  # type: ignore[assignment]
+        transport._send = lambda *_args: True  # type: ignore[method-assign]
+        handler = _Batches()
+        assert transport._turn(handler) == 2  # type: ignore[arg-type]
+        assert handler.batches == [["report", "report"]]
     finally:
         transport.sock, transport.events_sock = sockets
         transport.close()

@@ -389,7 +389,7 @@ def test_status_and_env_cli(cluster: SimCluster) -> None:
     assert text.returncode == 0 and "gpu-n4" in text.stdout and " up " in text.stdout
     env = {k: v for k, v in os.environ.items() if k not in ("SLURM_CONF", "SLURMGPU_CLUSTER_DIR")}
     shell = (f'eval "$("{sys.executable}" -m slurmgpu sim cluster env --dir {cluster.dir})" && '
-             'sinfo -h -N -o %N && echo "$SLURMGPU_CLUSTER_DIR"')
+             'sinfo -h -N -p gpu -o %N && echo "$SLURMGPU_CLUSTER_DIR"')
     out = subprocess.run(["sh", "-c", shell], env=env, capture_output=True, text=True,
                          timeout=30, check=True).stdout.split()
     assert out == [*cluster.nodes, str(cluster.dir)]

@@ -122,11 +122,11 @@ def test_the_collector_refuses_an_unreachable_postgresql_with_one_line(tmp_path:
 
 def test_the_collector_checkpoints_the_wal_in_a_thread_of_its_own(tmp_path: Path) -> None:
     """Issue 15: WAL checkpoints (and their fsyncs) happen in a background thread, not in
-    the collector's commits; the writer's own automatic checkpoint stays as a backstop."""
+    the collector's commits; the writer's own automatic checkpoint runs only past RESTART_PAGES."""
     import os
     import time
 
-    from slurmgpu.collector.store.walcheckpoint import BACKSTOP_PAGES
+    from slurmgpu.collector.store.walcheckpoint import RESTART_PAGES
     from slurmgpu.wire import EVENT, Envelope
 
     store = Store(tmp_path / "fleet.db")
@@ -135,7 +135,7 @@ def test_the_collector_checkpoints_the_wal_in_a_thread_of_its_own(tmp_path: Path
         store.checkpoint_in_background()
         checkpointer = store._checkpointer
         assert checkpointer is not None and checkpointer.is_alive()
-        assert int(store.db.execute("PRAGMA wal_autocheckpoint").fetchone()[0]) == BACKSTOP_PAGES
+        assert int(store.db.execute("PRAGMA wal_autocheckpoint").fetchone()[0]) == RESTART_PAGES
         body = {"verdict": "OK", "findings": [], "kind": "xid", "gpu": 0, "data": 13, "pad": "x" * 4000}
         for batch in range(20):
             store.store_batch([(f"n{i}", Envelope(type=EVENT, node=f"n{i}", seq=batch + 1, body=body))

@@ -275,7 +275,7 @@ def test_unstorable_message_is_rejected_not_fatal(rig: tuple[Collector, Agent, A
         env, body = real_decode(data)
         return (replace(env, ts=math.nan) if env.body.get("kind") == "poison" else env), body
 
-    monkeypatch.setattr(transport_mod, "decode_received", lax_decode)
+    monkeypatch.setattr(wire, "decode_received", lax_decode)
     bad.send(EVENT, 7, {"kind": "poison", "verdict": "FAIL", "findings": []})
     for seq in (1, 2, 3):
         good.report(seq)
@@ -357,9 +357,9 @@ def test_the_validated_summary_cache_is_bounded_in_bytes() -> None:
 
 
 def test_one_peers_large_frames_end_the_batch(rig: tuple[Collector, Agent, Agent]) -> None:
-    """A node sending frames at the size limit gets at most MAX_PEER_BATCH_BYTES into one
-    batch (one transaction before any ack), so the other nodes' acks wait for two such
-    frames' work, not a thousand; the rest are read by the following batches."""
+    """A node sending frames at the size limit gets at most MAX_BATCH_BYTES into one batch
+    (one transaction before any ack), so the other nodes' acks wait for two such frames'
+    work, not a thousand; the rest are read by the following batches."""
     collector, bad, good = rig
     filler = [{"check": "x.y", "severity": "WARN", "gpu": 0, "subject": None, "message": "m" * 60_000}
               for _ in range(15)]
@@ -368,7 +368,7 @@ def test_one_peers_large_frames_end_the_batch(rig: tuple[Collector, Agent, Agent
     time.sleep(0.5)  # most likely all eight queued at the collector by now (fewer: still <= 3)
     handled = collector.serve_once(10_000)  # (on a loaded machine: waits for the first one)
     # frames are read until this peer's share reaches the bound: 3 x ~900 KB >= 2 MiB
-    assert 1 <= handled <= 3 and transport_mod.MAX_PEER_BATCH_BYTES == 2 * wire.MAX_FRAME
+    assert 1 <= handled <= 3 and transport_mod.MAX_BATCH_BYTES == 2 * wire.MAX_FRAME
     good.report(1)
     serve_until(collector, 9)
     assert good.acked(5) == [1]

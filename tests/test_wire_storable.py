@@ -18,7 +18,6 @@ import msgpack
 import pytest
 
 from slurmgpu import wire
-from slurmgpu.collector import transport as transport_mod
 from slurmgpu.collector.app import Collector
 from slurmgpu.collector.store import Store
 from slurmgpu.wire import REPORT, WireError, decode_received
@@ -129,8 +128,8 @@ def test_a_message_the_store_refuses_costs_its_batch_a_few_transactions(
         env, body = real_decode(data)
         return (replace(env, seq=2**63 + env.seq) if (env.node, env.seq) == ("gpu-a", 7) else env), body
 
-    monkeypatch.setattr(transport_mod, "decode_received", lax_decode)
-    monkeypatch.setattr(collector.transport, "max_batch_read_s", 30.0)  # (a loaded machine: still one batch)
+    monkeypatch.setattr(wire, "decode_received", lax_decode)
+    monkeypatch.setattr(collector.transport, "max_batch_read_s", 2.0)  # (a loaded machine: still one batch)
     good.report(1)
     bad.report(1)  # (both connections up: the batch below arrives whole)
     serve_until(collector, 2)

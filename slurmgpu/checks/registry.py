@@ -19,16 +19,17 @@ import contextlib
 import fnmatch
 import re
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from slurmgpu.config.schema import Settings
 from slurmgpu.facts import GpuFacts, NodeFacts
+from slurmgpu.record import record
 from slurmgpu.result import Finding, Severity
 from slurmgpu.xid import XidPolicy
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CheckContext:
     """What a check reads: the facts, the settings, the XID policy."""
 
@@ -50,7 +51,7 @@ class CheckContext:
 CheckFunc = Callable[[CheckContext], Iterable[Finding]]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Origin:
     """Where a plugin check comes from. ``entry_point`` is empty for a check registered
     by a module imported some other way (then ``value`` is that module's name)."""
@@ -70,7 +71,7 @@ class Origin:
                 "version": self.version}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CheckSpec:
     """A registered check: its id, function, severity and the facts it reads."""
 
@@ -103,7 +104,7 @@ _PLUGIN_ID = re.compile(rf"{_ID_PART}(?:\.{_ID_PART})+")
 _REGISTRY: dict[str, CheckSpec] = {}
 
 
-@dataclass
+@record
 class _Scope:
     """The checks one origin (built-in or a plugin) registered."""
 

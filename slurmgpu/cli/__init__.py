@@ -13,6 +13,7 @@ report either.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from typing import Any, NoReturn
@@ -35,6 +36,9 @@ def __getattr__(name: str) -> Any:
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if args and args[0] in ONE_SHOT:
+        # A one-shot run makes next to no cyclic garbage: the collector would only rescan,
+        # dozens of times, the objects its imports make to keep (docs/benchmarks.md).
+        gc.disable()
         from slurmgpu.cli.oneshot import run
 
         fast = run(args)

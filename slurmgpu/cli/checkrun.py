@@ -78,7 +78,9 @@ def run_check(config_file: str | None, gpus: str | None, node: str | None, xids:
         log.configure(log_level, lean=True)
         log.log_verdict(verdict, phase="check")
     if as_json:
-        print(json.dumps(verdict_json(verdict, facts.to_json(), scope, duration_ms), indent=2), flush=True)
+        document = verdict_json(verdict, facts.to_json(), scope, duration_ms)
+        # Fresh dicts and lists, a tree: no reference cycle for json to look for.
+        print(json.dumps(document, indent=2, check_circular=False), flush=True)
     else:
         print(render_table(verdict, show_all=show_all, duration_ms=duration_ms), flush=True)
     from slurmgpu.sources.deadline import leave_if_stuck

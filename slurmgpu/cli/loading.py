@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from slurmgpu.record import record
 
 if TYPE_CHECKING:
     from slurmgpu.config.load import LoadedConfig
     from slurmgpu.config.schema import Settings
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Loaded:
     """The config as read, and the settings a command runs with."""
 

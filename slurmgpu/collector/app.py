@@ -34,8 +34,6 @@ from slurmgpu.collector.store.backend import is_postgres
 from slurmgpu.collector.transport import (
     MAX_BATCH,
     MAX_BATCH_POSTGRES,
-    MAX_BATCH_READ_S,
-    MAX_BATCH_READ_S_POSTGRES,
     CollectorError,
     Transport,
 )
@@ -162,10 +160,9 @@ def build_collector(settings: CollectorSettings, *, automation: AutomationSettin
     ``[automation]`` (or its state directory not writable)."""
     counters = Counters()
     postgres = is_postgres(str(store.path if store else settings.db))
-    read_s = MAX_BATCH_READ_S_POSTGRES if postgres else MAX_BATCH_READ_S
     if max_batch is None:
         max_batch = MAX_BATCH_POSTGRES if postgres else MAX_BATCH
-    transport = Transport(settings, counters, max_batch=max_batch, max_batch_read_s=read_s)
+    transport = Transport(settings, counters, max_batch=max_batch)
     with contextlib.ExitStack() as undo:
         undo.callback(transport.close)
         own_store = store is None

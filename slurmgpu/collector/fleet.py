@@ -268,10 +268,6 @@ class Fleet:
         self.allowed = allowed
         self._automation_fleet_size()
 
-    def holding(self) -> bool:
-        """Whether bulk batches wait now: the store's WAL being started over."""
-        return self.store.wal_holding()
-
     def heard(self, nodes: set[str], now: float) -> bool:
         """Nodes heard by heartbeat: their ``last_seen`` (and reachability) in one write."""
         try:
@@ -376,7 +372,6 @@ class Fleet:
         """Every loop turn: released drains, checkpoint deadlines, Slurm's node states; when
         due: unreachable nodes, pruning, the stats line."""
         mono = time.monotonic()
-        self.store.wal_turn()
         if self._leading():
             self._leader_tick(mono)
         elif self.poller is not None:

@@ -19,16 +19,16 @@ import dataclasses
 import functools
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from slurmgpu.errors import ConfigError
+from slurmgpu.record import record
 
 if TYPE_CHECKING:
     from slurmgpu.config.schema import Range, Settings
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class EnvVar:
     """One ``SLURMGPU_*`` variable and the setting it overrides."""
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from slurmgpu.config.tomltext import quote
+from slurmgpu.record import record
 
 # A [[hosts]] hostlist is expanded into a set of names when it is parsed, so a typo such as
 # "gpu-[1-99999999]" would hang every hook; its size is counted from the text first.
@@ -22,7 +23,7 @@ Table = dict[str, Any]
 Tables = dict[str, Table]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class HostSection:
     """One ``[[hosts]]`` section: its nodes and the tables it sets."""
 
@@ -65,7 +66,7 @@ class HostSection:
 
 # A node name that ClusterShell reads as itself (no brackets, set operators, commas or
 # spaces): its membership in a hostlist is membership in the hostlist's expanded names.
-_PLAIN_NODE_RE = re.compile(r"[A-Za-z0-9_.-]+")
+_PLAIN_NODE_RE = r"[A-Za-z0-9_.-]+"
 
 
 class HostIndex:
@@ -81,7 +82,7 @@ class HostIndex:
         """The sections naming ``node``, in file order (as ``HostSection.matches``)."""
         if not self.hosts:
             return []
-        if not _PLAIN_NODE_RE.fullmatch(node):
+        if not re.fullmatch(_PLAIN_NODE_RE, node):
             return [h for h in self.hosts if h.matches(node)]
         if self._names is None:
             self._names = [h.names() for h in self.hosts]
@@ -114,7 +115,7 @@ def parse_nodeset(nodes: str) -> Any:
     return nodeset
 
 
-_RANGE_ITEM_RE = re.compile(r"\s*(\d+)(?:-(\d+))?(?:/(\d+))?\s*")
+_RANGE_ITEM_RE = r"\s*(\d+)(?:-(\d+))?(?:/(\d+))?\s*"
 
 
 def hostlist_size_bound(nodes: str) -> int:
@@ -138,7 +139,7 @@ def _element_size_bound(element: str) -> int:
     for group in re.findall(r"\[([^\[\]]*)\]", element):
         count = 0
         for item in group.split(","):
-            m = _RANGE_ITEM_RE.fullmatch(item)
+            m = re.fullmatch(_RANGE_ITEM_RE, item)
             if not m:
                 continue
             lo, hi, step = m.groups()

@@ -20,7 +20,7 @@ import re
 import tomllib
 import types
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Annotated, Any, Union, get_args, get_origin
 
 from slurmgpu.config.env import CONFIG_ENV, DEFAULT_CONFIG_PATH, apply_env, apply_flags, overrides
@@ -29,6 +29,7 @@ from slurmgpu.config.schema import Range, Settings
 from slurmgpu.config.tomltext import format_value, quote
 from slurmgpu.config.validate import IB_COUNTERS, Validator, type_hints
 from slurmgpu.errors import ConfigError
+from slurmgpu.record import record
 
 __all__ = [
     "DEFAULT_PATH",
@@ -60,7 +61,7 @@ MAX_CONFIG_BYTES = 1024 * 1024
 # --------------------------------------------------------------------------- public model
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ExplainRow:
     """One effective setting and where its value came from."""
 
@@ -69,7 +70,7 @@ class ExplainRow:
     source: str  # "default", "top-level" or a section label: "hosts[1] (gpu-h100-[001-128])"
 
 
-@dataclass
+@record
 class LoadedConfig:
     """A validated config file: its top-level tables and host sections."""
 
@@ -249,7 +250,7 @@ def _toml_error_line(message: str, text: str) -> int:
     return max((i for i, line in enumerate(lines, 1) if line.strip()), default=1)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class NumericSetting:
     """One numeric setting of the schema and its Range (``slurmgpu config ranges``)."""
 

@@ -16,11 +16,13 @@ caused it. ``slurmgpu config ranges`` prints them all (docs/config-ranges.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Annotated, Literal
 
+from slurmgpu.record import record
 
-@dataclass(frozen=True)
+
+@record(frozen=True)
 class Range:
     """The allowed values of a numeric setting: ``lo <= value <= hi``, finite. ``off``:
     one more value outside that span that means "disabled" (``slurm_poll_s = 0``), so
@@ -65,7 +67,7 @@ SeverityName = Literal["warn", "fail"]
 MigMode = Literal["disabled", "enabled", "any"]
 
 
-@dataclass
+@record
 class GpuSettings:
     """The ``[gpu]`` table: how many GPUs, persistence mode, MIG."""
 
@@ -80,7 +82,7 @@ class GpuSettings:
     model: list[str] = field(default_factory=list)
 
 
-@dataclass
+@record
 class PinSettings:
     """Accepted versions. Each entry is an exact version ("550.54.15"), a glob ("550.*")
     or a minimum (">=2.21"). An empty list means not pinned."""
@@ -97,7 +99,7 @@ class PinSettings:
     severity: SeverityName = "fail"
 
 
-@dataclass
+@record
 class EccSettings:
     """The ``[ecc]`` table: ECC mode and error-counter limits."""
 
@@ -114,7 +116,7 @@ class EccSettings:
     sram_threshold_severity: SeverityName = "fail"
 
 
-@dataclass
+@record
 class MemorySettings:
     """The ``[memory]`` table: retired pages and row remapping."""
 
@@ -126,7 +128,7 @@ class MemorySettings:
     pending_severity: SeverityName = "fail"
 
 
-@dataclass
+@record
 class ThermalSettings:
     """The ``[thermal]`` table: temperatures and clock brakes."""
 
@@ -147,7 +149,7 @@ class ThermalSettings:
     brake_resample_s: Annotated[float, Range(0, 5)] = 1.0
 
 
-@dataclass
+@record
 class PcieSettings:
     """The ``[pcie]`` table: link generation, width and replays."""
 
@@ -165,7 +167,7 @@ class PcieSettings:
     replay_severity: SeverityName = "warn"
 
 
-@dataclass
+@record
 class NvlinkSettings:
     """The ``[nvlink]`` table: NVLink state and error counters."""
 
@@ -178,7 +180,7 @@ class NvlinkSettings:
     errors_severity: SeverityName = "warn"
 
 
-@dataclass
+@record
 class FabricSettings:
     """The ``[fabric]`` table: the NVSwitch fabric."""
 
@@ -186,7 +188,7 @@ class FabricSettings:
     required: bool | None = None
 
 
-@dataclass
+@record
 class IbSettings:
     """The ``[ib]`` table: InfiniBand ports, rates and counters."""
 
@@ -240,7 +242,7 @@ class IbSettings:
 XidAction = Literal["ignore", "warn", "checkpoint", "drain", "reset", "reboot"]
 
 
-@dataclass
+@record
 class XidSettings:
     """The ``[xid]`` table: the XID policy and the kernel-log look-back."""
 
@@ -253,7 +255,7 @@ class XidSettings:
     kernel_log_lookback_s: Annotated[float, Range(0, 7 * 86400)] = 3600.0
 
 
-@dataclass
+@record
 class DiskSettings:
     """host.disk (NHC's check_fs_free and check_fs_mount_rw)."""
 
@@ -265,7 +267,7 @@ class DiskSettings:
     free_severity: SeverityName = "fail"
 
 
-@dataclass
+@record
 class ServicesSettings:
     """host.services: systemd units the GPUs depend on, read with ``systemctl show``."""
 
@@ -283,7 +285,7 @@ class ServicesSettings:
     timeout_s: Annotated[float, TIMEOUT] = 3.0
 
 
-@dataclass
+@record
 class NvswitchSettings:
     """The ``[nvswitch]`` table: NVSwitch SXids."""
 
@@ -292,7 +294,7 @@ class NvswitchSettings:
     nonfatal_window_s: Annotated[float, Range(1, 30 * DAY)] = 3600.0
 
 
-@dataclass
+@record
 class RdmaSettings:
     """The ``[rdma]`` table: GPUDirect RDMA."""
 
@@ -302,7 +304,7 @@ class RdmaSettings:
     gpudirect_severity: SeverityName = "fail"
 
 
-@dataclass
+@record
 class ChecksSettings:
     """The ``[checks]`` table: disabled checks and site plugins."""
 
@@ -313,7 +315,7 @@ class ChecksSettings:
     plugins: bool = True
 
 
-@dataclass
+@record
 class NvmlSettings:
     """The ``[nvml]`` table: the NVML library."""
 
@@ -327,7 +329,7 @@ class NvmlSettings:
     query_deadline_s: Annotated[float, Range(0.1, 600)] = 5.0
 
 
-@dataclass
+@record
 class VersionsSettings:
     """The ``[versions]`` table: where software versions are read."""
 
@@ -339,7 +341,7 @@ class VersionsSettings:
 OnError = Literal["fail-open", "fail-closed"]
 
 
-@dataclass
+@record
 class PrologSettings:
     """The ``[prolog]`` table: the Prolog hook."""
 
@@ -354,7 +356,7 @@ class PrologSettings:
     drain: bool = True
 
 
-@dataclass
+@record
 class EpilogSettings:
     """The ``[epilog]`` table: the Epilog hook."""
 
@@ -372,7 +374,7 @@ class EpilogSettings:
         "slurmgpu", "nvidia-persistenced", "nv-hostengine", "dcgm"])
 
 
-@dataclass
+@record
 class HealthcheckSettings:
     """The ``[healthcheck]`` table: the HealthCheckProgram hook."""
 
@@ -380,7 +382,7 @@ class HealthcheckSettings:
     resume: bool = True
 
 
-@dataclass
+@record
 class SlurmSettings:
     """The ``[slurm]`` table: how slurmgpu talks to Slurm."""
 
@@ -395,7 +397,7 @@ class SlurmSettings:
     command_timeout_s: Annotated[float, TIMEOUT] = 4.0
 
 
-@dataclass
+@record
 class PathsSettings:
     """The ``[paths]`` table: state directory and kernel log."""
 
@@ -405,7 +407,7 @@ class PathsSettings:
     kmsg: str = "/dev/kmsg"
 
 
-@dataclass
+@record
 class AgentSettings:
     """The ``[agent]`` table: the node agent."""
 
@@ -443,7 +445,7 @@ class AgentSettings:
     fallback_signal: str = "USR1"
 
 
-@dataclass
+@record
 class CollectorSettings:
     """The ``[collector]`` table: the fleet collector."""
 
@@ -483,6 +485,10 @@ class CollectorSettings:
     # collector runs without it (logged) when it cannot bind it; agents send there only
     # once connected, so a closed port costs nothing but the latency it was meant to save.
     events_port: Annotated[int, Range(0, 65535)] = 7151
+    # Frames an agent draining a backlog may send in one message (its acks offer this);
+    # 1 = one at a time. A round over the fleet's backlogs (nodes x bundle frames) should
+    # take well under the unreachable window at the drain rate (docs/benchmarks.md).
+    bundle: Annotated[int, Range(1, 256)] = 16
     # `slurmgpu validate` results: a node this fraction below the fleet median (same GPU
     # model and measurement) gets a validate.straggler WARN, once this many nodes have results.
     straggler_fraction: Annotated[float, FRACTION] = 0.15
@@ -528,7 +534,7 @@ def with_port(endpoint: str, port: int) -> str | None:
 AutomationAction = Literal["none", "warn", "checkpoint", "drain", "drain-now", "reboot"]
 
 
-@dataclass
+@record
 class AutomationSettings:
     """The collector's automatic drains/resumes (``slurmgpu.collector.policy``)."""
 
@@ -570,7 +576,7 @@ class AutomationSettings:
     checkpoint_deadline_s: Annotated[float, Range(1, DAY)] = 300.0
 
 
-@dataclass
+@record
 class ReportSettings:
     """The nightly fleet report (`slurmgpu report-nightly`, daemon/slurmgpu-report.timer)."""
 
@@ -594,7 +600,7 @@ Tier = Literal["quick", "full"]
 BANDWIDTH = Range(0.001, 100_000)  # GB/s or Gb/s: well past any link that exists
 
 
-@dataclass
+@record
 class ValidateSettings:
     """`slurmgpu validate` (docs/validation.md): budgets, floors in GB/s, Gb/s (InfiniBand)
     and TFLOP/s (None: the GPU model's built-in floor), outliers, stragglers."""
@@ -640,7 +646,7 @@ class ValidateSettings:
     idle_partition: str = ""
 
 
-@dataclass
+@record
 class RemediationSettings:
     """Return to service (docs/remediation.md): a node slurmgpu drained passes validation in
     a maintenance reservation before it takes jobs again; on a fail it climbs the ladder
@@ -675,7 +681,7 @@ class RemediationSettings:
     job_program: str = "slurmgpu"
 
 
-@dataclass
+@record
 class Settings:
     """Every table of the config file, each with its defaults."""
 

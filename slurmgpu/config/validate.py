@@ -49,13 +49,13 @@ _MOVED = {
 
 # One [ib] devices entry: "<device glob>" or "<device glob>/<port glob>"; port numbers are
 # decimal, so a port glob holds digits and glob characters only.
-_IB_DEVICE_RE = re.compile(r"[^/\s]+(?:/[0-9*?\[\]!-]+)?")
+_IB_DEVICE_RE = r"[^/\s]+(?:/[0-9*?\[\]!-]+)?"
 # ib.hw_counters_delta_max keys: file names under ports/<n>/hw_counters.
-_HW_COUNTER_RE = re.compile(r"[A-Za-z0-9_]+")
+_HW_COUNTER_RE = r"[A-Za-z0-9_]+"
 
 # [collector] address entries: what an agent's DEALER can connect to.
-_TCP_RE = re.compile(r"tcp://(?:[A-Za-z0-9_.-]+|\[[0-9A-Za-z:.%]+\]):([0-9]{1,5})")
-_IPC_RE = re.compile(r"ipc://\S+")
+_TCP_RE = r"tcp://(?:[A-Za-z0-9_.-]+|\[[0-9A-Za-z:.%]+\]):([0-9]{1,5})"
+_IPC_RE = r"ipc://\S+"
 
 # The bound for a numeric setting the schema gave no Range (a test requires one for each):
 # finite, not negative, and small enough for the int64 columns of the store.
@@ -340,7 +340,7 @@ class Validator:
                 raise self.error(key, err)
         elif setting == "ib.hw_counters_delta_max":
             for k in value:
-                if not _HW_COUNTER_RE.fullmatch(k):
+                if not re.fullmatch(_HW_COUNTER_RE, k):
                     raise self.error((*key, DictKey(k)), "not a hw_counters file name "
                                      '(letters, digits and "_", e.g. "local_ack_timeout_err")')
 
@@ -403,9 +403,9 @@ def endpoint_error(address: str) -> str | None:
     """Why a collector address is not a ZeroMQ endpoint an agent can connect to, or None:
     ``tcp://HOST:PORT`` (HOST a name, an IPv4 address or a bracketed IPv6 one) or
     ``ipc://PATH``."""
-    if _IPC_RE.fullmatch(address):
+    if re.fullmatch(_IPC_RE, address):
         return None
-    found = _TCP_RE.fullmatch(address)
+    found = re.fullmatch(_TCP_RE, address)
     if found is None:
         return (f"not a collector endpoint: {quote(address)}; write \"tcp://HOST:PORT\", "
                 'e.g. "tcp://slurm-head:7150"')
@@ -450,7 +450,7 @@ def _ib_device_error(pattern: str) -> str | None:
     """Why an [ib] devices entry is malformed, or None. fnmatch takes any string, so a
     typo would silently select nothing: reject what cannot name a device or port."""
     example = 'write "<device glob>" or "<device glob>/<port glob>", e.g. "mlx5_0", "mlx5_*/1"'
-    if not _IB_DEVICE_RE.fullmatch(pattern):
+    if not re.fullmatch(_IB_DEVICE_RE, pattern):
         return f"invalid device pattern {quote(pattern)}: {example}"
     for part in pattern.split("/"):
         if part.count("[") != part.count("]"):

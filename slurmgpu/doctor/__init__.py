@@ -22,6 +22,7 @@ from slurmgpu.doctor.collector import (
     check_events_port,
     collector_budget_s,
 )
+from slurmgpu.doctor.idlevalidate import check_idle_validation
 from slurmgpu.doctor.local import check_agent, check_config, check_dirs, check_keys, check_nvml
 from slurmgpu.doctor.model import (
     HEAD,
@@ -54,6 +55,7 @@ CHECKS = (
     Check("keys", check_keys),
     Check("slurm.conf", check_slurm_conf),
     Check("slurm.settings", check_slurm_settings),
+    Check("slurm.preempt", check_idle_validation),
     Check("slurm.hooks", check_slurm_hooks),
     Check("slurm.task_prolog", check_task_prolog),
     # (ping, the Slurm version slurmctld runs, the nodes slurmgpu drained: three scontrol calls)

@@ -369,7 +369,8 @@ def step_xid(demo: Demo) -> None:
         resumed = demo.wait(lambda: _resumed_on(demo, job), demo.timeout + 20, needs=st.ok)
         if resumed:
             where, step_no = resumed
-            demo.effect(st, "resume", where != node and step_no == demo.saved_step,
+            kept = demo.saved_step is not None and step_no >= demo.saved_step
+            demo.effect(st, "resume", where != node and kept,
                         f"job {job} restarted on {where} and resumed from step {step_no} "
                         f"(restart 1)")
         else:

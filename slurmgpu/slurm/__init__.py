@@ -12,7 +12,7 @@ collector's Slurm poll) knows who drained the node; the automation's reasons car
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Protocol
 
 # The reason vocabulary lives in slurmgpu.decision (shared with the collector); the names
@@ -22,6 +22,7 @@ from slurmgpu.decision import TAGGED_ACTORS as TAGGED_ACTORS
 from slurmgpu.decision import actor_tag as actor_tag
 from slurmgpu.decision import reason_actor as reason_actor
 from slurmgpu.errors import SlurmGpuError
+from slurmgpu.record import record
 
 
 class SlurmError(SlurmGpuError):
@@ -37,7 +38,7 @@ class JobGone(SlurmError):
     MinJobAge ago and purged)."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class NodeState:
     name: str
     # Base state, lower case: "idle", "allocated", "mixed", "down", "future", "unknown"...
@@ -63,7 +64,7 @@ class NodeState:
         return bool(self.reason) and self.reason.startswith(REASON_PREFIX)  # type: ignore[union-attr]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class JobInfo:
     job_id: str
     state: str  # upper case: "RUNNING", "PENDING", "COMPLETED", ...
@@ -80,7 +81,7 @@ class JobInfo:
     exit_code: int | None = None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Reservation:
     name: str
     nodes: tuple[str, ...] = ()  # expanded node names
@@ -149,6 +150,14 @@ class SlurmClient(Protocol):
         name and this user is returned instead of submitting another."""
         ...
 
+    def submit_idle_validation(self, node: str, command: Sequence[str], *, qos: str = "", partition: str = "",
+                               time_limit_min: int, start_within_min: int) -> str:
+        """``sbatch --qos/--partition --nodelist=<node> --exclusive --no-requeue
+        --job-name=idle_job_name(node) --deadline --wrap <command>``: a low-priority run
+        that real work preempts; the job id. An active job of that name and this user is
+        returned instead of submitting another."""
+        ...
+
     def all_jobs(self) -> list[JobInfo]:
         """Every job slurmctld still knows (pending, running and recently ended)."""
         ...
@@ -162,5 +171,5 @@ class SlurmClient(Protocol):
 CHANGING_CALLS = frozenset({
     "drain", "resume", "reboot", "signal_job", "requeue", "set_admin_comment",
     "reboot_and_hold", "create_reservation", "delete_reservation", "submit_validation",
-    "cancel_job",
+    "submit_idle_validation", "cancel_job",
 })

@@ -3,9 +3,10 @@
 Only what slurmgpu needs to verify is modelled: ``Key=Value`` settings, last one wins,
 key names case-insensitive (``prologflags`` is ``PrologFlags``), comments, trailing-
 backslash continuations and ``Include`` lines (absolute, or relative to the including
-file's directory; ``%c`` is the cluster name in lower case, as in Slurm's parser). Node, partition and
+file's directory; ``%c`` is the cluster name in lower case, as in Slurm's parser). Node and
 node-set definitions are skipped: their keys (``CPUs=``, ``State=``...) describe one
-node or partition, not the cluster.
+node, not the cluster; partition definitions are kept apart (``SlurmConf.partitions``,
+``PartitionName=DEFAULT`` lines giving the later ones their defaults).
 """
 
 from __future__ import annotations
@@ -53,14 +54,36 @@ class Setting:
         return [item.strip() for item in self.value.split(",") if item.strip()]
 
 
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    options: dict[str, str]  # lower-case key -> value (PriorityTier, PreemptMode, ...)
+    file: str
+    line: int
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
 @dataclass
 class SlurmConf:
     path: str
     settings: dict[str, Setting] = field(default_factory=dict)  # lower-case key -> last setting
     files: list[str] = field(default_factory=list)  # path first, then every included file
+    partitions: dict[str, Partition] = field(default_factory=dict)  # name as written -> partition
+    partition_defaults: dict[str, str] = field(default_factory=dict)  # PartitionName=DEFAULT
 
     def get(self, key: str) -> Setting | None:
         return self.settings.get(key.lower())
+
+    def add_partition(self, pairs: list[tuple[str, str]], file: str, line: int) -> None:
+        options = {key.lower(): value.strip('"') for key, value in pairs[1:]}
+        name = pairs[0][1].strip('"')
+        if name.upper() == "DEFAULT":
+            self.partition_defaults.update(options)
+            return
+        self.partitions[name] = Partition(name, {**self.partition_defaults, **options}, file, line)
 
 
 def find_slurm_conf(explicit: str | None = None,
@@ -101,6 +124,8 @@ def _read(conf: SlurmConf, path: str, depth: int) -> None:
             _read(conf, _expand_include(conf, path, lineno, include.group(1).strip()), depth + 1)
             continue
         pairs = _PAIR.findall(line)
+        if pairs and pairs[0][0].lower() == "partitionname":
+            conf.add_partition(pairs, path, lineno)
         if not pairs or pairs[0][0].lower() in _OBJECT_KEYS:
             continue
         for key, value in pairs:

@@ -1,7 +1,8 @@
 """What slurmgpu creates in Slurm to return a node to service, and how it knows its own.
 
-One naming rule: the maintenance reservation of node N is ``slurmgpu-rts-N`` and its
-validation job ``slurmgpu-validate-N``, submitted by slurmgpu's own user. ``cleanup``
+One naming rule: the maintenance reservation of node N is ``slurmgpu-rts-N``, its
+validation job ``slurmgpu-validate-N`` and its idle-time validation job
+``slurmgpu-idle-validate-N``, submitted by slurmgpu's own user. ``cleanup``
 removes such leftovers (jobs first, then reservations) and never touches a reservation
 or job that does not follow the rule. docs/admin-guide.md, "Return to service".
 """
@@ -17,6 +18,8 @@ from slurmgpu.slurm import JobInfo, Reservation, SlurmClient
 
 RESERVATION_PREFIX = "slurmgpu-rts-"
 VALIDATION_JOB_PREFIX = "slurmgpu-validate-"
+IDLE_JOB_PREFIX = "slurmgpu-idle-validate-"
+JOB_PREFIXES = (VALIDATION_JOB_PREFIX, IDLE_JOB_PREFIX)
 #: How long a reservation lasts when nobody deletes it (a collector that died mid-ladder).
 DEFAULT_RESERVATION_MIN = 120
 DEFAULT_VALIDATION_TIME_MIN = 30
@@ -35,9 +38,13 @@ def validation_job_name(node: str) -> str:
     return f"{VALIDATION_JOB_PREFIX}{node}"
 
 
+def idle_job_name(node: str) -> str:
+    return f"{IDLE_JOB_PREFIX}{node}"
+
+
 def node_of(name: str) -> str | None:
-    """The node a slurmgpu reservation or validation job is for; None for any other name."""
-    for prefix in (RESERVATION_PREFIX, VALIDATION_JOB_PREFIX):
+    """The node a slurmgpu reservation or (idle) validation job is for; None for any other name."""
+    for prefix in (RESERVATION_PREFIX, *JOB_PREFIXES):
         if name.startswith(prefix) and len(name) > len(prefix):
             return name[len(prefix):]
     return None
@@ -54,10 +61,10 @@ def owned_reservation(res: Reservation) -> bool:
 
 
 def owned_job(job: JobInfo, users: Collection[str]) -> bool:
-    """A validation job by name and submitted by one of ``users`` (a user's job that
-    merely borrows the name is not slurmgpu's)."""
+    """A validation or idle validation job by name and submitted by one of ``users`` (a
+    user's job that merely borrows the name is not slurmgpu's)."""
     name = job.name or ""
-    return name.startswith(VALIDATION_JOB_PREFIX) and node_of(name) is not None and job.user in users
+    return name.startswith(JOB_PREFIXES) and node_of(name) is not None and job.user in users
 
 
 def validation_command(tier: str, *, program: Sequence[str] = ("slurmgpu",),

@@ -259,6 +259,12 @@ class PyslurmClient(ClientBase):
         return self.command_client().submit_validation(
             node, command, reservation=reservation, time_limit_min=time_limit_min, output=output)
 
+    def submit_idle_validation(self, node: str, command: Sequence[str], *, qos: str = "", partition: str = "",
+                               time_limit_min: int, start_within_min: int) -> str:
+        return self.command_client().submit_idle_validation(
+            node, command, qos=qos, partition=partition, time_limit_min=time_limit_min,
+            start_within_min=start_within_min)
+
     def all_jobs(self) -> list[JobInfo]:
         return self.command_client().all_jobs()
 

@@ -1,6 +1,6 @@
 """The return-to-service calls of the command-line client: slurmgpu's maintenance
 reservation (``scontrol create|delete reservation``), the validation job (``sbatch``),
-``scancel``. Names: ``slurmgpu.slurm.owned``. ``ReturnToServiceCalls`` is a part of
+``scancel``, and the idle-time validation job (``sbatch --qos/--partition``). Names: ``slurmgpu.slurm.owned``. ``ReturnToServiceCalls`` is a part of
 ``CliSlurmClient``; it runs through the client's ``run`` (retries, deadline)."""
 
 from __future__ import annotations
@@ -12,7 +12,13 @@ from collections.abc import Sequence
 
 from slurmgpu.slurm import JobInfo, Reservation, SlurmError, SlurmUnreachable, common
 from slurmgpu.slurm.common import SlurmCommandError, _check_job, _check_node, _first_line
-from slurmgpu.slurm.owned import ENDED_JOB_STATES, reservation_name, validation_job_name, wrap_text
+from slurmgpu.slurm.owned import (
+    ENDED_JOB_STATES,
+    idle_job_name,
+    reservation_name,
+    validation_job_name,
+    wrap_text,
+)
 
 
 def parse_reservation_text(line: str) -> Reservation:
@@ -44,6 +50,12 @@ def _check_users(users: Sequence[str]) -> str:
     if isinstance(users, str) or not users or not all(_USER.match(str(u)) for u in users):
         raise SlurmError(f"invalid reservation users: {users!r}")
     return ",".join(users)
+
+
+def _check_command(command: Sequence[str]) -> Sequence[str]:
+    if isinstance(command, str) or not command or not all(isinstance(word, str) and word for word in command):
+        raise SlurmError(f"invalid validation command: {command!r}")
+    return command
 
 
 def _check_minutes(minutes: int) -> int:
@@ -128,16 +140,35 @@ class ReturnToServiceCalls:
         """Tried once per try, each after a look for the job a timed-out try may have
         submitted: a retry never submits a second validation."""
         node = _check_node(node)
-        if not command or not all(isinstance(word, str) and word for word in command):
-            raise SlurmError(f"invalid validation command: {command!r}")
         args = ["--parsable", f"--reservation={_check_reservation(reservation)}", f"--nodelist={node}",
                 "--exclusive", f"--job-name={validation_job_name(node)}",
                 f"--time={_check_minutes(time_limit_min)}", f"--output={output}", "--chdir=/tmp",
-                "--wrap", wrap_text(command)]
+                "--wrap", wrap_text(_check_command(command))]
+        return self._submit_once(validation_job_name(node), args)
+
+    def submit_idle_validation(self, node: str, command: Sequence[str], *, qos: str = "", partition: str = "",
+                               time_limit_min: int, start_within_min: int) -> str:
+        """Like ``submit_validation``, in a preemptible QOS and/or partition instead of a
+        reservation, never requeued (a preempted run is simply ended), and removed by
+        Slurm (``--deadline``) when it cannot start within ``start_within_min``."""
+        node = _check_node(node)
+        if not qos and not partition:
+            raise SlurmError("an idle validation needs a preemptible QOS or partition")
+        where = [f"--qos={_check_reservation(qos)}"] if qos else []
+        where += [f"--partition={_check_reservation(partition)}"] if partition else []
+        limit = _check_minutes(time_limit_min)
+        deadline = f"now+{limit + _check_minutes(start_within_min)}minutes"
+        args = ["--parsable", *where, f"--nodelist={node}", "--exclusive", "--no-requeue",
+                f"--job-name={idle_job_name(node)}", f"--time={limit}", f"--deadline={deadline}",
+                "--output=/dev/null", "--chdir=/tmp", "--wrap", wrap_text(_check_command(command))]
+        return self._submit_once(idle_job_name(node), args)
+
+    def _submit_once(self, name: str, args: Sequence[str]) -> str:
+        """sbatch unless this user has an active job of that name (its id then)."""
         attempt = 0
         while True:
             attempt += 1
-            existing = self._active_job_named(validation_job_name(node))
+            existing = self._active_job_named(name)
             if existing is not None:
                 return existing.job_id
             try:

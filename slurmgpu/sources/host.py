@@ -19,11 +19,12 @@ import os
 import re
 import subprocess
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Protocol
 
 from slurmgpu.facts import DiskState, HostFacts, HungProcess, ServiceState
+from slurmgpu.record import record
 from slurmgpu.sources import kmsg
 from slurmgpu.sources.sxids import parse_sxids
 
@@ -50,7 +51,7 @@ class ServiceReadError(Exception):
     """systemctl missing, failing or past its deadline."""
 
 
-@dataclass
+@record
 class SystemctlReader:
     """``systemctl show -p ...`` under a deadline: reads, never starts anything."""
 
@@ -95,7 +96,7 @@ def real_statvfs(path: str, shown: str) -> DiskState:
                      bool(st.f_flag & os.ST_RDONLY))
 
 
-@dataclass
+@record
 class HostConfig:
     """What the host source is asked for (from ``Settings``)."""
 

@@ -49,18 +49,16 @@ Loader = Callable[[str], Any]  # ctypes.CDLL, or a test's stand-in
 _OFED_READ_BYTES = 65536
 
 # if [ "X$1" == "X-n" ]; then echo 23.10-1.1.9.0; exit 0; fi
-_OFED_N_RE = re.compile(r"""["']?X-n["']?\s*\]\s*;?\s*then\s+echo\s+["']?([0-9][\w.\-]*)""")
+_OFED_N_RE = r"""["']?X-n["']?\s*\]\s*;?\s*then\s+echo\s+["']?([0-9][\w.\-]*)"""
 # if [ "X$1" == "X-s" ]; then echo MLNX_OFED_LINUX-23.10-1.1.9.0:; exit 0; fi
-_OFED_S_RE = re.compile(
-    r"""["']?X-s["']?\s*\]\s*;?\s*then\s+echo\s+["']?([A-Za-z][\w.\-]*?):?["']?\s*;"""
-)
+_OFED_S_RE = r"""["']?X-s["']?\s*\]\s*;?\s*then\s+echo\s+["']?([A-Za-z][\w.\-]*?):?["']?\s*;"""
 # Anywhere in the text: MLNX_OFED_LINUX-23.10-1.1.9.0, OFED-internal-24.10-1.1.4, DOCA...-2.9.0
-_OFED_ANY_RE = re.compile(
+_OFED_ANY_RE = (
     r"\b((?:MLNX_OFED_LINUX|OFED-internal|DOCA[\w]*(?:-[A-Za-z][\w]*)*)-(\d+\.\d+[\w.\-]*?))(?=[:\s\"')]|$)"
 )
-_NUMERIC_TAIL_RE = re.compile(r"-(\d+\.\d+[\w.\-]*)$")
-_CUDA_TXT_RE = re.compile(r"CUDA Version\s+(\d+(?:\.\d+)+)")
-_CUDART_DEFINE_RE = re.compile(rb"#\s*define\s+CUDART_VERSION\s+(\d+)")
+_NUMERIC_TAIL_RE = r"-(\d+\.\d+[\w.\-]*)$"
+_CUDA_TXT_RE = r"CUDA Version\s+(\d+(?:\.\d+)+)"
+_CUDART_DEFINE_RE = rb"#\s*define\s+CUDART_VERSION\s+(\d+)"
 
 
 class ProbeError(Exception):
@@ -321,7 +319,7 @@ class SystemVersionSource:
             problems.append(f"{json_path}: {type(exc).__name__}: {exc}")
         txt_path = root / "version.txt"
         try:
-            m = _CUDA_TXT_RE.search(txt_path.read_text(encoding="utf-8", errors="replace"))
+            m = re.search(_CUDA_TXT_RE, txt_path.read_text(encoding="utf-8", errors="replace"))
             if m:
                 return m.group(1), str(txt_path)
             problems.append(f"{txt_path}: no 'CUDA Version' line")
@@ -332,7 +330,7 @@ class SystemVersionSource:
         header = root / "include" / "cuda_runtime_api.h"
         try:
             with open(header, "rb") as fh:
-                hm = _CUDART_DEFINE_RE.search(fh.read(65536))
+                hm = re.search(_CUDART_DEFINE_RE, fh.read(65536))
             if hm:
                 return decode_cuda_version(int(hm.group(1))), f"{header} (CUDART_VERSION)"
         except FileNotFoundError:
@@ -457,17 +455,17 @@ class SystemVersionSource:
             return None
         except OSError as exc:
             raise ProbeError(f"{path}: {exc.strerror or exc}") from None
-        numeric_m = _OFED_N_RE.search(text)
-        name_m = _OFED_S_RE.search(text)
+        numeric_m = re.search(_OFED_N_RE, text)
+        name_m = re.search(_OFED_S_RE, text)
         name = name_m.group(1) if name_m else None
         numeric = numeric_m.group(1) if numeric_m else None
         if name is None or numeric is None:
-            any_m = _OFED_ANY_RE.search(text)
+            any_m = re.search(_OFED_ANY_RE, text)
             if any_m:
                 name = name or any_m.group(1)
                 numeric = numeric or any_m.group(2)
         if numeric is None and name is not None:
-            tail = _NUMERIC_TAIL_RE.search(name)
+            tail = re.search(_NUMERIC_TAIL_RE, name)
             numeric = tail.group(1) if tail else None
         if numeric is None:
             raise ProbeError(f"{path}: no OFED release string found")

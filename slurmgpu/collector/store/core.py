@@ -57,18 +57,6 @@ class Store(Ingest):
             self._checkpointer = WalCheckpointer(self.path, self.db)
             self._checkpointer.start()
 
-    def wal_turn(self) -> None:
-        """Between write transactions (the collector's loop turn): the writer's turn in
-        the background checkpoints, when due (``WalCheckpointer.take_turn``): from then,
-        ``wal_holding`` for a moment."""
-        if self._checkpointer is not None:
-            self._checkpointer.take_turn()
-
-    def wal_holding(self) -> bool:
-        """Whether bulk batches wait now (the WAL is being started over; small
-        transactions, a live node's events, go on: ``WalCheckpointer.holding``)."""
-        return self._checkpointer is not None and self._checkpointer.holding()
-
     def close(self) -> None:
         """Write the partial hourly samples, then close."""
         if self._checkpointer is not None:

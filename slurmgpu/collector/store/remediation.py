@@ -7,21 +7,27 @@ caller holds the transaction (``Store.transaction``).
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from dataclasses import astuple, dataclass, fields
 from typing import Any
 
 from slurmgpu.collector.store.backend import Connection
+from slurmgpu.collector.store.leader import LEADER_LOCK_KEY
 from slurmgpu.remediation.ladder import Ladder, Stage, ValidationRun
 
 TRIGGERS = ("return", "idle", "manual")
 OUTCOMES = ("confirmed", "cleared_by_validation", "transient", "unknown")
+#: The advisory lock an idle validation pass holds on PostgreSQL (beside the leader's).
+IDLE_PASS_LOCK_KEY = LEADER_LOCK_KEY + 1
 
 
 @dataclass(frozen=True)
 class ValidationRow:
     """One validation run: ``trigger`` return, idle or manual; ``verdict`` None while it
-    runs; ``outcome``: what came of it (released, drained, retried, held, preempted)."""
+    runs; ``outcome``: what came of it (released, drained, retried, held; idle runs: passed,
+    reported, preempted, retried)."""
 
     node: str
     started: float
@@ -76,6 +82,21 @@ def last_validated(db: Connection) -> dict[str, float]:
     rows = db.execute("SELECT node, max(started) FROM validations WHERE verdict IN ('pass', 'fail') "
                       "GROUP BY node").fetchall()
     return {str(node): float(ts) for node, ts in rows}
+
+
+@contextlib.contextmanager
+def idle_pass_lock(db: Connection, *, postgres: bool) -> Iterator[bool]:
+    """Whether an idle validation pass may run: on PostgreSQL (several heads) whether this
+    session got ``IDLE_PASS_LOCK_KEY``, held until the pass ends; on SQLite always."""
+    if not postgres:
+        yield True
+        return
+    got = bool(db.execute(f"SELECT pg_try_advisory_lock({IDLE_PASS_LOCK_KEY})").fetchone()[0])
+    try:
+        yield got
+    finally:
+        if got:
+            db.execute(f"SELECT pg_advisory_unlock({IDLE_PASS_LOCK_KEY})")
 
 
 def record_drain_outcome(db: Connection, row: DrainOutcome) -> None:

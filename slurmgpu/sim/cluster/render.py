@@ -103,6 +103,10 @@ def _bus_of(gpu: Mapping[str, Any]) -> int:
 # ------------------------------------------------------------------- config files
 
 
+#: The mini-cluster's preemptible partition for idle-time validation.
+IDLE_PARTITION = "idle-validate"
+
+
 def render_slurm_conf(d: Path, state: Mapping[str, Any]) -> str:
     """slurm.conf for the cluster described by ``state`` (see ``SimCluster._new_state``)."""
     hooks = d / "hooks"
@@ -147,6 +151,10 @@ def render_slurm_conf(d: Path, state: Mapping[str, Any]) -> str:
         # simulated nodes reboot nothing, so reset() cancels pending reboots.
         "RebootProgram=/bin/true",
         "MinJobAge=300",
+        # Idle-time validation: jobs of the idle-validate partition (PriorityTier=1) are
+        # cancelled when a job of gpu (PriorityTier=10) needs their node.
+        "PreemptType=preempt/partition_prio",
+        "PreemptMode=CANCEL",
         "JobRequeue=1",
         "KillWait=2",
         "InactiveLimit=0",
@@ -162,7 +170,9 @@ def render_slurm_conf(d: Path, state: Mapping[str, Any]) -> str:
             "State=UNKNOWN"
         )
     lines.append("PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP "
-                 "OverSubscribe=YES")
+                 "OverSubscribe=YES PriorityTier=10")
+    lines.append(f"PartitionName={IDLE_PARTITION} Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=1 "
+                 "PreemptMode=CANCEL Hidden=YES")
     return "\n".join(lines) + "\n"
 
 
