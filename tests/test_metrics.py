@@ -538,11 +538,42 @@ def test_odd_node_names_are_escaped_in_the_body(tmp_path: Path) -> None:
 def test_promtool_accepts_the_body(tmp_path: Path) -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
+    from slurmgpu.collector.store.remediation import DrainOutcome, record_drain_outcome
+
     store = Store(tmp_path / "m.db")
     seed(store, time.time())
+    with store.transaction() as db:
+        record_drain_outcome(db, DrainOutcome("gpu-a", 1.0, "xid.recent", "H100", "transient"))
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_fleet_metrics(store, {"drained": ["gpu-a"], "held": [], "breaker_open": True}))
-    out = subprocess.run(["promtool", "check", "metrics"], input=generate_latest(registry),
+    body = generate_latest(registry)
+    assert b'slurmgpu_drain_outcomes_total{check="xid.recent",gpu_model="H100",outcome="transient"} 1.0' in body
+    out = subprocess.run(["promtool", "check", "metrics"], input=body,
                          capture_output=True, timeout=60, check=False)
     assert out.returncode == 0, (out.stdout + out.stderr).decode()
     store.close()
+
+
+def test_recorded_drain_outcomes_show_as_verdict_quality(store_url: str) -> None:
+    """A drain's recorded outcome (the report's verdict_quality) shows on /metrics by check,
+    GPU model and outcome; the other outcomes of that check at 0."""
+    from slurmgpu.collector.store.remediation import DrainOutcome, record_drain_outcome
+
+    store = Store(store_url)
+    now = time.time()
+    try:
+        fleet = _fleet_metrics(store)
+        assert _family(fleet, "slurmgpu_drains", "check") == {}
+        with store.transaction() as db:
+            record_drain_outcome(db, DrainOutcome("n1", now - 60, "xid.recent", "H100", "transient", now, "reset"))
+            record_drain_outcome(db, DrainOutcome("n2", now - 30, "xid.recent", "H100", "confirmed"))
+            record_drain_outcome(db, DrainOutcome("n3", now - 20, "ecc.uncorrected", None, "cleared_by_validation"))
+        families = {f.name: f for f in fleet.collect()}
+        assert {(s.labels["check"], s.labels["gpu_model"]): s.value for s in families["slurmgpu_drains"].samples} == \
+            {("xid.recent", "H100"): 2, ("ecc.uncorrected", "unknown"): 1}
+        outcomes = {(s.labels["check"], s.labels["outcome"]): s.value
+                    for s in families["slurmgpu_drain_outcomes"].samples}
+        assert outcomes[("xid.recent", "transient")] == 1 and outcomes[("xid.recent", "confirmed")] == 1
+        assert outcomes[("xid.recent", "unknown")] == 0 and outcomes[("ecc.uncorrected", "cleared_by_validation")] == 1
+    finally:
+        store.close()

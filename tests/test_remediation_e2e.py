@@ -177,9 +177,12 @@ def test_a_persistent_fault_climbs_to_repair_and_a_restart_mid_ladder_resumes_it
     wait_until(lambda: (ladder(fleet, node) or {}).get("stage") == "reboot" and
                "REBOOT_ISSUED" in fleet.scontrol("-o", "show", "node", node), 120, "the reboot issued")
     fleet.boot(node)
-    wait_until(lambda: ladder(fleet, node) is None, 120, "the repair hand-off")
+    # (the ladder is saved, closed, before its repair command runs: the ticket comes a moment later)
+    tickets = tmp_path / "tickets"
+    wait_until(lambda: ladder(fleet, node) is None and tickets.is_file() and tickets.read_text().endswith("\n"),
+               120, "the repair hand-off")
     assert drained(fleet, node) and reason(fleet, node).startswith("slurmgpu: repair (tried: reset, reboot)")
-    [text] = [t for t in (tmp_path / "tickets").read_text().split("\n") if t.strip()]  # called once
+    [text] = [t for t in tickets.read_text().split("\n") if t.strip()]  # called once
     ticket = json.loads(text)
     assert check_ticket(ticket)["node"] == node and ticket["ladder"]["remedies"] == ["reset", "reboot"]
     assert [v["verdict"] for v in ticket["validations"]] == ["cancelled", "fail", "fail", "fail"]

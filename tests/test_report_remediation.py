@@ -88,6 +88,11 @@ def test_the_sections_render_in_html_and_markdown(tmp_path: Path) -> None:
     assert '<section id="verdict_quality"><h2>Verdict quality</h2>' in page
     assert '<section id="return-to-service"><h2>Return to service</h2>' in page
     assert "75% of 4" in page and "not judged" in page and "3h 00m" in page
+    assert ('<tr><td>xid.recent</td><td class="n">4</td><td class="n">2</td><td class="n">1</td>'
+            '<td class="n">1</td><td class="n">0</td><td class="n">75% of 4</td></tr>') in page
+    assert '<tr><td>ecc.volatile (A100)</td><td class="n">1</td>' in page
+    assert ('<tr><td>reset</td><td class="n">1</td><td class="n">60 min</td><td class="n">60 min</td>'
+            '<td class="n">60 min</td></tr>') in page
     text = report_md.render(model)
     assert "## Verdict quality" in text and "| xid.recent | 4 | 2 | 1 | 1 | 0 | 75% of 4 |" in text
     assert "| reset | 1 | 60 min | 60 min | 60 min |" in text

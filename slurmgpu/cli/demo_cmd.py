@@ -24,10 +24,10 @@ from slurmgpu.cli.common import json_option
              "stdout; the narration goes to stderr.")
 @click.pass_context
 def demo(ctx: click.Context, directory: Path, timeout: float, as_json: bool) -> None:
-    """Show the whole product in one command: a Slurm mini-cluster, GPU jobs, live faults, the automation and the fleet report.
+    """Show the whole product in one command: a Slurm mini-cluster, GPU jobs, live faults, the automation, return to service and the fleet report.
 
     As root, on Debian 12/13 (Slurm is installed with apt-get if missing), in about a
-    minute:
+    minute and a quarter:
 
     \b
     1. a 4-node Slurm mini-cluster (8 simulated H100s per node, an agent per
@@ -44,7 +44,12 @@ def demo(ctx: click.Context, directory: Path, timeout: float, as_json: bool) -> 
        the automation's third drain, the prolog refuses the next job there,
        drains the node, and Slurm requeues the job;
     6. the breaker's view, the jobs finishing on the healthy node, and the fleet
-       report (slurmgpu report --since 1h) in <dir>/fleet-report.html.
+       report (slurmgpu report --since 1h) in <dir>/fleet-report.html;
+    7. return to service, the collector restarted with [remediation] on: a
+       transient fault on the healthy node (drain, heal, a passing validation
+       in the slurmgpu-rts-<node> reservation, the node takes jobs again), a
+       persistent one (validation fails, GPU reset, fails, reboot, fails,
+       repair ticket in <dir>/demo/repair-ticket.json), slurmgpu validations.
 
     Each effect is one line with the seconds since its step began. The cluster
     is left up: the last lines say how to explore it and how to tear it down

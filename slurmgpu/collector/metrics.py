@@ -24,6 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from slurmgpu.collector.store import queries
+from slurmgpu.collector.store.remediation import OUTCOMES, drain_outcome_counts
 from slurmgpu.result import Severity
 from slurmgpu.wire import EVENT_KINDS
 
@@ -107,12 +108,14 @@ class StoreReads(NamedTuple):
     decisions: list[queries.DecisionCount]
     checkpoint_states: dict[str, int]
     pending_drains: int
+    drain_outcomes: list[tuple[str, str, str, int]]
 
     @classmethod
     def read(cls, db: queries.Connection) -> StoreReads:
         return cls(queries.node_verdict_columns(db), queries.current_findings(db),
                    queries.event_counts(db), queries.decision_counts(db),
-                   queries.checkpoint_states(db), queries.pending_drain_count(db))
+                   queries.checkpoint_states(db), queries.pending_drain_count(db),
+                   drain_outcome_counts(db))
 
 
 class FleetMetrics:
@@ -255,7 +258,8 @@ class FleetMetrics:
     def _families(self, reads: StoreReads, drained: set[str] | None) -> list[Metric]:
         return [*self._node_families(reads.nodes, drained), *self._finding_families(reads.findings),
                 *self._event_families(reads.events), *self._decision_families(reads.decisions),
-                *self._checkpoint_families(reads.checkpoint_states, reads.pending_drains)]
+                *self._checkpoint_families(reads.checkpoint_states, reads.pending_drains),
+                *self._verdict_quality_families(reads.drain_outcomes)]
 
     def _node_families(self, cols: queries.NodeVerdictColumns, drained: set[str] | None) -> list[Metric]:
         """Nodes: latest report's verdict, last seen, reachable; the fleet by verdict."""
@@ -372,6 +376,26 @@ class FleetMetrics:
                                   "still open (not acked, expired or done).", value=per_state["open"])
         return [open_, states, pending]
 
+    @staticmethod
+    def _verdict_quality_families(counts: list[tuple[str, str, str, int]]) -> list[Metric]:
+        """The report's verdict_quality: drains and their outcomes by check and GPU model."""
+        drains = CounterMetricFamily("slurmgpu_drains", DRAINS_HELP, labels=["check", "gpu_model"])
+        outcomes = CounterMetricFamily("slurmgpu_drain_outcomes", OUTCOMES_HELP,
+                                       labels=["check", "gpu_model", "outcome"])
+        per_drain: Counter[tuple[str, str]] = Counter()
+        per_outcome: Counter[tuple[str, str, str]] = Counter()
+        for check, model, outcome, n in counts:
+            key = (check if check in known_checks() else OTHER, model)
+            per_drain[key] += n
+            per_outcome[(*key, outcome if outcome in OUTCOMES else OTHER)] += n
+        for key in sorted(per_drain):
+            drains.add_metric(list(key), per_drain[key])
+            for outcome in OUTCOMES:
+                outcomes.add_metric([*key, outcome], per_outcome.pop((*key, outcome), 0))
+        for labels, n in sorted(per_outcome.items()):
+            outcomes.add_metric(list(labels), n)
+        return [drains, outcomes]
+
 
 NODE_VERDICT_HELP = ("Verdict of the node's latest report: 0 OK, 1 WARN, 2 FAIL, 3 UNKNOWN "
                      "(or no report yet).")
@@ -385,6 +409,11 @@ FINDINGS_HELP = ("Current non-OK findings across the fleet (from each node's lat
                  "check and severity.")
 GPU_VERDICT_HELP = ("Worst severity of the GPU's current findings: 1 WARN, 2 FAIL, 3 UNKNOWN (only "
                     "GPUs with a current non-OK finding are exported; absent = OK).")
+DRAINS_HELP = ("Drains with a recorded outcome (the report's verdict_quality: the fleet "
+               "database's whole history), by check and GPU model.")
+OUTCOMES_HELP = ("What those drains turned out to be, by check, GPU model and outcome: confirmed, "
+                 "cleared_by_validation (a false-positive candidate), transient (cleared by a "
+                 "reset or reboot), unknown (resumed without validation).")
 
 # Label cardinality from what nodes send: check ids, event kinds and XID codes outside the
 # known sets become "other"; at most this many per-GPU series per node.

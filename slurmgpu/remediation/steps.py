@@ -85,7 +85,7 @@ class ResetGpus:
 
 @dataclass(frozen=True)
 class Reboot:
-    """``scontrol reboot ASAP nextstate=DRAIN reason=REASON``."""
+    """``scontrol reboot ASAP nextstate=DOWN reason=REASON (22.05 has no DRAIN next state)``."""
 
     kind: ClassVar[str] = "reboot"
     node: str

@@ -112,6 +112,13 @@ def drain_outcomes(db: Connection, since: float | None = None) -> list[DrainOutc
     return [DrainOutcome(*row) for row in rows]
 
 
+def drain_outcome_counts(db: Connection) -> list[tuple[str, str, str, int]]:
+    """(check, GPU model or "unknown", outcome, drains) over the whole table."""
+    rows = db.execute("SELECT check_id, gpu_model, outcome, count(*) FROM drain_outcomes "
+                      "GROUP BY check_id, gpu_model, outcome").fetchall()
+    return [(str(c), str(m or "unknown"), str(o), int(n)) for c, m, o, n in rows]
+
+
 def save_ladder(db: Connection, node: str, state: dict[str, Any], now: float) -> None:
     """Keep ``node``'s ladder (``Ladder.to_json``)."""
     _upsert(db, "remediation_ladders", ("node", "state", "updated"), ("node",),
