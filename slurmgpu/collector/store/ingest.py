@@ -1,19 +1,7 @@
 """The store's writes: agents' messages in batches, node reachability, Slurm's drains, the
-automation's decisions and checkpoint bookkeeping.
+automation's decisions and checkpoint bookkeeping. History keeps changes, not repetitions.
 
-Throughput: ``store_batch`` writes a whole batch (hundreds to thousands of messages)
-in one transaction with ``executemany``; the latest report and the node row are
-written once per node per batch, not once per message. The latest report's body is
-the body bytes as received (sliced out of the frame when the caller passes it), not
-re-packed.
-
-History keeps changes, not repetitions: a report whose verdict and non-OK findings
-(check, severity, gpu, subject, message) equal the previous report's from that node
-adds no ``report_history``/``findings`` rows; it is still deduplicated (``messages``),
-acked, and it still refreshes the node row and the latest report. So
-``report_history`` holds one row per change of a node's state (plus one for the first
-report each node sends after the collector starts), which is what trend views want;
-``messages`` has one row per stored message. Events are always recorded in full.
+Design notes: docs/design-notes.md (``slurmgpu/collector/store/ingest.py``).
 """
 
 from __future__ import annotations
