@@ -632,16 +632,8 @@ class Ingest:
         return [(r[0], r[2]) for r in rows]
 
     def drain_actor(self, node: str, reason: str | None, now: float) -> str:
-        """Who drained ``node`` with this Slurm ``reason`` (docs/fleet-db.md):
-
-        * ``outside``: the reason is not slurmgpu's (``scontrol``, Slurm itself);
-        * ``prolog`` / ``epilog`` / ``healthcheck`` / ``operator``: the actor tag that a
-          hook or ``slurmgpu drain`` ended the reason with (``[by epilog]``);
-        * ``automation``: an untagged slurmgpu reason that the automation (in this
-          collector, which records its decisions before it polls Slurm again) drained the
-          node with since the node's last resume;
-        * ``slurmgpu``: any other slurmgpu reason (a slurmgpu older than the tags).
-        """
+        """Who drained ``node`` with this Slurm ``reason``: ``outside``, an actor tag,
+        ``automation`` or ``slurmgpu``, decided as docs/fleet-db.md (``drained_by``) says."""
         if not reason or not reason.startswith(REASON_PREFIX):
             return "outside"
         tagged = reason_actor(reason)
