@@ -116,14 +116,9 @@ _CONFLICT = re.compile(r"\bON CONFLICT \(([^)]*)\)", re.I)
 
 @dataclass(frozen=True)
 class _Unnest:
-    """``INSERT INTO t (a, b, c) VALUES (?, ?, 1) ...`` for many rows as one statement:
-    ``INSERT INTO t (a, b, c) SELECT u.c0, u.c1, 1 FROM unnest(%s::text[], %s::bigint[])
-    AS u(c0, c1) WHERE true ...``, each column's values one array. One round trip and one
-    plan per batch, where psycopg's executemany sent a statement per row (~4 per stored
-    message: most of the collector's CPU on PostgreSQL). An upsert whose rows repeat a
-    conflict key cannot be one statement (PostgreSQL refuses to update a row twice in one):
-    those batches go row by row, as before (``fits``). Each column is sent as one text
-    (``_column_text``, ``text_sql``) when it can be, else as a psycopg array (``sql``)."""
+    """``INSERT INTO t (a, b, c) VALUES (?, ?, 1) ...`` for many rows as one statement over
+    ``unnest`` of one array (or one text) per column; batches whose upsert repeats a conflict
+    key go row by row (``fits``). Why: docs/design-notes.md (``_Unnest``)."""
 
     sql: str
     width: int  # parameters per row
