@@ -1,13 +1,6 @@
-"""The fleet database's schema: the migrations that build it, and the checks that refuse
-a damaged database before anything is written.
-
-The schema is versioned: ``schema_version`` holds the number of migrations applied and
-``MIGRATIONS`` (in order) brings any older database up to date at open (``connect``). The
-store owns its schema: every table is made here, and read and written only by the
-modules of this package (``ingest``, ``queries``, ``automation``).
-
-One schema and one list of migrations serve both backends (``backend``): the migrations
-are written in SQLite's DDL and ``Dialect.ddl`` turns each statement into PostgreSQL's.
+"""The fleet database's schema: the migrations that build it (one list for both backends,
+in SQLite's DDL that ``Dialect.ddl`` translates), and the checks that refuse a damaged
+database before anything is written. Only this package reads and writes its tables.
 """
 
 from __future__ import annotations
