@@ -1,13 +1,7 @@
 """The collector's one composition root: ``build_collector`` makes the store, the
 automation and its checkpoint coordination, the transport, the fleet logic, the Slurm
-poller and ``/metrics``, and wires them through their constructors. ``Collector`` is
-what it returns: the loop over the parts.
-
-    transport (transport.py) --decoded batches--> Fleet (fleet.py) --> Store, Automation
-        ^                                              |                  |
-        +---------- commands (Checkpoints.send) <------+---- Checkpoints <+
-
-`slurmgpu collector`, the tests and the benches all build their collector here.
+poller and ``/metrics``, and wires them through their constructors; ``Collector`` is the
+loop over the parts. Diagram: docs/design-notes.md (``slurmgpu/collector/app.py``).
 """
 
 from __future__ import annotations

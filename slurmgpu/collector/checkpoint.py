@@ -1,13 +1,6 @@
 """Checkpoint coordination: jobs on a degrading node are told to save their state
-before the node is taken away.
-
-For a ``checkpoint`` or ``drain-now`` decision on a node that runs jobs
-(``Automation._drain`` calls ``begin``), every job on the node is signalled and its
-agents told to write its request file; once every job has acked or passed its deadline
-the node is drained (and, for ``drain-now``, its jobs requeued). All state is in the
-database, so a restarted collector picks up where it was.
-
-Design notes: docs/design-notes.md (``slurmgpu/collector/checkpoint.py``).
+before the node is taken away; all state is in the database, so a restarted collector
+picks up where it was. Design notes: docs/design-notes.md (``slurmgpu/collector/checkpoint.py``).
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
-"""The store's two backends behind one connection interface, and what differs between them.
+"""The store's two backends behind one connection interface, and what differs between them:
+a path is SQLite, a ``postgresql://`` URL is PostgreSQL; what cannot be one SQL text for
+both lives in the ``Dialect``.
 
-``[collector] db`` picks the backend: a path is SQLite (the default, zero set-up); a
-``postgresql://`` (or ``postgres://``) URL is PostgreSQL, through psycopg 3 (the
-``slurmgpu[postgres]`` extra). Every module of the store, and the report's read model,
-talk to a ``Connection``:
-
-* SQLite: the ``sqlite3.Connection`` itself (autocommit mode: ``isolation_level=None``);
-* PostgreSQL: ``slurmgpu.collector.store.postgres.PgConnection``, which speaks the same
-  subset of the sqlite3 API (``execute``, ``executemany``, ``in_transaction``,
-  ``close``), takes the same ``?`` placeholders and raises the same DB-API exception
-  classes (``sqlite3.Error`` and its subclasses), so callers catch one family.
-
-The SQL is one text for both wherever the two agree (``ON CONFLICT``, ``RETURNING``,
-``IS NOT DISTINCT FROM``...); what cannot be one text lives in the ``Dialect`` below:
-the DDL types, the catalog, how a write transaction starts, the null-safe ``=``.
+Design notes: docs/design-notes.md (``slurmgpu/collector/store/backend.py``).
 """
 
 from __future__ import annotations

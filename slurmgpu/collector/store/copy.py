@@ -1,9 +1,5 @@
-"""Copying a SQLite fleet database into PostgreSQL (`slurmgpu db copy`): a site that moves
-``[collector] db`` from a file to a ``postgresql://`` URL keeps its history.
-
-Generic over the tables: every table of the source (as its own catalog lists them, so a
-table that a later migration adds is copied without a change here) goes into the table of
-the same name in the destination, column by column by name, with ``COPY ... FROM STDIN``.
+"""Copying a SQLite fleet database into PostgreSQL (`slurmgpu db copy`), every table the
+source lists, column by column by name, with ``COPY ... FROM STDIN``.
 
 Design notes: docs/design-notes.md (``slurmgpu/collector/store/copy.py``).
 """

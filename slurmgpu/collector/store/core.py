@@ -1,13 +1,6 @@
-"""The collector's store: ``Store``, the one owner of the fleet database.
-
-SQLite (a path: one database file, WAL, ``synchronous=NORMAL``; a crash may lose the
-last transactions that were committed but not yet checkpointed by the OS, never corrupt
-the file) or PostgreSQL (a ``postgresql://`` URL; see ``backend``). Either way the
-collector acknowledges a message only after its batch commits.
-
-Its parts: ``schema`` (the migrations, the checks at open), ``ingest`` (every write),
-``queries`` (the named reads, usable on a read-only connection too) and ``automation``
-(the automation's state).
+"""The collector's store: ``Store``, the one owner of the fleet database (SQLite or
+PostgreSQL, see ``backend``); the collector acknowledges a message only after its batch
+commits. Its parts: ``schema``, ``ingest``, ``queries`` and ``automation``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
-"""Report summaries -> the fleet history tables (docs/fleet-db.md).
+"""Report summaries -> the fleet history tables (docs/fleet-db.md). ``History.observe``
+runs inside the store's batch transaction and only compares small tuples, so ingest stays
+cheap.
 
-``History.observe`` is called by the store for every new report inside its batch
-transaction; it only compares small tuples with the last values it saw and appends
-rows to write, so ingest stays cheap:
-
-* ``node_samples``: per node, counts accumulated over ``interval_s`` (reports, FAIL
-  reports, reports with HW slowdown / SW thermal throttling on some GPU), one row
-  per interval;
-* ``gpu_counters``, ``ib_counters``, ``node_versions``: a row the first time a GPU /
-  port / node is seen after the collector starts, then one each time a value changes.
+Design notes: docs/design-notes.md (``slurmgpu/collector/store/history.py``).
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
 """The store's writes: agents' messages in batches, node reachability, Slurm's drains, the
-automation's decisions and checkpoint bookkeeping.
+automation's decisions and checkpoint bookkeeping. History keeps changes, not repetitions.
 
-Throughput: ``store_batch`` writes a whole batch (hundreds to thousands of messages)
-in one transaction with ``executemany``; the latest report and the node row are
-written once per node per batch, not once per message. The latest report's body is
-the body bytes as received (sliced out of the frame when the caller passes it), not
-re-packed.
-
-History keeps changes, not repetitions: a report whose verdict and non-OK findings
-(check, severity, gpu, subject, message) equal the previous report's from that node
-adds no ``report_history``/``findings`` rows; it is still deduplicated (``messages``),
-acked, and it still refreshes the node row and the latest report. So
-``report_history`` holds one row per change of a node's state (plus one for the first
-report each node sends after the collector starts), which is what trend views want;
-``messages`` has one row per stored message. Events are always recorded in full.
+Design notes: docs/design-notes.md (``slurmgpu/collector/store/ingest.py``).
 """
 
 from __future__ import annotations
@@ -644,16 +632,8 @@ class Ingest:
         return [(r[0], r[2]) for r in rows]
 
     def drain_actor(self, node: str, reason: str | None, now: float) -> str:
-        """Who drained ``node`` with this Slurm ``reason`` (docs/fleet-db.md):
-
-        * ``outside``: the reason is not slurmgpu's (``scontrol``, Slurm itself);
-        * ``prolog`` / ``epilog`` / ``healthcheck`` / ``operator``: the actor tag that a
-          hook or ``slurmgpu drain`` ended the reason with (``[by epilog]``);
-        * ``automation``: an untagged slurmgpu reason that the automation (in this
-          collector, which records its decisions before it polls Slurm again) drained the
-          node with since the node's last resume;
-        * ``slurmgpu``: any other slurmgpu reason (a slurmgpu older than the tags).
-        """
+        """Who drained ``node`` with this Slurm ``reason``: ``outside``, an actor tag,
+        ``automation`` or ``slurmgpu``, decided as docs/fleet-db.md (``drained_by``) says."""
         if not reason or not reason.startswith(REASON_PREFIX):
             return "outside"
         tagged = reason_actor(reason)

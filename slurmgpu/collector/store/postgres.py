@@ -1,20 +1,8 @@
 """The PostgreSQL backend: a psycopg 3 connection that speaks the subset of the sqlite3 API
-the store uses (``slurmgpu.collector.store.backend.Connection``).
+the store uses (``slurmgpu.collector.store.backend.Connection``), with ``?`` placeholders
+and sqlite3's DB-API exception classes.
 
-* Autocommit, as the SQLite connection (``isolation_level=None``): a transaction is what
-  the store opens with ``BEGIN`` (``Dialect.begin_write``) and closes itself.
-* The store's SQL uses ``?`` placeholders; psycopg's are ``%s`` (and a literal ``%`` is
-  ``%%``): ``_pg_sql`` translates, once per statement text.
-* Errors come out as the sqlite3 module's DB-API classes (a unique violation as
-  ``sqlite3.IntegrityError``, a lost server as ``sqlite3.OperationalError``...), each
-  with its psycopg error as ``__cause__``: the collector, the CLI and the metrics catch
-  one family whichever backend runs.
-* ``sum()`` of a BIGINT column is a NUMERIC in PostgreSQL: it is read as an int (a float
-  when it has a fraction), as SQLite returns it, never as a ``Decimal``.
-* A connection the server dropped (a restart, a failover, an idle-session kill) is
-  opened again at the next ``BEGIN`` or statement outside a transaction, never in the
-  middle of one: a statement of a transaction that died with its connection fails (the
-  caller rolls back, which is then a no-op) and nothing of it is half-written.
+Design notes: docs/design-notes.md (``slurmgpu/collector/store/postgres.py``).
 """
 
 from __future__ import annotations
@@ -128,14 +116,9 @@ _CONFLICT = re.compile(r"\bON CONFLICT \(([^)]*)\)", re.I)
 
 @dataclass(frozen=True)
 class _Unnest:
-    """``INSERT INTO t (a, b, c) VALUES (?, ?, 1) ...`` for many rows as one statement:
-    ``INSERT INTO t (a, b, c) SELECT u.c0, u.c1, 1 FROM unnest(%s::text[], %s::bigint[])
-    AS u(c0, c1) WHERE true ...``, each column's values one array. One round trip and one
-    plan per batch, where psycopg's executemany sent a statement per row (~4 per stored
-    message: most of the collector's CPU on PostgreSQL). An upsert whose rows repeat a
-    conflict key cannot be one statement (PostgreSQL refuses to update a row twice in one):
-    those batches go row by row, as before (``fits``). Each column is sent as one text
-    (``_column_text``, ``text_sql``) when it can be, else as a psycopg array (``sql``)."""
+    """``INSERT INTO t (a, b, c) VALUES (?, ?, 1) ...`` for many rows as one statement over
+    ``unnest`` of one array (or one text) per column; batches whose upsert repeats a conflict
+    key go row by row (``fits``). Why: docs/design-notes.md (``_Unnest``)."""
 
     sql: str
     width: int  # parameters per row

@@ -1,10 +1,6 @@
 """Named read queries over the fleet database: one function per question, each taking a
-connection (the store's own, or a read-only one from ``snapshot``) and returning typed
-rows. Everything outside this package that reads the database asks through here
-(``slurmgpu report``'s read model, ``slurmgpu.report.model``, keeps its own SQL).
-
-Every query is one text for both backends (``backend``): standard SQL, no bare columns
-beside an aggregate, no SQLite-only functions.
+connection and returning typed rows, one SQL text for both backends. Everything outside
+this package reads through here (``slurmgpu.report.model`` keeps its own SQL).
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""The fleet database's schema: the migrations that build it, and the checks that refuse
-a damaged database before anything is written.
-
-The schema is versioned: ``schema_version`` holds the number of migrations applied and
-``MIGRATIONS`` (in order) brings any older database up to date at open (``connect``). The
-store owns its schema: every table is made here, and read and written only by the
-modules of this package (``ingest``, ``queries``, ``automation``).
-
-One schema and one list of migrations serve both backends (``backend``): the migrations
-are written in SQLite's DDL and ``Dialect.ddl`` turns each statement into PostgreSQL's.
+"""The fleet database's schema: the migrations that build it (one list for both backends,
+in SQLite's DDL that ``Dialect.ddl`` translates), and the checks that refuse a damaged
+database before anything is written. Only this package reads and writes its tables.
 """
 
 from __future__ import annotations
@@ -44,8 +37,11 @@ def _script(db: Connection, script: str) -> None:
             db.execute(dialect.ddl(statement))
 
 
-def _migration_1(db: Connection) -> None:
-    _script(db, """
+# The DDL of each schema version, applied in order at open; the schema version is the
+# number applied. Append only. What each one brought: docs/design-notes.md.
+_DDL: tuple[str, ...] = (
+    # 1: The first schema
+    """
         CREATE TABLE nodes (
             node TEXT PRIMARY KEY,
             first_seen REAL NOT NULL,
@@ -115,12 +111,9 @@ def _migration_1(db: Connection) -> None:
             result BLOB NOT NULL
         );
         CREATE INDEX command_results_id ON command_results (command_id)
-    """)
-
-
-def _migration_2(db: Connection) -> None:
-    """The automation's decisions (``slurmgpu.collector.policy.Decision``)."""
-    _script(db, """
+    """,
+    # 2: The automation's decisions
+    """
         CREATE TABLE decisions (
             id INTEGER PRIMARY KEY,
             time REAL NOT NULL,
@@ -133,14 +126,9 @@ def _migration_2(db: Connection) -> None:
             result TEXT
         );
         CREATE INDEX decisions_node_time ON decisions (node, time)
-    """)
-
-
-def _migration_3(db: Connection) -> None:
-    """Checkpoint coordination (``slurmgpu.collector.checkpoint``): one row per request
-    to a job, the nodes waiting for their jobs before they drain, and every job's
-    timeline (detected, signalled, delivered, acked, drained, requeued...)."""
-    _script(db, """
+    """,
+    # 3: Checkpoint coordination
+    """
         CREATE TABLE checkpoints (
             id INTEGER PRIMARY KEY,
             job_id TEXT NOT NULL,
@@ -175,15 +163,9 @@ def _migration_3(db: Connection) -> None:
             detail TEXT
         );
         CREATE INDEX job_events_job ON job_events (job_id, ts)
-    """)
-
-
-def _migration_4(db: Connection) -> None:
-    """History for the fleet report (``slurmgpu report``): node state transitions (drained /
-    resumed from Slurm, unreachable / reachable from the collector), hourly per-node
-    samples (reports, throttled reports), and GPU error counters, IB port counters and
-    software versions, each stored when it changes. See docs/fleet-db.md."""
-    _script(db, """
+    """,
+    # 4: History for the fleet report
+    """
         CREATE TABLE node_states (
             id INTEGER PRIMARY KEY,
             node TEXT NOT NULL,
@@ -248,15 +230,9 @@ def _migration_4(db: Connection) -> None:
             kernel TEXT
         );
         CREATE INDEX node_versions_node_ts ON node_versions (node, ts)
-    """)
-
-
-def _migration_5(db: Connection) -> None:
-    """Deduplication per (node, epoch, seq): a reinstalled agent (new spool, seq back at
-    1) is a new epoch, not a replay. Rows from before have epoch '' (what epoch-less
-    agents send). ``digest`` (of the body) tells a resend from a different message that
-    reuses a seq; NULL for rows from before."""
-    _script(db, """
+    """,
+    # 5: deduplication per (node, epoch, seq), with the body's digest
+    """
         CREATE TABLE messages_new (
             node TEXT NOT NULL,
             epoch TEXT NOT NULL DEFAULT '',
@@ -271,24 +247,11 @@ def _migration_5(db: Connection) -> None:
             SELECT node, '', seq, type, ts, received_at FROM messages;
         DROP TABLE messages;
         ALTER TABLE messages_new RENAME TO messages
-    """)
-
-
-def _migration_6(db: Connection) -> None:
-    """Who drained a node, recorded by the collector when its Slurm poll sees the drain
-    (``node_states.drained_by``, see ``drain_actor``). Rows from before stay NULL: the
-    fleet report guesses those as it always did."""
-    _script(db, "ALTER TABLE node_states ADD COLUMN drained_by TEXT")
-
-
-def _migration_7(db: Connection) -> None:
-    """The automation's state (``slurmgpu.collector.store.automation``), which lived in
-    ``<state_dir>/automation.json`` before: the breaker and the fleet size (one row, whose
-    ``version`` counts every write, so the collector sees an operator's change), strikes,
-    healthy streaks, the nodes it drained, drain history, storm evidence, the drains the
-    breaker holds and those an operator released, lemons and its recent decisions. A
-    drain waiting for checkpoints stays in ``pending_drains`` alone."""
-    _script(db, """
+    """,
+    # 6: who drained a node
+    "ALTER TABLE node_states ADD COLUMN drained_by TEXT",
+    # 7: The automation's state
+    """
         CREATE TABLE automation_state (
             id INTEGER PRIMARY KEY CHECK (id = 1),
             version INTEGER NOT NULL,
@@ -364,18 +327,9 @@ def _migration_7(db: Connection) -> None:
             result TEXT,
             released_by TEXT
         )
-    """)
-
-
-def _migration_8(db: Connection) -> None:
-    """Several collectors on one PostgreSQL database (``slurmgpu.collector.coordination``).
-    ``leader_inbox``: what every collector stored that the automation must see (a report's
-    verdict and findings, an event, a command result), in commit order (writers are
-    serialised, so ids grow with commits); the leading collector handles each row once and
-    deletes it. ``command_outbox``: commands (a checkpoint request) the leader could not send
-    itself, because the node's agent is connected to another collector; the collector the
-    agent is connected to sends them and marks them sent."""
-    _script(db, """
+    """,
+    # 8: Several collectors on one PostgreSQL database
+    """
         CREATE TABLE leader_inbox (
             id INTEGER PRIMARY KEY,
             node TEXT NOT NULL,
@@ -395,57 +349,27 @@ def _migration_8(db: Connection) -> None:
             sent_by TEXT
         );
         CREATE INDEX command_outbox_unsent ON command_outbox (sent_at, node)
-    """)
-
-
-def _migration_9(db: Connection) -> None:
-    """Reports without facts (issue 15: agents send their facts every ``full_report_s``
-    and when the verdict changes, ~1 KB reports in between): ``reports.facts`` keeps the
-    node's last facts (msgpack) and ``facts_ts`` the report time they came with; ``body``
-    is the latest report without them. Rows from before keep their facts in ``body``
-    (NULL here), which the readers still take.
-
-    Events first (agents send a fresh event ahead of their spooled reports): a node's
-    current state is its newest message by seq, not the last to arrive.
-    ``reports.epoch`` and ``nodes.verdict_epoch``/``verdict_seq`` say which message holds
-    it; an older one arriving later is history, not the node's state (NULL: rows from
-    before, replaced by the next message)."""
-    _script(db, """
+    """,
+    # 9: Reports without facts
+    """
         ALTER TABLE reports ADD COLUMN facts BLOB;
         ALTER TABLE reports ADD COLUMN facts_ts REAL;
         ALTER TABLE reports ADD COLUMN epoch TEXT;
         ALTER TABLE nodes ADD COLUMN verdict_epoch TEXT;
         ALTER TABLE nodes ADD COLUMN verdict_seq INTEGER
-    """)
-
-
-def _migration_10(db: Connection) -> None:
-    """Each node's latest state change, for every ``/metrics`` scrape
-    (``queries.current_findings``): an index on ``report_history (node, seq, ts)`` answers
-    "the node's highest seq, and its latest ts" from the index alone, where
-    ``report_history_node_ts`` made the query read every history row. Written only with
-    a history row (a state change), not per report. (IF NOT EXISTS: the tests' "older"
-    databases are made by winding a new one's version back.)"""
-    _script(db, "CREATE INDEX IF NOT EXISTS report_history_node_seq_ts ON report_history (node, seq, ts)")
-
-
-def _migration_11(db: Connection) -> None:
-    """``history_version``: a counter that incremental ``/metrics`` scrapes read; neither
-    read nor written since (docs/benchmarks.md, "/metrics: one writer")."""
-    _script(db, """
+    """,
+    # 10: an index for each node's latest state change
+    "CREATE INDEX IF NOT EXISTS report_history_node_seq_ts ON report_history (node, seq, ts)",
+    # 11: history_version (unused since)
+    """
         CREATE TABLE history_version (
             id INTEGER PRIMARY KEY CHECK (id = 1),
             version INTEGER NOT NULL
         );
         INSERT INTO history_version (id, version) VALUES (1, 0)
-    """)
-
-
-def _migration_12(db: Connection) -> None:
-    """``node_version``, ``nodes.changed``, ``nodes.history_changed``: the change marks of
-    incremental ``/metrics`` scrapes; neither read nor written since (docs/benchmarks.md,
-    "/metrics: one writer")."""
-    _script(db, """
+    """,
+    # 12: node_version and the nodes' change marks (unused since)
+    """
         CREATE TABLE node_version (
             id INTEGER PRIMARY KEY CHECK (id = 1),
             version INTEGER NOT NULL
@@ -453,16 +377,9 @@ def _migration_12(db: Connection) -> None:
         INSERT INTO node_version (id, version) VALUES (1, 0);
         ALTER TABLE nodes ADD COLUMN changed INTEGER NOT NULL DEFAULT 0;
         ALTER TABLE nodes ADD COLUMN history_changed INTEGER NOT NULL DEFAULT 0
-    """)
-
-
-def _migration_13(db: Connection) -> None:
-    """A node's last facts in a table of their own, ``node_facts`` (issue 15): in
-    ``reports`` every report rewrote them (13 KB for 8 GPUs, SQLite's overflow pages and
-    their WAL copies) though only one report in 40 brings new ones. ``epoch``/``seq`` say
-    which report they came with (a report older than that does not replace them);
-    ``facts_ts`` its report time, as before."""
-    _script(db, """
+    """,
+    # 13: a node's last facts in a table of their own
+    """
         CREATE TABLE node_facts (
             node TEXT PRIMARY KEY,
             facts BLOB NOT NULL,
@@ -475,16 +392,9 @@ def _migration_13(db: Connection) -> None:
             WHERE facts IS NOT NULL AND facts_ts IS NOT NULL;
         ALTER TABLE reports DROP COLUMN facts;
         ALTER TABLE reports DROP COLUMN facts_ts
-    """)
-
-
-def _migration_14(db: Connection) -> None:
-    """Return to service (issue 32, ``remediation``): ``validations``, one row per
-    validation run (a node's return, an idle-time or a manual one), written when it starts
-    and again when it ends; ``drain_outcomes``, what each drain turned out to be, per check
-    (the report's ``verdict_quality``); ``remediation_ladders``, each node's open ladder as
-    JSON, so that a new leader resumes it. (IF NOT EXISTS: as in migration 10.)"""
-    _script(db, """
+    """,
+    # 14: Return to service
+    """
         CREATE TABLE IF NOT EXISTS validations (
             node TEXT NOT NULL,
             started REAL NOT NULL,
@@ -514,15 +424,10 @@ def _migration_14(db: Connection) -> None:
             state TEXT NOT NULL,
             updated REAL NOT NULL
         )
-    """)
-
-
-# Applied in order at open; the schema version is the number applied. Append only.
-MIGRATIONS: list[Callable[[Connection], None]] = [_migration_1, _migration_2, _migration_3,
-                                                          _migration_4, _migration_5, _migration_6,
-                                                          _migration_7, _migration_8, _migration_9,
-                                                          _migration_10, _migration_11,
-                                                          _migration_12, _migration_13, _migration_14]
+    """,
+)
+MIGRATIONS: list[Callable[[Connection], None]] = [
+    functools.partial(_script, script=ddl) for ddl in _DDL]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
