@@ -496,3 +496,15 @@ def test_without_automation_a_prolog_refusal_still_reaches_jobs_events(tmp_path:
     fleet.acked(batch, stored.new, 100.0)
     assert [(e["kind"], e["node"]) for e in store.job_events("12")] == [("prolog-refused", "gpu-002")]
     store.close()
+
+
+def test_a_delivery_handled_again_by_a_new_leader_is_recorded_once(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rig.client.add_job("105", ["gpu-001"], user="alice")
+    rig.report("gpu-001", XID79)
+    delivered = {"command_id": "x", "ok": True, "result": {"job_id": "105", "state": "delivered", "file": "/f"}}
+    rig.cp.on_result("gpu-001", delivered, rig.clock.time())
+    rig.open()  # a new leader handles the same inbox row again
+    rig.clock.advance(1)
+    rig.cp.on_result("gpu-001", delivered, rig.clock.time())
+    assert rig.kinds("105") == ["detected", "signalled", "delivered"]

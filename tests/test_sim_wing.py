@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "slurmgpu"
-WING = ("slurmgpu.sim.cluster", "slurmgpu.sim.fleet", "slurmgpu.sim.seed", "slurmgpu.sim.demo")
+WING = ("slurmgpu.sim.cluster", "slurmgpu.sim.fleet", "slurmgpu.sim.seed", "slurmgpu.sim.demo",
+        "slurmgpu.sim.demo_rts")
 # What may import the wing (paths under slurmgpu/; a trailing / is a whole directory).
 WING_USERS = ("sim/", "cli/sim.py", "cli/demo_cmd.py", "testing.py")
 MAX_LINES = 800

@@ -33,7 +33,7 @@ COMMANDS: dict[str, LazyCommand] = {
     "db": _C("slurmgpu.cli.db_cmd", "db", "The fleet database: copy a SQLite one into PostgreSQL."),
     "demo": _C("slurmgpu.cli.demo_cmd", "demo",
                "Show the whole product in one command: a Slurm mini-cluster, GPU jobs, live "
-               "faults, the automation and the fleet report."),
+               "faults, the automation, return to service and the fleet report."),
     "doctor": _C("slurmgpu.cli.doctor_cmd", "doctor",
                  "Check this host's slurmgpu installation and say what to fix, one line per problem."),
     "drain": _C("slurmgpu.cli.slurm_cmds", "drain",

@@ -231,6 +231,12 @@ class Checkpoints:
 
     # ------------------------------------------------------------------ from agents
 
+    def _delivered_before(self, jid: str, node: str, requested: float) -> bool:
+        """This request's delivery to ``node`` is on record already: a result handled again
+        by a new leader (the old one died before deleting its inbox chunk)."""
+        return any(e["kind"] == "delivered" and e["node"] == node and e["ts"] >= requested
+                   for e in self.store.job_events(jid))
+
     def on_result(self, node: str, body: dict[str, Any], now: float | None = None) -> list[Any]:
         """A ``command-result`` from an agent: delivery or ack of a checkpoint request."""
         now = self.clock() if now is None else now
@@ -245,7 +251,8 @@ class Checkpoints:
             self._record([JobEvent(jid, now, "delivery-failed", node, str(result.get("error", "")))])
             return []
         if state == "delivered":
-            self._record([JobEvent(jid, now, "delivered", node, str(result.get("file") or ""))])
+            if not self._delivered_before(jid, node, cp["requested"]):
+                self._record([JobEvent(jid, now, "delivered", node, str(result.get("file") or ""))])
             return []
         if state != "acked":
             return []
