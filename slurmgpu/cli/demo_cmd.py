@@ -63,6 +63,7 @@ def demo(ctx: click.Context, directory: Path, timeout: float, as_json: bool) -> 
     """
     from slurmgpu.cli.common import CliError
     from slurmgpu.sim.demo import DemoError, check_directory, render_end, render_tables, run_demo
+    from slurmgpu.sim.demo_rts import ALL_STEPS
 
     try:
         directory = check_directory(directory)
@@ -75,7 +76,7 @@ def demo(ctx: click.Context, directory: Path, timeout: float, as_json: bool) -> 
 
     if not as_json:
         say(f"slurmgpu demo in {directory}")
-    result = run_demo(directory, timeout=timeout, say=say)
+    result = run_demo(directory, timeout=timeout, say=say, steps=ALL_STEPS)
     if as_json:
         for line in render_end(result):
             say(line)

@@ -503,13 +503,12 @@ STEPS: tuple[Callable[[Demo], None], ...] = (
 
 
 def run_demo(directory: Path = DEFAULT_DIR, *, timeout: float = DEFAULT_TIMEOUT_S,
-             say: Callable[[str], None] | None = None) -> DemoResult:
+             say: Callable[[str], None] | None = None,
+             steps: tuple[Callable[[Demo], None], ...] = STEPS) -> DemoResult:
     """Run every step (``check_directory`` first for a one-line error on a bad --dir)."""
     started = time.monotonic()
     demo = Demo(directory, timeout, say)
-    from slurmgpu.sim.demo_rts import RTS_STEPS
-
-    for step in (*STEPS, *RTS_STEPS):
+    for step in steps:
         if demo.aborted:
             break
         step(demo)

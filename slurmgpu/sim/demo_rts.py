@@ -16,7 +16,7 @@ from typing import Any
 
 from slurmgpu.collector.store import remediation as remediation_store
 from slurmgpu.sim.cluster.render import slurmgpu_command
-from slurmgpu.sim.demo import AUTOMATION, Demo, Step, _final_state, ask_db
+from slurmgpu.sim.demo import AUTOMATION, STEPS, Demo, Step, _final_state, ask_db
 from slurmgpu.sim.scenario import load_scenario
 
 HEALTHY, FAULT, SDC = "h100-sxm-8", "fault-ecc-dbe", "fault-sdc"
@@ -205,3 +205,5 @@ def _verdict_quality(demo: Demo, since: float) -> list[str]:
 
 
 RTS_STEPS = (step_remediation_on, step_transient, step_persistent, step_validations)
+#: The whole demo: the first eight steps (slurmgpu.sim.demo), then these.
+ALL_STEPS = (*STEPS, *RTS_STEPS)
