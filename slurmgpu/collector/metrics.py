@@ -16,8 +16,8 @@ import ssl
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -44,6 +44,7 @@ RANK_CODE = {s.rank: s.exit_code for s in Severity}
 MAX_GPU_SERIES_PER_NODE = 128
 RATE_WINDOW_S = 60.0
 SAMPLE_EVERY_S = 1.0
+LabelValues = TypeVar("LabelValues", bound=tuple[str, ...])
 
 
 def parse_bind(bind: str) -> tuple[str, int]:
@@ -70,6 +71,15 @@ def _per_node(name: str, documentation: str, nodes: list[str], values: list[int]
     family = GaugeMetricFamily(name, documentation, labels=["node"])
     for node, value in zip(nodes, values, strict=True):
         family.add_metric([node], value)
+    return family
+
+
+def _labelled(kind: type[GaugeMetricFamily | CounterMetricFamily], name: str, documentation: str,
+              labels: list[str], values: Mapping[LabelValues, float]) -> Metric:
+    """A family with one sample per label tuple of ``values``, in sorted order."""
+    family = kind(name, documentation, labels=labels)
+    for key, value in sorted(values.items()):
+        family.add_metric(list(key), value)
     return family
 
 
@@ -150,68 +160,56 @@ class FleetMetrics:
             self.collector.log.warning("metrics_store_failed", error=str(exc))
         ok = families is not None
         yield from families or ()
-        yield GaugeMetricFamily("slurmgpu_store_writable", "0 while the collector's store "
-                                "batches keep failing (nothing is acked; agents keep spooling), "
-                                "else 1.", value=0 if self.collector.counters.store_failing else 1)
-        yield GaugeMetricFamily("slurmgpu_store_up", "1 if this scrape could read the fleet "
-                                "database, else 0 (the store's metrics are then left out).",
-                                value=1 if ok else 0)
-        yield CounterMetricFamily("slurmgpu_metrics_store_errors", "Scrapes that could not read "
-                                  "the fleet database.", value=self.store_errors)
-        yield CounterMetricFamily("slurmgpu_metrics_series_dropped", "Per-GPU series left out "
-                                  f"(over {MAX_GPU_SERIES_PER_NODE} GPUs for one node).",
-                                  value=self.series_dropped)
-        yield GaugeMetricFamily("slurmgpu_metrics_scrape_duration_seconds",
-                                "Time this scrape took to compute its metrics.",
-                                value=time.perf_counter() - began)
+        yield GaugeMetricFamily("slurmgpu_store_writable", "0 while the collector's store batches keep failing "
+                                "(nothing is acked; agents keep spooling), else 1.",
+                                value=0 if self.collector.counters.store_failing else 1)
+        yield GaugeMetricFamily("slurmgpu_store_up", "1 if this scrape could read the fleet database, else 0 "
+                                "(the store's metrics are then left out).", value=1 if ok else 0)
+        yield CounterMetricFamily("slurmgpu_metrics_store_errors", "Scrapes that could not read the fleet "
+                                  "database.", value=self.store_errors)
+        yield CounterMetricFamily("slurmgpu_metrics_series_dropped", "Per-GPU series left out (over "
+                                  f"{MAX_GPU_SERIES_PER_NODE} GPUs for one node).", value=self.series_dropped)
+        yield GaugeMetricFamily("slurmgpu_metrics_scrape_duration_seconds", "Time this scrape took to compute "
+                                "its metrics.", value=time.perf_counter() - began)
+
     def _ingest(self) -> Iterable[Metric]:
         c = self.collector.counters
-        yield GaugeMetricFamily("slurmgpu_collector_up", "1 while the collector is serving.",
-                                value=1)
+        yield GaugeMetricFamily("slurmgpu_collector_up", "1 while the collector is serving.", value=1)
         yield GaugeMetricFamily("slurmgpu_collector_start_time_seconds",
-                                "Unix time the collector's metrics server started.",
-                                value=self.started)
+                                "Unix time the collector's metrics server started.", value=self.started)
         yield GaugeMetricFamily("slurmgpu_allowed_nodes", "Node keys in the allow-list.",
                                 value=len(self.collector.allowed))
         for name, doc, value in (
-            ("slurmgpu_messages_received", "Frames received from agents (all types, before "
-             "validation; a bundle is one).", c.received),
-            ("slurmgpu_bundles_received", "Bundles received: one frame carrying several of a "
-             "node's spooled messages (a backlog).", c.bundles),
+            ("slurmgpu_messages_received", "Frames received from agents (all types, before validation; a "
+             "bundle is one).", c.received),
+            ("slurmgpu_bundles_received", "Bundles received: one frame carrying several of a node's spooled "
+             "messages (a backlog).", c.bundles),
             ("slurmgpu_bundled_messages_received", "Messages received in bundles.", c.bundled),
-            ("slurmgpu_messages_stored", "Acked-type messages newly stored (hello, report, "
-             "event, command-result).", c.stored),
-            ("slurmgpu_messages_duplicates", "Acked-type messages already stored (resends), "
-             "acked again and not stored.", c.duplicates),
-            ("slurmgpu_messages_duplicate_conflicts", "Duplicates (same node, spool epoch and "
-             "seq) whose body differs from the stored message: dropped, logged.", c.conflicts),
-            ("slurmgpu_heartbeats_received", "Heartbeats received from agents.",
-             c.heartbeats_received),
+            ("slurmgpu_messages_stored", "Acked-type messages newly stored (hello, report, event, "
+             "command-result).", c.stored),
+            ("slurmgpu_messages_duplicates", "Acked-type messages already stored (resends), acked again and "
+             "not stored.", c.duplicates),
+            ("slurmgpu_messages_duplicate_conflicts", "Duplicates (same node, spool epoch and seq) whose body "
+             "differs from the stored message: dropped, logged.", c.conflicts),
+            ("slurmgpu_heartbeats_received", "Heartbeats received from agents.", c.heartbeats_received),
             ("slurmgpu_heartbeats_sent", "Heartbeats sent to agents.", c.heartbeats_sent),
-            ("slurmgpu_probes_answered", "`slurmgpu doctor` probes answered (a node's key checked "
-             "from another socket; its route and last-seen time are left alone).", c.probes_answered),
+            ("slurmgpu_probes_answered", "`slurmgpu doctor` probes answered (a node's key checked from another "
+             "socket; its route and last-seen time are left alone).", c.probes_answered),
             ("slurmgpu_acks_sent", "Ack frames sent.", c.acks_sent),
-            ("slurmgpu_acks_failed", "Ack frames that could not be sent (peer gone or queue "
-             "full; the agent resends).", c.acks_failed),
-            ("slurmgpu_store_batches", "Batches written to the store (one transaction each).",
-             c.batches),
-            ("slurmgpu_store_errors", "Failed store transactions (nothing acked; agents "
-             "resend).", c.store_errors),
-            ("slurmgpu_decisions_recorded", "Automation decisions recorded by this process.",
-             c.decisions),
-            ("slurmgpu_automation_errors", "Automation calls that raised (logged, serving "
-             "goes on).", c.automation_errors),
+            ("slurmgpu_acks_failed", "Ack frames that could not be sent (peer gone or queue full; the agent "
+             "resends).", c.acks_failed),
+            ("slurmgpu_store_batches", "Batches written to the store (one transaction each).", c.batches),
+            ("slurmgpu_store_errors", "Failed store transactions (nothing acked; agents resend).", c.store_errors),
+            ("slurmgpu_decisions_recorded", "Automation decisions recorded by this process.", c.decisions),
+            ("slurmgpu_automation_errors", "Automation calls that raised (logged, serving goes on).",
+             c.automation_errors),
         ):
             yield CounterMetricFamily(name, doc, value=value)
-        rejected = CounterMetricFamily("slurmgpu_messages_rejected", "Frames rejected, by "
-                                       "reason.", labels=["reason"])
         counts = dict(c.rejected)
-        for reason in sorted(set(REJECT_REASONS) | set(counts)):
-            rejected.add_metric([reason], counts.get(reason, 0))
-        yield rejected
-        yield GaugeMetricFamily("slurmgpu_ingest_reports_per_second",
-                                f"Messages stored per second over the last {RATE_WINDOW_S:g} s.",
-                                value=self.rate.rate(c.stored))
+        yield _labelled(CounterMetricFamily, "slurmgpu_messages_rejected", "Frames rejected, by reason.",
+                        ["reason"], {(reason,): counts.get(reason, 0) for reason in {*REJECT_REASONS, *counts}})
+        yield GaugeMetricFamily("slurmgpu_ingest_reports_per_second", f"Messages stored per second over the "
+                                f"last {RATE_WINDOW_S:g} s.", value=self.rate.rate(c.stored))
 
     def _automation_status(self) -> dict[str, Any] | None:
         status_fn = getattr(self.collector.automation, "status", None)
@@ -229,19 +227,16 @@ class FleetMetrics:
         return None
 
     def _automation(self, status: dict[str, Any]) -> Iterable[Metric]:
-        yield GaugeMetricFamily("slurmgpu_breaker_open", "1 while the automation's circuit "
-                                "breaker is open (drains held).",
-                                value=1 if status.get("breaker_open") else 0)
-        yield GaugeMetricFamily("slurmgpu_breaker_held_nodes", "Nodes whose drain is held by "
-                                "the open breaker.", value=len(status.get("held") or ()))
-        yield GaugeMetricFamily("slurmgpu_lemon_nodes", "Lemon nodes (drained too often; "
-                                "never auto-resumed).", value=len(status.get("lemons") or ()))
-        yield GaugeMetricFamily("slurmgpu_automation_drained_nodes", "Nodes drained by the "
-                                "automation and not resumed yet.",
-                                value=len(status.get("drained") or ()))
-        yield GaugeMetricFamily("slurmgpu_automation_dry_run", "1 if the automation records "
-                                "decisions without Slurm calls.",
-                                value=1 if status.get("dry_run") else 0)
+        yield GaugeMetricFamily("slurmgpu_breaker_open", "1 while the automation's circuit breaker is open "
+                                "(drains held).", value=1 if status.get("breaker_open") else 0)
+        yield GaugeMetricFamily("slurmgpu_breaker_held_nodes", "Nodes whose drain is held by the open breaker.",
+                                value=len(status.get("held") or ()))
+        yield GaugeMetricFamily("slurmgpu_lemon_nodes", "Lemon nodes (drained too often; never auto-resumed).",
+                                value=len(status.get("lemons") or ()))
+        yield GaugeMetricFamily("slurmgpu_automation_drained_nodes", "Nodes drained by the automation and not "
+                                "resumed yet.", value=len(status.get("drained") or ()))
+        yield GaugeMetricFamily("slurmgpu_automation_dry_run", "1 if the automation records decisions without "
+                                "Slurm calls.", value=1 if status.get("dry_run") else 0)
 
     # ------------------------------------------------------------------ the store
 
@@ -265,8 +260,7 @@ class FleetMetrics:
         """Nodes: latest report's verdict, last seen, reachable; the fleet by verdict."""
         now = time.time()
         names = [verdict_name(v) for v in cols.verdicts]
-        by_verdict = dict.fromkeys(VERDICT_CODE, 0)
-        by_verdict.update(Counter(names))
+        by_verdict = {**dict.fromkeys(VERDICT_CODE, 0), **Counter(names)}
         out: list[Metric] = [
             _per_node("slurmgpu_node_verdict", NODE_VERDICT_HELP, cols.nodes, [VERDICT_CODE[n] for n in names]),
             _per_node("slurmgpu_node_last_seen_seconds", LAST_SEEN_HELP, cols.nodes,
@@ -286,26 +280,21 @@ class FleetMetrics:
     def _finding_families(self, current: list[queries.FindingCount]) -> list[Metric]:
         """Current findings (each node's latest state change) by check and severity, and
         per GPU its worst severity."""
-        per_check: dict[tuple[str, str], int] = {}
+        per_check: Counter[tuple[str, str]] = Counter()
         gpu_rank: dict[tuple[str, int], int] = {}
         for node, gpu_index, check, severity, rank, n in current:
-            key = (str(check), str(severity))
-            per_check[key] = per_check.get(key, 0) + n
+            per_check[(str(check), str(severity))] += n
             if gpu_index is not None and rank > gpu_rank.get((node, gpu_index), 0):
                 gpu_rank[(node, gpu_index)] = rank
         return [self._findings_family(per_check), self._gpu_family(gpu_rank)]
 
     @staticmethod
-    def _findings_family(per_check: dict[tuple[str, str], int]) -> Metric:
+    def _findings_family(per_check: Counter[tuple[str, str]]) -> Metric:
         """Current non-OK findings by (check, severity), unknown ones as "other"."""
-        findings = GaugeMetricFamily("slurmgpu_findings", FINDINGS_HELP, labels=["check", "severity"])
-        capped: dict[tuple[str, str], int] = {}
+        capped: Counter[tuple[str, str]] = Counter()
         for (check, severity), count in per_check.items():
-            key = (check if check in known_checks() else OTHER, severity if severity in VERDICT_CODE else OTHER)
-            capped[key] = capped.get(key, 0) + count
-        for (check, severity), count in sorted(capped.items()):
-            findings.add_metric([check, severity], count)
-        return findings
+            capped[(check_label(check), severity if severity in VERDICT_CODE else OTHER)] += count
+        return _labelled(GaugeMetricFamily, "slurmgpu_findings", FINDINGS_HELP, ["check", "severity"], capped)
 
     def _gpu_family(self, gpu_rank: dict[tuple[str, int], int]) -> Metric:
         """Per GPU with a current non-OK finding, its worst severity's code (by node, GPU)."""
@@ -321,55 +310,34 @@ class FleetMetrics:
 
     def _event_families(self, counts: list[queries.EventCount]) -> list[Metric]:
         """Events (history within the retention): by kind, XIDs by code."""
-        events = CounterMetricFamily("slurmgpu_events", "Events stored (within the retention), "
-                                     "by kind.", labels=["kind"])
-        xids = CounterMetricFamily("slurmgpu_xid_events", "XID events stored (within the "
-                                   "retention), by XID code.", labels=["xid"])
-        per_kind: dict[str, int] = {}
-        per_xid: dict[str, int] = {}
+        per_kind: Counter[tuple[str]] = Counter()
+        per_xid: Counter[tuple[str]] = Counter()
         for kind, xid, count in counts:
-            label = str(kind) if kind in EVENT_KINDS else OTHER
-            per_kind[label] = per_kind.get(label, 0) + count
+            per_kind[(str(kind) if kind in EVENT_KINDS else OTHER,)] += count
             if kind == "xid":
-                xid_label = "unknown" if xid is None else (
-                    str(xid) if 0 <= int(xid) <= MAX_XID_LABEL else OTHER)
-                per_xid[xid_label] = per_xid.get(xid_label, 0) + count
-        for xid_label, n in sorted(per_xid.items()):
-            xids.add_metric([xid_label], n)
-        for kind, count in sorted(per_kind.items()):
-            events.add_metric([kind], count)
-        return [events, xids]
+                per_xid[(xid_label(xid),)] += count
+        return [_labelled(CounterMetricFamily, "slurmgpu_events", "Events stored (within the retention), by kind.",
+                          ["kind"], per_kind),
+                _labelled(CounterMetricFamily, "slurmgpu_xid_events", "XID events stored (within the retention), "
+                          "by XID code.", ["xid"], per_xid)]
 
     def _decision_families(self, counts: list[queries.DecisionCount]) -> list[Metric]:
         """Automation decisions (history within the retention) by result and by trigger."""
-        actions = CounterMetricFamily("slurmgpu_actions", "Automation decisions (within the "
-                                      "retention) by action and result (\"error: ...\" "
-                                      "results count as \"error\").", labels=["action", "result"])
-        triggers = CounterMetricFamily("slurmgpu_actions_by_trigger", "Automation decisions "
-                                       "(within the retention) by action and trigger (the "
-                                       "check id, \"healthy\" for a resume).",
-                                       labels=["action", "trigger"])
-        per_result: dict[tuple[str, str], int] = {}
-        per_trigger: dict[tuple[str, str], int] = {}
+        per_result: Counter[tuple[str, str]] = Counter()
+        per_trigger: Counter[tuple[str, str]] = Counter()
         for action, result, trigger, count in counts:
-            rk, tk = (action, result), (action, trigger)
-            per_result[rk] = per_result.get(rk, 0) + count
-            per_trigger[tk] = per_trigger.get(tk, 0) + count
-        for labels, count in sorted(per_result.items()):
-            actions.add_metric(list(labels), count)
-        for labels, count in sorted(per_trigger.items()):
-            triggers.add_metric(list(labels), count)
-        return [actions, triggers]
+            per_result[(action, result)] += count
+            per_trigger[(action, trigger)] += count
+        return [_labelled(CounterMetricFamily, "slurmgpu_actions", ACTIONS_HELP, ["action", "result"], per_result),
+                _labelled(CounterMetricFamily, "slurmgpu_actions_by_trigger", TRIGGERS_HELP, ["action", "trigger"],
+                          per_trigger)]
 
     def _checkpoint_families(self, counts: dict[str, int], pending_drains: int) -> list[Metric]:
         """Checkpoint requests by state; nodes whose drain waits for them."""
-        per_state = dict.fromkeys(CHECKPOINT_STATES, 0)
-        per_state.update(counts)
-        states = GaugeMetricFamily("slurmgpu_checkpoints", "Checkpoint requests (within "
-                                   "the retention) by state; a gauge: requests move between "
-                                   "states.", labels=["state"])
-        for state, count in sorted(per_state.items()):
-            states.add_metric([state], count)
+        per_state = {**dict.fromkeys(CHECKPOINT_STATES, 0), **counts}
+        states = _labelled(GaugeMetricFamily, "slurmgpu_checkpoints", "Checkpoint requests (within the retention) "
+                           "by state; a gauge: requests move between states.", ["state"],
+                           {(state,): n for state, n in per_state.items()})
         pending = GaugeMetricFamily("slurmgpu_pending_drains", "Nodes whose drain waits for "
                                     "their jobs' checkpoints.", value=pending_drains)
         open_ = GaugeMetricFamily("slurmgpu_checkpoints_pending", "Checkpoint requests "
@@ -379,22 +347,21 @@ class FleetMetrics:
     @staticmethod
     def _verdict_quality_families(counts: list[tuple[str, str, str, int]]) -> list[Metric]:
         """The report's verdict_quality: drains and their outcomes by check and GPU model."""
-        drains = CounterMetricFamily("slurmgpu_drains", DRAINS_HELP, labels=["check", "gpu_model"])
         outcomes = CounterMetricFamily("slurmgpu_drain_outcomes", OUTCOMES_HELP,
                                        labels=["check", "gpu_model", "outcome"])
         per_drain: Counter[tuple[str, str]] = Counter()
         per_outcome: Counter[tuple[str, str, str]] = Counter()
         for check, model, outcome, n in counts:
-            key = (check if check in known_checks() else OTHER, model)
+            key = (check_label(check), model)
             per_drain[key] += n
             per_outcome[(*key, outcome if outcome in OUTCOMES else OTHER)] += n
         for key in sorted(per_drain):
-            drains.add_metric(list(key), per_drain[key])
             for outcome in OUTCOMES:
                 outcomes.add_metric([*key, outcome], per_outcome.pop((*key, outcome), 0))
         for labels, n in sorted(per_outcome.items()):
             outcomes.add_metric(list(labels), n)
-        return [drains, outcomes]
+        return [_labelled(CounterMetricFamily, "slurmgpu_drains", DRAINS_HELP, ["check", "gpu_model"], per_drain),
+                outcomes]
 
 
 NODE_VERDICT_HELP = ("Verdict of the node's latest report: 0 OK, 1 WARN, 2 FAIL, 3 UNKNOWN "
@@ -409,6 +376,10 @@ FINDINGS_HELP = ("Current non-OK findings across the fleet (from each node's lat
                  "check and severity.")
 GPU_VERDICT_HELP = ("Worst severity of the GPU's current findings: 1 WARN, 2 FAIL, 3 UNKNOWN (only "
                     "GPUs with a current non-OK finding are exported; absent = OK).")
+ACTIONS_HELP = ("Automation decisions (within the retention) by action and result (\"error: ...\" results "
+                "count as \"error\").")
+TRIGGERS_HELP = ("Automation decisions (within the retention) by action and trigger (the check id, \"healthy\" "
+                 "for a resume).")
 DRAINS_HELP = ("Drains with a recorded outcome (the report's verdict_quality: the fleet "
                "database's whole history), by check and GPU model.")
 OUTCOMES_HELP = ("What those drains turned out to be, by check, GPU model and outcome: confirmed, "
@@ -426,6 +397,14 @@ def known_checks() -> frozenset[str]:
     from slurmgpu.checks.registry import all_checks
 
     return frozenset({c.id for c in all_checks()} | {"agent.spool", "agent.state_dir"})
+
+
+def check_label(check: str) -> str:
+    return check if check in known_checks() else OTHER
+
+
+def xid_label(xid: int | None) -> str:
+    return "unknown" if xid is None else str(xid) if 0 <= int(xid) <= MAX_XID_LABEL else OTHER
 
 
 # A scraper gets this long to send its request and read the answer: an idle or trickling
@@ -543,11 +522,9 @@ def _readable(sock: socket.socket, deadline: float) -> bool:
 class MetricsServer:
     """The running HTTP server (a daemon thread); ``shutdown()`` stops it."""
 
-    def __init__(self, httpd: WSGIServer, metrics: FleetMetrics,
-                 registry: CollectorRegistry, *, scheme: str = "http") -> None:
+    def __init__(self, httpd: WSGIServer, metrics: FleetMetrics, *, scheme: str = "http") -> None:
         self.httpd = httpd
         self.metrics = metrics
-        self.registry = registry
         address = httpd.server_address
         self.host = address[0] if isinstance(address[0], str) else address[0].decode()
         self.port = int(address[1])
@@ -568,8 +545,6 @@ class MetricsServer:
         self.httpd.shutdown()
         self.httpd.server_close()
         self.thread.join(5)
-
-    close = shutdown
 
 
 def tls_context(cert: str, key: str, client_ca: str = "") -> ssl.SSLContext:
@@ -612,4 +587,4 @@ def start_metrics_server(collector: MetricsSource, bind: str, *, tls_cert: str =
         # its timeout: a client that never finishes it cannot hold the accept loop.
         httpd.socket = context.wrap_socket(httpd.socket, server_side=True,
                                            do_handshake_on_connect=False)
-    return MetricsServer(httpd, metrics, registry, scheme="https" if context is not None else "http")
+    return MetricsServer(httpd, metrics, scheme="https" if context is not None else "http")
