@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -41,15 +41,9 @@ class Counters:
     rejected: Counter[str] = field(default_factory=Counter)
 
     def snapshot(self) -> dict[str, Any]:
-        return {"received": self.received, "bundles": self.bundles, "bundled": self.bundled,
-                "stored": self.stored, "duplicates": self.duplicates,
-                "acks_sent": self.acks_sent, "acks_failed": self.acks_failed,
-                "heartbeats_received": self.heartbeats_received,
-                "heartbeats_sent": self.heartbeats_sent, "probes_answered": self.probes_answered,
-                "batches": self.batches,
-                "store_errors": self.store_errors, "conflicts": self.conflicts,
-                "decisions": self.decisions,
-                "automation_errors": self.automation_errors, "rejected": dict(self.rejected)}
+        """Every count in field order (not ``store_failing``, a state), for the stats log lines."""
+        counts = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "store_failing"}
+        return {**counts, "rejected": dict(self.rejected)}
 
 
 class LimitedLog:

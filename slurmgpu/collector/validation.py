@@ -12,15 +12,11 @@ from slurmgpu.result import Finding
 from slurmgpu.validate.fleet import NodeResults, stragglers
 from slurmgpu.validate.report import KIND as VALIDATION
 
-__all__ = ["VALIDATION", "fleet_results", "judge_stragglers"]
-
-
-def fleet_results(store: Store) -> list[NodeResults]:
-    return [NodeResults(node, body.get("findings") or []) for node, _seq, _ts, body in latest_validations(store.db)]
+__all__ = ["VALIDATION", "judge_stragglers"]
 
 
 def judge_stragglers(store: Store, settings: CollectorSettings, nodes: Iterable[str]) -> dict[str, list[Finding]]:
     """``validate.straggler`` findings per node of ``nodes`` (none: not a straggler)."""
-    results = fleet_results(store)
+    results = [NodeResults(node, body.get("findings") or []) for node, _seq, _ts, body in latest_validations(store.db)]
     return {node: stragglers(node, results, settings.straggler_fraction, settings.straggler_min_nodes)
             for node in nodes}
