@@ -1,10 +1,7 @@
-"""One pass of idle-time validation (``slurmgpu validations idle``, run by a timer on one
-head node): record the results of the idle validation jobs earlier passes submitted
-(``validations``, trigger ``idle``), then submit ``slurmgpu validate --send`` as a
-preemptible job on each idle node that is due. The job hands its findings to the node's
-agent like any ``validate --send``, so a FAIL reaches the collector and drains through
-the automation; a pass only records runs. On a shared PostgreSQL database one pass runs at
-a time (an advisory lock): a second head's timer finds it taken and does nothing.
+"""One pass of idle-time validation (``slurmgpu validations idle``): record the idle
+validation jobs that ended (``validations``, trigger ``idle``), then submit ``slurmgpu
+validate --send`` as a preemptible job on each idle node that is due; a FAIL drains through
+the agent and the automation like any ``validate --send``. One pass at a time per database.
 docs/remediation.md, "Idle-time validation"."""
 
 from __future__ import annotations

@@ -170,7 +170,7 @@ class Remediation:
         """The reset runs on the node as a job in its reservation (named like the
         validation: ``slurmgpu.slurm.owned`` cleans it up the same way), one
         ``remediate reset --gpu N`` per GPU; its exit code is the result."""
-        gpus = step.gpus or tuple(range(_gpu_count(self._facts(step.node))))
+        gpus = step.gpus or tuple(range(len(_gpus(self._facts(step.node)))))
         argv = ["sh", "-c", " && ".join(owned.wrap_text([*self.program, "remediate", "reset", "--gpu", str(g)])
                                         for g in gpus) or "true"]
         reservation = owned.reservation_name(step.node)
@@ -268,10 +268,6 @@ class Remediation:
 
 def _gpus(facts: NodeFacts | None) -> list[GpuFacts]:
     return list(facts.gpus) if facts is not None else []
-
-
-def _gpu_count(facts: NodeFacts | None) -> int:
-    return len(_gpus(facts))
 
 
 def _minutes(seconds: float) -> int:
