@@ -364,8 +364,7 @@ class FleetMetrics:
                 outcomes]
 
 
-NODE_VERDICT_HELP = ("Verdict of the node's latest report: 0 OK, 1 WARN, 2 FAIL, 3 UNKNOWN "
-                     "(or no report yet).")
+NODE_VERDICT_HELP = "Verdict of the node's latest report: 0 OK, 1 WARN, 2 FAIL, 3 UNKNOWN (or no report yet)."
 LAST_SEEN_HELP = "Seconds since the collector last heard from the node (any message)."
 REACHABLE_HELP = "1 if the node is reachable, 0 once silent for unreachable_after heartbeats."
 FLEET_NODES_HELP = "Nodes known to the collector (heard from at least once)."
@@ -387,7 +386,7 @@ OUTCOMES_HELP = ("What those drains turned out to be, by check, GPU model and ou
                  "reset or reboot), unknown (resumed without validation).")
 
 # Label cardinality from what nodes send: check ids, event kinds and XID codes outside the
-# known sets become "other"; at most this many per-GPU series per node.
+# known sets become "other".
 OTHER = "other"
 MAX_XID_LABEL = 1023
 
