@@ -130,7 +130,7 @@ if [ -n "$do_deb" ]; then
         for u in "${units[@]}"; do
             has "deb: unit $u" "$tmp/deb-list" "^-rw-r--r-- root/root \.(/usr)?/lib/systemd/system/$u\$"
         done
-        for d in /etc/slurmgpu/keys /var/lib/slurmgpu /var/spool/slurmgpu; do
+        for d in /etc/slurmgpu/keys /var/lib/slurmgpu /var/lib/slurmgpu/validations /var/spool/slurmgpu; do
             has "deb: $d root-only (0700)" "$tmp/deb-list" "^drwx------ root/root \.$d/\$"
         done
         has "deb: the drop-in directory /etc/slurmgpu/slurmgpu.d" "$tmp/deb-list" '^drwxr-xr-x root/root \./etc/slurmgpu/slurmgpu\.d/$'
@@ -213,7 +213,7 @@ if [ -n "$do_rpm" ]; then
         for u in "${units[@]}"; do
             has "rpm: unit $u" "$tmp/rpm-list" "^-rw-r--r-- root /usr/lib/systemd/system/$u\$"
         done
-        for d in /etc/slurmgpu/keys /var/lib/slurmgpu /var/spool/slurmgpu; do
+        for d in /etc/slurmgpu/keys /var/lib/slurmgpu /var/lib/slurmgpu/validations /var/spool/slurmgpu; do
             has "rpm: $d root-only (0700)" "$tmp/rpm-list" "^drwx------ root $d\$"
         done
         for f in /etc/slurmgpu/slurmgpu.toml /etc/sysconfig/slurmgpu /etc/logrotate.d/slurmgpu; do

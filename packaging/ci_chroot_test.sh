@@ -253,7 +253,7 @@ echo "   $v"
 must [ "$v" = "slurmgpu, version $(in_root dpkg-query -W -f='${Version}' slurmgpu | sed 's/-[^-]*$//')" ]
 
 step "installed files: modes, conffiles, hooks"
-for d in /var/lib/slurmgpu /var/spool/slurmgpu /etc/slurmgpu/keys; do
+for d in /var/lib/slurmgpu /var/lib/slurmgpu/validations /var/spool/slurmgpu /etc/slurmgpu/keys; do
     must [ "$(stat -c %a:%U:%G "$work$d")" = 700:root:root ]
 done
 must grep -qx 'SLURMGPU_PYTHON=/usr/bin/python3' "$work/etc/default/slurmgpu"
