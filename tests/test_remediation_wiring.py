@@ -7,6 +7,7 @@ Slurm calls: tests/test_remediation_e2e.py."""
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -150,6 +151,17 @@ def test_a_reset_runs_as_a_job_in_the_reservation_and_a_reboot_counts_towards_a_
     rem.tick(130.0)
     assert client.calls[-1][0] == "reboot_and_hold" and rem.ladders[NODE].stage == "reboot"
     assert len(auto.state.history[NODE]) == 2 and NODE in auto.state.lemons  # the drain and the reboot
+
+
+def test_a_reset_job_has_its_output_directory_when_it_is_the_first_job_this_head_submits(tmp_path: Path) -> None:
+    """A new leader, whose state dir never held a validation, taking a ladder over at its
+    reset: Slurm 22.05 fails a job whose output directory is missing (JobLaunchFailure)."""
+    auto, rem, client = wired(tmp_path)
+    drained_then_healthy(auto, rem)
+    finish(client, "1000", 2)  # the validation fails: reset
+    shutil.rmtree(tmp_path / "state" / "validations")
+    rem.tick(110.0)
+    assert client.calls[-1][0] == "submit_validation" and (tmp_path / "state" / "validations").is_dir()
 
 
 def test_an_operator_drain_that_opted_in_is_validated_before_resume(tmp_path: Path) -> None:

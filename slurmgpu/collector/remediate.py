@@ -159,11 +159,12 @@ class Remediation:
     # ---- the steps
 
     def _submit(self, node: str, reservation: str, args: list[str], timeout_s: float) -> str:
-        self.out_dir.mkdir(parents=True, exist_ok=True)
         return self.client.submit_validation(node, [*self.program, *args], reservation=reservation,
                                              time_limit_min=_minutes(timeout_s), output=str(self._out(node)))
 
     def _out(self, node: str) -> Path:
+        """The job's output file; its directory made here (Slurm 22.05 does not make it)."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
         return self.out_dir / f"{node}.out"
 
     def _reset(self, step: st.ResetGpus) -> None:
