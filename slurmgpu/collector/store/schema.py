@@ -436,32 +436,29 @@ def schema_version(db: Connection) -> int:
     return int(row[0]) if row else 0
 
 
-@functools.cache
-def seeded_tables() -> frozenset[str]:
-    """The tables the migrations themselves put rows in (a counter's one row): a fresh
-    database holds these rows and nothing else."""
+def _fresh_tables() -> dict[str, bool]:
+    """Each table of a fully migrated database (the migrations run on an in-memory one),
+    and whether the migrations themselves put rows in it (a counter's one row)."""
     db = sqlite3.connect(":memory:", isolation_level=None)
     try:
         db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
         for migration in MIGRATIONS:
             migration(db)
-        return frozenset(t for t in SQLITE.tables(db) - {"schema_version"}
-                         if db.execute(f"SELECT EXISTS (SELECT 1 FROM {t})").fetchone()[0])
+        return {t: bool(db.execute(f"SELECT EXISTS (SELECT 1 FROM {t})").fetchone()[0])
+                for t in SQLITE.tables(db)}
     finally:
         db.close()
 
 
 @functools.cache
 def expected_tables() -> frozenset[str]:
-    """The tables a fully migrated database has (the migrations run on an in-memory one)."""
-    db = sqlite3.connect(":memory:", isolation_level=None)
-    try:
-        db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-        for migration in MIGRATIONS:
-            migration(db)
-        return frozenset(SQLITE.tables(db))
-    finally:
-        db.close()
+    return frozenset(_fresh_tables())
+
+
+@functools.cache
+def seeded_tables() -> frozenset[str]:
+    """The tables a fresh database holds rows in (and no others)."""
+    return frozenset(t for t, seeded in _fresh_tables().items() if seeded)
 
 
 def connect(target: str | Path, timeout_s: float) -> Connection:
