@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from slurmgpu.collector.store.backend import Connection
+from slurmgpu.collector.store.backend import Connection, insert_sql
 from slurmgpu.collector.store.ingest import Ingest
 from slurmgpu.decision import Action
 
@@ -301,12 +301,7 @@ def _write_group(db: Connection, old: Group, new: Group) -> None:
             db.executemany(f"DELETE FROM {table} WHERE " + " AND ".join(f"{c} = ?" for c in keys), gone)
         changed = [k + v for k, v in rows.items() if before.get(k) != v]
         if changed:
-            names = (*keys, *values)
-            update = (" DO UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in values)
-                      if values else " DO NOTHING")
-            db.executemany(f"INSERT INTO {table} ({', '.join(names)}) VALUES "
-                           f"({', '.join('?' * len(names))}) ON CONFLICT ({', '.join(keys)})" + update,
-                           changed)
+            db.executemany(insert_sql(table, (*keys, *values), keys), changed)
 
 
 def _write_state(db: Connection, old: Row | None, new: Row, version: int) -> None:

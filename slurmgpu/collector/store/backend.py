@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
@@ -71,6 +71,17 @@ def describe(target: object) -> str:
     netloc = parts.netloc.rpartition("@")
     user = netloc[0].partition(":")[0]
     return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[2]}"))
+
+
+def insert_sql(table: str, columns: Sequence[str], keys: Sequence[str] = ()) -> str:
+    """``INSERT INTO table (columns) VALUES (?, ...)``; with ``keys``, an upsert: a row
+    whose ``keys`` are stored sets the other columns (none: it is left as it is)."""
+    sql = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+    if not keys:
+        return sql
+    rest = [c for c in columns if c not in keys]
+    action = "UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in rest) if rest else "NOTHING"
+    return f"{sql} ON CONFLICT ({', '.join(keys)}) DO {action}"
 
 
 # ---------------------------------------------------------------------- the dialects
