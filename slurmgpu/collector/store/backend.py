@@ -73,6 +73,11 @@ def describe(target: object) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[2]}"))
 
 
+def one_line(exc: BaseException) -> str:
+    """An error's text on one line, for a one-line message."""
+    return " ".join(str(exc).split())
+
+
 def insert_sql(table: str, columns: Sequence[str], keys: Sequence[str] = ()) -> str:
     """``INSERT INTO table (columns) VALUES (?, ...)``; with ``keys``, an upsert: a row
     whose ``keys`` are stored sets the other columns (none: it is left as it is)."""
