@@ -182,12 +182,9 @@ class AutomationRecord:
         self._base: Image = {}  # the rows as stored at that version
         self.reload()
 
-    def stored_version(self) -> int | None:
-        return stored_version(self.store.db)
-
     def refresh(self) -> bool:
         """Read the state back if someone else wrote it since; True if it did."""
-        if self.stored_version() == self.version:
+        if stored_version(self.store.db) == self.version:
             return False
         self.reload()
         return True
@@ -228,12 +225,6 @@ class AutomationRecord:
             self.save()
         self.reload()  # (a drained node's pending comes from pending_drains)
         return True
-
-
-def reset(db: Connection) -> None:
-    """Forget the automation's state (inside the caller's transaction)."""
-    for table in TABLES:
-        db.execute(f"DELETE FROM {table}")
 
 
 # ---------------------------------------------------------------------- state -> rows

@@ -92,13 +92,8 @@ def insert_sql(table: str, columns: Sequence[str], keys: Sequence[str] = ()) -> 
 # ---------------------------------------------------------------------- the dialects
 
 
-# The write lock of the PostgreSQL dialect: a transaction-level advisory lock (key: "slurmgpu"
-# in ASCII) that every write transaction takes first, as SQLite's BEGIN IMMEDIATE takes the
-# database's one write lock. It serialises the store's read-modify-write transactions
-# (an operator's breaker release against the collector's save) and costs one round trip.
-# Collectors' ingest batches take it shared (``begin_ingest``): they run side by side, as
-# they touch rows that are their own (messages deduplicated by the unique key, each node's
-# rows in one order), and still wait for, and hold off, every exclusive writer.
+# The PostgreSQL dialect's write lock: a transaction-level advisory lock (key: "slurmgpu" in
+# ASCII), SQLite's BEGIN IMMEDIATE (docs/design-notes.md, ``backend.py``).
 WRITE_LOCK_KEY = int.from_bytes(b"slurmgpu", "big")
 
 # SQLite DDL -> PostgreSQL DDL: SQLite's INTEGER is 64-bit and an INTEGER PRIMARY KEY is

@@ -153,25 +153,18 @@ def _dicts(cur: Cursor) -> list[dict[str, Any]]:
     return [dict(zip(names, row, strict=True)) for row in cur]
 
 
-_BEGIN_PG = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
-
-
-def _open_read_only(path: str | Path, timeout_s: float) -> Connection:
-    """A read-only connection to the database at ``path`` (or a ``postgresql://`` URL)."""
-    if is_postgres(path):
-        return connect_postgres(str(path), timeout_s)
-    uri = Path(path).resolve().as_uri() + "?mode=ro"
-    return sqlite3.connect(uri, uri=True, timeout=timeout_s, isolation_level=None)
-
-
 @contextlib.contextmanager
 def snapshot(path: str | Path, timeout_s: float = 5.0) -> Iterator[Connection]:
     """A read-only connection to the database at ``path`` (or a ``postgresql://`` URL)
     inside one read transaction (every query sees the same snapshot; WAL readers never
     block the collector, nor do PostgreSQL's)."""
-    db = _open_read_only(path, timeout_s)
+    if is_postgres(path):
+        db: Connection = connect_postgres(str(path), timeout_s)
+    else:
+        db = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True, timeout=timeout_s,
+                             isolation_level=None)
     try:
-        db.execute(_BEGIN_PG if is_postgres(path) else "BEGIN")
+        db.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY" if is_postgres(path) else "BEGIN")
         yield db
     finally:
         db.close()

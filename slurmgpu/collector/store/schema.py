@@ -464,9 +464,13 @@ def seeded_tables() -> frozenset[str]:
 def connect(target: str | Path, timeout_s: float) -> Connection:
     """Open the database (a path: SQLite; a ``postgresql://`` URL: PostgreSQL), refuse a
     damaged one (StoreError, one line naming it and what to do) and migrate an older one."""
-    if is_postgres(target):
-        return _connect_postgres_store(str(target), timeout_s)
-    return _connect_sqlite(Path(target), timeout_s)
+    if not is_postgres(target):
+        return _connect_sqlite(Path(target), timeout_s)
+    try:
+        db = connect_postgres(str(target), timeout_s)
+    except sqlite3.Error as exc:
+        raise StoreError(str(exc)) from None
+    return _ready(db, target, "")
 
 
 def connect_postgres(url: str, timeout_s: float, params: Mapping[str, Any] | None = None) -> Connection:
@@ -479,14 +483,6 @@ def connect_postgres(url: str, timeout_s: float, params: Mapping[str, Any] | Non
         raise StoreError(f"{describe(url)}: PostgreSQL needs psycopg 3 ({exc}); "
                          "pip install 'slurmgpu[postgres]'") from None
     return pg_connect(url, timeout_s, params)
-
-
-def _connect_postgres_store(url: str, timeout_s: float) -> Connection:
-    try:
-        db = connect_postgres(url, timeout_s)
-    except sqlite3.Error as exc:
-        raise StoreError(str(exc)) from None
-    return _ready(db, url, "")
 
 
 def _connect_sqlite(path: Path, timeout_s: float) -> Connection:
