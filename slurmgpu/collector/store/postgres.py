@@ -159,13 +159,10 @@ class _Unnest:
             return True
         return len({tuple(row[k] for k in self.keys) for row in rows}) == len(rows)
 
-    def arrays(self, rows: list[Any]) -> list[list[Any]]:
-        return [list(column) for column in zip(*rows, strict=True)]
-
     def statement(self, rows: list[Any]) -> tuple[str, list[Any]]:
         """The statement and its parameters for these rows: a text a column where every
         column can be one, else psycopg's arrays."""
-        columns = self.arrays(rows)
+        columns = [list(column) for column in zip(*rows, strict=True)]
         texts = [_column_text(kind, column) for kind, column in zip(self.kinds, columns, strict=True)]
         if all(text is not None for text in texts):
             return self.text_sql, texts
