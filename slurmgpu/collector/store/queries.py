@@ -303,8 +303,12 @@ def checkpoints(db: Connection, *, job_id: str | None = None, active: bool = Fal
 
 
 def checkpoint_states(db: Connection) -> dict[str, int]:
-    """{state: checkpoint requests}."""
-    return {str(state): int(n) for state, n in db.execute("SELECT state, count(*) FROM checkpoints GROUP BY state")}
+    """{state: checkpoint requests}; empty for a database without checkpoints (schema < 3)."""
+    try:
+        return {str(state): int(n) for state, n in
+                db.execute("SELECT state, count(*) FROM checkpoints GROUP BY state")}
+    except sqlite3.OperationalError:  # no such table
+        return {}
 
 
 def pending_drains(db: Connection) -> list[PendingDrain]:
@@ -316,8 +320,11 @@ def pending_drains(db: Connection) -> list[PendingDrain]:
 
 
 def pending_drain_count(db: Connection) -> int:
-    """How many nodes' drains wait for checkpoints."""
-    return int(db.execute("SELECT count(*) FROM pending_drains").fetchone()[0])
+    """How many nodes' drains wait for checkpoints (0 for a database from before them)."""
+    try:
+        return int(db.execute("SELECT count(*) FROM pending_drains").fetchone()[0])
+    except sqlite3.OperationalError:  # no such table
+        return 0
 
 
 def job_events(db: Connection, job_id: str) -> list[JobEventRow]:
