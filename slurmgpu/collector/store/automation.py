@@ -299,9 +299,7 @@ def _write_state(db: Connection, old: Row | None, new: Row, version: int) -> Non
     """The breaker and fleet row, with the new version; of a row already stored, only the
     columns this save changed."""
     if old is None:
-        db.execute(f"INSERT INTO automation_state (id, version, {', '.join(_STATE_COLUMNS)}) "
-                   "VALUES (1, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET version = excluded.version, "
-                   + ", ".join(f"{c} = excluded.{c}" for c in _STATE_COLUMNS), (version, *new))
+        db.execute(insert_sql("automation_state", ("id", "version", *_STATE_COLUMNS), ("id",)), (1, version, *new))
         return
     changed = [(c, v) for c, was, v in zip(_STATE_COLUMNS, old, new, strict=True) if was != v]
     db.execute("UPDATE automation_state SET version = ?" + "".join(f", {c} = ?" for c, _ in changed)

@@ -71,7 +71,7 @@ class _NoRows:
         return iter(())
 
 
-# ``_Unnest``'s columns as one delimited text each (``_Column``): the separator and the
+# ``_Unnest``'s columns as one delimited text each (``_column_text``): the separator and the
 # NULL element, characters that a text value holding them (a hostile node's message may)
 # sends the whole statement by psycopg's arrays instead.
 _SEP, _NULL = "\x1f", "\x1e"
