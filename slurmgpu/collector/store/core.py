@@ -58,11 +58,9 @@ class Store(Ingest):
         rows = Rows()
         self.history.flush(time.time(), rows)
         if rows.samples and str(self.path) != ":memory:":
-            try:
-                with self.transaction():
-                    rows.write(self.db)
-            except sqlite3.Error:
-                pass  # read-only or gone: the partial hour is lost, nothing else
+            # (read-only or gone: the partial hour is lost, nothing else)
+            with contextlib.suppress(sqlite3.Error), self.transaction():
+                rows.write(self.db)
         self.db.close()
 
     # ------------------------------------------------------------------ reads
