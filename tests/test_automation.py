@@ -233,7 +233,6 @@ def test_dry_run_records_without_calls(tmp_path: Path) -> None:
         decisions += ok(auto, "gpu-001", clock)
     assert [(d.action, d.result) for d in decisions] == [("resume", "dry-run")]
     assert client.calls == []
-    assert auto.state.log[0]["action"] == "drain"
 
 
 def test_state_survives_restart(tmp_path: Path) -> None:
@@ -354,7 +353,7 @@ def test_release_carried_out_by_run_released(tmp_path: Path) -> None:
     assert auto.refresh()  # what the collector does at each loop turn: the version moved
     [d] = auto.run_released(clock.time())
     assert (d.node, d.action, d.result, d.held, d.released_by) == ("gpu-002", "drain", "drained", False, "bob")
-    assert auto.state.log[-1]["released_by"] == "bob" and auto.run_released(clock.time()) == []
+    assert auto.run_released(clock.time()) == []
     assert drains(client) == ["gpu-001", "gpu-002"] and "gpu-002" in auto.status()["drained"]
 
 

@@ -102,7 +102,7 @@ def test_an_old_database_and_its_automation_json_upgrade(tmp_path: Path, store_u
         assert {node: v.to_json(node) for node, v in mine.items()} == {n: dict(v, node=n) for n, v in theirs.items()}
     assert st.strikes == LEGACY["strikes"] and st.healthy == LEGACY["healthy"]
     assert st.history == LEGACY["history"] and st.drain_times == LEGACY["drain_times"]
-    assert st.failing == LEGACY["failing"] and st.seen == LEGACY["seen"] and st.log == LEGACY["log"]
+    assert st.failing == LEGACY["failing"] and st.seen == LEGACY["seen"]
     # "waits for checkpoints" has one home: pending_drains (the JSON's copy is not kept)
     assert st.drained == {"gpu-001": DrainedNode(10.0, "ecc.uncorrected", "slurmgpu: ecc"),
                           "gpu-004": DrainedNode(50.0, "mem.row_remap", "slurmgpu: mem.row_remap",

@@ -47,7 +47,6 @@ if TYPE_CHECKING:
 # Where a slurmgpu before schema 7 kept the state: imported into the database once.
 LEGACY_STATE_FILE = "automation.json"
 IMPORTED_SUFFIX = ".imported"
-LOG_KEEP = 100
 
 
 
@@ -67,9 +66,6 @@ class Decision:
     time: float = 0.0
     # A drain the breaker held and an operator released (`slurmgpu breaker release`): who.
     released_by: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 def legacy_state_file(state_dir: str | Path) -> Path:
@@ -190,7 +186,6 @@ class Automation:
                 decisions.append(self._decision(node, entry.action, entry.reason, entry.trigger,
                                                 f"error: {exc}", now, released_by=entry.released_by or ""))
         st.released.clear()
-        st.log = (st.log + [d.to_json() for d in decisions])[-LOG_KEEP:]
         self._record.save(nodes)
         return decisions
 
@@ -256,7 +251,6 @@ class Automation:
         else:
             st.healthy.pop(node, None)
             decisions += self._unhealthy(node, bad, strikes, now)
-        st.log = (st.log + [d.to_json() for d in decisions])[-LOG_KEEP:]
         self._record.save((node,))
         self._ladder_start(node, bad, decisions, now)
         return decisions
@@ -458,7 +452,6 @@ class Automation:
         else:
             entry.stage, entry.pending, entry.then_reboot = Stage.DRAINED, None, False
         decision = self._decision(node, action, reason, trigger, result, now)
-        st.log = [*st.log, decision.to_json()][-LOG_KEEP:]
         self._record.save((node,))
         return decision
 

@@ -220,7 +220,7 @@ class Demo:
     def job_events(self, job: str, kind: str) -> tuple[float, str, str] | None:
         """(ts, node, detail) of the job's first ``kind`` event in the collector's timeline."""
         row = ask_db(self.cluster.collector_db(), lambda db: queries.first_job_event(db, job, kind))
-        return (row.ts, str(row.node or ""), str(row.detail or "")) if row else None
+        return (row["ts"], str(row["node"] or ""), str(row["detail"] or "")) if row else None
 
     def decision(self, node: str, since: float, *,
                  held: bool | None = None) -> dict[str, Any] | None:

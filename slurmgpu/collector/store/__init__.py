@@ -8,18 +8,9 @@ backend."""
 
 from __future__ import annotations
 
-from slurmgpu.collector.store.automation import AutomationRecord, AutomationState
+from slurmgpu.collector.store.automation import AutomationState
 from slurmgpu.collector.store.core import Store
-from slurmgpu.collector.store.ingest import (
-    DECISION_SLACK_S,
-    BatchItem,
-    Conflict,
-    MessageKey,
-    Transaction,
-)
 from slurmgpu.collector.store.leader import Leadership
-from slurmgpu.collector.store.schema import MIGRATIONS, SCHEMA_VERSION, StoreError
+from slurmgpu.collector.store.schema import SCHEMA_VERSION, StoreError
 
-__all__ = ["DECISION_SLACK_S", "MIGRATIONS", "SCHEMA_VERSION", "AutomationRecord",
-           "AutomationState", "BatchItem", "Conflict", "Leadership", "MessageKey", "Store", "StoreError",
-           "Transaction"]
+__all__ = ["SCHEMA_VERSION", "AutomationState", "Leadership", "Store", "StoreError"]

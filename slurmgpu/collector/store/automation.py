@@ -21,13 +21,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from slurmgpu.collector.store.backend import Connection, dialect_of
+from slurmgpu.collector.store.backend import Connection, insert_sql
 from slurmgpu.collector.store.ingest import Ingest
 from slurmgpu.decision import Action
 
 Row = tuple[Any, ...]
-
-
 
 
 class Stage(enum.StrEnum):
@@ -101,7 +99,6 @@ FLEET = ""
 
 # A released drain's keys in automation.json, in column order (`then`: `then_action`).
 _RELEASED = ("action", "reason", "trigger", "time", "since", "then", "checkpoints", "released_at", "released_by")
-_LOG = ("time", "node", "action", "reason", "held", "dry_run", "trigger", "result", "released_by")
 _HELD_COLUMNS = ("action", "reason", "trigger", "time", "since", "then_action", "checkpoints")
 # table -> (key columns, value columns); the first key of a per-node table is the node.
 _NODE_TABLES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -119,7 +116,8 @@ _FLEET_TABLES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "automation_failing": (("check_id", "node"), ("time",)),
 }
 _STATE_COLUMNS = ("fleet", "breaker_open", "breaker_since", "breaker_why")
-# Every table of the automation's state (``reset`` empties them).
+# Every table of the automation's state (``reset`` empties them; ``automation_log`` is no
+# longer written, its old rows are forgotten with the rest).
 TABLES = (*_NODE_TABLES, *_FLEET_TABLES, "automation_state", "automation_log")
 
 
@@ -137,7 +135,6 @@ class AutomationState:
     held: dict[str, HeldDrain] = field(default_factory=dict)
     released: dict[str, HeldDrain] = field(default_factory=dict)  # carried out once by the collector
     lemons: dict[str, Lemon] = field(default_factory=dict)
-    log: list[dict[str, Any]] = field(default_factory=list)
 
 
 def read_json(path: Path) -> AutomationState:
@@ -185,12 +182,9 @@ class AutomationRecord:
         self._base: Image = {}  # the rows as stored at that version
         self.reload()
 
-    def stored_version(self) -> int | None:
-        return stored_version(self.store.db)
-
     def refresh(self) -> bool:
         """Read the state back if someone else wrote it since; True if it did."""
-        if self.stored_version() == self.version:
+        if stored_version(self.store.db) == self.version:
             return False
         self.reload()
         return True
@@ -231,12 +225,6 @@ class AutomationRecord:
             self.save()
         self.reload()  # (a drained node's pending comes from pending_drains)
         return True
-
-
-def reset(db: Connection) -> None:
-    """Forget the automation's state (inside the caller's transaction)."""
-    for table in TABLES:
-        db.execute(f"DELETE FROM {table}")
 
 
 # ---------------------------------------------------------------------- state -> rows
@@ -283,17 +271,10 @@ def _held_row(h: HeldDrain) -> Row:
 
 def _fleet_group(st: AutomationState) -> Group:
     b = st.breaker
-    log: Rows = {}
-    copies: Counter[Row] = Counter()
-    for entry in st.log:  # identical entries are told apart by their copy number
-        row = tuple(int(bool(entry.get(k))) if k in ("held", "dry_run") else entry.get(k) for k in _LOG)
-        log[(*row, copies[row])] = ()
-        copies[row] += 1
     return {
         "automation_state": {(1,): (int(st.fleet), int(b.open), b.since, b.why)},
         "automation_drain_times": {(ts,): (n,) for ts, n in Counter(st.drain_times).items()},
         "automation_failing": {(c, n): (t,) for c, on in st.failing.items() for n, t in on.items()},
-        "automation_log": log,
     }
 
 
@@ -303,9 +284,6 @@ def _fleet_group(st: AutomationState) -> Group:
 def _write_group(db: Connection, old: Group, new: Group) -> None:
     for table, rows in new.items():
         before = old.get(table, {})
-        if table == "automation_log":
-            _write_log(db, before, rows)
-            continue
         if table == "automation_state":
             continue  # (written with the version: _write_state)
         keys, values = _NODE_TABLES.get(table) or _FLEET_TABLES[table]
@@ -314,34 +292,14 @@ def _write_group(db: Connection, old: Group, new: Group) -> None:
             db.executemany(f"DELETE FROM {table} WHERE " + " AND ".join(f"{c} = ?" for c in keys), gone)
         changed = [k + v for k, v in rows.items() if before.get(k) != v]
         if changed:
-            names = (*keys, *values)
-            update = (" DO UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in values)
-                      if values else " DO NOTHING")
-            db.executemany(f"INSERT INTO {table} ({', '.join(names)}) VALUES "
-                           f"({', '.join('?' * len(names))}) ON CONFLICT ({', '.join(keys)})" + update,
-                           changed)
-
-
-def _write_log(db: Connection, old: Rows, new: Rows) -> None:
-    same = dialect_of(db).same  # (null-safe =)
-    match = " AND ".join(f"{c} {same} ?" for c in _LOG)
-    for key in old:
-        if key not in new:
-            db.execute(f"DELETE FROM automation_log WHERE id = (SELECT id FROM automation_log WHERE "
-                       f"{match} ORDER BY id LIMIT 1)", key[:-1])
-    added = [key[:-1] for key in new if key not in old]
-    if added:
-        db.executemany(f"INSERT INTO automation_log ({', '.join(_LOG)}) VALUES "
-                       f"({', '.join('?' * len(_LOG))})", added)
+            db.executemany(insert_sql(table, (*keys, *values), keys), changed)
 
 
 def _write_state(db: Connection, old: Row | None, new: Row, version: int) -> None:
     """The breaker and fleet row, with the new version; of a row already stored, only the
     columns this save changed."""
     if old is None:
-        db.execute(f"INSERT INTO automation_state (id, version, {', '.join(_STATE_COLUMNS)}) "
-                   "VALUES (1, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET version = excluded.version, "
-                   + ", ".join(f"{c} = excluded.{c}" for c in _STATE_COLUMNS), (version, *new))
+        db.execute(insert_sql("automation_state", ("id", "version", *_STATE_COLUMNS), ("id",)), (1, version, *new))
         return
     changed = [(c, v) for c, was, v in zip(_STATE_COLUMNS, old, new, strict=True) if was != v]
     db.execute("UPDATE automation_state SET version = ?" + "".join(f", {c} = ?" for c, _ in changed)
@@ -386,8 +344,4 @@ def _load(db: Connection) -> tuple[AutomationState, int | None]:
         st.released[node] = _held(*values)
     st.lemons = {node: Lemon(float(since or 0.0), str(why or ""))
                  for node, since, why in db.execute("SELECT node, since, why FROM automation_lemons")}
-    for values in db.execute(f"SELECT {', '.join(_LOG)} FROM automation_log ORDER BY id"):
-        entry = dict(zip(_LOG, values, strict=True))
-        entry["held"], entry["dry_run"] = bool(entry["held"]), bool(entry["dry_run"])
-        st.log.append(entry)
     return st, int(row[0])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
@@ -73,16 +73,27 @@ def describe(target: object) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[2]}"))
 
 
+def one_line(exc: BaseException) -> str:
+    """An error's text on one line, for a one-line message."""
+    return " ".join(str(exc).split())
+
+
+def insert_sql(table: str, columns: Sequence[str], keys: Sequence[str] = ()) -> str:
+    """``INSERT INTO table (columns) VALUES (?, ...)``; with ``keys``, an upsert: a row
+    whose ``keys`` are stored sets the other columns (none: it is left as it is)."""
+    sql = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+    if not keys:
+        return sql
+    rest = [c for c in columns if c not in keys]
+    action = "UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in rest) if rest else "NOTHING"
+    return f"{sql} ON CONFLICT ({', '.join(keys)}) DO {action}"
+
+
 # ---------------------------------------------------------------------- the dialects
 
 
-# The write lock of the PostgreSQL dialect: a transaction-level advisory lock (key: "slurmgpu"
-# in ASCII) that every write transaction takes first, as SQLite's BEGIN IMMEDIATE takes the
-# database's one write lock. It serialises the store's read-modify-write transactions
-# (an operator's breaker release against the collector's save) and costs one round trip.
-# Collectors' ingest batches take it shared (``begin_ingest``): they run side by side, as
-# they touch rows that are their own (messages deduplicated by the unique key, each node's
-# rows in one order), and still wait for, and hold off, every exclusive writer.
+# The PostgreSQL dialect's write lock: a transaction-level advisory lock (key: "slurmgpu" in
+# ASCII), SQLite's BEGIN IMMEDIATE (docs/design-notes.md, ``backend.py``).
 WRITE_LOCK_KEY = int.from_bytes(b"slurmgpu", "big")
 
 # SQLite DDL -> PostgreSQL DDL: SQLite's INTEGER is 64-bit and an INTEGER PRIMARY KEY is

@@ -20,6 +20,7 @@ from slurmgpu.collector.store.backend import (
     StoreError,
     describe,
     is_postgres,
+    one_line,
 )
 from slurmgpu.collector.store.queries import snapshot
 from slurmgpu.collector.store.schema import SCHEMA_VERSION, connect, schema_version, seeded_tables
@@ -84,14 +85,14 @@ def copy_to_postgres(source: str | Path, destination: str, *, replace: bool = Fa
     try:
         dst = connect(destination, timeout_s)
     except sqlite3.Error as exc:
-        raise CopyError(f"{describe(destination)}: {_one_line(exc)}") from None
+        raise CopyError(f"{describe(destination)}: {one_line(exc)}") from None
     result = CopyResult(str(src), describe(destination), SCHEMA_VERSION, replaced=False)
     try:
         with snapshot(src, timeout_s) as reader:
             _copy_all(reader, dst, replace, result, progress)
     except sqlite3.Error as exc:
         raise CopyError(f"copy failed, nothing was written to {describe(destination)}: "
-                        f"{_one_line(exc)}") from None
+                        f"{one_line(exc)}") from None
     finally:
         dst.close()
     result.seconds = time.monotonic() - began
@@ -148,7 +149,7 @@ def _source_version(path: Path, timeout_s: float) -> int:
                 raise CopyError(f"{path}: not a slurmgpu fleet database (no schema_version table)")
             return schema_version(db)
     except sqlite3.Error as exc:
-        raise CopyError(f"{path}: not a usable SQLite database ({_one_line(exc)})") from None
+        raise CopyError(f"{path}: not a usable SQLite database ({one_line(exc)})") from None
 
 
 # ---------------------------------------------------------------------- the copy
@@ -287,7 +288,3 @@ def _advance_identities(dst: Connection) -> None:
     for table, column in identities:
         dst.execute(f"SELECT setval(pg_get_serial_sequence(?, ?), coalesce(max({_quote(column)}), 0) + 1, "
                     f"false) FROM {_quote(table)}", (_quote(table), column))
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import slurmgpu.collector.store.queries as queries
-from slurmgpu.collector.store.automation import AutomationRecord, reset, stored_version
+from slurmgpu.collector.store.automation import TABLES, AutomationRecord, stored_version
 from slurmgpu.collector.store.backend import describe, is_postgres
 from slurmgpu.collector.store.history import Rows
 from slurmgpu.collector.store.ingest import Ingest
@@ -58,11 +58,9 @@ class Store(Ingest):
         rows = Rows()
         self.history.flush(time.time(), rows)
         if rows.samples and str(self.path) != ":memory:":
-            try:
-                with self.transaction():
-                    rows.write(self.db)
-            except sqlite3.Error:
-                pass  # read-only or gone: the partial hour is lost, nothing else
+            # (read-only or gone: the partial hour is lost, nothing else)
+            with contextlib.suppress(sqlite3.Error), self.transaction():
+                rows.write(self.db)
         self.db.close()
 
     # ------------------------------------------------------------------ reads
@@ -75,7 +73,6 @@ class Store(Ingest):
         return queries.events(self.db, node, since, limit)
 
     def decisions(self, node: str | None = None, limit: int = 100) -> list[queries.DecisionRow]:
-        """The latest automation decisions (all nodes, or one), oldest first."""
         return queries.decisions(self.db, node, limit)
 
     def latest_report(self, node: str) -> queries.LatestReport | None:
@@ -86,7 +83,6 @@ class Store(Ingest):
 
     def checkpoints(self, *, job_id: str | None = None, active: bool = False,
                     limit: int = 1000) -> list[queries.CheckpointRow]:
-        """Checkpoint requests, oldest first; ``active``: not closed yet."""
         return queries.checkpoints(self.db, job_id=job_id, active=active, limit=limit)
 
     def pending_drains(self) -> list[queries.PendingDrain]:
@@ -125,6 +121,5 @@ class Store(Ingest):
         """Forget the automation's state, its pending checkpoints, job timelines and
         decisions (the simulator's reset between tests; the collector must be stopped)."""
         with self.transaction() as db:
-            reset(db)
-            for table in _AUTOMATION_TRACES:
+            for table in (*TABLES, *_AUTOMATION_TRACES):
                 db.execute(f"DELETE FROM {table}")

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
+from slurmgpu.collector.store.backend import insert_sql
 from slurmgpu.result import Severity
 from slurmgpu.summary import GPU_FIELDS, IB_FIELDS, THROTTLE_HW, THROTTLE_SW, VERSION_FIELDS
 from slurmgpu.wire import MAX_GPUS, MAX_IB_PORTS
@@ -21,6 +22,12 @@ if TYPE_CHECKING:
 
 _MAX_TEXT = 256
 _FAIL = Severity.FAIL.name
+# A node's report counts, one row per interval (the partial one at shutdown, updated).
+_SAMPLES = insert_sql("node_samples", ("node", "ts", "span_s", "reports", "fail_reports", "hw_slowdown_reports",
+                                       "sw_thermal_reports"), ("node", "ts"))
+_GPUS = insert_sql("gpu_counters", ("node", "gpu", "ts", *GPU_FIELDS))
+_IB = insert_sql("ib_counters", ("node", "port", "ts", *IB_FIELDS))
+_VERSIONS = insert_sql("node_versions", ("node", "ts", *VERSION_FIELDS))
 
 
 def _scalar(value: Any) -> Any:
@@ -53,22 +60,10 @@ class Rows:
     versions: list[tuple[Any, ...]] = field(default_factory=list)
 
     def write(self, db: Connection) -> None:
-        if self.samples:
-            db.executemany("INSERT INTO node_samples (node, ts, span_s, reports, fail_reports, "
-                           "hw_slowdown_reports, sw_thermal_reports) VALUES (?,?,?,?,?,?,?) "
-                           "ON CONFLICT (node, ts) DO UPDATE SET span_s = excluded.span_s, "
-                           "reports = excluded.reports, fail_reports = excluded.fail_reports, "
-                           "hw_slowdown_reports = excluded.hw_slowdown_reports, "
-                           "sw_thermal_reports = excluded.sw_thermal_reports", self.samples)
-        if self.gpus:
-            db.executemany(f"INSERT INTO gpu_counters (node, gpu, ts, {', '.join(GPU_FIELDS)}) "
-                           f"VALUES ({', '.join('?' * (3 + len(GPU_FIELDS)))})", self.gpus)
-        if self.ib:
-            db.executemany(f"INSERT INTO ib_counters (node, port, ts, {', '.join(IB_FIELDS)}) "
-                           f"VALUES ({', '.join('?' * (3 + len(IB_FIELDS)))})", self.ib)
-        if self.versions:
-            db.executemany(f"INSERT INTO node_versions (node, ts, {', '.join(VERSION_FIELDS)}) "
-                           f"VALUES ({', '.join('?' * (2 + len(VERSION_FIELDS)))})", self.versions)
+        for sql, rows in ((_SAMPLES, self.samples), (_GPUS, self.gpus), (_IB, self.ib),
+                          (_VERSIONS, self.versions)):
+            if rows:
+                db.executemany(sql, rows)
 
 
 class History:

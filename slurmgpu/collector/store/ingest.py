@@ -17,6 +17,7 @@ import msgpack
 
 from slurmgpu.collector.store.backend import Connection, dialect_of
 from slurmgpu.collector.store.history import History, Rows
+from slurmgpu.collector.store.queries import current_drains
 from slurmgpu.decision import REASON_PREFIX, reason_actor
 from slurmgpu.result import Severity
 from slurmgpu.slurm.cli import sanitize_reason
@@ -650,11 +651,8 @@ class Ingest:
         return "slurmgpu"
 
     def _last_slurm_states(self) -> dict[str, tuple[bool, str | None]]:
-        if self._slurm_state is None:
-            self._slurm_state = {
-                str(n): (k == "drained", r) for n, k, r in self.db.execute(
-                    "SELECT node, kind, reason FROM node_states WHERE id IN (SELECT max(id) FROM "
-                    "node_states WHERE kind IN ('drained', 'resumed') GROUP BY node)")}
+        if self._slurm_state is None:  # (a node resumed last counts as never drained)
+            self._slurm_state = {n: (True, d.reason) for n, d in current_drains(self.db).items()}
         return self._slurm_state
 
     # ------------------------------------------------------------------ retention

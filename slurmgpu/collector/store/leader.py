@@ -1,5 +1,5 @@
 """Which collector leads: the one that runs the automation and the checkpoint coordination
-when several collectors share one PostgreSQL database (issue 15). No home-made election:
+when several collectors share one PostgreSQL database. No home-made election:
 the leader is the collector whose database session holds a session-level advisory lock
 (``pg_try_advisory_lock``), on a connection of its own.
 
@@ -17,17 +17,14 @@ from slurmgpu.collector.store.schema import connect_postgres
 
 # The leader's lock: another advisory key than the store's write lock.
 LEADER_LOCK_KEY = WRITE_LOCK_KEY + 1
-_HELD = ("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
-         "AND pid = pg_backend_pid() AND ((classid::bigint << 32) | objid::bigint) = "
-         f"{LEADER_LOCK_KEY}")
-
-
+# A session's hold on it, in pg_locks (``l``).
+_LEADER_LOCK = ("l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "
+                f"AND ((l.classid::bigint << 32) | l.objid::bigint) = {LEADER_LOCK_KEY}")
+_HELD = f"SELECT count(*) FROM pg_locks l WHERE {_LEADER_LOCK} AND l.pid = pg_backend_pid()"
 # The session holding the lock, if it has run no statement for longer than the lease
 # (seconds, the parameter): a leader that stopped renewing it.
-_STALE = ("SELECT a.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-          "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND "
-          f"((l.classid::bigint << 32) | l.objid::bigint) = {LEADER_LOCK_KEY} AND a.state = 'idle' "
-          "AND a.state_change < clock_timestamp() - make_interval(secs => ?)")
+_STALE = (f"SELECT a.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE {_LEADER_LOCK} "
+          "AND a.state = 'idle' AND a.state_change < clock_timestamp() - make_interval(secs => ?)")
 _END_WAIT_MS = 5000  # how long ending a stale leader's session may take
 
 

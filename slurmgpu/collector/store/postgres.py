@@ -19,7 +19,7 @@ from psycopg import pq
 from psycopg.adapt import Buffer, Loader
 from psycopg.conninfo import conninfo_to_dict
 
-from slurmgpu.collector.store.backend import Cursor, describe
+from slurmgpu.collector.store.backend import Cursor, describe, one_line
 
 # DB-API exception classes, most specific first (psycopg's and sqlite3's share the names).
 _DBAPI = ("IntegrityError", "DataError", "NotSupportedError", "ProgrammingError", "InternalError",
@@ -38,15 +38,11 @@ def _pg_sql(sql: str) -> str:
     return _TOKEN.sub(swap, sql)
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
-
-
 def translate(exc: psycopg.Error) -> sqlite3.Error:
     """The sqlite3 exception of the same DB-API class as ``exc``."""
     names = {cls.__name__ for cls in type(exc).__mro__}
     name = next(n for n in _DBAPI if n in names)
-    twin: sqlite3.Error = getattr(sqlite3, name)(_one_line(exc))
+    twin: sqlite3.Error = getattr(sqlite3, name)(one_line(exc))
     return twin
 
 
@@ -75,7 +71,7 @@ class _NoRows:
         return iter(())
 
 
-# ``_Unnest``'s columns as one delimited text each (``_Column``): the separator and the
+# ``_Unnest``'s columns as one delimited text each (``_column_text``): the separator and the
 # NULL element, characters that a text value holding them (a hostile node's message may)
 # sends the whole statement by psycopg's arrays instead.
 _SEP, _NULL = "\x1f", "\x1e"
@@ -163,13 +159,10 @@ class _Unnest:
             return True
         return len({tuple(row[k] for k in self.keys) for row in rows}) == len(rows)
 
-    def arrays(self, rows: list[Any]) -> list[list[Any]]:
-        return [list(column) for column in zip(*rows, strict=True)]
-
     def statement(self, rows: list[Any]) -> tuple[str, list[Any]]:
         """The statement and its parameters for these rows: a text a column where every
         column can be one, else psycopg's arrays."""
-        columns = self.arrays(rows)
+        columns = [list(column) for column in zip(*rows, strict=True)]
         texts = [_column_text(kind, column) for kind, column in zip(self.kinds, columns, strict=True)]
         if all(text is not None for text in texts):
             return self.text_sql, texts
@@ -277,7 +270,7 @@ def _open(url: str, timeout_s: float, extra: Mapping[str, Any]) -> psycopg.Conne
     try:
         raw = psycopg.connect(autocommit=True, **params)
     except psycopg.Error as exc:
-        raise sqlite3.OperationalError(f"{describe(url)}: cannot connect ({_one_line(exc)})") from exc
+        raise sqlite3.OperationalError(f"{describe(url)}: cannot connect ({one_line(exc)})") from exc
     raw.adapters.register_loader("numeric", _NumericLoader)
     try:
         raw.execute(f"SET lock_timeout = {max(1, int(timeout_s * 1000))}")

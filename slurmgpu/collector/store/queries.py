@@ -139,10 +139,12 @@ class DecisionCount(NamedTuple):
     n: int
 
 
-class JobEventAt(NamedTuple):
-    ts: float
-    node: str | None
-    detail: str | None
+def _where(sql: str, *conditions: tuple[str, tuple[Any, ...]] | None) -> tuple[str, list[Any]]:
+    """``sql`` with a WHERE of the conditions given (each its SQL and its parameters)."""
+    given = [c for c in conditions if c is not None]
+    if given:
+        sql += " WHERE " + " AND ".join(condition for condition, _ in given)
+    return sql, [value for _, values in given for value in values]
 
 
 def _dicts(cur: Cursor) -> list[dict[str, Any]]:
@@ -151,25 +153,18 @@ def _dicts(cur: Cursor) -> list[dict[str, Any]]:
     return [dict(zip(names, row, strict=True)) for row in cur]
 
 
-_BEGIN_PG = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
-
-
-def _open_read_only(path: str | Path, timeout_s: float) -> Connection:
-    """A read-only connection to the database at ``path`` (or a ``postgresql://`` URL)."""
-    if is_postgres(path):
-        return connect_postgres(str(path), timeout_s)
-    uri = Path(path).resolve().as_uri() + "?mode=ro"
-    return sqlite3.connect(uri, uri=True, timeout=timeout_s, isolation_level=None)
-
-
 @contextlib.contextmanager
 def snapshot(path: str | Path, timeout_s: float = 5.0) -> Iterator[Connection]:
     """A read-only connection to the database at ``path`` (or a ``postgresql://`` URL)
     inside one read transaction (every query sees the same snapshot; WAL readers never
     block the collector, nor do PostgreSQL's)."""
-    db = _open_read_only(path, timeout_s)
+    if is_postgres(path):
+        db: Connection = connect_postgres(str(path), timeout_s)
+    else:
+        db = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True, timeout=timeout_s,
+                             isolation_level=None)
     try:
-        db.execute(_BEGIN_PG if is_postgres(path) else "BEGIN")
+        db.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY" if is_postgres(path) else "BEGIN")
         yield db
     finally:
         db.close()
@@ -240,17 +235,9 @@ def count(db: Connection, table: str) -> int:
 def events(db: Connection, node: str | None = None, since: float | None = None,
            limit: int | None = None) -> list[EventRow]:
     """Events (all nodes, or one; from ``since``), oldest first, bodies decoded."""
-    sql = "SELECT node, seq, ts, kind, gpu, data, verdict, body FROM events"
-    where: list[str] = []
-    params: list[Any] = []
-    if node is not None:
-        where.append("node = ?")
-        params.append(node)
-    if since is not None:
-        where.append("ts >= ?")
-        params.append(since)
-    if where:
-        sql += " WHERE " + " AND ".join(where)
+    sql, params = _where("SELECT node, seq, ts, kind, gpu, data, verdict, body FROM events",
+                         None if node is None else ("node = ?", (node,)),
+                         None if since is None else ("ts >= ?", (since,)))
     sql += " ORDER BY ts, node, seq"
     if limit is not None:
         sql += f" LIMIT {int(limit)}"
@@ -265,25 +252,21 @@ def event_counts(db: Connection) -> list[EventCount]:
         "SELECT kind, CASE WHEN kind = 'xid' THEN data END, count(*) FROM events GROUP BY 1, 2")]
 
 
+_DECISIONS = "SELECT id, time, node, action, reason, held, dry_run, trigger, result FROM decisions"
+
+
 def decisions(db: Connection, node: str | None = None, limit: int = 100) -> list[DecisionRow]:
     """The latest automation decisions (all nodes, or one), oldest first."""
-    sql = "SELECT id, time, node, action, reason, held, dry_run, trigger, result FROM decisions"
-    params: list[Any] = []
-    if node is not None:
-        sql += " WHERE node = ?"
-        params.append(node)
-    sql += " ORDER BY id DESC LIMIT ?"
-    params.append(max(0, int(limit)))
-    out = _decision_rows(db.execute(sql, params))
+    sql, params = _where(_DECISIONS, None if node is None else ("node = ?", (node,)))
+    out = _decision_rows(db.execute(sql + " ORDER BY id DESC LIMIT ?", [*params, max(0, int(limit))]))
     out.reverse()
     return out
 
 
 def decisions_since(db: Connection, node: str, since: float) -> list[DecisionRow]:
     """The automation's decisions about ``node`` at or after ``since``, oldest first."""
-    return _decision_rows(db.execute(
-        "SELECT id, time, node, action, reason, held, dry_run, trigger, result FROM decisions "
-        "WHERE node = ? AND time >= ? ORDER BY time, id", (node, since)))
+    return _decision_rows(db.execute(f"{_DECISIONS} WHERE node = ? AND time >= ? ORDER BY time, id",
+                                     (node, since)))
 
 
 def _decision_rows(cur: Cursor) -> list[DecisionRow]:
@@ -309,20 +292,11 @@ def checkpoints(db: Connection, *, job_id: str | None = None, active: bool = Fal
                 limit: int = 1000) -> list[CheckpointRow]:
     """Checkpoint requests, oldest first; ``active``: not closed yet (open, or acked /
     expired with the node's drain still to be carried out)."""
-    sql = ('SELECT id, job_id, action, reason, trigger_node, nodes, "user", requested, deadline, '
-           "state, acked_at, acked_by, closed FROM checkpoints")
-    where: list[str] = []
-    params: list[Any] = []
-    if job_id is not None:
-        where.append("job_id = ?")
-        params.append(job_id)
-    if active:
-        where.append("closed IS NULL")
-    if where:
-        sql += " WHERE " + " AND ".join(where)
-    sql += " ORDER BY id LIMIT ?"
-    params.append(max(0, int(limit)))
-    out = _dicts(db.execute(sql, params))
+    sql, params = _where('SELECT id, job_id, action, reason, trigger_node, nodes, "user", requested, deadline, '
+                         "state, acked_at, acked_by, closed FROM checkpoints",
+                         None if job_id is None else ("job_id = ?", (job_id,)),
+                         ("closed IS NULL", ()) if active else None)
+    out = _dicts(db.execute(sql + " ORDER BY id LIMIT ?", [*params, max(0, int(limit))]))
     for item in out:
         item["nodes"] = json.loads(item["nodes"])
     return cast(list[CheckpointRow], out)
@@ -360,11 +334,9 @@ def job_events(db: Connection, job_id: str) -> list[JobEventRow]:
     return [{"ts": ts, "kind": k, "node": n, "detail": d} for ts, k, n, d in cur]
 
 
-def first_job_event(db: Connection, job_id: str, kind: str) -> JobEventAt | None:
-    """The job's first ``kind`` event (when, on which node, its detail)."""
-    row = db.execute("SELECT ts, node, detail FROM job_events WHERE job_id = ? AND kind = ? "
-                     "ORDER BY ts, id LIMIT 1", (job_id, kind)).fetchone()
-    return None if row is None else JobEventAt(float(row[0]), row[1], row[2])
+def first_job_event(db: Connection, job_id: str, kind: str) -> JobEventRow | None:
+    """The job's first ``kind`` event."""
+    return next((e for e in job_events(db, job_id) if e["kind"] == kind), None)
 
 
 class CurrentDrain(NamedTuple):

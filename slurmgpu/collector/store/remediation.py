@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import astuple, dataclass, fields
 from typing import Any
 
-from slurmgpu.collector.store.backend import Connection
+from slurmgpu.collector.store.backend import Connection, insert_sql
 from slurmgpu.collector.store.leader import LEADER_LOCK_KEY
 from slurmgpu.remediation.ladder import Ladder, Stage, ValidationRun
 
@@ -65,7 +65,7 @@ def record_validation(db: Connection, row: ValidationRow) -> None:
     """Insert the run, or update it (same node and start): its verdict, duration, outcome."""
     if row.trigger not in TRIGGERS:
         raise ValueError(f"validation trigger {row.trigger!r} (expected one of {', '.join(TRIGGERS)})")
-    _upsert(db, "validations", _VALIDATION_COLUMNS, ("node", "started"), astuple(row))
+    db.execute(insert_sql("validations", _VALIDATION_COLUMNS, ("node", "started")), astuple(row))
 
 
 def validations(db: Connection, node: str | None = None) -> list[ValidationRow]:
@@ -102,7 +102,7 @@ def idle_pass_lock(db: Connection, *, postgres: bool) -> Iterator[bool]:
 def record_drain_outcome(db: Connection, row: DrainOutcome) -> None:
     if row.outcome not in OUTCOMES:
         raise ValueError(f"drain outcome {row.outcome!r} (expected one of {', '.join(OUTCOMES)})")
-    _upsert(db, "drain_outcomes", _OUTCOME_COLUMNS, ("node", "drained_at", "check_id"), astuple(row))
+    db.execute(insert_sql("drain_outcomes", _OUTCOME_COLUMNS, ("node", "drained_at", "check_id")), astuple(row))
 
 
 def drain_outcomes(db: Connection, since: float | None = None) -> list[DrainOutcome]:
@@ -121,8 +121,8 @@ def drain_outcome_counts(db: Connection) -> list[tuple[str, str, str, int]]:
 
 def save_ladder(db: Connection, node: str, state: dict[str, Any], now: float) -> None:
     """Keep ``node``'s ladder (``Ladder.to_json``)."""
-    _upsert(db, "remediation_ladders", ("node", "state", "updated"), ("node",),
-            (node, json.dumps(state, sort_keys=True), now))
+    db.execute(insert_sql("remediation_ladders", ("node", "state", "updated"), ("node",)),
+               (node, json.dumps(state, sort_keys=True), now))
 
 
 def forget_ladder(db: Connection, node: str) -> None:
@@ -168,10 +168,3 @@ def _validation_row(ladder: Ladder, run: ValidationRun) -> ValidationRow:
 def _returned_by(ladder: Ladder) -> str | None:
     return "repair" if ladder.stage is Stage.REPAIR else ladder.returned_by
 
-
-def _upsert(db: Connection, table: str, columns: tuple[str, ...], keys: tuple[str, ...],
-            values: tuple[Any, ...]) -> None:
-    rest = [c for c in columns if c not in keys]
-    db.execute(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))}) "
-               f"ON CONFLICT ({', '.join(keys)}) DO UPDATE SET "
-               + ", ".join(f"{c} = excluded.{c}" for c in rest), values)

@@ -436,40 +436,41 @@ def schema_version(db: Connection) -> int:
     return int(row[0]) if row else 0
 
 
-@functools.cache
-def seeded_tables() -> frozenset[str]:
-    """The tables the migrations themselves put rows in (a counter's one row): a fresh
-    database holds these rows and nothing else."""
+def _fresh_tables() -> dict[str, bool]:
+    """Each table of a fully migrated database (the migrations run on an in-memory one),
+    and whether the migrations themselves put rows in it (a counter's one row)."""
     db = sqlite3.connect(":memory:", isolation_level=None)
     try:
         db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
         for migration in MIGRATIONS:
             migration(db)
-        return frozenset(t for t in SQLITE.tables(db) - {"schema_version"}
-                         if db.execute(f"SELECT EXISTS (SELECT 1 FROM {t})").fetchone()[0])
+        return {t: bool(db.execute(f"SELECT EXISTS (SELECT 1 FROM {t})").fetchone()[0])
+                for t in SQLITE.tables(db)}
     finally:
         db.close()
 
 
 @functools.cache
 def expected_tables() -> frozenset[str]:
-    """The tables a fully migrated database has (the migrations run on an in-memory one)."""
-    db = sqlite3.connect(":memory:", isolation_level=None)
-    try:
-        db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-        for migration in MIGRATIONS:
-            migration(db)
-        return frozenset(SQLITE.tables(db))
-    finally:
-        db.close()
+    return frozenset(_fresh_tables())
+
+
+@functools.cache
+def seeded_tables() -> frozenset[str]:
+    """The tables a fresh database holds rows in (and no others)."""
+    return frozenset(t for t, seeded in _fresh_tables().items() if seeded)
 
 
 def connect(target: str | Path, timeout_s: float) -> Connection:
     """Open the database (a path: SQLite; a ``postgresql://`` URL: PostgreSQL), refuse a
     damaged one (StoreError, one line naming it and what to do) and migrate an older one."""
-    if is_postgres(target):
-        return _connect_postgres_store(str(target), timeout_s)
-    return _connect_sqlite(Path(target), timeout_s)
+    if not is_postgres(target):
+        return _connect_sqlite(Path(target), timeout_s)
+    try:
+        db = connect_postgres(str(target), timeout_s)
+    except sqlite3.Error as exc:
+        raise StoreError(str(exc)) from None
+    return _ready(db, target, "")
 
 
 def connect_postgres(url: str, timeout_s: float, params: Mapping[str, Any] | None = None) -> Connection:
@@ -482,14 +483,6 @@ def connect_postgres(url: str, timeout_s: float, params: Mapping[str, Any] | Non
         raise StoreError(f"{describe(url)}: PostgreSQL needs psycopg 3 ({exc}); "
                          "pip install 'slurmgpu[postgres]'") from None
     return pg_connect(url, timeout_s, params)
-
-
-def _connect_postgres_store(url: str, timeout_s: float) -> Connection:
-    try:
-        db = connect_postgres(url, timeout_s)
-    except sqlite3.Error as exc:
-        raise StoreError(str(exc)) from None
-    return _ready(db, url, "")
 
 
 def _connect_sqlite(path: Path, timeout_s: float) -> Connection:
