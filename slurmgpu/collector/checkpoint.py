@@ -103,10 +103,8 @@ class Checkpoints:
         if not jobs and not held:
             return 0
         events: list[JobEvent] = []
-        ids: list[int] = []
         with self.store.transaction():
-            for job in jobs:
-                ids.append(self._request(job, node, action, reason, now, events, released_by=released_by))
+            ids = [self._request(job, node, action, reason, now, events, released_by=released_by) for job in jobs]
             if ids:
                 self.store.set_pending_drain(node, action, reason, trigger, now, ids)
             if held:  # requests made while the drain was held, for jobs that have ended since

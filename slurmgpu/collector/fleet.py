@@ -142,27 +142,12 @@ class Fleet:
     # ------------------------------------------------------------------ the store
 
     def commit(self, batch: Batch, now: float) -> Stored | None:
-        """Store the batch in one transaction; if a message in it is what failed, isolate
-        it (``_store_halves``) and refuse it. None: the store itself failed."""
-        try:
-            new = self.store.store_batch(batch, received_at=now)
-        except Exception as exc:
-            if not _message_fault(exc):
-                self._store_failed(exc, len(batch))
-                return None
-            self.log.warning("store_batch_isolating", error=f"{type(exc).__name__}: {exc}",
-                             messages=len(batch))
-            return self._store_halves(batch, now)
-        self.counters.store_failing = 0
-        self._note_conflicts()
-        return Stored(new, set())
-
-    def _store_halves(self, batch: Batch, now: float) -> Stored | None:
-        """A batch that failed on a message: its halves stored each in one transaction, a
-        failing half split again (in batch order), a failing single message refused."""
+        """Store the batch in one transaction. If a message in it is what failed, its halves
+        are stored each in one transaction, a failing half split again (in batch order), a
+        failing single message refused. None: the store itself failed."""
         new: list[tuple[str, int]] = []
         bad: set[tuple[str, str, int]] = set()
-        parts = _halves(batch)
+        parts = [batch]
         while parts:
             part = parts.pop()
             try:
@@ -171,6 +156,9 @@ class Fleet:
                 if not _message_fault(exc):
                     self._store_failed(exc, len(batch))
                     return None
+                if part is batch:
+                    self.log.warning("store_batch_isolating", error=f"{type(exc).__name__}: {exc}",
+                                     messages=len(batch))
                 if len(part) > 1:
                     parts += _halves(part)
                 else:
@@ -210,7 +198,7 @@ class Fleet:
         self._stragglers(batch, new)
         if self.automation is None and self.checkpoints is None:
             self._note_refusals(batch, new, now)
-        elif self._lead:
+        elif self.coordination.leader:
             self._handle_inbox()
 
     def _stragglers(self, batch: Batch, new: list[tuple[str, int]]) -> None:
@@ -246,10 +234,10 @@ class Fleet:
         while True:
             try:
                 rows = inbox_take(self.store.db, INBOX_CHUNK)
-                if not rows or not self._still_leading():
+                if not rows or not self.coordination.still_leading():
                     return
                 self._handle(rows, time.time())
-                if not self._still_leading():
+                if not self.coordination.still_leading():  # (a fresh check: one query on PostgreSQL)
                     return
                 inbox_done(self.store.db, [row.id for row in rows])
             except sqlite3.Error as exc:  # the database is failing: the rows wait for the next turn
@@ -320,7 +308,7 @@ class Fleet:
             self.counters.decisions += self.store.add_decisions(decisions)
 
     def _automation_fleet_size(self) -> None:
-        if self.automation is None or not self._lead:
+        if self.automation is None or not self.coordination.leader:
             return
         self._sync_state()
         with self._trouble("automation_failed"):
@@ -379,13 +367,6 @@ class Fleet:
         if mono >= self._next_stats:
             self._next_stats = mono + STATS_EVERY_S
             self.log.info("collector_stats", **self.counters.snapshot())
-
-    @property
-    def _lead(self) -> bool:
-        return self.coordination.leader
-
-    def _still_leading(self) -> bool:
-        return self.coordination.still_leading()  # (a fresh check: one query on PostgreSQL)
 
     def _leading(self) -> bool:
         """Whether this collector runs the automation now (always, alone on its database).

@@ -50,7 +50,6 @@ IMPORTED_SUFFIX = ".imported"
 LOG_KEEP = 100
 
 
-
 class Clock(Protocol):
     def time(self) -> float: ...  # (the ``time`` module is one)
 
