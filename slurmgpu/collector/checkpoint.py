@@ -378,10 +378,9 @@ class Checkpoints:
         if self.drain_node is not None:
             d = self.drain_node(node, Action(pending["action"]), pending["reason"] or "", pending["trigger"] or "",
                                 now)
-            if d is not None:
-                decisions.append(d)
-                for cp in cps:
-                    events.append(JobEvent(cp["job_id"], self.clock(), "drained", node, str(d.result)))
+            decisions.append(d)
+            for cp in cps:
+                events.append(JobEvent(cp["job_id"], self.clock(), "drained", node, str(d.result)))
         if pending["action"] == Action.DRAIN_NOW:
             for cp in cps:
                 if cp["id"] not in self._requeued:

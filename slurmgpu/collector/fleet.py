@@ -248,9 +248,9 @@ class Fleet:
 
     def _handle(self, rows: list[InboxRow], now: float) -> None:
         if self.automation is not None:
-            self._automate(rows, now)
+            self._automate(self.automation, rows, now)
         if self.checkpoints is not None:
-            self._checkpoint_messages(rows, now)
+            self._checkpoint_messages(self.checkpoints, rows, now)
 
     def allow_list_changed(self, allowed: Mapping[bytes, str]) -> None:
         self.allowed = allowed
@@ -265,10 +265,8 @@ class Fleet:
             return False
         return True
 
-    def _automate(self, items: list[InboxRow], now: float) -> None:
+    def _automate(self, automation: Automation, items: list[InboxRow], now: float) -> None:
         """Feed the newly stored reports and events to the automation (after the acks)."""
-        automation = self.automation
-        assert automation is not None
         self._sync_state()
         self._automation_released()  # before new reports: they may trip the breaker again
         decisions: list[Decision] = []
@@ -282,10 +280,8 @@ class Fleet:
                 decisions.extend(automation.on_report(item.node, verdict, _findings(item), now))
         self._record_decisions(decisions)
 
-    def _checkpoint_messages(self, items: list[InboxRow], now: float) -> None:
+    def _checkpoint_messages(self, checkpoints: Checkpoints, items: list[InboxRow], now: float) -> None:
         """Acks of checkpoint requests (command results) and agents' local fallbacks."""
-        checkpoints = self.checkpoints
-        assert checkpoints is not None
         decisions: list[Decision] = []
         for item in items:
             body = item.body
