@@ -110,7 +110,7 @@ class Checkpoints:
             if held:  # requests made while the drain was held, for jobs that have ended since
                 self._close_held(node, set(ids), now, events, "request-closed",
                                  "the job no longer runs on the node")
-            self._add_events(events)
+            self._record(events)
         if not jobs:
             return 0
         self._pending[node] = PendingDrain(node=node, action=action, reason=reason, trigger=trigger,
@@ -133,7 +133,7 @@ class Checkpoints:
         with self.store.transaction():
             for job in jobs:
                 self._request(job, node, action, reason, now, events, held=True)
-            self._add_events(events)
+            self._record(events)
         self.log.info("checkpoint_requested_drain_held", node=node, action=action, trigger=trigger,
                       jobs=[j.job_id for j in jobs], deadline_s=self.settings.checkpoint_deadline_s)
         return len(jobs)
@@ -147,7 +147,7 @@ class Checkpoints:
         events: list[JobEvent] = []
         with self.store.transaction():
             closed = self._close_held(node, set(), now, events, "request-closed", why)
-            self._add_events(events)
+            self._record(events)
         return closed
 
     def _close_held(self, node: str, keep: set[int], now: float, events: list[JobEvent],
@@ -183,7 +183,7 @@ class Checkpoints:
             for cp in cps:
                 cp["action"] = Action.DRAIN_NOW
                 self.store.update_checkpoint(cp["id"], action=Action.DRAIN_NOW)
-            self._add_events([JobEvent(cp["job_id"], now, "escalated", node, f"drain-now: {reason}")
+            self._record([JobEvent(cp["job_id"], now, "escalated", node, f"drain-now: {reason}")
                               for cp in cps])
         return True
 
@@ -273,7 +273,7 @@ class Checkpoints:
         cp["state"], cp["acked_at"], cp["acked_by"] = RequestState.ACKED, now, node
         with self.store.transaction():
             self.store.update_checkpoint(cp["id"], state=RequestState.ACKED, acked_at=now, acked_by=node)
-            self._add_events([JobEvent(jid, now, "acked", node, detail)])
+            self._record([JobEvent(jid, now, "acked", node, detail)])
         self.log.info("checkpoint_acked", job_id=jid, node=node, wait_s=round(now - cp["requested"], 3))
         return self._complete_ready(now)
 
@@ -348,7 +348,7 @@ class Checkpoints:
                     cp["state"] = RequestState.EXPIRED
                     self.store.update_checkpoint(cp["id"], state=RequestState.EXPIRED)
                     waited = cp["deadline"] - cp["requested"]
-                    self._add_events([JobEvent(cp["job_id"], now, "deadline", cp["trigger_node"],
+                    self._record([JobEvent(cp["job_id"], now, "deadline", cp["trigger_node"],
                                                f"no ack within {waited:g} s")])
             for cp in late:
                 self.log.warning("checkpoint_deadline", job_id=cp["job_id"], node=cp["trigger_node"])
@@ -395,7 +395,7 @@ class Checkpoints:
                     self.store.update_checkpoint(cp["id"], closed=self.clock())
                     self._open.pop(cp["id"], None)
                     self._requeued.discard(cp["id"])
-            self._add_events(events)
+            self._record(events)
         return decisions
 
     def _requeue(self, cp: CheckpointRow, node: str) -> JobEvent:
@@ -426,14 +426,12 @@ class Checkpoints:
     # ------------------------------------------------------------------ helpers
 
     def _record(self, events: Iterable[JobEvent]) -> None:
+        """The events into their jobs' timelines: one transaction (or part of the caller's)."""
         events = list(events)
         if events:
             with self.store.transaction():
-                self._add_events(events)
-
-    def _add_events(self, events: Iterable[JobEvent]) -> None:
-        for e in events:
-            self.store.add_job_event(e.job_id, e.ts, e.kind, e.node, e.detail)
+                for e in events:
+                    self.store.add_job_event(e.job_id, e.ts, e.kind, e.node, e.detail)
 
 
 def held_request_note(action: str) -> str:
