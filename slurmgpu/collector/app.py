@@ -180,8 +180,7 @@ def build_collector(settings: CollectorSettings, *, automation: AutomationSettin
             poller.start()
             undo.callback(poller.stop)
         fleet = Fleet(settings, store, counters, allowed=transport.allowed, automation=auto,
-                      checkpoints=auto.checkpoints if auto is not None else None, poller=poller,
-                      own_store=own_store, coordination=coordination)
+                      poller=poller, own_store=own_store, coordination=coordination)
         transport.listen()  # last: a connected agent is answered from the first loop turn
         undo.pop_all()
     transport.log.info("collector_listening", endpoint=transport.endpoint, nodes=len(transport.allowed),

@@ -110,17 +110,19 @@ class Fleet:
 
     def __init__(self, settings: CollectorSettings, store: Store, counters: Counters, *,
                  allowed: Mapping[bytes, str], automation: Automation | None = None,
-                 checkpoints: Checkpoints | None = None, poller: SlurmPoller | None = None,
-                 own_store: bool = False, coordination: Coordination | None = None) -> None:
-        """``own_store``: ``close`` closes the store. ``coordination``: this collector's part
-        among several on a shared database (default: the only one, always leading)."""
+                 poller: SlurmPoller | None = None, own_store: bool = False,
+                 coordination: Coordination | None = None) -> None:
+        """``automation``: with its checkpoint coordination, if any. ``own_store``: ``close``
+        closes the store. ``coordination``: this collector's part among several on a shared
+        database (default: the only one, always leading)."""
         self.settings = settings
         self.store, self._own_store = store, own_store
         self.coordination = coordination or Coordination(store, Leadership(store.path))
         # What the automation must see goes through the inbox, read by the leader (this one alone)
-        store.inbox = automation is not None or checkpoints is not None
+        store.inbox = automation is not None
         self.counters = counters
-        self.automation, self.checkpoints = automation, checkpoints
+        self.automation = automation
+        self.checkpoints: Checkpoints | None = automation.checkpoints if automation is not None else None
         self.poller = poller
         self.log = get_logger(component="collector")
         self._limited = LimitedLog(self.log)
@@ -196,7 +198,7 @@ class Fleet:
         leader) the automation's inbox, this batch's rows included, whichever collector
         stored them; without automation, the prolog's refusals."""
         self._stragglers(batch, new)
-        if self.automation is None and self.checkpoints is None:
+        if self.automation is None:
             self._note_refusals(batch, new, now)
         elif self.coordination.leader:
             self._handle_inbox()
@@ -383,7 +385,7 @@ class Fleet:
     def _leader_tick(self, mono: float) -> None:
         self._sync_state()
         self._automation_released()
-        if self.automation is not None or self.checkpoints is not None:
+        if self.automation is not None:
             self._handle_inbox()
         self._checkpoint_tick()
         self._slurm_states()
