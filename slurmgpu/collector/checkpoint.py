@@ -108,8 +108,7 @@ class Checkpoints:
             if ids:
                 self.store.set_pending_drain(node, action, reason, trigger, now, ids)
             if held:  # requests made while the drain was held, for jobs that have ended since
-                self._close_held(node, set(ids), now, events, "request-closed",
-                                 "the job no longer runs on the node")
+                self._close_held(node, set(ids), now, events, "the job no longer runs on the node")
             self._record(events)
         if not jobs:
             return 0
@@ -146,20 +145,20 @@ class Checkpoints:
             return 0
         events: list[JobEvent] = []
         with self.store.transaction():
-            closed = self._close_held(node, set(), now, events, "request-closed", why)
+            closed = self._close_held(node, set(), now, events, why)
             self._record(events)
         return closed
 
-    def _close_held(self, node: str, keep: set[int], now: float, events: list[JobEvent],
-                    kind: str, detail: str) -> int:
+    def _close_held(self, node: str, keep: set[int], now: float, events: list[JobEvent], why: str) -> int:
         """Close the open requests made for ``node`` that no pending drain waits for (and
-        that are not in ``keep``): those of a held drain. Inside a transaction."""
+        that are not in ``keep``): those of a held drain (``request-closed``, ``why``).
+        Inside a transaction."""
         needed = keep | self._needed()
         stale = [cp for cp in self._open.values() if cp["trigger_node"] == node and cp["id"] not in needed]
         for cp in stale:
             self.store.update_checkpoint(cp["id"], closed=now)
             self._open.pop(cp["id"], None)
-            events.append(JobEvent(cp["job_id"], now, kind, node, detail))
+            events.append(JobEvent(cp["job_id"], now, "request-closed", node, why))
         return len(stale)
 
     def _jobs(self, node: str) -> list[JobInfo]:
