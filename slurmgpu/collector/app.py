@@ -57,10 +57,6 @@ class Collector:
     # ------------------------------------------------------------------ the parts
 
     @property
-    def settings(self) -> CollectorSettings:
-        return self.transport.settings
-
-    @property
     def endpoint(self) -> str:
         return self.transport.endpoint
 
@@ -108,8 +104,7 @@ class Collector:
             self.metrics_server.sample()  # at most once a second, cheap
         self.transport.tick(self.fleet)
         self.fleet.tick()
-        if self.fleet.coordination is not None:
-            self._deliver(self.fleet.coordination)
+        self._deliver(self.fleet.coordination)
         return handled
 
     def _deliver(self, coordination: Coordination) -> None:
@@ -122,9 +117,6 @@ class Collector:
     def request_reload(self) -> None:
         """Reload the allow-list at the next loop turn (signal-safe)."""
         self.transport.request_reload()
-
-    def reload_allow_list(self, *, force: bool = True) -> bool:
-        return self.transport.reload_allow_list(self.fleet, force=force)
 
     def close(self) -> None:
         if self._closed:
@@ -188,8 +180,7 @@ def build_collector(settings: CollectorSettings, *, automation: AutomationSettin
             poller.start()
             undo.callback(poller.stop)
         fleet = Fleet(settings, store, counters, allowed=transport.allowed, automation=auto,
-                      checkpoints=auto.checkpoints if auto is not None else None, poller=poller,
-                      own_store=own_store, coordination=coordination)
+                      poller=poller, own_store=own_store, coordination=coordination)
         transport.listen()  # last: a connected agent is answered from the first loop turn
         undo.pop_all()
     transport.log.info("collector_listening", endpoint=transport.endpoint, nodes=len(transport.allowed),

@@ -5,12 +5,14 @@ picks up where it was. Design notes: docs/design-notes.md (``slurmgpu/collector/
 
 from __future__ import annotations
 
+import enum
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from slurmgpu.collector.store import Store
+from slurmgpu.collector.store.queries import CheckpointRow, PendingDrain
 from slurmgpu.config.schema import AutomationSettings
 from slurmgpu.decision import Action, job_comment
 from slurmgpu.jobfiles import BREAKER_HOLD
@@ -18,7 +20,6 @@ from slurmgpu.log import get_logger
 from slurmgpu.slurm import JobInfo, SlurmClient, SlurmError
 
 COMMAND = "checkpoint"  # the agent command (slurmgpu.agent.core.Agent.handle_command)
-OPEN, ACKED, EXPIRED = "open", "acked", "expired"
 # Job states in which a requeue makes sense (anything else has already ended).
 REQUEUEABLE = frozenset({"RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING", "STOPPED"})
 # A late ack still lands on a checkpoint closed less than this long ago.
@@ -39,6 +40,14 @@ class MakeCheckpoints(Protocol):
     how ``Automation`` gets them (``functools.partial(Checkpoints, store, ...)``)."""
 
     def __call__(self, *, drain_node: DrainNode) -> Checkpoints: ...
+
+
+class RequestState(enum.StrEnum):
+    """A checkpoint request's ``state`` (a closed one keeps its last)."""
+
+    OPEN = "open"
+    ACKED = "acked"
+    EXPIRED = "expired"
 
 
 @dataclass(frozen=True)
@@ -63,16 +72,18 @@ class Checkpoints:
         self.clock = clock
         self.drain_node = drain_node
         self.log = get_logger(component="checkpoints")
-        self._open: dict[int, dict[str, Any]] = {}
-        self._pending: dict[str, dict[str, Any]] = {}
+        self._open: dict[int, CheckpointRow] = {}
+        self._pending: dict[str, PendingDrain] = {}
+        self._requeued: set[int] = set()  # open requests whose jobs this collector requeued
         self._comments_due: dict[str, tuple[str, int, float]] = {}  # job -> (text, tries left, when)
         self.reload()
 
     def reload(self) -> None:
         """Take the open requests and pending drains from the database: at start, and when
         this collector becomes the leader of several (its predecessor's are continued)."""
-        self._open = {c["id"]: dict(c) for c in self.store.checkpoints(active=True, limit=1_000_000)}
-        self._pending = {p["node"]: dict(p) for p in self.store.pending_drains()}
+        self._open = {c["id"]: c for c in self.store.checkpoints(active=True, limit=1_000_000)}
+        self._pending = {p["node"]: p for p in self.store.pending_drains()}
+        self._requeued.clear()
         if self._open or self._pending:
             self.log.info("checkpoints_resumed", open=len(self._open), pending_drains=len(self._pending))
 
@@ -92,20 +103,17 @@ class Checkpoints:
         if not jobs and not held:
             return 0
         events: list[JobEvent] = []
-        ids: list[int] = []
         with self.store.transaction():
-            for job in jobs:
-                ids.append(self._request(job, node, action, reason, now, events, released_by=released_by))
+            ids = [self._request(job, node, action, reason, now, events, released_by=released_by) for job in jobs]
             if ids:
                 self.store.set_pending_drain(node, action, reason, trigger, now, ids)
             if held:  # requests made while the drain was held, for jobs that have ended since
-                self._close_held(node, set(ids), now, events, "request-closed",
-                                 "the job no longer runs on the node")
-            self._add_events(events)
+                self._close_held(node, set(ids), now, events, "the job no longer runs on the node")
+            self._record(events)
         if not jobs:
             return 0
-        self._pending[node] = {"node": node, "action": action, "reason": reason,
-                               "trigger": trigger, "since": now, "checkpoints": ids}
+        self._pending[node] = PendingDrain(node=node, action=action, reason=reason, trigger=trigger,
+                                           since=now, checkpoints=ids)
         self.log.info("checkpoint_started", node=node, action=action, jobs=[j.job_id for j in jobs],
                       deadline_s=self.settings.checkpoint_deadline_s)
         return len(ids)
@@ -124,7 +132,7 @@ class Checkpoints:
         with self.store.transaction():
             for job in jobs:
                 self._request(job, node, action, reason, now, events, held=True)
-            self._add_events(events)
+            self._record(events)
         self.log.info("checkpoint_requested_drain_held", node=node, action=action, trigger=trigger,
                       jobs=[j.job_id for j in jobs], deadline_s=self.settings.checkpoint_deadline_s)
         return len(jobs)
@@ -137,20 +145,20 @@ class Checkpoints:
             return 0
         events: list[JobEvent] = []
         with self.store.transaction():
-            closed = self._close_held(node, set(), now, events, "request-closed", why)
-            self._add_events(events)
+            closed = self._close_held(node, set(), now, events, why)
+            self._record(events)
         return closed
 
-    def _close_held(self, node: str, keep: set[int], now: float, events: list[JobEvent],
-                    kind: str, detail: str) -> int:
+    def _close_held(self, node: str, keep: set[int], now: float, events: list[JobEvent], why: str) -> int:
         """Close the open requests made for ``node`` that no pending drain waits for (and
-        that are not in ``keep``): those of a held drain. Inside a transaction."""
-        needed = keep | {i for p in self._pending.values() for i in p["checkpoints"]}
+        that are not in ``keep``): those of a held drain (``request-closed``, ``why``).
+        Inside a transaction."""
+        needed = keep | self._needed()
         stale = [cp for cp in self._open.values() if cp["trigger_node"] == node and cp["id"] not in needed]
         for cp in stale:
             self.store.update_checkpoint(cp["id"], closed=now)
             self._open.pop(cp["id"], None)
-            events.append(JobEvent(cp["job_id"], now, kind, node, detail))
+            events.append(JobEvent(cp["job_id"], now, "request-closed", node, why))
         return len(stale)
 
     def _jobs(self, node: str) -> list[JobInfo]:
@@ -167,14 +175,14 @@ class Checkpoints:
         if pending is None or pending["action"] == Action.DRAIN_NOW:
             return False
         now = self.clock() if now is None else now
-        pending.update(action=Action.DRAIN_NOW, reason=reason, trigger=trigger)
+        pending["action"], pending["reason"], pending["trigger"] = Action.DRAIN_NOW, reason, trigger
         cps = [self._open[i] for i in pending["checkpoints"] if i in self._open]
         with self.store.transaction():
             self.store.upgrade_pending_drain(node, Action.DRAIN_NOW, reason, trigger)
             for cp in cps:
                 cp["action"] = Action.DRAIN_NOW
                 self.store.update_checkpoint(cp["id"], action=Action.DRAIN_NOW)
-            self._add_events([JobEvent(cp["job_id"], now, "escalated", node, f"drain-now: {reason}")
+            self._record([JobEvent(cp["job_id"], now, "escalated", node, f"drain-now: {reason}")
                               for cp in cps])
         return True
 
@@ -197,9 +205,8 @@ class Checkpoints:
             if action is Action.DRAIN_NOW and cp["action"] != Action.DRAIN_NOW:
                 cp["action"] = action
                 self.store.update_checkpoint(cp["id"], action=action)
-            return int(cp["id"])
+            return cp["id"]
         s = self.settings
-        deadline = now + s.checkpoint_deadline_s
         scope = "every process" if s.checkpoint_full else "the batch shell"
         try:
             self.client.signal_job(jid, s.checkpoint_signal, full=s.checkpoint_full)
@@ -207,17 +214,18 @@ class Checkpoints:
                                    f"SIG{s.checkpoint_signal} to {scope}"))
         except SlurmError as exc:
             events.append(JobEvent(jid, self.clock(), "signal-failed", node, str(exc)))
-        nodes = list(job.nodes) or [node]
         if held:  # the job reads it in its request file (`slurmgpu ckpt status`)
             reason = f"{reason} ({held_request_note(action)})"
-        row = {"job_id": jid, "action": action, "reason": reason, "trigger_node": node,
-               "nodes": nodes, "user": job.user, "requested": now, "deadline": deadline}
-        cid = self.store.add_checkpoint(row)
-        self._open[cid] = dict(row, id=cid, state=OPEN, acked_at=None, acked_by=None, closed=None)
+        row = CheckpointRow(id=0, job_id=jid, action=action, reason=reason, trigger_node=node,
+                            nodes=list(job.nodes) or [node], user=job.user, requested=now,
+                            deadline=now + s.checkpoint_deadline_s, state=RequestState.OPEN,
+                            acked_at=None, acked_by=None, closed=None)
+        row["id"] = self.store.add_checkpoint(dict(row))
+        self._open[row["id"]] = row
         self._notify(row, events)
-        return cid
+        return row["id"]
 
-    def _notify(self, row: dict[str, Any], events: list[JobEvent]) -> None:
+    def _notify(self, row: CheckpointRow, events: list[JobEvent]) -> None:
         if self.send is None:
             return
         args = {"job_id": row["job_id"], "action": row["action"], "reason": row["reason"],
@@ -258,13 +266,13 @@ class Checkpoints:
             return []
         note = result.get("note")
         detail = f"after {now - cp['requested']:.1f} s" + (f": {note}" if note else "")
-        if cp["state"] != OPEN:
+        if cp["state"] != RequestState.OPEN:
             self._record([JobEvent(jid, now, "acked-late", node, detail)])
             return []
-        cp.update(state=ACKED, acked_at=now, acked_by=node)
+        cp["state"], cp["acked_at"], cp["acked_by"] = RequestState.ACKED, now, node
         with self.store.transaction():
-            self.store.update_checkpoint(cp["id"], state=ACKED, acked_at=now, acked_by=node)
-            self._add_events([JobEvent(jid, now, "acked", node, detail)])
+            self.store.update_checkpoint(cp["id"], state=RequestState.ACKED, acked_at=now, acked_by=node)
+            self._record([JobEvent(jid, now, "acked", node, detail)])
         self.log.info("checkpoint_acked", job_id=jid, node=node, wait_s=round(now - cp["requested"], 3))
         return self._complete_ready(now)
 
@@ -314,7 +322,7 @@ class Checkpoints:
                 del self._comments_due[job_id]
                 self.comment(job_id, text, left)
 
-    def _find(self, job_id: str, node: str) -> dict[str, Any] | None:
+    def _find(self, job_id: str, node: str) -> CheckpointRow | None:
         """The job's open request (or one closed recently) that names ``node``: a node can
         only speak for jobs it runs."""
         for cp in self._open.values():
@@ -322,7 +330,7 @@ class Checkpoints:
                 return cp
         for row in reversed(self.store.checkpoints(job_id=job_id)):
             if node in row["nodes"] and (row["closed"] is None or self.clock() - row["closed"] < LATE_ACK_S):
-                return dict(row)
+                return row
         return None
 
     # ------------------------------------------------------------------ deadlines
@@ -332,14 +340,14 @@ class Checkpoints:
         acked or expired. Returns the automation decisions made (drains)."""
         now = self.clock() if now is None else now
         self._retry_comments(now)
-        late = [cp for cp in self._open.values() if cp["state"] == OPEN and cp["deadline"] <= now]
+        late = [cp for cp in self._open.values() if cp["state"] == RequestState.OPEN and cp["deadline"] <= now]
         if late:
             with self.store.transaction():
                 for cp in late:
-                    cp["state"] = EXPIRED
-                    self.store.update_checkpoint(cp["id"], state=EXPIRED)
+                    cp["state"] = RequestState.EXPIRED
+                    self.store.update_checkpoint(cp["id"], state=RequestState.EXPIRED)
                     waited = cp["deadline"] - cp["requested"]
-                    self._add_events([JobEvent(cp["job_id"], now, "deadline", cp["trigger_node"],
+                    self._record([JobEvent(cp["job_id"], now, "deadline", cp["trigger_node"],
                                                f"no ack within {waited:g} s")])
             for cp in late:
                 self.log.warning("checkpoint_deadline", job_id=cp["job_id"], node=cp["trigger_node"])
@@ -348,47 +356,54 @@ class Checkpoints:
     def _complete_ready(self, now: float) -> list[Any]:
         decisions = []
         for node, pending in list(self._pending.items()):
-            cps = [self._open.get(i) for i in pending["checkpoints"]]
-            if any(cp is not None and cp["state"] == OPEN for cp in cps):
+            cps = self._requests(pending)
+            if any(cp["state"] == RequestState.OPEN for cp in cps):
                 continue
-            decisions += self._complete(node, pending, [cp for cp in cps if cp is not None], now)
+            decisions += self._complete(node, pending, cps, now)
         return decisions
 
-    def _complete(self, node: str, pending: dict[str, Any], cps: list[dict[str, Any]],
-                  now: float) -> list[Any]:
+    def _requests(self, pending: PendingDrain) -> list[CheckpointRow]:
+        """The open requests a pending drain waits for."""
+        return [cp for cp in (self._open.get(i) for i in pending["checkpoints"]) if cp is not None]
+
+    def _needed(self) -> set[int]:
+        """The requests some pending drain waits for."""
+        return {i for p in self._pending.values() for i in p["checkpoints"]}
+
+    def _complete(self, node: str, pending: PendingDrain, cps: list[CheckpointRow], now: float) -> list[Any]:
         """Drain the node, requeue its jobs for drain-now, close what nobody waits for."""
         decisions = []
         events: list[JobEvent] = []
         if self.drain_node is not None:
-            d = self.drain_node(node, Action(pending["action"]), pending["reason"], pending["trigger"], now)
-            if d is not None:
-                decisions.append(d)
-                for cp in cps:
-                    events.append(JobEvent(cp["job_id"], self.clock(), "drained", node, str(d.result)))
+            d = self.drain_node(node, Action(pending["action"]), pending["reason"] or "", pending["trigger"] or "",
+                                now)
+            decisions.append(d)
+            for cp in cps:
+                events.append(JobEvent(cp["job_id"], self.clock(), "drained", node, str(d.result)))
         if pending["action"] == Action.DRAIN_NOW:
             for cp in cps:
-                if cp.get("requeued"):
-                    continue
-                events.append(self._requeue(cp, node))
-                cp["requeued"] = True
+                if cp["id"] not in self._requeued:
+                    events.append(self._requeue(cp, node))
+                    self._requeued.add(cp["id"])
         del self._pending[node]
-        still_needed = {i for p in self._pending.values() for i in p["checkpoints"]}
+        still_needed = self._needed()
         with self.store.transaction():
             self.store.remove_pending_drain(node)
             for cp in cps:
                 if cp["id"] not in still_needed:
                     self.store.update_checkpoint(cp["id"], closed=self.clock())
                     self._open.pop(cp["id"], None)
-            self._add_events(events)
+                    self._requeued.discard(cp["id"])
+            self._record(events)
         return decisions
 
-    def _requeue(self, cp: dict[str, Any], node: str) -> JobEvent:
+    def _requeue(self, cp: CheckpointRow, node: str) -> JobEvent:
         jid = cp["job_id"]
         try:
             state = self.client.job(jid).state
             if state not in REQUEUEABLE:
                 return JobEvent(jid, self.clock(), "requeue-skipped", node, f"job is {state}")
-            self.comment(jid, job_comment(f"requeued from {node}", str(cp.get("reason") or cp["action"])))
+            self.comment(jid, job_comment(f"requeued from {node}", cp["reason"] or cp["action"]))
             self.client.requeue(jid)
         except SlurmError as exc:
             return JobEvent(jid, self.clock(), "requeue-failed", node, str(exc))
@@ -399,28 +414,23 @@ class Checkpoints:
 
     def pending(self) -> list[dict[str, Any]]:
         """Nodes waiting for their jobs' checkpoints, with those jobs."""
-        out = []
-        for node, p in sorted(self._pending.items()):
-            jobs = [{"job_id": cp["job_id"], "state": cp["state"], "deadline": cp["deadline"]}
-                    for cp in (self._open.get(i) for i in p["checkpoints"]) if cp is not None]
-            out.append({"node": node, "action": p["action"], "since": p["since"],
-                        "reason": p["reason"], "jobs": jobs})
-        return out
+        return [{"node": node, "action": p["action"], "since": p["since"], "reason": p["reason"],
+                 "jobs": [{"job_id": cp["job_id"], "state": cp["state"], "deadline": cp["deadline"]}
+                          for cp in self._requests(p)]}
+                for node, p in sorted(self._pending.items())]
 
     def open_count(self) -> int:
-        return sum(1 for cp in self._open.values() if cp["state"] == OPEN)
+        return sum(1 for cp in self._open.values() if cp["state"] == RequestState.OPEN)
 
     # ------------------------------------------------------------------ helpers
 
     def _record(self, events: Iterable[JobEvent]) -> None:
+        """The events into their jobs' timelines: one transaction (or part of the caller's)."""
         events = list(events)
         if events:
             with self.store.transaction():
-                self._add_events(events)
-
-    def _add_events(self, events: Iterable[JobEvent]) -> None:
-        for e in events:
-            self.store.add_job_event(e.job_id, e.ts, e.kind, e.node, e.detail)
+                for e in events:
+                    self.store.add_job_event(e.job_id, e.ts, e.kind, e.node, e.detail)
 
 
 def held_request_note(action: str) -> str:

@@ -110,15 +110,13 @@ class FencedSlurm:
     """A ``SlurmClient`` whose calls that change Slurm first check that this collector
     still leads (``Coordination.still_leading``); the others pass through."""
 
-    CHANGES = CHANGING_CALLS
-
     def __init__(self, client: SlurmClient, coordination: Coordination) -> None:
         self._client = client
         self._coordination = coordination
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._client, name)
-        if name not in self.CHANGES:
+        if name not in CHANGING_CALLS:
             return attr
 
         def fenced(*args: Any, **kwargs: Any) -> Any:

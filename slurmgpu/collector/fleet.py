@@ -110,17 +110,19 @@ class Fleet:
 
     def __init__(self, settings: CollectorSettings, store: Store, counters: Counters, *,
                  allowed: Mapping[bytes, str], automation: Automation | None = None,
-                 checkpoints: Checkpoints | None = None, poller: SlurmPoller | None = None,
-                 own_store: bool = False, coordination: Coordination | None = None) -> None:
-        """``own_store``: ``close`` closes the store. ``coordination``: this collector's part
-        among several on a shared database (default: the only one, always leading)."""
+                 poller: SlurmPoller | None = None, own_store: bool = False,
+                 coordination: Coordination | None = None) -> None:
+        """``automation``: with its checkpoint coordination, if any. ``own_store``: ``close``
+        closes the store. ``coordination``: this collector's part among several on a shared
+        database (default: the only one, always leading)."""
         self.settings = settings
         self.store, self._own_store = store, own_store
         self.coordination = coordination or Coordination(store, Leadership(store.path))
         # What the automation must see goes through the inbox, read by the leader (this one alone)
-        store.inbox = automation is not None or checkpoints is not None
+        store.inbox = automation is not None
         self.counters = counters
-        self.automation, self.checkpoints = automation, checkpoints
+        self.automation = automation
+        self.checkpoints: Checkpoints | None = automation.checkpoints if automation is not None else None
         self.poller = poller
         self.log = get_logger(component="collector")
         self._limited = LimitedLog(self.log)
@@ -142,27 +144,12 @@ class Fleet:
     # ------------------------------------------------------------------ the store
 
     def commit(self, batch: Batch, now: float) -> Stored | None:
-        """Store the batch in one transaction; if a message in it is what failed, isolate
-        it (``_store_halves``) and refuse it. None: the store itself failed."""
-        try:
-            new = self.store.store_batch(batch, received_at=now)
-        except Exception as exc:
-            if not _message_fault(exc):
-                self._store_failed(exc, len(batch))
-                return None
-            self.log.warning("store_batch_isolating", error=f"{type(exc).__name__}: {exc}",
-                             messages=len(batch))
-            return self._store_halves(batch, now)
-        self.counters.store_failing = 0
-        self._note_conflicts()
-        return Stored(new, set())
-
-    def _store_halves(self, batch: Batch, now: float) -> Stored | None:
-        """A batch that failed on a message: its halves stored each in one transaction, a
-        failing half split again (in batch order), a failing single message refused."""
+        """Store the batch in one transaction. If a message in it is what failed, its halves
+        are stored each in one transaction, a failing half split again (in batch order), a
+        failing single message refused. None: the store itself failed."""
         new: list[tuple[str, int]] = []
         bad: set[tuple[str, str, int]] = set()
-        parts = _halves(batch)
+        parts = [batch]
         while parts:
             part = parts.pop()
             try:
@@ -171,6 +158,9 @@ class Fleet:
                 if not _message_fault(exc):
                     self._store_failed(exc, len(batch))
                     return None
+                if part is batch:
+                    self.log.warning("store_batch_isolating", error=f"{type(exc).__name__}: {exc}",
+                                     messages=len(batch))
                 if len(part) > 1:
                     parts += _halves(part)
                 else:
@@ -208,9 +198,9 @@ class Fleet:
         leader) the automation's inbox, this batch's rows included, whichever collector
         stored them; without automation, the prolog's refusals."""
         self._stragglers(batch, new)
-        if self.automation is None and self.checkpoints is None:
+        if self.automation is None:
             self._note_refusals(batch, new, now)
-        elif self._lead:
+        elif self.coordination.leader:
             self._handle_inbox()
 
     def _stragglers(self, batch: Batch, new: list[tuple[str, int]]) -> None:
@@ -246,10 +236,10 @@ class Fleet:
         while True:
             try:
                 rows = inbox_take(self.store.db, INBOX_CHUNK)
-                if not rows or not self._still_leading():
+                if not rows or not self.coordination.still_leading():
                     return
                 self._handle(rows, time.time())
-                if not self._still_leading():
+                if not self.coordination.still_leading():  # (a fresh check: one query on PostgreSQL)
                     return
                 inbox_done(self.store.db, [row.id for row in rows])
             except sqlite3.Error as exc:  # the database is failing: the rows wait for the next turn
@@ -260,9 +250,9 @@ class Fleet:
 
     def _handle(self, rows: list[InboxRow], now: float) -> None:
         if self.automation is not None:
-            self._automate(rows, now)
+            self._automate(self.automation, rows, now)
         if self.checkpoints is not None:
-            self._checkpoint_messages(rows, now)
+            self._checkpoint_messages(self.checkpoints, rows, now)
 
     def allow_list_changed(self, allowed: Mapping[bytes, str]) -> None:
         self.allowed = allowed
@@ -277,10 +267,8 @@ class Fleet:
             return False
         return True
 
-    def _automate(self, items: list[InboxRow], now: float) -> None:
+    def _automate(self, automation: Automation, items: list[InboxRow], now: float) -> None:
         """Feed the newly stored reports and events to the automation (after the acks)."""
-        automation = self.automation
-        assert automation is not None
         self._sync_state()
         self._automation_released()  # before new reports: they may trip the breaker again
         decisions: list[Decision] = []
@@ -294,10 +282,8 @@ class Fleet:
                 decisions.extend(automation.on_report(item.node, verdict, _findings(item), now))
         self._record_decisions(decisions)
 
-    def _checkpoint_messages(self, items: list[InboxRow], now: float) -> None:
+    def _checkpoint_messages(self, checkpoints: Checkpoints, items: list[InboxRow], now: float) -> None:
         """Acks of checkpoint requests (command results) and agents' local fallbacks."""
-        checkpoints = self.checkpoints
-        assert checkpoints is not None
         decisions: list[Decision] = []
         for item in items:
             body = item.body
@@ -320,7 +306,7 @@ class Fleet:
             self.counters.decisions += self.store.add_decisions(decisions)
 
     def _automation_fleet_size(self) -> None:
-        if self.automation is None or not self._lead:
+        if self.automation is None or not self.coordination.leader:
             return
         self._sync_state()
         with self._trouble("automation_failed"):
@@ -380,13 +366,6 @@ class Fleet:
             self._next_stats = mono + STATS_EVERY_S
             self.log.info("collector_stats", **self.counters.snapshot())
 
-    @property
-    def _lead(self) -> bool:
-        return self.coordination.leader
-
-    def _still_leading(self) -> bool:
-        return self.coordination.still_leading()  # (a fresh check: one query on PostgreSQL)
-
     def _leading(self) -> bool:
         """Whether this collector runs the automation now (always, alone on its database).
         A collector that just became the leader takes the automation's state and pending
@@ -406,7 +385,7 @@ class Fleet:
     def _leader_tick(self, mono: float) -> None:
         self._sync_state()
         self._automation_released()
-        if self.automation is not None or self.checkpoints is not None:
+        if self.automation is not None:
             self._handle_inbox()
         self._checkpoint_tick()
         self._slurm_states()

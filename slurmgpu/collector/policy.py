@@ -49,7 +49,6 @@ LEGACY_STATE_FILE = "automation.json"
 IMPORTED_SUFFIX = ".imported"
 
 
-
 class Clock(Protocol):
     def time(self) -> float: ...  # (the ``time`` module is one)
 
