@@ -96,6 +96,18 @@ def test_a_timed_out_sbatch_that_landed_is_not_submitted_again() -> None:
     assert (job, runner.count("sbatch")) == ("41", 1)
 
 
+def test_a_cancelled_validation_still_completing_is_not_taken_for_the_new_one() -> None:
+    """A new leader cancels the old leader's validation and submits again at once: the
+    cancelled job is COMPLETING for a while (its node cleans up), and is not waited for."""
+    completing = f"JobId=3 JobName=slurmgpu-validate-gpu-n1 UserId={ME}(0) JobState=COMPLETING ExitCode=0:15\n"
+    runner = Runner({"scontrol --version": [(1, "", "")], "scontrol -o show": [(0, completing, "")],
+                     "sbatch": [(0, "4\n", "")]})
+    client = CliSlurmClient(runner=runner, retries=3, retry_delay_s=0, sleep=lambda _s: None)
+    job = client.submit_validation("gpu-n1", ["slurmgpu", "validate"], reservation="slurmgpu-rts-gpu-n1",
+                                   time_limit_min=5)
+    assert (job, runner.count("sbatch")) == ("4", 1)
+
+
 @pytest.mark.parametrize(("answer", "line"), [
     ("Error creating the reservation: Invalid node name specified",
      "cannot create reservation slurmgpu-rts-gpu-n1: no such node (Error creating the reservation: "

@@ -186,9 +186,11 @@ class ReturnToServiceCalls:
         return _check_job(cp.stdout.strip().split(";")[0])
 
     def _active_job_named(self, name: str) -> JobInfo | None:
+        """This user's job of that name that has not ended; one COMPLETING has (a validation
+        just cancelled is COMPLETING while its node cleans up: it is not one to wait for)."""
         me = getpass.getuser()
         return next((j for j in self.all_jobs() if j.name == name and j.user == me
-                     and j.state not in ENDED_JOB_STATES), None)
+                     and j.state not in ENDED_JOB_STATES and j.state != "COMPLETING"), None)
 
     def cancel_job(self, job_id: str) -> None:
         jid = _check_job(job_id)
