@@ -83,9 +83,9 @@ _NUMBER_TEXT = {"bigint": re.compile("[-0-9\x1e\x1f]*"),
 
 def _column_text(kind: str, values: list[Any]) -> str | None:
     """One column's values as the text ``string_to_array(text, chr(31), chr(30))`` turns
-    back into them (cast to the column's type), or None where that cannot be exact. One
-    ``join`` in C per column, where psycopg dumps an array element by element in Python
-    (a third of a collector's time on PostgreSQL)."""
+    back into them (cast to the column's type), or None where that cannot be exact: one
+    ``join`` in C per column, where psycopg dumps an array element by element in Python.
+    Why: docs/design-notes.md (``_Unnest``)."""
     if kind == "text":
         if _NULL in values:
             return None
