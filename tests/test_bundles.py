@@ -386,12 +386,12 @@ def test_idle_simulated_nodes_heartbeat(simulated: Any) -> None:
         assert sim.hello(BOUND_S) == 3
         assert serving.collector is not None
         transport = serving.collector.transport
-        wait_until(lambda: len(transport.seen) == 3, timeout=BOUND_S, what="the hellos heard")
-        after_hello = dict(transport.seen)
+        wait_until(lambda: len(transport.liveness.seen) == 3, timeout=BOUND_S, what="the hellos heard")
+        after_hello = dict(transport.liveness.seen)
         deadline = time.monotonic() + BOUND_S
 
         def heard_again() -> bool:
-            return all(transport.seen.get(n.name, 0.0) > after_hello[n.name] for n in nodes)
+            return all(transport.liveness.seen.get(n.name, 0.0) > after_hello[n.name] for n in nodes)
 
         stats = sim.idle(lambda: heard_again() or time.monotonic() > deadline, heartbeat_s=0.05)
     assert heard_again() and stats.heartbeats_sent >= 3 and stats.sent == 0
