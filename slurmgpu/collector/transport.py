@@ -101,14 +101,12 @@ class Transport:
         self.auth.configure_curve(domain="*", location=str(self.keys_dir / keys.NODES_DIR))
         self.sock = self._socket(MAIN_IO)
         self.endpoint = ""  # once ``listen`` has bound it
-        # The events socket, once ``listen`` has bound it (None: off, or not bindable).
-        self.events_sock: zmq.Socket[Any] | None = None
+        self.events_sock: zmq.Socket[Any] | None = None  # once bound (None: off, or not bindable)
         self.events_endpoint = ""
         self._poller = zmq.Poller()
         self._poller.register(self.sock, zmq.POLLIN)
         self.liveness = Liveness(settings.heartbeat_s, settings.unreachable_after)
-        # node -> routing id its authenticated key last spoke from: where its commands and
-        # heartbeats go (a routing id is the client's claim; the key is not)
+        # node -> routing id its authenticated key (not a claimed id) last spoke from: its route
         self.routes: dict[str, bytes] = {}
         self._next_reload = time.monotonic() + ALLOW_LIST_RELOAD_S
         self._reload_requested = self._closed = False
@@ -371,10 +369,13 @@ class Transport:
         for sock, routing_id, node, epoch, seq, rejected in to_ack:
             seqs = per_peer.setdefault((sock, routing_id, epoch), (node, {}))[1]
             seqs[seq] = seqs.get(seq, True) and rejected
-        mono, sent, bundle = time.monotonic(), 0, self.settings.bundle
-        for (sock, routing_id, epoch), (node, seqs) in per_peer.items():
-            refused = [q for q, rejected in seqs.items() if rejected] if True in seqs.values() else None
-            if self._send(routing_id, wire.ack_frame(node, list(seqs), epoch=epoch, rejected=refused, bundle=bundle), sock):
+        bundle = self.settings.bundle  # (the acks built first, then sent back to back)
+        acks = [(sock, routing_id, node, wire.ack_frame(node, list(seqs), epoch=epoch, bundle=bundle,
+                                                        rejected=[q for q, rej in seqs.items() if rej] or None))
+                for (sock, routing_id, epoch), (node, seqs) in per_peer.items()]
+        mono, sent = time.monotonic(), 0
+        for sock, routing_id, node, frame in acks:
+            if self._send(routing_id, frame, sock):
                 sent += 1
                 if sock is self.sock:  # a sign of life on the agent's main connection
                     self.liveness.answered[node] = mono
@@ -414,8 +415,7 @@ class Transport:
         self.liveness.start_interval(mono)
         if self.liveness.handing:
             self.liveness.hand_over(handler.heard)
-        if self.liveness.due:
-            self._heartbeat()
+        self._heartbeat()
 
     def _heartbeat(self) -> None:
         """A chunk of the nodes due the collector's heartbeat (``Liveness.to_heartbeat``)."""
