@@ -1,7 +1,8 @@
 """The agent's link to the collector: one zmq DEALER (CURVE client), one thread. It sends
 what the spool holds, oldest first, deletes what the collector acked, heartbeats once
-``heartbeat_s`` passed with nothing sent, fails over between ``[collector] address`` entries, sends events on the events port once its
-handshake is done, and bundles a backlog when the collector's acks offer it.
+``heartbeat_s`` passed with nothing sent, fails over between ``[collector] address``
+entries, sends events on the events port once its handshake is done, and bundles a
+backlog when the collector's acks offer it.
 
 Design notes: docs/design-notes.md (``slurmgpu/agent/link.py``).
 """

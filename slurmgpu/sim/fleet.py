@@ -441,8 +441,11 @@ class SimFleet:
     def _heartbeats_due(self, heartbeat_s: float | None, stats: FleetStats) -> None:
         """The heartbeats due now: nodes quiet for ``heartbeat_s`` (2,000 at most a call)."""
         quiet, since, now = self._quiet, self.quiet_since, time.perf_counter()
+        if not heartbeat_s:
+            quiet.clear()  # (no heartbeats: the sends noted wait for none)
+            return
         for _ in range(2000):
-            if not heartbeat_s or not quiet or quiet[0][0] + heartbeat_s > now:
+            if not quiet or quiet[0][0] + heartbeat_s > now:
                 return
             at, i = quiet.popleft()
             if at == since[i]:  # (else the node sent something since)
