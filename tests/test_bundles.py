@@ -386,12 +386,12 @@ def test_idle_simulated_nodes_heartbeat(simulated: Any) -> None:
         assert sim.hello(BOUND_S) == 3
         assert serving.collector is not None
         transport = serving.collector.transport
-        wait_until(lambda: len(transport.seen) == 3, timeout=BOUND_S, what="the hellos heard")
-        after_hello = dict(transport.seen)
+        wait_until(lambda: len(transport.liveness.seen) == 3, timeout=BOUND_S, what="the hellos heard")
+        after_hello = dict(transport.liveness.seen)
         deadline = time.monotonic() + BOUND_S
 
         def heard_again() -> bool:
-            return all(transport.seen.get(n.name, 0.0) > after_hello[n.name] for n in nodes)
+            return all(transport.liveness.seen.get(n.name, 0.0) > after_hello[n.name] for n in nodes)
 
         stats = sim.idle(lambda: heard_again() or time.monotonic() > deadline, heartbeat_s=0.05)
     assert heard_again() and stats.heartbeats_sent >= 3 and stats.sent == 0
@@ -413,3 +413,17 @@ def test_simulated_nodes_skip_heartbeats_as_agents_do(simulated: Any) -> None:
         sim.inflight[0].clear()
         sim.inflight[1].clear()
     assert (stats.heartbeat_turns, stats.heartbeats_skipped, stats.heartbeats_sent) == (3, 1, 2)
+
+
+def test_simulated_nodes_heartbeat_an_interval_after_their_last_message(simulated: Any) -> None:
+    """A simulated node's heartbeat is due ``heartbeat_s`` after anything it last sent, as
+    an agent's link sends it: a node that just reported sends none."""
+    _, _, fleet = simulated
+    with fleet() as sim:
+        assert sim.hello(BOUND_S) == 3
+        stats = simfleet.FleetStats()
+        now = time.perf_counter()
+        sim._stagger_heartbeats(now - 10.0, 1.0)  # every node quiet for 9 s and more
+        sim._quiet_from(0, time.perf_counter())  # node 0: a report just now
+        sim._heartbeats_due(1.0, stats)
+    assert (stats.heartbeat_turns, stats.heartbeats_sent) == (2, 2)

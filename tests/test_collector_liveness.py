@@ -15,7 +15,8 @@ import zmq
 
 from slurmgpu.collector import transport as transport_mod
 from slurmgpu.collector.counters import Counters
-from slurmgpu.collector.transport import HEARD_PER_TURN, HEARTBEATS_PER_TURN, Transport
+from slurmgpu.collector.liveness import HEARD_PER_TURN, HEARTBEATS_PER_TURN
+from slurmgpu.collector.transport import Transport
 from slurmgpu.wire import HEARTBEAT
 from tests.agenthelpers import wait_until
 from tests.test_collector import Agent, ctx, db_rows, keys_dir, make_settings, running  # noqa: F401
@@ -91,12 +92,12 @@ def test_nodes_heard_while_the_store_fails_are_kept_for_the_next_interval(
     transport = Transport(make_settings(tmp_path, keys_dir), Counters())
     try:
         handler = _Handler(failures=1)
-        transport.heard.update({"gpu-a"})
-        transport._hand_over_heard(handler)  # type: ignore[arg-type]
-        assert transport.heard == {"gpu-a"} and handler.recorded == []
-        transport.heard.add("gpu-b")
-        transport._hand_over_heard(handler)  # type: ignore[arg-type]
-        assert transport.heard == set() and handler.recorded == [{"gpu-a", "gpu-b"}]
+        transport.liveness.heard.update({"gpu-a"})
+        transport.liveness.hand_over(handler.heard)
+        assert transport.liveness.heard == {"gpu-a"} and handler.recorded == []
+        transport.liveness.heard.add("gpu-b")
+        transport.liveness.hand_over(handler.heard)
+        assert transport.liveness.heard == set() and handler.recorded == [{"gpu-a", "gpu-b"}]
     finally:
         transport.close()
 
@@ -110,15 +111,15 @@ def test_nodes_acked_within_the_interval_get_no_heartbeat(tmp_path: Path, keys_d
         transport._send = lambda route, frame, sock=None: sent.append(route) or True  # type: ignore[method-assign]
         now = time.time()
         for node in ("gpu-a", "gpu-b"):
-            transport.seen[node], transport.routes[node] = now, node.encode()
+            transport.liveness.seen[node], transport.routes[node] = now, node.encode()
         transport._send_acks([(transport.sock, b"gpu-a", "gpu-a", "", 7, False)])  # gpu-a reported and was acked
         sent.clear()
-        transport._due = transport._heartbeats_due()
+        transport.liveness.due = transport.liveness.heartbeats_due()
         transport._heartbeat()
         assert sent == [b"gpu-b"]
-        transport.answered["gpu-a"] -= 5.0  # an interval later, without a report
+        transport.liveness.answered["gpu-a"] -= 5.0  # an interval later, without a report
         sent.clear()
-        transport._due = transport._heartbeats_due()
+        transport.liveness.due = transport.liveness.heartbeats_due()
         transport._heartbeat()
         assert sorted(sent) == [b"gpu-a", b"gpu-b"]
     finally:
@@ -137,18 +138,18 @@ def test_the_intervals_work_is_spread_over_loop_turns(tmp_path: Path, keys_dir: 
         nodes = [f"gpu-{i:04d}" for i in range(2 * HEARTBEATS_PER_TURN + 10)]
         now = time.time()
         for node in nodes:
-            transport.seen[node], transport.routes[node] = now, node.encode()
-        transport.heard.update(nodes)
+            transport.liveness.seen[node], transport.routes[node] = now, node.encode()
+        transport.liveness.heard.update(nodes)
         handler = _Handler(failures=0)
-        transport._next_heartbeat = 0.0  # the interval is due
+        transport.liveness.next_interval = 0.0  # the interval is due
         turns = 0
-        while transport._due or transport._handing or turns == 0:
+        while transport.liveness.due or transport.liveness.handing or turns == 0:
             transport.tick(handler)  # type: ignore[arg-type]
             turns += 1
             assert len(handler.recorded[-1]) <= HEARD_PER_TURN
             assert len(sent) <= turns * HEARTBEATS_PER_TURN
         assert turns == -(-len(nodes) // HEARD_PER_TURN)  # ceil: the heard nodes took longest
-        assert set().union(*handler.recorded) == set(nodes) and transport.heard == set()
+        assert set().union(*handler.recorded) == set(nodes) and transport.liveness.heard == set()
         assert sorted(sent) == sorted(n.encode() for n in nodes)  # each heartbeated once
     finally:
         transport.close()
@@ -159,11 +160,11 @@ def test_a_node_whose_report_was_stored_needs_no_heartbeat_write(tmp_path: Path,
     are handed over."""
     transport = Transport(make_settings(tmp_path, keys_dir), Counters())
     try:
-        transport.heard.update({"gpu-a", "gpu-b"})
-        transport._no_longer_heard([("gpu-a", 7), ("gpu-c", 3)])
-        assert transport.heard == {"gpu-b"}
+        transport.liveness.heard.update({"gpu-a", "gpu-b"})
+        transport.liveness.stored([("gpu-a", 7), ("gpu-c", 3)])
+        assert transport.liveness.heard == {"gpu-b"}
         handler = _Handler(failures=0)
-        transport._hand_over_heard(handler)  # type: ignore[arg-type]
+        transport.liveness.hand_over(handler.heard)
         assert handler.recorded == [{"gpu-b"}]
     finally:
         transport.close()

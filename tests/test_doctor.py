@@ -277,13 +277,13 @@ def test_collector_probe_stores_nothing_and_leaves_the_agents_route(install: Ins
             agent = Agent(ctx, cfg, install.keys_root, NODE, routing_id="")  # as agents: zmq picks the id
             agent.report(1)
             assert agent.acked() == [1]
-            route, seen = collector.transport.routes[NODE], collector.transport.seen[NODE]
+            route, seen = collector.transport.routes[NODE], collector.transport.liveness.seen[NODE]
             _, rows = install.findings()
             assert rows["collector"]["severity"] == "OK"
             assert collector.counters.probes_answered == 1 and collector.counters.heartbeats_received == 0
             assert collector.transport.routes[NODE] == route
             # (not refreshed by the probe; the collector forgets it after 3 silent heartbeats)
-            assert collector.transport.seen.get(NODE, seen) == seen
+            assert collector.transport.liveness.seen.get(NODE, seen) == seen
     finally:
         ctx.destroy(linger=0)
     assert query_db(Path(cfg.db), "SELECT COUNT(*) FROM messages") == [(1,)]  # the agent's report only

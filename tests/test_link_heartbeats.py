@@ -1,11 +1,14 @@
-"""The agent's heartbeats (issue 15): one every ``heartbeat_s`` while the link is idle,
-none while frames it sent within ``BUSY_HEARTBEATS`` intervals are unacked (the collector
-reads them first, and they are the same sign of life), back once those go unanswered
-longer. Real ZeroMQ and CURVE, against a collector that never acks (``FakeCollector``);
-every wait polls for the effect itself."""
+"""The agent's heartbeats (issue 15): one ``heartbeat_s`` after anything last went out on
+the main socket (issue 30), none while frames it sent within ``BUSY_HEARTBEATS``
+intervals are unacked (the collector reads them first, and they are the same sign of
+life), back once those go unanswered longer. Real ZeroMQ and CURVE, against a collector
+that never acks or one that acks at once (``FakeCollector``); every wait polls for the
+effect itself."""
 
 from __future__ import annotations
 
+import itertools
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,13 @@ HEARTBEAT_S = 1.0  # silent after 3 s (the fake collector heartbeats every 0.5 s
 def mute(keys_dir: Path) -> Iterator[FakeCollector]:  # noqa: F811
     """A collector that takes every message and acks none."""
     collector = FakeCollector(free_port(), keys_dir / f"{keys.COLLECTOR}{keys.SECRET_SUFFIX}", ack=False).start()
+    yield collector
+    collector.stop()
+
+
+@pytest.fixture
+def acking(keys_dir: Path) -> Iterator[FakeCollector]:  # noqa: F811
+    collector = FakeCollector(free_port(), keys_dir / f"{keys.COLLECTOR}{keys.SECRET_SUFFIX}").start()
     yield collector
     collector.stop()
 
@@ -87,3 +97,22 @@ def heartbeats_after(mute: FakeCollector, seq: int) -> list[float]:
     """Arrival times of the heartbeats the collector read after report ``seq``."""
     arrived = report_arrival(mute, seq)
     return [r.at for r in list(mute.messages) if r.envelope.type == wire.HEARTBEAT and r.at >= arrived]
+
+
+def test_a_heartbeat_waits_an_interval_after_anything_sent(
+        acking: FakeCollector, make_link: Any, spool: Spool) -> None:  # noqa: F811
+    """Reports every quarter interval, each acked at once: any frame is the same sign of
+    life, so no heartbeat comes within an interval of the frame before it (every one the
+    collector read came at least ~an interval after the message before it), and once the
+    reports stop the heartbeats come back."""
+    link = make_link(f"tcp://127.0.0.1:{acking.port}")
+    seqs = []
+    for _ in range(12):
+        seqs.append(spool_report(spool))
+        link.wake()
+        time.sleep(HEARTBEAT_S / 4)
+    wait_until(lambda: len(heartbeats_after(acking, seqs[-1])) >= 1, timeout=30, what="a heartbeat after the reports")
+    arrivals = [(r.at, r.envelope.type) for r in list(acking.messages)]
+    gaps = [at - before for (before, _), (at, kind) in itertools.pairwise(arrivals) if kind == wire.HEARTBEAT]
+    assert min(gaps) >= 0.7 * HEARTBEAT_S, gaps
+    assert all(seq in acking.stored for seq in seqs)

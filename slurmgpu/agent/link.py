@@ -1,7 +1,8 @@
 """The agent's link to the collector: one zmq DEALER (CURVE client), one thread. It sends
-what the spool holds, oldest first, deletes what the collector acked, heartbeats, fails
-over between ``[collector] address`` entries, sends events on the events port once its
-handshake is done, and bundles a backlog when the collector's acks offer it.
+what the spool holds, oldest first, deletes what the collector acked, heartbeats once
+``heartbeat_s`` passed with nothing sent, fails over between ``[collector] address``
+entries, sends events on the events port once its handshake is done, and bundles a
+backlog when the collector's acks offer it.
 
 Design notes: docs/design-notes.md (``slurmgpu/agent/link.py``).
 """
@@ -104,6 +105,7 @@ class Link(threading.Thread):
         self._blocked = False
         self._inflight: set[int] = set()  # seqs sent on this connection, not acked yet
         self._last_send = 0.0  # monotonic time a frame last went out on the main socket
+        self._sent_at = 0.0  # ... anything (a heartbeat too): the next heartbeat waits for it
         self.heartbeats_sent = 0
         self.heartbeats_skipped = 0  # due while the main socket was busy (BUSY_HEARTBEATS)
         self._esock: zmq.Socket[Any] | None = None  # the events socket
@@ -235,8 +237,8 @@ class Link(threading.Thread):
                 poller.register(self._esock, zmq.POLLIN)
                 poller.register(self._emonitor, zmq.POLLIN)
             now = time.monotonic()
-            timeout = max(0.0, min(next_heartbeat, self._last_rx + SILENT_HEARTBEATS * self.heartbeat_s)
-                          - now)
+            timeout = max(0.0, min(self._heartbeat_at(next_heartbeat),
+                                   self._last_rx + SILENT_HEARTBEATS * self.heartbeat_s) - now)
             ready = dict(poller.poll(int(timeout * 1000) + 1))
             if self._halt.is_set():
                 return
@@ -259,12 +261,17 @@ class Link(threading.Thread):
                 self._send_events()  # first: the main socket skips what is in flight there
             if self._up:
                 self._flush()
-            if now >= next_heartbeat:
+            if now >= self._heartbeat_at(next_heartbeat):
                 next_heartbeat = now + self.heartbeat_s
                 if self._busy(now):
                     self.heartbeats_skipped += 1
                 elif self._up and self._send(wire.heartbeat_frame(self.node)):
                     self.heartbeats_sent += 1
+
+    def _heartbeat_at(self, next_heartbeat: float) -> float:
+        """When a heartbeat is due: ``heartbeat_s`` after anything last went out on the main
+        socket (any frame there is the same sign of life), and not before ``next_heartbeat``."""
+        return max(next_heartbeat, self._sent_at + self.heartbeat_s)
 
     def _busy(self, now: float) -> bool:
         """Frames sent within BUSY_HEARTBEATS heartbeat intervals are unacked on the main
@@ -331,6 +338,7 @@ class Link(threading.Thread):
             self._sock.send(frame, zmq.NOBLOCK)
         except zmq.Again:
             return False
+        self._sent_at = time.monotonic()
         return True
 
     def _resend_all(self) -> None:

@@ -13,7 +13,6 @@ Single-threaded: every method runs on the collector loop's thread.
 from __future__ import annotations
 
 import gc
-import itertools
 import os
 import time
 import uuid
@@ -26,6 +25,7 @@ from zmq.auth.thread import ThreadAuthenticator
 
 from slurmgpu import keys, wire
 from slurmgpu.collector.counters import Counters, LimitedLog
+from slurmgpu.collector.liveness import Liveness
 from slurmgpu.config.schema import CollectorSettings
 from slurmgpu.errors import SlurmGpuError
 from slurmgpu.log import get_logger
@@ -44,8 +44,6 @@ RCVHWM = 64  # frames queued per connection before TCP backpressure
 SNDHWM = 100_000  # acks and commands; a ROUTER drops at the limit
 TCP_KEEPALIVE_IDLE, TCP_KEEPALIVE_INTVL, TCP_KEEPALIVE_CNT = 60, 10, 6  # dead peers, by the kernel
 MAIN_IO, EVENTS_IO = 1, 2  # zmq I/O threads of the main and the events socket
-HEARD_PER_TURN = 256  # per loop turn: heard nodes recorded,
-HEARTBEATS_PER_TURN = 1000  # and heartbeats sent
 
 # An acked-type message to acknowledge: (socket, routing id, node, epoch, seq, rejected).
 AckItem = tuple["zmq.Socket[Any]", bytes, str, str, int, bool]
@@ -103,22 +101,14 @@ class Transport:
         self.auth.configure_curve(domain="*", location=str(self.keys_dir / keys.NODES_DIR))
         self.sock = self._socket(MAIN_IO)
         self.endpoint = ""  # once ``listen`` has bound it
-        # The events socket, once ``listen`` has bound it (None: off, or not bindable).
-        self.events_sock: zmq.Socket[Any] | None = None
+        self.events_sock: zmq.Socket[Any] | None = None  # once bound (None: off, or not bindable)
         self.events_endpoint = ""
         self._poller = zmq.Poller()
         self._poller.register(self.sock, zmq.POLLIN)
-        self.seen: dict[str, float] = {}  # node -> wall time last heard (this process)
-        self.heard: set[str] = set()  # heard by heartbeat since the last Handler.heard
-        self.answered: dict[str, float] = {}  # node -> monotonic time of its last ack
-        # node -> routing id its authenticated key last spoke from: where its commands and
-        # heartbeats go (a routing id is the client's claim; the key is not)
+        self.liveness = Liveness(settings.heartbeat_s, settings.unreachable_after)
+        # node -> routing id its authenticated key (not a claimed id) last spoke from: its route
         self.routes: dict[str, bytes] = {}
-        self._handing = False  # heard nodes are being handed over, HEARD_PER_TURN a turn
-        self._due: list[str] = []  # nodes still to heartbeat this interval
-        now = time.monotonic()
-        self._next_heartbeat = now + settings.heartbeat_s
-        self._next_reload = now + ALLOW_LIST_RELOAD_S
+        self._next_reload = time.monotonic() + ALLOW_LIST_RELOAD_S
         self._reload_requested = self._closed = False
 
     def _socket(self, io_thread: int) -> zmq.Socket[Any]:
@@ -255,15 +245,11 @@ class Transport:
             to_ack[:] = [(s, r, n, e, q, rej or (n, e, q) in refused) for s, r, n, e, q, rej in to_ack]
         self.counters.stored += len(new)
         self.counters.duplicates += sum(1 for item in to_ack if not item[5]) - len(new)
-        self._no_longer_heard(new)
+        self.liveness.stored(new)
         self._send_acks(to_ack)
         if new:
             handler.acked(batch, new, now)
         return True
-
-    def _no_longer_heard(self, new: list[tuple[str, int]]) -> None:
-        if self.heard and new:  # their last-seen time is written with them
-            self.heard.difference_update([node for node, _ in new])
 
     def _take_events(self, batch: Batch, to_ack: list[AckItem], now: float) -> int:
         return 0 if self.events_sock is None else self._read(self.events_sock, batch, to_ack, now, 0)
@@ -285,7 +271,7 @@ class Transport:
         elif sock is not None and env.type not in URGENT:  # (unacked: it comes again on the main socket)
             self._reject("unexpected_type", node=node, type=env.type, socket="events")
         elif sock is not None:
-            self.seen[node] = now
+            self.liveness.seen[node] = now
             batch.append((node, env, body))
             to_ack.append((sock, routing_id, node, env.epoch, env.seq, False))
         elif env.type == wire.HEARTBEAT:
@@ -295,7 +281,7 @@ class Transport:
             self._reject("unexpected_type", node=node, type=env.type)
         else:
             self.routes[node] = routing_id  # commands follow the authenticated key, not a claimed id
-            self.seen[node] = now
+            self.liveness.seen[node] = now
             if env.type == wire.BUNDLE:
                 self._unbundle(env.body["frames"], node, routing_id, batch, to_ack)
             else:
@@ -328,8 +314,7 @@ class Transport:
             return
         self.routes[node] = routing_id
         self.counters.heartbeats_received += 1
-        self.seen[node] = now
-        self.heard.add(node)
+        self.liveness.heartbeat_from(node, now)
 
     def _take(self, batch: Batch, to_ack: list[AckItem], routing_id: bytes, node: str, env: Envelope,
               body: bytes) -> None:
@@ -384,13 +369,16 @@ class Transport:
         for sock, routing_id, node, epoch, seq, rejected in to_ack:
             seqs = per_peer.setdefault((sock, routing_id, epoch), (node, {}))[1]
             seqs[seq] = seqs.get(seq, True) and rejected
-        mono, sent, bundle = time.monotonic(), 0, self.settings.bundle
-        for (sock, routing_id, epoch), (node, seqs) in per_peer.items():
-            refused = [q for q, rejected in seqs.items() if rejected] if True in seqs.values() else None
-            if self._send(routing_id, wire.ack_frame(node, list(seqs), epoch=epoch, rejected=refused, bundle=bundle), sock):
+        bundle = self.settings.bundle  # (the acks built first, then sent back to back)
+        acks = [(sock, routing_id, node, wire.ack_frame(node, list(seqs), epoch=epoch, bundle=bundle,
+                                                        rejected=[q for q, rej in seqs.items() if rej] or None))
+                for (sock, routing_id, epoch), (node, seqs) in per_peer.items()]
+        mono, sent = time.monotonic(), 0
+        for sock, routing_id, node, frame in acks:
+            if self._send(routing_id, frame, sock):
                 sent += 1
                 if sock is self.sock:  # a sign of life on the agent's main connection
-                    self.answered[node] = mono
+                    self.liveness.answered[node] = mono
         self.counters.acks_sent += sent
         self.counters.acks_failed += len(per_peer) - sent
 
@@ -424,41 +412,16 @@ class Transport:
             force, self._reload_requested = self._reload_requested, False
             self._next_reload = mono + ALLOW_LIST_RELOAD_S
             self.reload_allow_list(handler, force=force)
-        if mono >= self._next_heartbeat:
-            self._next_heartbeat = mono + self.settings.heartbeat_s
-            self._handing = True
-            self._due = self._heartbeats_due()
-        if self._handing:
-            self._hand_over_heard(handler)
-        if self._due:
-            self._heartbeat()
-
-    def _hand_over_heard(self, handler: Handler) -> None:
-        """HEARD_PER_TURN of the nodes heard to the handler; kept for later if it fails."""
-        chunk = set(itertools.islice(self.heard, HEARD_PER_TURN))
-        if not chunk or not handler.heard(chunk, time.time()):
-            self._handing = False
-            return
-        self.heard -= chunk
-        self._handing = bool(self.heard)
-
-    def _heartbeats_due(self) -> list[str]:
-        """The nodes heard within ``unreachable_after`` intervals (the rest forgotten)."""
-        now = time.time()
-        window = self.settings.unreachable_after * self.settings.heartbeat_s
-        for node in [node for node, seen in self.seen.items() if now - seen > window]:
-            del self.seen[node]
-            self.answered.pop(node, None)
-        return list(self.seen)
+        self.liveness.start_interval(mono)
+        if self.liveness.handing:
+            self.liveness.hand_over(handler.heard)
+        self._heartbeat()
 
     def _heartbeat(self) -> None:
-        """Heartbeat HEARTBEATS_PER_TURN due nodes not acked within the interval."""
-        mono = time.monotonic()
-        due, self._due = self._due[:HEARTBEATS_PER_TURN], self._due[HEARTBEATS_PER_TURN:]
-        for node in due:
+        """A chunk of the nodes due the collector's heartbeat (``Liveness.to_heartbeat``)."""
+        for node in self.liveness.to_heartbeat():
             route = self.routes.get(node)
-            if mono - self.answered.get(node, -1e9) >= self.settings.heartbeat_s and route is not None \
-                    and self._send(route, wire.reply_heartbeat_frame(node)):
+            if route is not None and self._send(route, wire.reply_heartbeat_frame(node)):
                 self.counters.heartbeats_sent += 1
 
     def _nodes_dir_stamp(self) -> int | None:

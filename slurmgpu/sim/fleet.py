@@ -9,8 +9,9 @@ Two modes: a fixed rate per node (``rate`` reports/s, what a real fleet does), o
 ``rate=None``: as fast as a per-node window of unacknowledged reports allows (saturation).
 With ``bundle`` > 1, saturation sends reports as agents drain a backlog: in
 ``wire.BUNDLE`` messages of the size the collector's acks offer (at most ``bundle``),
-at most BUNDLES_IN_FLIGHT of them unacked per node. Heartbeats (``heartbeat_s``) are
-skipped as an agent's link skips them (``link.BUSY_HEARTBEATS``).
+at most BUNDLES_IN_FLIGHT of them unacked per node. Heartbeats (``heartbeat_s``) go as an
+agent's link sends them: ``heartbeat_s`` after the node's last message, skipped while
+what it sent is unacked (``link.BUSY_HEARTBEATS``).
 
 File descriptors: every zmq socket holds a mailbox fd plus one per TCP connection, so
 N nodes need ~2N+50 fds; ``raise_fd_limit`` lifts the soft RLIMIT_NOFILE to the hard one.
@@ -240,6 +241,10 @@ class SimFleet:
         self.seq = [0] * len(nodes)
         self.inflight: list[dict[int, float]] = [{} for _ in nodes]
         self.last_sent = [0.0] * len(nodes)  # perf_counter() of each node's last report or bundle
+        # perf_counter() of each node's last message, or heartbeat due: its next heartbeat is
+        # due heartbeat_s later; (that time, node) in the order noted
+        self.quiet_since = [0.0] * len(nodes)
+        self._quiet: deque[tuple[float, int]] = deque()
         self.bundle = max(1, bundle)  # reports per message asked for
         self.collector_bundle = 0  # what the collector's hello acks said it takes
         self.credits = [0] * len(nodes)  # (bundles) report slots not used yet
@@ -299,6 +304,7 @@ class SimFleet:
             self.seq[i] -= 1
             return
         self.inflight[i][seq] = self.last_sent[i] = time.perf_counter()
+        self._quiet_from(i, self.last_sent[i])
         stats.sent += 1
 
     def _send_bundle(self, i: int, stats: FleetStats) -> bool:
@@ -324,16 +330,23 @@ class SimFleet:
         self.credits[i] -= size
         self.seq[i] += size
         sent_at = self.last_sent[i] = time.perf_counter()
+        self._quiet_from(i, sent_at)
         self.inflight[i].update((seq, sent_at) for seq in range(first, first + size))
         stats.sent += size
         stats.bundles_sent += size > 1
         return True
 
+    def _quiet_from(self, i: int, at: float) -> None:
+        self.quiet_since[i] = at
+        self._quiet.append((at, i))
+
     def _heartbeat(self, i: int, stats: FleetStats, heartbeat_s: float) -> None:
         """Node ``i``'s heartbeat, as an agent's link sends it: not while what it sent
-        within BUSY_HEARTBEATS intervals is unacked."""
+        within BUSY_HEARTBEATS intervals is unacked; the next one ``heartbeat_s`` later."""
         stats.heartbeat_turns += 1
-        if self.inflight[i] and time.perf_counter() - self.last_sent[i] < BUSY_HEARTBEATS * heartbeat_s:
+        now = time.perf_counter()
+        self._quiet_from(i, now)
+        if self.inflight[i] and now - self.last_sent[i] < BUSY_HEARTBEATS * heartbeat_s:
             stats.heartbeats_skipped += 1
             return
         try:
@@ -376,12 +389,11 @@ class SimFleet:
         start = time.perf_counter()
         end = start + duration_s
         sent_rr = 0
+        self._stagger_heartbeats(start, heartbeat_s)
         while True:
             now = time.perf_counter()
             if now >= end:
                 break
-            if heartbeat_s:
-                self._heartbeats_due(now - start, heartbeat_s, stats)
             if credit is not None:
                 for _ in range(min(len(credit), 2000)):
                     if bundle > 1:
@@ -390,6 +402,7 @@ class SimFleet:
                             credit.append(i)
                     else:
                         self._send(credit.popleft(), stats)
+                self._heartbeats_due(heartbeat_s, stats)
                 self._receive(0 if credit else 5, stats, credit)
             else:
                 assert rate is not None
@@ -397,12 +410,12 @@ class SimFleet:
                 for _ in range(min(due, 2000)):
                     self._send(sent_rr % n, stats)
                     sent_rr += 1
+                self._heartbeats_due(heartbeat_s, stats)
                 self._receive(0 if due > 2000 else 5, stats, None)
         stats.elapsed_s = time.perf_counter() - start
         drain_end = time.perf_counter() + drain_s
         while any(self.inflight) and time.perf_counter() < drain_end:
-            if heartbeat_s:  # (agents waiting for acks still send them)
-                self._heartbeats_due(time.perf_counter() - start, heartbeat_s, stats)
+            self._heartbeats_due(heartbeat_s, stats)  # (agents waiting for acks still send them)
             self._receive(50, stats, None)
         return stats
 
@@ -411,19 +424,32 @@ class SimFleet:
         send them (a node silent longer than the collector's unreachable window is marked
         unreachable, as it should be), and whatever the collector sends."""
         stats = FleetStats(nodes=len(self.nodes), connected=len(self.nodes))
-        start = time.perf_counter()
+        self._stagger_heartbeats(time.perf_counter(), heartbeat_s)
         while not done():
-            if heartbeat_s:
-                self._heartbeats_due(time.perf_counter() - start, heartbeat_s, stats)
+            self._heartbeats_due(heartbeat_s, stats)
             self._receive(50, stats, None)
         return stats
 
-    def _heartbeats_due(self, elapsed_s: float, heartbeat_s: float, stats: FleetStats) -> None:
-        """The heartbeats due by ``elapsed_s``, one node after the other (2,000 at most a call)."""
-        n = len(self.nodes)
-        due = int(elapsed_s * n / heartbeat_s) - stats.heartbeat_turns
-        for _ in range(min(due, 2000)):
-            self._heartbeat(stats.heartbeat_turns % n, stats, heartbeat_s)
+    def _stagger_heartbeats(self, start: float, heartbeat_s: float | None) -> None:
+        """The nodes' first heartbeats spread over an interval from ``start`` (a node that
+        sent something more recently: an interval after that)."""
+        n, self._quiet = len(self.nodes), deque()
+        if heartbeat_s:
+            for at, i in sorted((max(self.quiet_since[i], start + (i / n - 1) * heartbeat_s), i) for i in range(n)):
+                self._quiet_from(i, at)
+
+    def _heartbeats_due(self, heartbeat_s: float | None, stats: FleetStats) -> None:
+        """The heartbeats due now: nodes quiet for ``heartbeat_s`` (2,000 at most a call)."""
+        quiet, since, now = self._quiet, self.quiet_since, time.perf_counter()
+        if not heartbeat_s:
+            quiet.clear()  # (no heartbeats: the sends noted wait for none)
+            return
+        for _ in range(2000):
+            if not quiet or quiet[0][0] + heartbeat_s > now:
+                return
+            at, i = quiet.popleft()
+            if at == since[i]:  # (else the node sent something since)
+                self._heartbeat(i, stats, heartbeat_s)
 
     def unacked(self) -> int:
         return sum(len(p) for p in self.inflight)
