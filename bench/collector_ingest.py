@@ -129,11 +129,16 @@ def sender(address: str, server_key: bytes, nodes: list[simfleet.SimNode], durat
 
 
 def start_collector(root: Path, address: str, db: str, profile: str | None,
-                    events_port: int, cpus: set[int] | None = None) -> subprocess.Popen[bytes]:
+                    events_port: int, cpus: set[int] | None = None,
+                    heartbeat_s: float = 5.0) -> subprocess.Popen[bytes]:
+    """A collector process; ``heartbeat_s``: its ``[collector] heartbeat_s`` (how long a
+    node may go unacked before the collector heartbeats it)."""
     python = [sys.executable, "-m", "cProfile", "-o", profile, "-m", "slurmgpu", "collector"] \
         if profile else [sys.executable, "-c", "from slurmgpu.cli.fleet_cmd import collector; collector()"]
-    return subprocess.Popen([*python, "--bind", address, "--events-port", str(events_port), "--db", db,
-                             "--keys-dir", str(root / "keys"), "--log-level", "warning"],
+    config = root / "collector.toml"
+    config.write_text(f"[collector]\nheartbeat_s = {heartbeat_s!r}\n")
+    return subprocess.Popen([*python, "--config", str(config), "--bind", address, "--events-port",
+                             str(events_port), "--db", db, "--keys-dir", str(root / "keys"), "--log-level", "warning"],
                             preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus))
 
 
@@ -255,7 +260,8 @@ def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
              profile: str | None = None, warmup_s: float = 0.0, *, pg: PgServer | None = None,
              collectors: int = 1, full_every: int = 1, live_nodes: int = 0,
              live_interval_s: float = 1.0, events: bool = True, bundle: int = 1,
-             collector_cpus: set[int] | None = None, floor: bool = False, rate: float | None = None) -> dict[str, Any]:
+             collector_cpus: set[int] | None = None, floor: bool = False, rate: float | None = None,
+             collector_heartbeat_s: float = 5.0) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix=f"ingest-{n}-"))
     try:
         keys.init(root / "keys")
@@ -267,7 +273,7 @@ def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
         events_ports = [free_port() if events else 0 for _ in addresses]
         procs_of = [start_floor(root, a, port, collector_cpus) if floor else
                     start_collector(root, a, db, f"{profile}.{n}.{i}" if profile else None, port,
-                                    collector_cpus)
+                                    collector_cpus, collector_heartbeat_s)
                     for i, (a, port) in enumerate(zip(addresses, events_ports, strict=True))]
         others = None if collector_cpus is None else (os.sched_getaffinity(0) - collector_cpus) or None
         # live nodes send their events where agents do: the events port when there is one

@@ -11,8 +11,8 @@ of the nodes sending events:
 
 Each for SQLite (one collector) and PostgreSQL (two collectors). ``--nodes`` scales the
 fleet down for a small machine: every per-node interval shrinks by the same factor, so
-the collector sees the same message rates (reports, heartbeats, events) from fewer
-connections; the drain time is the full backlog over the drain rate measured with
+the collector sees the same message rates (reports, heartbeats both ways, events) from
+fewer connections; the drain time is the full backlog over the drain rate measured with
 bundles of 32, as agents send a backlog. docs/benchmarks.md says how that extrapolates.
 
     python bench/fleet_yardstick.py [--nodes 1000] [--duration 20] [--db sqlite,postgresql]
@@ -46,7 +46,7 @@ TARGETS = {"steady_cpu_fraction": 0.10, "backlog_drain_s": 300.0, "live_event_ac
 def _common(nodes: int, args: argparse.Namespace, pg: PgServer | None) -> dict[str, Any]:
     scale = FLEET_NODES / nodes
     return {"pg": pg, "collectors": 2 if pg is not None else 1, "full_every": FULL_EVERY,
-            "heartbeat_s": HEARTBEAT_S / scale, "live_nodes": max(1, round(nodes * EVENT_NODES)),
+            "heartbeat_s": HEARTBEAT_S / scale, "collector_heartbeat_s": HEARTBEAT_S / scale, "live_nodes": max(1, round(nodes * EVENT_NODES)),
             "live_interval_s": REPORT_S / scale}
 
 
@@ -57,6 +57,7 @@ def steady(nodes: int, args: argparse.Namespace, pg: PgServer | None) -> dict[st
     return {"reports_per_s": round(row["stored"] / row["wall_s"], 1),
             "steady_cpu_fraction": round(max(row["collector_cpu_s"]) / row["wall_s"], 3),
             "steady_cpu_fraction_all_collectors": round(sum(row["collector_cpu_s"]) / row["wall_s"], 3),
+            "collector_heartbeats_per_s": round(row["heartbeats_from_collector"] / row["wall_s"], 1),
             "steady_live_event_ack_p99_ms": row.get("live_ack_p99_ms")}
 
 
