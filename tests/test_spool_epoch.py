@@ -236,20 +236,20 @@ def test_store_dedupes_per_epoch_and_reports_conflicts(tmp_path: Path) -> None:
 
 
 def test_migration_keeps_old_messages_as_epoch_less(tmp_path: Path) -> None:
-    from slurmgpu.collector import store as store_mod
+    from slurmgpu.collector.store.schema import MIGRATIONS, SCHEMA_VERSION
 
     path = tmp_path / "fleet.db"
     with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
         db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
         db.execute("INSERT INTO schema_version VALUES (4)")
         db.execute("BEGIN")
-        for migration in store_mod.MIGRATIONS[:4]:
+        for migration in MIGRATIONS[:4]:
             migration(db)
         db.execute("INSERT INTO messages (node, seq, type, ts, received_at) VALUES (?, 7, 'event', 1, 1)",
                    (NODE,))
         db.execute("COMMIT")
     store = Store(path)
-    assert store.schema_version() == store_mod.SCHEMA_VERSION
+    assert store.schema_version() == SCHEMA_VERSION
     old = wire.Envelope(type=wire.EVENT, node=NODE, seq=7, body=_event(1))
     assert store.store_batch([(NODE, old)]) == []  # an epoch-less resend: still a duplicate
     assert store.conflicts == []  # (no digest kept for rows from before: not comparable)
