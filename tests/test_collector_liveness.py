@@ -6,6 +6,7 @@ heartbeat."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ import zmq
 
 from slurmgpu.collector import transport as transport_mod
 from slurmgpu.collector.counters import Counters
-from slurmgpu.collector.liveness import HEARD_PER_TURN, HEARTBEATS_PER_TURN
+from slurmgpu.collector.liveness import HEARD_PER_TURN, HEARTBEATS_PER_TURN, Liveness
 from slurmgpu.collector.transport import Transport
 from slurmgpu.wire import HEARTBEAT
 from tests.agenthelpers import wait_until
@@ -115,12 +116,13 @@ def test_nodes_acked_within_the_interval_get_no_heartbeat(tmp_path: Path, keys_d
         transport._send_acks([(transport.sock, b"gpu-a", "gpu-a", "", 7, False)])  # gpu-a reported and was acked
         sent.clear()
         transport.liveness.due = transport.liveness.heartbeats_due()
-        transport._heartbeat()
+        transport._heartbeat(time.monotonic())
         assert sent == [b"gpu-b"]
-        transport.liveness.answered["gpu-a"] -= 5.0  # an interval later, without a report
+        transport.liveness.answered["gpu-a"] -= 7.5  # 1.5 intervals later, without a report
+        transport.liveness.answered["gpu-b"] -= 7.5
         sent.clear()
         transport.liveness.due = transport.liveness.heartbeats_due()
-        transport._heartbeat()
+        transport._heartbeat(time.monotonic())
         assert sorted(sent) == [b"gpu-a", b"gpu-b"]
     finally:
         transport.close()
@@ -141,7 +143,7 @@ def test_the_intervals_work_is_spread_over_loop_turns(tmp_path: Path, keys_dir: 
             transport.liveness.seen[node], transport.routes[node] = now, node.encode()
         transport.liveness.heard.update(nodes)
         handler = _Handler(failures=0)
-        transport.liveness.next_interval = 0.0  # the interval is due
+        transport.liveness.next_interval = transport.liveness.next_look = 0.0  # the interval and a look are due
         turns = 0
         while transport.liveness.due or transport.liveness.handing or turns == 0:
             transport.tick(handler)  # type: ignore[arg-type]
@@ -168,3 +170,39 @@ def test_a_node_whose_report_was_stored_needs_no_heartbeat_write(tmp_path: Path,
         assert handler.recorded == [{"gpu-b"}]
     finally:
         transport.close()
+
+
+def answers(acked_every: float | None, heartbeat_s: float = 5.0, turns_s: float = 0.05,
+            until: float = 300.0) -> tuple[int, list[float]]:
+    """A node seen all along, acked every ``acked_every`` s (None: never), the collector's
+    loop turning every ``turns_s`` on a clock of its own: (heartbeats sent, the times
+    the node was answered, acks and heartbeats)."""
+    live = Liveness(heartbeat_s, unreachable_after=3)
+    live.next_interval = live.next_look = 0.0
+    sent, answered = 0, [0.0]
+    live.answered["gpu-a"] = 0.0
+    for turn in range(1, int(until / turns_s)):
+        mono = turn * turns_s
+        live.seen["gpu-a"] = time.time()
+        if acked_every and turn % round(acked_every / turns_s) == 0:
+            live.answered["gpu-a"] = mono
+            answered.append(mono)
+        live.start_interval(mono)
+        for node in live.to_heartbeat(mono):
+            live.answered[node] = mono
+            sent, answered = sent + 1, [*answered, mono]
+    return sent, answered
+
+
+def test_a_node_reporting_every_3_intervals_gets_one_heartbeat_a_report_and_never_2_intervals_of_silence() -> None:
+    """Its acks answer it every 15 s; the collector fills each gap once (it sent two a
+    report when it heartbeated every node unacked for one interval)."""
+    sent, answered = answers(acked_every=15.0)
+    assert sent <= 300 / 15 + 1
+    assert max(b - a for a, b in itertools.pairwise(answered)) < 2 * 5.0
+
+
+def test_a_node_that_only_heartbeats_is_answered_within_2_intervals() -> None:
+    sent, answered = answers(acked_every=None)
+    assert max(b - a for a, b in itertools.pairwise(answered)) < 2 * 5.0
+    assert sent >= 300 / (2 * 5.0)

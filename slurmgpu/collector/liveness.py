@@ -1,8 +1,10 @@
 """The collector's view of which nodes are alive: when each was last heard (any message),
 which were heard by heartbeat alone since their last-seen time was stored, and when each
-was last acked. Once a heartbeat interval, the nodes heard by heartbeat go to the store
-and the nodes heard lately and not acked within the interval are due the collector's
-heartbeat; both in chunks, a chunk a loop turn. Single-threaded: the collector loop's.
+was last answered (acked or heartbeated). Once a heartbeat interval the nodes heard by
+heartbeat go to the store; every half interval the nodes heard lately and not answered
+for 1.5 intervals are due the collector's heartbeat, so no node goes 2 intervals without
+a frame from the collector (an agent gives up after 3); both in chunks, a chunk a loop
+turn. Single-threaded: the collector loop's.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Callable
 
 HEARD_PER_TURN = 256  # per loop turn: heard nodes handed to the store,
 HEARTBEATS_PER_TURN = 1000  # and heartbeats sent
+UNANSWERED_INTERVALS = 1.5  # a node not answered for this long is due a heartbeat
 
 
 class Liveness:
@@ -23,8 +26,8 @@ class Liveness:
         self.heard: set[str] = set()  # heard by heartbeat since its last-seen time was stored
         self.answered: dict[str, float] = {}  # node -> monotonic time of its last ack
         self.handing = False  # heard nodes are being handed over, HEARD_PER_TURN a turn
-        self.due: list[str] = []  # nodes still to heartbeat this interval
-        self.next_interval = time.monotonic() + heartbeat_s
+        self.due: list[str] = []  # nodes still to heartbeat from the last look
+        self.next_interval = self.next_look = time.monotonic() + heartbeat_s
 
     def heartbeat_from(self, node: str, now: float) -> None:
         self.seen[node] = now
@@ -36,13 +39,14 @@ class Liveness:
             self.heard.difference_update([node for node, _ in new])
 
     def start_interval(self, mono: float) -> None:
-        """At each interval (monotonic ``mono``): hand over the heard nodes, heartbeat
-        the nodes heard within the window (the rest are forgotten)."""
-        if mono < self.next_interval:
-            return
-        self.next_interval = mono + self.heartbeat_s
-        self.handing = True
-        self.due = self.heartbeats_due()
+        """At each interval (monotonic ``mono``) hand over the heard nodes; at each half
+        interval look for the nodes due a heartbeat."""
+        if mono >= self.next_interval:
+            self.next_interval = mono + self.heartbeat_s
+            self.handing = True
+        if mono >= self.next_look:
+            self.next_look = mono + self.heartbeat_s / 2
+            self.due = self.heartbeats_due()
 
     def heartbeats_due(self) -> list[str]:
         """The nodes heard within the window (the rest forgotten)."""
@@ -61,8 +65,9 @@ class Liveness:
         self.heard -= chunk
         self.handing = bool(self.heard)
 
-    def to_heartbeat(self) -> list[str]:
-        """HEARTBEATS_PER_TURN of the due nodes, less those acked within the interval."""
-        mono = time.monotonic()
+    def to_heartbeat(self, mono: float) -> list[str]:
+        """HEARTBEATS_PER_TURN of the due nodes, less those answered within
+        UNANSWERED_INTERVALS (the caller sets ``answered`` for each heartbeat sent)."""
         due, self.due = self.due[:HEARTBEATS_PER_TURN], self.due[HEARTBEATS_PER_TURN:]
-        return [node for node in due if mono - self.answered.get(node, -1e9) >= self.heartbeat_s]
+        unanswered = UNANSWERED_INTERVALS * self.heartbeat_s
+        return [node for node in due if mono - self.answered.get(node, -1e9) >= unanswered]

@@ -415,14 +415,14 @@ class Transport:
         self.liveness.start_interval(mono)
         if self.liveness.handing:
             self.liveness.hand_over(handler.heard)
-        self._heartbeat()
+        self._heartbeat(mono)
 
-    def _heartbeat(self) -> None:
-        """A chunk of the nodes due the collector's heartbeat (``Liveness.to_heartbeat``)."""
-        for node in self.liveness.to_heartbeat():
+    def _heartbeat(self, mono: float) -> None:
+        for node in self.liveness.to_heartbeat(mono):
             route = self.routes.get(node)
             if route is not None and self._send(route, wire.reply_heartbeat_frame(node)):
                 self.counters.heartbeats_sent += 1
+                self.liveness.answered[node] = mono
 
     def _nodes_dir_stamp(self) -> int | None:
         try:
