@@ -24,7 +24,7 @@ class Liveness:
         self.window = unreachable_after * heartbeat_s  # heard within it: heartbeated
         self.seen: dict[str, float] = {}  # node -> wall time last heard (this process)
         self.heard: set[str] = set()  # heard by heartbeat since its last-seen time was stored
-        self.answered: dict[str, float] = {}  # node -> monotonic time of its last ack
+        self.answered: dict[str, float] = {}  # node -> monotonic time last acked or heartbeated
         self.handing = False  # heard nodes are being handed over, HEARD_PER_TURN a turn
         self.due: list[str] = []  # nodes still to heartbeat from the last look
         self.next_interval = self.next_look = time.monotonic() + heartbeat_s

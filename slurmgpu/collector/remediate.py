@@ -160,12 +160,15 @@ class Remediation:
 
     def _submit(self, node: str, reservation: str, args: list[str], timeout_s: float) -> str:
         return self.client.submit_validation(node, [*self.program, *args], reservation=reservation,
-                                             time_limit_min=_minutes(timeout_s), output=str(self._out(node)))
+                                             time_limit_min=_minutes(timeout_s), output=self._job_output(node))
 
     def _out(self, node: str) -> Path:
-        """The job's output file; its directory made here (Slurm 22.05 does not make it)."""
-        self.out_dir.mkdir(parents=True, exist_ok=True)
         return self.out_dir / f"{node}.out"
+
+    def _job_output(self, node: str) -> str:
+        """A job's ``--output``, its directory made first (Slurm 22.05 does not make it)."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        return str(self._out(node))
 
     def _reset(self, step: st.ResetGpus) -> None:
         """The reset runs on the node as a job in its reservation (named like the
@@ -180,7 +183,7 @@ class Remediation:
         self.client.resume(step.node)
         self._reset_jobs[step.node] = self.client.submit_validation(
             step.node, argv, reservation=reservation, time_limit_min=_minutes(self.settings.reset_timeout_s),
-            output=str(self._out(step.node)))
+            output=self._job_output(step.node))
 
     def _cleanup(self, node: str, reservation: str | None, job_id: str | None) -> None:
         if job_id:
