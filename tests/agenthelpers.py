@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import os
 import signal
 import socket
 import subprocess
@@ -13,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import zmq
 import zmq.auth
 
@@ -275,3 +278,19 @@ def query_db(path: Path, sql: str, *params: Any) -> list[tuple[Any, ...]]:
 
 __all__ = ["AgentProcess", "FakeCollector", "free_port", "make_bundle", "query_db", "spool_rows",
            "wait_until", "write_config"]
+
+
+@functools.cache
+def checkout_unreachable_by_nobody() -> bool:
+    """As root: whether user ``nobody`` cannot run this checkout's hooks (a checkout under a
+    0700 directory, as ``mktemp -d`` makes): a job of an ordinary user would fail there."""
+    if os.geteuid() != 0:
+        return False
+    hook = Path(__file__).resolve().parent.parent / "prolog" / "slurmgpu-taskprolog"
+    probe = subprocess.run(["runuser", "-u", "nobody", "--", "test", "-x", str(hook)], check=False)
+    return probe.returncode != 0
+
+
+NEEDS_NOBODY = pytest.mark.skipif(checkout_unreachable_by_nobody(),
+                                  reason="user nobody cannot reach this checkout (a parent directory is 0700): "
+                                         "its hooks cannot run in an ordinary user's job")

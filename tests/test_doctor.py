@@ -32,7 +32,7 @@ from slurmgpu.facts import NodeFacts
 from slurmgpu.result import Verdict
 from slurmgpu.slurm.conf import SlurmConfError, find_slurm_conf, parse_slurm_conf
 from slurmgpu.testing import make_facts
-from tests.agenthelpers import free_port
+from tests.agenthelpers import NEEDS_NOBODY, free_port
 from tests.simfixtures import ScenarioFactory, sim_env
 from tests.test_collector import make_settings, running
 
@@ -182,6 +182,7 @@ def collector_settings(install: Install, **kw: Any) -> Any:
 # --------------------------------------------------------------------------- whole runs
 
 
+@NEEDS_NOBODY
 def test_healthy_node_is_all_ok_and_exits_0(install: Install, agent_socket: Path) -> None:
     with running(collector_settings(install)):
         result = install.doctor()
@@ -216,6 +217,7 @@ def test_json_is_a_list_of_check_severity_message_fix(install: Install) -> None:
     assert code == 2
 
 
+@NEEDS_NOBODY
 def test_exit_codes_follow_the_worst_finding(install: Install, agent_socket: Path) -> None:
     with running(collector_settings(install)):
         assert install.findings()[0] == 0

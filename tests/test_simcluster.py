@@ -31,6 +31,7 @@ from slurmgpu.sim.cluster import (
 )
 from slurmgpu.sim.scenario import load_scenario
 from slurmgpu.sources.kmsg import pci_key, read_xids
+from tests.agenthelpers import NEEDS_NOBODY
 from tests.slurmfixtures import slurm_prefix
 
 slurm = pytest.mark.slurm
@@ -91,6 +92,7 @@ def test_rendered_configs(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="runs the hook as another user")
+@NEEDS_NOBODY
 def test_the_task_prolog_never_fails_a_job_user(monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 28 item 10: the generated TaskProlog exec'd this interpreter, which a job's
     user may not run (exit 126: every task failed); the shipped wrapper tries the next."""

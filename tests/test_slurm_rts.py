@@ -17,7 +17,7 @@ from slurmgpu.sim.cluster.render import slurmgpu_command
 from slurmgpu.slurm import JobInfo
 from slurmgpu.slurm.cli import CliSlurmClient
 from slurmgpu.slurm.owned import ENDED_JOB_STATES, cleanup, service_users, validation_command
-from tests.agenthelpers import wait_until
+from tests.agenthelpers import NEEDS_NOBODY, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -53,6 +53,7 @@ def ended(client: CliSlurmClient, job_id: str) -> JobInfo:
     return client.job(job_id)
 
 
+@NEEDS_NOBODY
 def test_the_reservation_keeps_users_off_the_resumed_node_until_deleted(cluster: SimCluster,
                                                                         client: CliSlurmClient,
                                                                         tmp_path: Path) -> None:
@@ -110,6 +111,7 @@ def test_reboot_and_hold_keeps_the_node_out_after_the_boot(cluster: SimCluster, 
     assert cluster.wait_job(job) == "COMPLETED"
 
 
+@NEEDS_NOBODY
 def test_cleanup_removes_only_slurmgpus_leftovers(cluster: SimCluster, client: CliSlurmClient) -> None:
     mine = client.create_reservation("gpu-n3", duration_min=30, users=service_users())
     kept = client.create_reservation("gpu-n2", duration_min=30, users=service_users())
