@@ -12,6 +12,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from slurmgpu.sources import kmsg
+from slurmgpu.validate import floors
 from tests.simfixtures import sim_env
 
 RUN = Path(__file__).parent / "data" / "real-gpu" / "h100-r580-20261126"
@@ -72,3 +73,38 @@ def test_replayed_h100_facts_match_nvidia_smi(fake_nvml_lib: Path, tmp_path: Pat
     assert xml_text(smi, "gpu_recovery_action") == "None" and gpu["recovery_action"] == 0
     # No NVSwitch fabric on this node: NVML's fabric state NOT_SUPPORTED must not read as a fault.
     assert json.loads(proc.stdout)["verdict"] == "OK"
+
+
+RUN_1128 = Path(__file__).parent / "data" / "real-gpu" / "h100-r580-20261128"
+
+
+def test_the_built_in_floors_sit_70_to_80_percent_of_a_real_h100() -> None:
+    """`validate --tier quick` on a healthy H100 (2026-11-28, after a 20 s load): every
+    measurement with a built-in floor measured 1.25 to 1.43 times that floor, loose as
+    floors.py promises and never a false FAIL."""
+    report = json.loads((RUN_1128 / "validate.json").read_text())
+    assert report["verdict"] == "OK"
+    judged = [f["data"] for f in report["findings"] if floors.builtin(f["data"].get("model"), f["data"].get("metric", ""))]
+    assert {d["metric"] for d in judged} == {"gemm_tflops", "hbm_gbps", "pcie_gbps"}
+    for data in judged:
+        floor = floors.builtin(data["model"], data["metric"])
+        assert floor is not None and 0.70 <= floor.value / data["value"] <= 0.80, data
+
+
+def test_the_gemm_floor_holds_against_the_sustained_rate_of_each_backend() -> None:
+    """bench/gemm_probe.py on the same H100 at its 700 W cap: the products' sustained rate
+    of the dtype the floor judges (fp16 with CuPy, bf16 with PyTorch), with and without
+    deterministic cuBLAS, is 1.25 to 1.43 times the H100's built-in GEMM floor."""
+    for name in ("cupy-ws", "cupy-nows", "torch-ws", "torch-nows"):
+        bench = json.loads((RUN_1128 / "gemm-probe" / f"{name}.json").read_text())
+        floor = floors.builtin(bench["gpu"], "gemm_tflops")
+        assert floor is not None and 0.70 <= floor.value / bench["rows"][0]["raw_tflops"] <= 0.80, name
+
+
+def test_before_the_fix_the_probe_failed_this_healthy_h100() -> None:
+    """The first run (the CuPy digest kernels compiled inside the timed window, the digests'
+    time counted as products') read 403.4 TFLOP/s and failed the H100: the false FAIL that
+    made gemm_one time the products alone."""
+    before = json.loads((RUN_1128 / "before-fix" / "validate.json").read_text())
+    gemm = next(f for f in before["findings"] if f["data"].get("metric") == "gemm_tflops")
+    assert (gemm["severity"], gemm["data"]["value"]) == ("FAIL", 403.37)

@@ -116,3 +116,32 @@ def test_pcie_p2p_context_and_nccl_lines(monkeypatch: pytest.MonkeyPatch, capsys
     assert [i["gpu"] for i in lines(monkeypatch, capsys, "context")] == [0, 1]
     [nccl] = lines(monkeypatch, capsys, "nccl")
     assert "needs CuPy's NCCL" in nccl["unsupported"]  # (this stand-in is not CuPy)
+
+
+class TimedBackend(ListBackend):
+    """Products take 1 s and digests 10 s of a clock this backend moves; the first digest
+    (CuPy compiling its kernels on a fresh node) 100 s."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now, self.digests = 0.0, 0
+
+    def tick(self) -> float:
+        return self.now
+
+    def matmul(self, a: Any, b: Any, out: Any | None) -> Any:
+        self.now += 1.0
+        return [b]
+
+    def product_digest(self, product: Any) -> str:
+        self.now += 100.0 if self.digests == 0 else 10.0
+        self.digests += 1
+        return f"digest-{product[0]}"
+
+
+def test_gemm_rate_counts_the_products_time_not_the_digests(monkeypatch: pytest.MonkeyPatch) -> None:
+    b = TimedBackend()
+    monkeypatch.setattr(probe, "clock", b.tick)
+    item = probe.gemm_one(b, 0, "bf16", seconds=200.0)
+    assert item["tflops"] == round(2 * probe.GEMM_N**3 / 1.0 / 1e12, 2)  # one product a second
+    assert item["iterations"] == 12 * probe.DIGEST_EVERY  # 12 steps of 18 s pass 200 s and item["digests"] == ["digest-bf16"]

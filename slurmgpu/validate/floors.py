@@ -2,8 +2,10 @@
 host's ``[validate]`` sets none. Deliberately loose (about 70-80 % of what a healthy part
 measures in the field): they catch a part at a fraction of its speed, not a tuning
 question; site thresholds from `slurmgpu validate baseline` are the tight ones. GEMM is
-bf16 dense TFLOP/s, HBM the copy kernel's read+write GB/s, PCIe pinned host<->device GB/s
-per direction, P2P one direction per GPU pair, NCCL all-reduce bus bandwidth (8 GPUs)."""
+the probe's first dtype (bf16, or fp16 with CuPy: one Tensor Core rate on these parts) in
+dense TFLOP/s sustained at the power cap, HBM the copy kernel's read+write GB/s, PCIe
+pinned host<->device GB/s per direction, P2P one direction per GPU pair, NCCL all-reduce
+bus bandwidth (8 GPUs)."""
 
 from __future__ import annotations
 
@@ -15,9 +17,9 @@ SETTING = {"gemm_tflops": "gemm_tflops", "hbm_gbps": "hbm_gbps", "pcie_gbps": "p
 
 # (substring of the NVML name, floors); the first match wins.
 _MODELS: tuple[tuple[str, dict[str, float]], ...] = (
-    ("H200", {"gemm_tflops": 550.0, "hbm_gbps": 3000.0, "pcie_gbps": 40.0, "p2p_gbps": 250.0,
+    ("H200", {"gemm_tflops": 500.0, "hbm_gbps": 3000.0, "pcie_gbps": 40.0, "p2p_gbps": 250.0,
               "nccl_busbw_gbps": 350.0}),
-    ("H100 80GB HBM3", {"gemm_tflops": 550.0, "hbm_gbps": 2200.0, "pcie_gbps": 40.0,
+    ("H100 80GB HBM3", {"gemm_tflops": 500.0, "hbm_gbps": 2200.0, "pcie_gbps": 40.0,
                         "p2p_gbps": 250.0, "nccl_busbw_gbps": 350.0}),
     ("A100-SXM4", {"gemm_tflops": 200.0, "hbm_gbps": 1200.0, "pcie_gbps": 18.0, "p2p_gbps": 160.0,
                    "nccl_busbw_gbps": 160.0}),

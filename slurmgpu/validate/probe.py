@@ -3,9 +3,9 @@ runs one test on every visible GPU (``CUDA_VISIBLE_DEVICES``; ordinals in its ou
 prints one JSON object per result line (``slurmgpu.validate.parsers.parse_probe``):
 
 * ``gemm``: per GPU and dtype (CuPy: fp16, fp32; PyTorch: bf16, fp16, fp32; the first gets
-  half the time), {"tflops", "dtype", "digests" (the distinct bit-exact checksums of the
-  same product of fixed inputs, in order; healthy: one, equal on every GPU), "iterations"};
-  all GPUs at once, one thread each.
+  half the time), {"tflops" (the products' time alone), "dtype", "digests" (the distinct
+  bit-exact checksums of the same product of fixed inputs, in order; healthy: one, equal
+  on every GPU), "iterations"}; all GPUs at once, one thread each.
 * ``hbm``: per GPU, {"copy_gbps" (device-to-device copy, read + write bytes), "checked_bytes",
   "mismatches" (words read back wrong after writing a pattern and its complement over
   ``--share`` of the free memory)}.
@@ -13,8 +13,7 @@ prints one JSON object per result line (``slurmgpu.validate.parsers.parse_probe`
 * ``p2p``: per ordered GPU pair, {"src", "dst", "gbps"}.
 * ``nccl``: {"busbw_gbps", "wrong"}: NCCL all-reduce over every GPU in this one process
   (CuPy's NCCL binding; PyTorch alone: {"unsupported": why}).
-* ``context``: per GPU, {"seconds"} to create its CUDA context (the first allocation):
-  the fixed overhead each probe run pays (bench/real_gpu.sh).
+* ``context``: per GPU, {"seconds"} to create its CUDA context (the first allocation).
 
 CuPy (``pip install slurmgpu[validate]``) or else PyTorch; either is imported only when a
 test runs, so this module imports anywhere, CUDA or not.
@@ -36,6 +35,7 @@ GEMM_N = 8192
 CHUNK_BYTES = 256 << 20
 DIGEST_EVERY = 8
 SEED = 0x5EED
+clock = time.perf_counter
 
 
 def emit(obj: dict[str, Any]) -> None:
@@ -225,32 +225,39 @@ def backend() -> CupyBackend:
 
 def timed(seconds: float, step: Callable[[], None], sync: Callable[[], None]) -> tuple[int, float]:
     """Run ``step`` until ``seconds`` passed (at least once); (runs, elapsed)."""
-    started = time.perf_counter()
+    started = clock()
     runs = 0
-    while runs == 0 or time.perf_counter() - started < seconds:
+    while runs == 0 or clock() - started < seconds:
         step()
         runs += 1
         sync()
-    return runs, time.perf_counter() - started
+    return runs, clock() - started
 
 
 def gemm_one(b: CupyBackend, ordinal: int, dtype: str, seconds: float) -> dict[str, Any]:
+    """The rate counts the products' time alone: the digests (and the first one, which
+    compiles their kernels) run beside it, untimed."""
     x, y = b.gemm_inputs(ordinal, dtype)
     with b.on(ordinal):
         out = b.matmul(x, y, None)
-        digests: list[str] = []
+        digests = [b.product_digest(out)]
+        in_products = 0.0
 
         def step() -> None:
+            nonlocal in_products
+            started = clock()
             for _ in range(DIGEST_EVERY):
                 b.matmul(x, y, out)
+            b.sync(ordinal)
+            in_products += clock() - started
             digest = b.product_digest(out)
             if digest not in digests:
                 digests.append(digest)
 
-        runs, elapsed = timed(seconds, step, lambda: b.sync(ordinal))
+        runs, _ = timed(seconds, step, lambda: b.sync(ordinal))
     flops = 2 * GEMM_N**3 * DIGEST_EVERY * runs
     return {"test": "gemm", "gpu": ordinal, "name": b.device_name(ordinal), "dtype": dtype,
-            "tflops": round(flops / elapsed / 1e12, 2), "digests": digests[:16],
+            "tflops": round(flops / max(in_products, 1e-9) / 1e12, 2), "digests": digests[:16],
             "iterations": runs * DIGEST_EVERY}
 
 
