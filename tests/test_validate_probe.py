@@ -145,3 +145,21 @@ def test_gemm_rate_counts_the_products_time_not_the_digests(monkeypatch: pytest.
     item = probe.gemm_one(b, 0, "bf16", seconds=200.0)
     assert item["tflops"] == round(2 * probe.GEMM_N**3 / 1.0 / 1e12, 2)  # one product a second
     assert item["iterations"] == 12 * probe.DIGEST_EVERY  # 12 steps of 18 s pass 200 s and item["digests"] == ["digest-bf16"]
+
+
+class SlowFirstCopy(TimedBackend):
+    """A copy takes 1 s of the fake clock, the first one 100 s (a path set up on first use,
+    as NCCL connects its peers on the first all-reduce)."""
+
+    copies = 0
+
+    def copy(self, dst: Any, src: Any) -> None:
+        self.now += 100.0 if self.copies == 0 else 1.0
+        self.copies += 1
+
+
+def test_a_slow_first_step_is_not_timed(monkeypatch: pytest.MonkeyPatch) -> None:
+    b = SlowFirstCopy()
+    monkeypatch.setattr(probe, "clock", b.tick)
+    assert probe.copy_gbps(b, 0, seconds=10.0) == round(2 * (1 << 30) / 1.0 / 1e9, 1)  # a copy a second
+    assert b.copies == 11

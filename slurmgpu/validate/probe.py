@@ -223,8 +223,13 @@ def backend() -> CupyBackend:
 # ------------------------------------------------------------------ the tests
 
 
-def timed(seconds: float, step: Callable[[], None], sync: Callable[[], None]) -> tuple[int, float]:
-    """Run ``step`` until ``seconds`` passed (at least once); (runs, elapsed)."""
+def timed(seconds: float, step: Callable[[], None], sync: Callable[[], None],
+          warm_up: bool = True) -> tuple[int, float]:
+    """Run ``step`` until ``seconds`` passed (at least once); (runs, elapsed). One untimed
+    step first: a first all-reduce connects NCCL's peers, a first copy sets up its path."""
+    if warm_up:
+        step()
+        sync()
     started = clock()
     runs = 0
     while runs == 0 or clock() - started < seconds:
@@ -254,7 +259,7 @@ def gemm_one(b: CupyBackend, ordinal: int, dtype: str, seconds: float) -> dict[s
             if digest not in digests:
                 digests.append(digest)
 
-        runs, _ = timed(seconds, step, lambda: b.sync(ordinal))
+        runs, _ = timed(seconds, step, lambda: b.sync(ordinal), warm_up=False)
     flops = 2 * GEMM_N**3 * DIGEST_EVERY * runs
     return {"test": "gemm", "gpu": ordinal, "name": b.device_name(ordinal), "dtype": dtype,
             "tflops": round(flops / max(in_products, 1e-9) / 1e12, 2), "digests": digests[:16],
