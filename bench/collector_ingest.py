@@ -159,10 +159,10 @@ class NullHandler:
         return True
 
 
-def serve_floor(address: str, events_port: int, keys_dir: str) -> None:
+def serve_floor(address: str, events_port: int, keys_dir: str, heartbeat_s: float = 5.0) -> None:
     """The collector's transport serving with a ``NullHandler`` until SIGTERM (``--floor``)."""
     settings = CollectorSettings(address=address, bind=address, db=":memory:", keys_dir=keys_dir,
-                                 events_port=events_port)
+                                 events_port=events_port, heartbeat_s=heartbeat_s)
     transport = Transport(settings, Counters())
     stop: list[int] = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
@@ -176,10 +176,11 @@ def serve_floor(address: str, events_port: int, keys_dir: str) -> None:
         transport.close()
 
 
-def start_floor(root: Path, address: str, events_port: int, cpus: set[int] | None) -> subprocess.Popen[bytes]:
+def start_floor(root: Path, address: str, events_port: int, cpus: set[int] | None,
+                heartbeat_s: float = 5.0) -> subprocess.Popen[bytes]:
     code = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); "
             f"from collector_ingest import serve_floor; "
-            f"serve_floor({address!r}, {events_port}, {str(root / 'keys')!r})")
+            f"serve_floor({address!r}, {events_port}, {str(root / 'keys')!r}, {heartbeat_s!r})")
     return subprocess.Popen([sys.executable, "-c", code],
                             preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus))
 
@@ -271,7 +272,7 @@ def run_case(n: int, duration: float, inflight: int, heartbeat_s: float | None,
         db = pg.create_database() if pg is not None else str(root / "fleet.db")
         Store(db).close()  # migrated once, before the collectors start
         events_ports = [free_port() if events else 0 for _ in addresses]
-        procs_of = [start_floor(root, a, port, collector_cpus) if floor else
+        procs_of = [start_floor(root, a, port, collector_cpus, collector_heartbeat_s) if floor else
                     start_collector(root, a, db, f"{profile}.{n}.{i}" if profile else None, port,
                                     collector_cpus, collector_heartbeat_s)
                     for i, (a, port) in enumerate(zip(addresses, events_ports, strict=True))]
