@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -577,3 +578,25 @@ def test_recorded_drain_outcomes_show_as_verdict_quality(store_url: str) -> None
         assert outcomes[("xid.recent", "unknown")] == 0 and outcomes[("ecc.uncorrected", "cleared_by_validation")] == 1
     finally:
         store.close()
+
+
+def test_open_ladders_show_by_stage_and_held_nodes_fire_an_alert(store_url: str) -> None:
+    """Every open ladder stage is exported (0 where no node is in it): the shipped
+    SlurmgpuNodesHeld rule has a series to watch before the first node is held."""
+    from slurmgpu.collector.store.remediation import save_ladder
+
+    store = Store(store_url)
+    try:
+        fleet = _fleet_metrics(store)
+        assert _family(fleet, "slurmgpu_remediation_nodes", "stage") == \
+            {"drained": 0, "awaiting_validation": 0, "reset": 0, "reboot": 0, "held": 0}
+        with store.transaction() as db:
+            for node, stage in [("n1", "held"), ("n2", "held"), ("n3", "awaiting_validation")]:
+                save_ladder(db, node, {"node": node, "stage": stage}, time.time())
+        stages = _family(fleet, "slurmgpu_remediation_nodes", "stage")
+        assert (stages["held"], stages["awaiting_validation"], stages["reset"]) == (2, 1, 0)
+    finally:
+        store.close()
+    rules = yaml.safe_load((Path(__file__).resolve().parent.parent / "monitoring" / "slurmgpu.rules.yml").read_text())
+    held = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "SlurmgpuNodesHeld"]
+    assert [r["expr"] for r in held] == ['slurmgpu_remediation_nodes{stage="held"} > 0']

@@ -24,7 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from slurmgpu.collector.store import queries
-from slurmgpu.collector.store.remediation import OUTCOMES, drain_outcome_counts
+from slurmgpu.collector.store.remediation import OUTCOMES, drain_outcome_counts, ladder_stage_counts
 from slurmgpu.result import Severity
 from slurmgpu.wire import EVENT_KINDS
 
@@ -119,13 +119,14 @@ class StoreReads(NamedTuple):
     checkpoint_states: dict[str, int]
     pending_drains: int
     drain_outcomes: list[tuple[str, str, str, int]]
+    ladder_stages: dict[str, int]
 
     @classmethod
     def read(cls, db: queries.Connection) -> StoreReads:
         return cls(queries.node_verdict_columns(db), queries.current_findings(db),
                    queries.event_counts(db), queries.decision_counts(db),
                    queries.checkpoint_states(db), queries.pending_drain_count(db),
-                   drain_outcome_counts(db))
+                   drain_outcome_counts(db), ladder_stage_counts(db))
 
 
 class FleetMetrics:
@@ -254,7 +255,9 @@ class FleetMetrics:
         return [*self._node_families(reads.nodes, drained), *self._finding_families(reads.findings),
                 *self._event_families(reads.events), *self._decision_families(reads.decisions),
                 *self._checkpoint_families(reads.checkpoint_states, reads.pending_drains),
-                *self._verdict_quality_families(reads.drain_outcomes)]
+                *self._verdict_quality_families(reads.drain_outcomes),
+                _labelled(GaugeMetricFamily, "slurmgpu_remediation_nodes", LADDER_HELP, ["stage"],
+                          {(stage,): n for stage, n in reads.ladder_stages.items()})]
 
     def _node_families(self, cols: queries.NodeVerdictColumns, drained: set[str] | None) -> list[Metric]:
         """Nodes: latest report's verdict, last seen, reachable; the fleet by verdict."""
@@ -381,6 +384,8 @@ TRIGGERS_HELP = ("Automation decisions (within the retention) by action and trig
                  "for a resume).")
 DRAINS_HELP = ("Drains with a recorded outcome (the report's verdict_quality: the fleet "
                "database's whole history), by check and GPU model.")
+LADDER_HELP = ("Nodes on the return-to-service ladder, by stage (drained, awaiting_validation, "
+               "reset, reboot, held: slurmgpu could not carry its steps out, an operator decides).")
 OUTCOMES_HELP = ("What those drains turned out to be, by check, GPU model and outcome: confirmed, "
                  "cleared_by_validation (a false-positive candidate), transient (cleared by a "
                  "reset or reboot), unknown (resumed without validation).")

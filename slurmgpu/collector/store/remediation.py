@@ -15,7 +15,7 @@ from typing import Any
 
 from slurmgpu.collector.store.backend import Connection, insert_sql
 from slurmgpu.collector.store.leader import LEADER_LOCK_KEY
-from slurmgpu.remediation.ladder import Ladder, Stage, ValidationRun
+from slurmgpu.remediation.ladder import TERMINAL, Ladder, Stage, ValidationRun
 
 TRIGGERS = ("return", "idle", "manual")
 OUTCOMES = ("confirmed", "cleared_by_validation", "transient", "unknown")
@@ -133,6 +133,15 @@ def load_ladders(db: Connection) -> dict[str, dict[str, Any]]:
     """Every kept ladder's JSON, by node (``ladder.from_json`` reads each)."""
     return {str(node): json.loads(state) for node, state in
             db.execute("SELECT node, state FROM remediation_ladders ORDER BY node")}
+
+
+def ladder_stage_counts(db: Connection) -> dict[str, int]:
+    """Kept ladders by stage: every open stage, 0 where no node is in it."""
+    counts = dict.fromkeys((str(stage) for stage in Stage if stage not in TERMINAL), 0)
+    for (state,) in db.execute("SELECT state FROM remediation_ladders"):
+        stage = str(json.loads(state).get("stage"))
+        counts[stage] = counts.get(stage, 0) + 1
+    return counts
 
 
 def record_ladder(db: Connection, ladder: Ladder, now: float, gpu_model: str | None = None) -> None:
