@@ -108,3 +108,11 @@ def test_before_the_fix_the_probe_failed_this_healthy_h100() -> None:
     before = json.loads((RUN_1128 / "before-fix" / "validate.json").read_text())
     gemm = next(f for f in before["findings"] if f["data"].get("metric") == "gemm_tflops")
     assert (gemm["severity"], gemm["data"]["value"]) == ("FAIL", 403.37)
+
+
+def test_a_healthy_h100_gives_one_bit_exact_product_for_every_iteration() -> None:
+    """The SDC test's premise on real hardware: with deterministic cuBLAS the same product
+    of fixed inputs has one checksum over 1,264 fp16 and 120 fp32 products (CuPy 14.2)."""
+    lines = (RUN_1128 / "gemm-probe" / "probe-gemm-old.jsonl").read_text().splitlines()
+    items = [json.loads(line) for line in lines]
+    assert [(i["dtype"], len(i["digests"]), i["iterations"]) for i in items] == [("fp16", 1, 1264), ("fp32", 1, 120)]
