@@ -21,6 +21,7 @@ from slurmgpu.remediation.ladder import (
     reservation_name,
     start,
 )
+from slurmgpu.remediation.status import ladder_status
 from slurmgpu.result import Finding, Severity
 
 NODE = "gpu-n1"
@@ -37,13 +38,13 @@ def kinds(decision: Decision) -> list[str]:
 
 
 def drive(ladder: Ladder, *events: tuple[float, st.Event], settings: RemediationSettings = SETTINGS,
-          dry_run: bool = False) -> list[Decision]:
+          dry_run: bool = False, breaker_open: bool = False) -> list[Decision]:
     """Feed events in order; every decision, the ladder going round-trip through JSON
     between two of them (as a leader would store it)."""
     out = []
     for now, event in events:
         ladder = from_json(json.loads(json.dumps(ladder.to_json())))
-        decision = advance(ladder, event, now, settings, dry_run=dry_run)
+        decision = advance(ladder, event, now, settings, dry_run=dry_run, breaker_open=breaker_open)
         out.append(decision)
         ladder = decision.ladder
     return out
@@ -374,3 +375,53 @@ def test_every_days_zero_is_off_and_a_tiny_value_is_refused() -> None:
     assert parse_config("[validate]\nevery_days = 0\n").settings_for(None).validate.every_days == 0
     with pytest.raises(ConfigError, match="every_days"):
         parse_config("[validate]\nevery_days = 0.001\n", path="x.toml")
+
+
+# --------------------------------------------------------------------------- the breaker
+
+
+def test_the_open_breaker_holds_a_remedy_back_without_using_an_attempt() -> None:
+    """A fleet-wide storm (the automation's breaker open) must not reset, reboot or send
+    to repair every node it drained: the remedy waits, said once, until the breaker closes."""
+    ladder, _ = validated_once()
+    d = drive(ladder, (100, st.ValidationFailed("77", (BAD,))), (130, st.Tick()), (170, st.Tick()),
+              breaker_open=True)
+    assert [kinds(x) for x in d] == [["drain", "cleanup"], [], []]
+    held = d[-1].ladder
+    assert held.stage is Stage.RESETTING and held.issued_at is None and held.attempts == {}
+    assert held.due == 170 + 60 and not held.closed  # due at 160, looked at again at 170 and held.outcome is Outcome.CONFIRMED
+    notes = [h.note for h in held.history if "breaker" in h.note]
+    assert notes == ["validation failed; reset waits: the automation's breaker is open"]
+    assert ladder_status(held).text(200) == "reset: held back while the automation's breaker is open " \
+                                            "(`slurmgpu breaker status`)"
+    (closed,) = drive(held, (230, st.Tick()))
+    assert ladder_status(closed.ladder).text(230).startswith("reset: reset to finish, timeout in")
+    assert closed.steps == (st.ResetGpus(NODE, (1,)),) and closed.ladder.issued_at == 230
+
+
+def test_the_open_breaker_holds_a_repair_back_and_the_ladder_stays_open() -> None:
+    settings = replace(SETTINGS, reset_attempts=0, reboot_attempts=0)
+    ladder, _ = validated_once(settings)
+    (failed,) = drive(ladder, (100, st.ValidationFailed("77", (BAD,))), settings=settings, breaker_open=True)
+    assert kinds(failed) == ["drain", "cleanup"] and failed.ladder.stage is Stage.REPAIR
+    assert not failed.ladder.closed and not failed.ladder.repair_requested
+    (repair,) = drive(failed.ladder, (160, st.Tick()), settings=settings)
+    assert kinds(repair) == ["drain", "run_repair"] and repair.ladder.closed
+
+
+def test_the_open_breaker_lets_validation_and_release_go_on() -> None:
+    held = start(NODE, [XID], 0.0, SETTINGS, breaker_open=True)
+    assert held.ladder.stage is Stage.RESETTING and held.steps == ()
+    drained = start(NODE, [ECC], 0.0, SETTINGS, breaker_open=True)
+    d = drive(drained.ladder, (10, st.PassiveHealthy()), (11, st.ValidationSubmitted("77")),
+              (50, st.ValidationPassed("77")), breaker_open=True)
+    assert kinds(d[0]) == ["create_reservation", "resume_into_reservation", "submit_validation"]
+    assert kinds(d[-1]) == ["release"] and d[-1].ladder.stage is Stage.VALIDATED
+
+
+def test_a_new_leader_keeps_a_held_back_remedy_held_back() -> None:
+    first = start(NODE, [XID], 0.0, SETTINGS, breaker_open=True)
+    d = drive(first.ladder, (5, st.Restart()), (70, st.Tick()), breaker_open=True)
+    assert [kinds(x) for x in d] == [[], []] and d[-1].ladder.attempts == {}
+    assert d[0].ladder.history[-1].note == "taken over; reset waits: the automation's breaker is open"
+    assert ladder_status(d[-1].ladder).next.startswith("held back") and len(d[-1].ladder.history) == 2

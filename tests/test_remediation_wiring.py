@@ -21,6 +21,7 @@ from slurmgpu.collector.coordination import FencedSlurm, NotLeader
 from slurmgpu.collector.policy import Automation
 from slurmgpu.collector.remediate import Remediation
 from slurmgpu.collector.store import Store
+from slurmgpu.collector.store.automation import Breaker
 from slurmgpu.collector.store.remediation import drain_outcomes, load_ladders
 from slurmgpu.config.schema import AutomationSettings, RemediationSettings
 from slurmgpu.result import Finding, Severity
@@ -174,3 +175,21 @@ def test_an_operator_drain_that_opted_in_is_validated_before_resume(tmp_path: Pa
         auto.on_report(node, Severity.OK, [], 101.0)
     assert [c[:2] for c in client.calls[2:]] == [("create_reservation", NODE), ("resume", NODE),
                                                  ("submit_validation", NODE)]
+
+
+def test_the_automations_open_breaker_holds_the_ladders_remedies(tmp_path: Path) -> None:
+    """A storm opened the breaker: a failed validation drains the node again, and its reset
+    waits (no job, no reboot, no repair) until an operator closes the breaker."""
+    auto, rem, client = wired(tmp_path)
+    drained_then_healthy(auto, rem)
+    auto.state.breaker = Breaker(open=True, since=105.0, why="storm")
+    auto._record.save()
+    finish(client, "1000", 2)
+    rem.tick(110.0)
+    assert [c[0] for c in client.calls[-3:]] == ["drain", "cancel_job", "delete_reservation"]
+    assert rem.ladders[NODE].stage == "reset" and list(client.jobs) == ["1000"]
+    rem.tick(500.0)
+    assert list(client.jobs) == ["1000"]  # still held back
+    auto.release("operator", 600.0)
+    rem.tick(600.0)
+    assert list(client.jobs) == ["1000", "1001"] and "remediate reset" in client.calls[-1][3]

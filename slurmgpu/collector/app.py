@@ -194,7 +194,7 @@ def attach(auto: Automation, settings: RemediationSettings, state_dir: Path, *,
     auto.remediation = Remediation(
         settings, auto.client, auto.store, state_dir, dry_run=auto.settings.dry_run,
         program=shlex.split(settings.job_program), note_action=auto.ladder_reboot,
-        on_closed=auto.ladder_closed, poll_s=poll_s)
+        on_closed=auto.ladder_closed, poll_s=poll_s, breaker_open=lambda: auto.state.breaker.open)
     return auto.remediation
 
 

@@ -37,13 +37,15 @@ PASSED, FAILED = (0, 1), 2
 class Remediation:
     """Open ladders by node. ``note_action``: told of each reboot it makes (the breaker's
     and the lemons' count); ``on_closed``: told when a ladder ends (and whether the node
-    is in service)."""
+    is in service); ``breaker_open``: whether the automation's breaker holds the remedies."""
 
     def __init__(self, settings: RemediationSettings, client: SlurmClient, store: Store, state_dir: Path, *,
                  dry_run: bool = False, program: Sequence[str] = ("slurmgpu",),
                  note_action: Callable[[str, str, float], None] | None = None,
-                 on_closed: Callable[[str, bool], None] | None = None, poll_s: float = POLL_S) -> None:
+                 on_closed: Callable[[str, bool], None] | None = None, poll_s: float = POLL_S,
+                 breaker_open: Callable[[], bool] = lambda: False) -> None:
         self.settings, self.client, self.store, self.dry_run = settings, client, store, dry_run
+        self.breaker_open = breaker_open
         self.program = tuple(program)
         self.out_dir = Path(state_dir) / "validations"
         self.note_action, self.on_closed = note_action, on_closed
@@ -60,8 +62,8 @@ class Remediation:
     def drained(self, node: str, findings: Sequence[Finding], action: str | None, now: float) -> None:
         """slurmgpu (or an opted-in operator) drained ``node``: its ladder starts."""
         if node not in self.ladders:
-            self._apply(lad.start(node, findings, now, self.settings, action=action, dry_run=self.dry_run),
-                        now)
+            self._apply(lad.start(node, findings, now, self.settings, action=action, dry_run=self.dry_run,
+                                  breaker_open=self.breaker_open()), now)
 
     def healthy(self, node: str, now: float) -> None:
         """The passive checks pass again (where the automation used to resume the node)."""
@@ -100,7 +102,8 @@ class Remediation:
     # ---- turns
 
     def _event(self, ladder: lad.Ladder, event: st.Event, now: float) -> None:
-        self._apply(lad.advance(ladder, event, now, self.settings, dry_run=self.dry_run), now)
+        self._apply(lad.advance(ladder, event, now, self.settings, dry_run=self.dry_run,
+                                breaker_open=self.breaker_open()), now)
 
     def _apply(self, decision: lad.Decision, now: float) -> None:
         """Save the turn, then carry its steps out in order; a step whose outcome is an

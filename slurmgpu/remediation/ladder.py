@@ -65,6 +65,9 @@ class Stage(enum.StrEnum):
 TERMINAL = frozenset({Stage.REPAIR, Stage.VALIDATED, Stage.OPERATOR_RESUMED})
 # The remedies, in the order the ladder climbs them.
 RUNGS = (Stage.RESETTING, Stage.REBOOTING, Stage.REPAIR)
+#: A remedy the open breaker holds back is looked at again this often.
+BREAKER_RECHECK_S = 60.0
+BREAKER_WAIT = "waits: the automation's breaker is open"
 
 
 class Outcome(enum.StrEnum):
@@ -144,7 +147,8 @@ class Ladder:
 
     @property
     def closed(self) -> bool:
-        return self.stage in TERMINAL
+        """Terminal; a repair only once asked for (the open breaker may hold it back)."""
+        return self.stage in TERMINAL and (self.stage is not Stage.REPAIR or self.repair_requested)
 
     @property
     def checks(self) -> list[str]:
@@ -195,12 +199,14 @@ def from_json(data: dict[str, Any]) -> Ladder:
 
 
 def start(node: str, findings: Sequence[Finding], now: float, settings: RemediationSettings, *,
-          action: str | None = None, dry_run: bool = False) -> Decision:
+          action: str | None = None, dry_run: bool = False, breaker_open: bool = False) -> Decision:
     """The ladder of a node slurmgpu (or an opted-in operator) just drained for
-    ``findings``; ``action``: the automation's action, if any (``entry_action``)."""
+    ``findings``; ``action``: the automation's action, if any (``entry_action``).
+    ``breaker_open``: the automation's breaker is open, and holds back the remedies
+    (reset, reboot, repair) until it closes; validations and releases go on."""
     entry = entry_action(findings, action)
     ladder = Ladder(node=node, action=entry, since=now, findings=[f.to_json() for f in findings])
-    turn = _Turn(ladder, now, settings, dry_run)
+    turn = _Turn(ladder, now, settings, dry_run, breaker_open)
     first = {"reset": 0, "reboot": 1}.get(entry)
     if first is not None and _limit(settings, RUNGS[first]) > 0:
         ladder.rung = first
@@ -209,9 +215,9 @@ def start(node: str, findings: Sequence[Finding], now: float, settings: Remediat
 
 
 def advance(ladder: Ladder, event: Event, now: float, settings: RemediationSettings, *,
-            dry_run: bool = False) -> Decision:
+            dry_run: bool = False, breaker_open: bool = False) -> Decision:
     """The ladder after ``event`` at ``now`` (``ladder`` itself is left as it was)."""
-    turn = _Turn(copy.deepcopy(ladder), now, settings, dry_run)
+    turn = _Turn(copy.deepcopy(ladder), now, settings, dry_run, breaker_open)
     turn.on(event)
     turn.on_time()
     return turn.done(event.kind, turn.note)
@@ -223,8 +229,10 @@ def advance(ladder: Ladder, event: Event, now: float, settings: RemediationSetti
 class _Turn:
     """One call of ``start``/``advance``: the ladder it changes and the steps it asks for."""
 
-    def __init__(self, ladder: Ladder, now: float, settings: RemediationSettings, dry_run: bool) -> None:
+    def __init__(self, ladder: Ladder, now: float, settings: RemediationSettings, dry_run: bool,
+                 breaker_open: bool = False) -> None:
         self.ladder, self.now, self.settings, self.dry_run = ladder, now, settings, dry_run
+        self.breaker_open = breaker_open
         self.steps: list[Step] = []
         self.note = ""
 
@@ -338,7 +346,7 @@ class _Turn:
         if lad.closed:
             return
         if lad.issued_at is None and lad.due is not None and self.now >= lad.due:
-            self.issue()
+            self.issue(recheck=True)
         elif lad.issued_at is not None and lad.deadline is not None and self.now >= lad.deadline:
             self.past_deadline()
 
@@ -359,10 +367,16 @@ class _Turn:
         if delay <= 0:
             self.issue()
 
-    def issue(self) -> None:
+    def issue(self, recheck: bool = False) -> None:
         """The stage's steps, now; in dry-run they are recorded, not taken, and nothing
-        times out (nothing was started)."""
+        times out (nothing was started). A remedy the open breaker holds back waits
+        (no attempt used), said once in the history."""
         lad, s = self.ladder, self.settings
+        if self.breaker_open and lad.stage in RUNGS:
+            if not (recheck and waiting_for_breaker(lad)):
+                self.note = _joined(self.note, f"{lad.stage} {BREAKER_WAIT}")
+            lad.due = self.now + BREAKER_RECHECK_S
+            return
         lad.issued_at, lad.due = self.now, None
         timeout = {Stage.VALIDATING: s.validation_timeout_s, Stage.RESETTING: s.reset_timeout_s,
                    Stage.REBOOTING: s.reboot_timeout_s}.get(lad.stage)
@@ -451,6 +465,16 @@ class _Turn:
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def waiting_for_breaker(ladder: Ladder) -> bool:
+    """Whether the ladder's remedy is held back by the open breaker (its last word)."""
+    return (ladder.stage in RUNGS and ladder.issued_at is None and bool(ladder.history)
+            and ladder.history[-1].note.endswith(BREAKER_WAIT))
+
+
+def _joined(note: str, more: str) -> str:
+    return f"{note}; {more}" if note else more
 
 
 def _limit(settings: RemediationSettings, stage: Stage) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from slurmgpu.remediation.ladder import Ladder, Stage
+from slurmgpu.remediation.ladder import Ladder, Stage, waiting_for_breaker
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,9 @@ def ladder_status(ladder: Ladder) -> LadderStatus:
         waiting = f"result of job {ladder.job_id}" if stage is Stage.VALIDATING and ladder.job_id else _WAITING[stage]
         timeout = ", timeout" if ladder.deadline is not None else " (dry run: nothing started)"
         return LadderStatus(ladder.node, str(stage), waiting + timeout, ladder.deadline)
+    if waiting_for_breaker(ladder):
+        return LadderStatus(ladder.node, str(stage), "held back while the automation's breaker is open "
+                            "(`slurmgpu breaker status`)", None)
     if stage in _DUE and ladder.due is not None:
         return LadderStatus(ladder.node, str(stage), _DUE[stage], ladder.due)
     return LadderStatus(ladder.node, str(stage), _ON_EVENT.get(stage, "-"), None)
