@@ -91,13 +91,14 @@ def test_ended_jobs_are_recorded_and_a_forgotten_one_is_lost(store_url: str) -> 
     first = run_pass(store, fake, SETTINGS, T0, job=JOB, limit=8)
     n1, n2, n3 = (r.job_id for r in first.submitted)
     fake.jobs[str(n1)] = dataclasses.replace(fake.jobs[str(n1)], state="PREEMPTED")
-    fake.jobs[str(n2)] = dataclasses.replace(fake.jobs[str(n2)], state="FAILED", exit_code=2)
+    fake.jobs[str(n2)] = dataclasses.replace(fake.jobs[str(n2)], state="FAILED", exit_code=2,
+                                             start_time=T0 + 30, end_time=T0 + 95.5)
     del fake.jobs[str(n3)]
     done = run_pass(store, fake, SETTINGS, T0 + 600, job=JOB, limit=0)
     assert [(r.node, r.verdict, r.outcome) for r in done.collected] == [
         ("gpu-n1", "preempted", "preempted"), ("gpu-n2", "fail", "reported"), ("gpu-n3", "lost", "retried")]
-    assert [(r.node, r.trigger, r.verdict) for r in validations(store.db)] == [
-        ("gpu-n1", "idle", "preempted"), ("gpu-n2", "idle", "fail"), ("gpu-n3", "idle", "lost")]
+    assert [(r.node, r.trigger, r.verdict, r.duration_s) for r in validations(store.db)] == [
+        ("gpu-n1", "idle", "preempted", None), ("gpu-n2", "idle", "fail", 65.5), ("gpu-n3", "idle", "lost", None)]
     retry = run_pass(store, fake, SETTINGS, T0 + 1200, job=JOB, limit=8)
     assert [r.node for r in retry.submitted] == ["gpu-n1", "gpu-n3"]  # gpu-n2 was judged
     store.close()

@@ -105,6 +105,7 @@ def test_a_passing_idle_validation_is_recorded_as_a_pass(cluster: SimCluster, cl
                                                          store: Store) -> None:
     row = run_to_the_end(store, client, cluster, "gpu-n2")
     assert (row.trigger, row.verdict, row.outcome) == ("idle", "pass", "passed")
+    assert row.duration_s is not None and 0 <= row.duration_s < 600  # the job's run time, by Slurm
 
 
 def test_a_failing_idle_validation_is_recorded_as_a_fail(cluster: SimCluster, client: CliSlurmClient,

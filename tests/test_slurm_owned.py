@@ -6,8 +6,11 @@ tests/test_slurm_rts.py.)"""
 from __future__ import annotations
 
 import getpass
+import re
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import pytest
 
@@ -61,6 +64,33 @@ def test_exit_code_from_json(value: object, want: int | None) -> None:
 def test_exit_code_from_text(text: str, want: int) -> None:
     job = parse_job_text(f"JobId=5 JobName=slurmgpu-validate-gpu-n1 UserId=root(0) JobState=FAILED ExitCode={text}")
     assert (job.exit_code, job.name) == (want, "slurmgpu-validate-gpu-n1")
+
+
+@pytest.mark.parametrize(("value", "want"), [
+    (1795659608, 1795659608.0),  # 22.05 squeue --json (recorded)
+    ({"set": True, "infinite": False, "number": 1795659608}, 1795659608.0),  # >= 23.02
+    ({"set": False, "infinite": False, "number": 0}, None), (0, None), (None, None),  # not started
+])
+def test_start_and_end_time_from_json(value: object, want: float | None) -> None:
+    job = parse_job_json({"job_id": 5, "job_state": "COMPLETED", "start_time": value, "end_time": value})
+    assert (job.start_time, job.end_time) == (want, want)
+    running = parse_job_json({"job_id": 5, "job_state": "RUNNING", "start_time": value, "end_time": value})
+    assert running.end_time is None  # (Slurm's projection: start + time limit)
+
+
+def test_start_and_end_time_from_text_are_scontrols_local_time() -> None:
+    """Running jobs recorded on Slurm 22.05 and 25.11 (tests/data/slurm/*/
+    scontrol_job_multinode.txt): the start read, the end a projection (None until it ends)."""
+    for version in ("22.05", "25.11"):
+        text = (Path(__file__).parent / "data" / "slurm" / version / "scontrol_job_multinode.txt").read_text()
+        job = parse_job_text(text)
+        start = re.search(r"StartTime=(\S+)", text)
+        assert start is not None and job.start_time == time.mktime(time.strptime(start[1], "%Y-%m-%dT%H:%M:%S"))
+        assert job.state == "RUNNING" and job.end_time is None
+    done = parse_job_text("JobId=5 JobState=COMPLETED StartTime=2026-11-28T02:00:00 EndTime=2026-11-28T02:01:05")
+    assert done.end_time is not None and done.start_time is not None and done.end_time - done.start_time == 65
+    pending = parse_job_text("JobId=5 JobState=PENDING StartTime=Unknown EndTime=Unknown")
+    assert (pending.start_time, pending.end_time) == (None, None)
 
 
 class Runner:

@@ -24,7 +24,7 @@ from slurmgpu.collector.store.remediation import (
 from slurmgpu.config.schema import ValidateSettings
 from slurmgpu.remediation.idle import IdleResult, ended_job, lost_job, why_not_now
 from slurmgpu.remediation.triggers import due_for_idle_validation
-from slurmgpu.slurm import JobGone, SlurmClient, SlurmError
+from slurmgpu.slurm import JobGone, JobInfo, SlurmClient, SlurmError
 from slurmgpu.slurm.owned import ENDED_JOB_STATES, idle_job_name, validation_command
 
 TRIGGER = "idle"
@@ -90,26 +90,35 @@ def collect(store: Store, client: SlurmClient, now: float, done: IdlePass) -> se
         if ended is None:
             still_open.add(run.node)
             continue
-        row = replace(run, verdict=ended.verdict, outcome=ended.outcome)
+        result, job = ended
+        row = replace(run, verdict=result.verdict, outcome=result.outcome, duration_s=_ran_for(job))
         with store.transaction():
             record_validation(store.db, row)
         done.collected.append(row)
     return still_open
 
 
-def _ended(client: SlurmClient, run: ValidationRow, done: IdlePass) -> IdleResult | None:
+def _ended(client: SlurmClient, run: ValidationRow, done: IdlePass) -> tuple[IdleResult, JobInfo | None] | None:
+    """What the run's job came to, and the job (None once Slurm forgot it); None: it runs."""
     try:
         job = client.job(str(run.job_id))
     except JobGone:
-        return lost_job()
+        return lost_job(), None
     except SlurmError as exc:
         done.errors.append(f"{run.node}: cannot look up idle validation job {run.job_id}: {exc}")
         return None
     if job.name != idle_job_name(run.node):
-        return lost_job()  # the id now names another job: ours was purged long ago
+        return lost_job(), None  # the id now names another job: ours was purged long ago
     if job.state not in ENDED_JOB_STATES:
         return None
-    return ended_job(job.state, job.exit_code, job.state_reason)
+    return ended_job(job.state, job.exit_code, job.state_reason), job
+
+
+def _ran_for(job: JobInfo | None) -> float | None:
+    """The job's run time, where Slurm says when it started and ended."""
+    if job is None or job.start_time is None or job.end_time is None or job.end_time < job.start_time:
+        return None
+    return round(job.end_time - job.start_time, 3)
 
 
 def submit_due(store: Store, client: SlurmClient, settings: ValidateSettings, now: float, *, job: IdleJob,

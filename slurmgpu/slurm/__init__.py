@@ -64,6 +64,18 @@ class NodeState:
         return bool(self.reason) and self.reason.startswith(REASON_PREFIX)  # type: ignore[union-attr]
 
 
+#: Job states after which a job holds nothing.
+ENDED_JOB_STATES = frozenset({
+    "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
+    "DEADLINE", "OUT_OF_MEMORY", "REVOKED", "SPECIAL_EXIT",
+})
+
+
+def ended_at(state: str, end_time: float | None) -> float | None:
+    """Slurm's end time of a job in ``state``, once it ended (None before)."""
+    return end_time if state in ENDED_JOB_STATES else None
+
+
 @record(frozen=True)
 class JobInfo:
     job_id: str
@@ -79,6 +91,10 @@ class JobInfo:
     name: str | None = None
     # The batch script's exit status once the job ended (None while it runs or unknown).
     exit_code: int | None = None
+    # When it started, and when it ended (epoch seconds; None while not known or, for the
+    # end, until it ended: a running job's end time is Slurm's projection).
+    start_time: float | None = None
+    end_time: float | None = None
 
 
 @record(frozen=True)

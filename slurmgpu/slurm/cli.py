@@ -29,7 +29,7 @@ import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Unpack
 
-from slurmgpu.slurm import JobGone, JobInfo, NodeState, SlurmError, SlurmUnreachable
+from slurmgpu.slurm import JobGone, JobInfo, NodeState, SlurmError, SlurmUnreachable, ended_at
 from slurmgpu.slurm.common import (
     ClientBase,
     ClientOptions,
@@ -305,9 +305,10 @@ def parse_job_json(obj: Mapping[str, Any]) -> JobInfo:
         if idx:
             gpus[node] = idx
     restarts = _num(obj.get("restart_cnt"))
+    state = parse_job_state(obj.get("job_state"))
     return JobInfo(
         job_id=str(obj.get("job_id")),
-        state=parse_job_state(obj.get("job_state")),
+        state=state,
         user=_str_or_none(obj.get("user_name")),
         nodes=nodes,
         gpus=gpus,
@@ -317,7 +318,23 @@ def parse_job_json(obj: Mapping[str, Any]) -> JobInfo:
         admin_comment=_str_or_none(obj.get("admin_comment")),
         name=_str_or_none(obj.get("name")),
         exit_code=_json_exit_code(obj.get("exit_code")),
+        start_time=_epoch(obj.get("start_time")),
+        end_time=ended_at(state, _epoch(obj.get("end_time"))),
     )
+
+
+def _epoch(value: Any) -> float | None:
+    """A JSON time (a number, or ``{"set", "number"}``); 0 (not yet) reads None."""
+    number = _num(value)
+    return float(number) if number else None
+
+
+def _text_time(value: str | None) -> float | None:
+    """``2026-11-28T02:00:00`` (scontrol's local time); ``Unknown``, ``None`` read None."""
+    try:
+        return time.mktime(time.strptime(value or "", "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
 
 
 def _json_exit_code(value: Any) -> int | None:
@@ -419,9 +436,10 @@ def parse_job_text(line: str) -> JobInfo:
         restarts = int(first.get("Restarts", "0"))
     except ValueError:
         restarts = 0
+    state = parse_job_state(first.get("JobState"))
     return JobInfo(
         job_id=first.get("JobId", ""),
-        state=parse_job_state(first.get("JobState")),
+        state=state,
         user=user,
         nodes=expand_hostlist(first.get("NodeList")),
         gpus=gpus,
@@ -431,6 +449,8 @@ def parse_job_text(line: str) -> JobInfo:
         admin_comment=_str_or_none(first.get("AdminComment")),
         name=_str_or_none(first.get("JobName")),
         exit_code=_text_exit_code(first.get("ExitCode")),
+        start_time=_text_time(first.get("StartTime")),
+        end_time=ended_at(state, _text_time(first.get("EndTime"))),
     )
 
 

@@ -14,7 +14,7 @@ import shlex
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from slurmgpu.slurm import JobInfo, Reservation, SlurmClient
+from slurmgpu.slurm import ENDED_JOB_STATES, JobInfo, Reservation, SlurmClient
 
 RESERVATION_PREFIX = "slurmgpu-rts-"
 VALIDATION_JOB_PREFIX = "slurmgpu-validate-"
@@ -23,11 +23,6 @@ JOB_PREFIXES = (VALIDATION_JOB_PREFIX, IDLE_JOB_PREFIX)
 #: How long a reservation lasts when nobody deletes it (a collector that died mid-ladder).
 DEFAULT_RESERVATION_MIN = 120
 DEFAULT_VALIDATION_TIME_MIN = 30
-#: Job states after which a job holds nothing.
-ENDED_JOB_STATES = frozenset({
-    "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
-    "DEADLINE", "OUT_OF_MEMORY", "REVOKED", "SPECIAL_EXIT",
-})
 
 
 def reservation_name(node: str) -> str:

@@ -32,7 +32,15 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar, Unpack
 
-from slurmgpu.slurm import JobGone, JobInfo, NodeState, Reservation, SlurmError, SlurmUnreachable
+from slurmgpu.slurm import (
+    JobGone,
+    JobInfo,
+    NodeState,
+    Reservation,
+    SlurmError,
+    SlurmUnreachable,
+    ended_at,
+)
 from slurmgpu.slurm.cli import (
     ACTIVE_JOB_STATES,
     CliSlurmClient,
@@ -294,9 +302,10 @@ class PyslurmClient(ClientBase):
             if idx:
                 gpus[str(node)] = idx
         reason = getattr(j, "state_reason", None)
+        state = parse_job_state(getattr(j, "state", None))
         return JobInfo(
             job_id=str(j.id),
-            state=parse_job_state(getattr(j, "state", None)),
+            state=state,
             user=getattr(j, "user_name", None) or None,
             nodes=nodes,
             gpus=gpus,
@@ -306,6 +315,8 @@ class PyslurmClient(ClientBase):
             admin_comment=getattr(j, "admin_comment", None) or None,
             name=getattr(j, "name", None) or None,
             exit_code=_exit_code(getattr(j, "exit_code", None)),
+            start_time=float(getattr(j, "start_time", None) or 0) or None,
+            end_time=ended_at(state, float(getattr(j, "end_time", None) or 0) or None),
         )
 
     def jobs_on_node(self, node: str) -> list[JobInfo]:
