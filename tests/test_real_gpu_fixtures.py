@@ -116,3 +116,15 @@ def test_a_healthy_h100_gives_one_bit_exact_product_for_every_iteration() -> Non
     lines = (RUN_1128 / "gemm-probe" / "probe-gemm-old.jsonl").read_text().splitlines()
     items = [json.loads(line) for line in lines]
     assert [(i["dtype"], len(i["digests"]), i["iterations"]) for i in items] == [("fp16", 1, 1264), ("fp32", 1, 120)]
+
+
+def test_the_a100_hbm_floors_follow_the_copy_efficiency_a_real_h100_measured() -> None:
+    """No A100 recorded yet: a copy moved 88 % of the H100's 3,350 GB/s peak, so each A100's
+    built-in HBM floor sits at 70-80 % of 88 % of its own peak (40 GB: 1,555; 80 GB: 2,039)."""
+    report = json.loads((RUN_1128 / "validate.json").read_text())
+    hbm = next(f["data"]["value"] for f in report["findings"] if f["data"].get("metric") == "hbm_gbps")
+    efficiency = hbm / 3350.0
+    assert 0.85 <= efficiency <= 0.92
+    for model, peak in (("NVIDIA A100-SXM4-40GB", 1555.0), ("NVIDIA A100-SXM4-80GB", 2039.0)):
+        floor = floors.builtin(model, "hbm_gbps")
+        assert floor is not None and 0.70 <= floor.value / (peak * efficiency) <= 0.80, model
