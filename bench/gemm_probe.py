@@ -1,6 +1,6 @@
 """What the built-in GEMM test measures, next to the raw matrix-product rate (GPU only).
 
-    python bench/gemm_probe.py [--backend cupy|torch] [--seconds 3] [--digest-every 8]
+    python bench/gemm_probe.py [--backend auto|cupy|torch] [--seconds 3]
 
 Per dtype of the backend: the raw rate (back-to-back products, one sync at the end), the
 time of one product digest, and the rate `slurmgpu.validate.probe.gemm_one` reports (the
@@ -63,10 +63,10 @@ def raw_rate(b: probe.CupyBackend, dtype: str, seconds: float) -> dict[str, Any]
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--backend", choices=["cupy", "torch"], default="cupy")
+    parser.add_argument("--backend", choices=["auto", "cupy", "torch"], default="auto")
     parser.add_argument("--seconds", type=float, default=3.0)
     args = parser.parse_args()
-    b = probe.CupyBackend() if args.backend == "cupy" else probe.TorchBackend()
+    b = {"auto": probe.backend, "cupy": probe.CupyBackend, "torch": probe.TorchBackend}[args.backend]()
     rows = []
     for dtype in b.dtypes:
         row = {"backend": b.name, "dtype": dtype, **raw_rate(b, dtype, args.seconds)}

@@ -11,7 +11,8 @@
 # NVML clock-event rate next to it), provokes an application XID 31 on GPU 0 and captures
 # what the agent, the kernel log and `slurmgpu check --xid 31:0` made of it, runs `slurmgpu
 # validate --tier quick` (each test's result and duration, the time inside the tools, the
-# overhead outside them: process start, CUDA context per GPU, parsing). Everything
+# overhead outside them: process start, CUDA context per GPU, parsing) and
+# bench/gemm_probe.py (the raw GEMM rate beside the probe's, gemm-probe.json). Everything
 # lands in $OUT (default bench/real-gpu-out/<host>-<UTC date>/): commit it as fixtures.
 # summary.md there has the tables.
 #
@@ -731,6 +732,10 @@ if have_sg; then
         "${SG[@]}" validate --config "$VALIDATE_CFG" --tier quick --json
     step validate-json 30 -- "$HPY" "$HELPER" validate-report --validate "$OUT/validate.json" --wall "$(since "$t0")" \
         --context "$OUT/validate-context.jsonl" --out "$OUT/validate-summary.json"
+    if [ "$SIM" != 1 ]; then  # the products' raw rate beside what the GEMM test reports
+        step gemm-probe 90 --stdout "$OUT/gemm-probe.json" -- \
+            "${LOAD_PY:-$PY}" "$REPO/bench/gemm_probe.py" --backend auto --seconds 2
+    fi
 else
     skip validate-quick "no Python for slurmgpu"
 fi
