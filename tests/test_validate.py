@@ -249,3 +249,16 @@ def test_the_probe_can_run_in_another_python(tmp_path: Path) -> None:
     assert result.rc == 3 and "neither CuPy nor PyTorch is usable" in result.stderr
     missing = NodePlatform(ValidateSettings(probe_python=str(tmp_path / "python9")))
     assert missing.tool("probe") is None and "python9 is not an executable" in missing.describe("probe")
+
+
+def test_a_run_in_which_no_test_applied_is_unknown_not_a_pass(fake_nvml_lib: Path, tmp_path: Path) -> None:
+    """No probe (neither CuPy nor PyTorch), no tool: nothing was measured, so the node is
+    not validated (exit 3: a returning node stays drained, retried, then held)."""
+    data = bundled_scenario("h100-sxm-8")
+    data["active"] = {"tools": []}
+    code, doc = validate(fake_nvml_lib, write_scenario_atomic(tmp_path / "no-tools.json", data), tmp=tmp_path)
+    assert (code, doc["verdict"]) == (3, "UNKNOWN")
+    assert {t["result"] for t in doc["tests"]} == {"N/A"}
+    [nothing] = [f for f in doc["findings"] if f["severity"] == "UNKNOWN"]
+    assert nothing["check"] == "validate.quick"
+    assert nothing["message"].startswith("no quick test could run on this node, nothing was validated (validate.gemm:")

@@ -90,5 +90,16 @@ def run_tier(settings: ValidateSettings, tier: str, tests: Sequence[str], gpus: 
         found = _outcome(f"validate.{test}", ctx, timeout, settings)
         findings += found
         records.append(_record(test, found, now, ctx))
+    findings += _nothing_ran(tier, records, findings)
     elapsed = time.monotonic() - started
     return Outcome(Verdict(node, tuple(findings), elapsed * 1000), tier, tuple(records), elapsed)
+
+
+def _nothing_ran(tier: str, records: list[TestRecord], findings: list[Finding]) -> list[Finding]:
+    """A run in which no test applied validated nothing: UNKNOWN, never a pass (a node
+    returned to service must have been measured)."""
+    if not records or any(r.severity != "N/A" for r in records):
+        return []
+    why = "; ".join(f"{f.check}: {f.message.removeprefix('not applicable: ')}" for f in findings)
+    return [Finding(f"validate.{tier}", Severity.UNKNOWN,
+                    f"no {tier} test could run on this node, nothing was validated ({why})"[:1000])]
