@@ -262,3 +262,25 @@ def test_a_run_in_which_no_test_applied_is_unknown_not_a_pass(fake_nvml_lib: Pat
     [nothing] = [f for f in doc["findings"] if f["severity"] == "UNKNOWN"]
     assert nothing["check"] == "validate.quick"
     assert nothing["message"].startswith("no quick test could run on this node, nothing was validated (validate.gemm:")
+
+
+ECC_ERROR = "CUDARuntimeError: cudaErrorECCUncorrectable: uncorrectable ECC error encountered"
+
+
+@pytest.mark.parametrize(("broken", "error", "want"), [
+    ({"3": {"cuda_error": ECC_ERROR}}, ECC_ERROR, {(3, "FAIL")}),  # one GPU: its own fault
+    ({str(g): {"cuda_error": ECC_ERROR} for g in range(8)}, ECC_ERROR, {(g, "UNKNOWN") for g in range(8)}),
+    ({"3": {"cuda_error": "TypeError: a bug of ours"}}, "TypeError: a bug of ours", {(3, "UNKNOWN")}),
+])
+def test_a_gpu_the_probe_breaks_on_is_never_passed(fake_nvml_lib: Path, tmp_path: Path, broken: dict[str, Any],
+                                                   error: str, want: set[tuple[int, str]]) -> None:
+    """Before, a GPU whose test thread died (a CUDA error) was left out and the rest passed.
+    A CUDA error on some GPUs is theirs; on every GPU alike, or an error of ours, UNKNOWN."""
+    data = bundled_scenario("h100-sxm-8")
+    data["active"] = {"gpus": broken}
+    code, doc = validate(fake_nvml_lib, write_scenario_atomic(tmp_path / "broken.json", data), "--tests", "gemm",
+                         tmp=tmp_path)
+    bad = [f for f in doc["findings"] if f["severity"] != "OK"]
+    assert {(f["gpu"], f["severity"]) for f in bad} == want
+    assert all(f["check"] == "validate.gemm" and f["message"].endswith(error) for f in bad)
+    assert code == (2 if "FAIL" in {s for _, s in want} else 3)

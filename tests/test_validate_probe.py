@@ -163,3 +163,33 @@ def test_a_slow_first_step_is_not_timed(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(probe, "clock", b.tick)
     assert probe.copy_gbps(b, 0, seconds=10.0) == round(2 * (1 << 30) / 1.0 / 1e9, 1)  # a copy a second
     assert b.copies == 11
+
+
+class CUDARuntimeError(Exception):
+    """Named as CuPy names its CUDA errors."""
+
+
+class BrokenGpu(ListBackend):
+    """GPU 1 raises CuPy's CUDA error in every product; with ``ours``, a bug of ours instead."""
+
+    def __init__(self, ours: bool = False) -> None:
+        super().__init__()
+        self.ours = ours
+
+    def gemm_inputs(self, ordinal: int, dtype: str) -> tuple[Any, Any]:
+        if ordinal == 1:
+            raise TypeError("a bug") if self.ours else CUDARuntimeError("cudaErrorECCUncorrectable: uncorrectable ECC")
+        return ordinal, dtype
+
+
+@pytest.mark.parametrize("ours", [False, True])
+def test_a_gpu_the_test_breaks_on_gets_an_error_line_not_silence(monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str], ours: bool) -> None:
+    monkeypatch.setattr(probe, "backend", lambda: BrokenGpu(ours))
+    assert probe.run("gemm", seconds=0.01, share=0.1) == 0
+    items = parse_probe(capsys.readouterr().out)
+    assert [(i["gpu"], i.get("dtype")) for i in items if "error" not in i] == [(0, "bf16"), (0, "fp32")]
+    [error] = [i for i in items if "error" in i]
+    assert (error["gpu"], error["cuda"]) == (1, not ours)
+    assert error["error"] == ("TypeError: a bug" if ours else "CUDARuntimeError: cudaErrorECCUncorrectable: "
+                                                               "uncorrectable ECC")

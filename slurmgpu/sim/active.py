@@ -65,7 +65,10 @@ def _emit(obj: dict[str, Any]) -> None:
 def probe(node: Node, test: str) -> int:
     for ordinal, gpu in enumerate(node.gpus):
         base = {"test": test, "gpu": ordinal, "name": node.names[gpu]}
-        if test == "gemm":
+        error = node.value(gpu, "cuda_error")
+        if error and test in ("gemm", "hbm", "pcie"):  # (the real probe's line for a GPU it broke on)
+            _emit({"test": test, "gpu": ordinal, "error": str(error), "cuda": not str(error).startswith("TypeError")})
+        elif test == "gemm":
             wrong = node.value(gpu, "wrong_result")
             digests = [DIGEST, WRONG] if wrong == "sometimes" else [WRONG] if wrong else [DIGEST]
             tflops = float(node.value(gpu, "gemm_tflops"))

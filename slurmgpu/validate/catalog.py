@@ -46,6 +46,26 @@ def _probe(ctx: Context, test: str, *extra: str) -> list[dict[str, Any]]:
     return items
 
 
+def _measured(ctx: Context, test: str, items: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[Finding]]:
+    """The probe's results, and a finding for each GPU without one: a CUDA error on some
+    GPUs is theirs (FAIL); one on every GPU alike, another error, or no line is UNKNOWN."""
+    results = [i for i in items if "error" not in i]
+    errors = [i for i in items if "error" in i]
+    everywhere = len({int(e["gpu"]) for e in errors}) == len(ctx.gpus)
+    out = []
+    for e in errors:
+        gpu = ctx.gpu(int(e["gpu"])).index
+        theirs = bool(e.get("cuda")) and not everywhere
+        why = "could not run on this GPU" if theirs else "broke on this GPU, slurmgpu could not judge it"
+        out.append(Finding(f"validate.{test}", Severity.FAIL if theirs else Severity.UNKNOWN,
+                           f"gpu{gpu}: the {test} test {why}: {e['error']}"[:1000], gpu,
+                           data={"error": str(e["error"]), "cuda": bool(e.get("cuda"))}))
+    seen = {int(i["gpu"]) for i in items}
+    out += [Finding(f"validate.{test}", Severity.UNKNOWN, f"gpu{g.index}: the probe reported no {test} result",
+                    g.index) for n, g in enumerate(ctx.gpus) if n not in seen]
+    return results, out
+
+
 def _per_gpu(ctx: Context, items: list[dict[str, Any]], key: Callable[[dict[str, Any]], float]) -> list[Measured]:
     out = []
     for item in items:
@@ -104,8 +124,8 @@ def _gemm_speed(ctx: Context, items: list[dict[str, Any]]) -> list[Finding]:
 
 
 def test_gemm(ctx: Context) -> list[Finding]:
-    items = _probe(ctx, "gemm")
-    return _sdc_within(ctx, items) + _sdc_across(ctx, items) + _gemm_speed(ctx, items)
+    items, unmeasured = _measured(ctx, "gemm", _probe(ctx, "gemm"))
+    return unmeasured + _sdc_within(ctx, items) + _sdc_across(ctx, items) + _gemm_speed(ctx, items)
 
 
 # ------------------------------------------------------------------ hbm, pcie
@@ -125,16 +145,16 @@ def _bit_errors(ctx: Context, items: list[dict[str, Any]]) -> list[Finding]:
 
 
 def test_hbm(ctx: Context) -> list[Finding]:
-    items = _probe(ctx, "hbm", "--share", f"{ctx.knob('hbm_share'):g}")
+    items, unmeasured = _measured(ctx, "hbm", _probe(ctx, "hbm", "--share", f"{ctx.knob('hbm_share'):g}"))
     speed = judge(HBM, _per_gpu(ctx, items, lambda i: i["copy_gbps"]), ctx.floors(HBM.name),
                   ctx.settings.outlier_fraction)
-    return _bit_errors(ctx, items) + speed
+    return unmeasured + _bit_errors(ctx, items) + speed
 
 
 def test_pcie(ctx: Context) -> list[Finding]:
-    items = _probe(ctx, "pcie")
+    items, unmeasured = _measured(ctx, "pcie", _probe(ctx, "pcie"))
     measured = _per_gpu(ctx, items, lambda i: min(i["h2d_gbps"], i["d2h_gbps"]))
-    return judge(PCIE, measured, ctx.floors(PCIE.name), ctx.settings.outlier_fraction)
+    return unmeasured + judge(PCIE, measured, ctx.floors(PCIE.name), ctx.settings.outlier_fraction)
 
 
 # ------------------------------------------------------------------ p2p

@@ -4,8 +4,8 @@ prints one JSON object per result line (``slurmgpu.validate.parsers.parse_probe`
 
 * ``gemm``: per GPU and dtype (CuPy: fp16, fp32; PyTorch: bf16, fp16, fp32; the first gets
   half the time), {"tflops" (the products' time alone), "dtype", "digests" (the distinct
-  bit-exact checksums of the same product of fixed inputs, in order; healthy: one, equal
-  on every GPU), "iterations"}; all GPUs at once, one thread each.
+  checksums of one product of fixed inputs; healthy: one, equal on every GPU),
+  "iterations"}; all GPUs at once.
 * ``hbm``: per GPU, {"copy_gbps" (device-to-device copy, read + write bytes), "checked_bytes",
   "mismatches" (words read back wrong after writing a pattern and its complement over
   ``--share`` of the free memory)}.
@@ -15,8 +15,9 @@ prints one JSON object per result line (``slurmgpu.validate.parsers.parse_probe`
   (CuPy's NCCL binding; PyTorch alone: {"unsupported": why}).
 * ``context``: per GPU, {"seconds"} to create its CUDA context (the first allocation).
 
-CuPy (``pip install slurmgpu[validate]``) or else PyTorch; either is imported only when a
-test runs, so this module imports anywhere, CUDA or not.
+A GPU that gemm, hbm or pcie breaks on gets {"error", "cuda" (a CUDA error, not ours)}.
+
+CuPy (``pip install slurmgpu[validate]``) or else PyTorch, imported only when a test runs.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from collections.abc import Callable
 from typing import Any
 
 GEMM_N = 8192
+#: Exceptions that are CUDA's word on the GPU (CuPy's; PyTorch 2.8+'s AcceleratorError).
+CUDA_ERRORS = frozenset({"CUDARuntimeError", "CUDADriverError", "CUBLASError", "AcceleratorError"})
 CHUNK_BYTES = 256 << 20
 DIGEST_EVERY = 8
 SEED = 0x5EED
@@ -385,9 +388,25 @@ def context_all(b: CupyBackend, count: int) -> None:
         emit({"test": "context", "gpu": i, "name": b.device_name(i), "seconds": round(time.perf_counter() - started, 4)})
 
 
-def each_gpu_at_once(count: int, work: Callable[[int], list[dict[str, Any]]]) -> None:
+def gpu_error(test: str, ordinal: int, exc: BaseException) -> dict[str, Any]:
+    """The line for a GPU the test broke on: a CUDA error (the GPU's) or another (ours)."""
+    name = type(exc).__name__
+    cuda = (name in CUDA_ERRORS or str(exc).startswith("CUDA error")) and "out of memory" not in str(exc)
+    return {"test": test, "gpu": ordinal, "error": f"{name}: {exc}"[:300], "cuda": cuda}
+
+
+def guarded(test: str, ordinal: int, work: Callable[[int], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """``work(ordinal)``, or its error as a line: a GPU that breaks a test is never left out."""
+    try:
+        return work(ordinal)
+    except Exception as exc:  # every error is reported, per GPU
+        return [gpu_error(test, ordinal, exc)]
+
+
+def each_gpu_at_once(count: int, work: Callable[[int], list[dict[str, Any]]], test: str = "gemm") -> None:
     results: dict[int, list[dict[str, Any]]] = {}
-    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, work(i))) for i in range(count)]
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, guarded(test, i, work)))
+               for i in range(count)]
     for t in threads:
         t.start()
     for t in threads:
@@ -401,12 +420,13 @@ def run(test: str, seconds: float, share: float) -> int:
     b = backend()
     count = b.count()
     if test == "gemm":
-        each_gpu_at_once(count, lambda i: gemm_all(b, i, seconds))
+        each_gpu_at_once(count, lambda i: gemm_all(b, i, seconds), test)
     elif test == "hbm":
-        each_gpu_at_once(count, lambda i: [hbm_one(b, i, seconds, share)])
+        each_gpu_at_once(count, lambda i: [hbm_one(b, i, seconds, share)], test)
     elif test == "pcie":
         for i in range(count):
-            emit(pcie_one(b, i, max(0.1, seconds / count)))
+            for item in guarded(test, i, lambda i: [pcie_one(b, i, max(0.1, seconds / count))]):
+                emit(item)
     elif test == "p2p":
         p2p_all(b, count, seconds)
     elif test == "nccl":
