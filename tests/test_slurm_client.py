@@ -707,6 +707,7 @@ def fake_pyslurm(version: str = "22.05.0") -> types.SimpleNamespace:
             self.state, self.user_name, self.allocated_nodes = "RUNNING", "root", "gpu-n[1-2]"
             self.batch_host, self.requeue_count = "gpu-n1", 1
             self.state_reason, self.admin_comment = None, "c"
+            self.start_time, self.end_time = 1795659608, 1827195608  # (running: the end is a projection)
 
         @staticmethod
         def load(job_id: int) -> Job:
@@ -757,6 +758,7 @@ def test_pyslurm_client_mapping() -> None:
     assert job.nodes == ("gpu-n1", "gpu-n2")
     assert job.gpus == {"gpu-n1": (0,), "gpu-n2": (2, 3)}
     assert (job.restart_count, job.state) == (1, "RUNNING")
+    assert (job.start_time, job.end_time) == (1795659608.0, None)
     assert [j.job_id for j in c.jobs_on_node("gpu-n2")] == ["6"]
     with pytest.raises(SlurmError, match="no such job"):
         c.job("7")

@@ -142,6 +142,11 @@ def _gpu_indices_from_layout(gres: Any) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
+def _epoch(value: Any) -> float | None:
+    """pyslurm's time (epoch seconds; 0 or None: not yet); anything else reads None."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and value > 0 else None
+
+
 def _exit_code(value: Any) -> int | None:
     """pyslurm's ``Job.exit_code``: an int once the job ended."""
     return value if isinstance(value, int) and not isinstance(value, bool) else None
@@ -315,8 +320,8 @@ class PyslurmClient(ClientBase):
             admin_comment=getattr(j, "admin_comment", None) or None,
             name=getattr(j, "name", None) or None,
             exit_code=_exit_code(getattr(j, "exit_code", None)),
-            start_time=float(getattr(j, "start_time", None) or 0) or None,
-            end_time=ended_at(state, float(getattr(j, "end_time", None) or 0) or None),
+            start_time=_epoch(getattr(j, "start_time", None)),
+            end_time=ended_at(state, _epoch(getattr(j, "end_time", None))),
         )
 
     def jobs_on_node(self, node: str) -> list[JobInfo]:
