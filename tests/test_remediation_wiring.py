@@ -21,9 +21,11 @@ from slurmgpu.collector.coordination import FencedSlurm, NotLeader
 from slurmgpu.collector.policy import Automation
 from slurmgpu.collector.remediate import Remediation
 from slurmgpu.collector.store import Store
-from slurmgpu.collector.store.automation import Breaker
+from slurmgpu.collector.store.automation import Breaker, DrainedNode
+from slurmgpu.collector.store.automation import Stage as AutoStage
 from slurmgpu.collector.store.remediation import drain_outcomes, load_ladders
 from slurmgpu.config.schema import AutomationSettings, RemediationSettings
+from slurmgpu.decision import Action
 from slurmgpu.result import Finding, Severity
 from slurmgpu.testing import FakeSlurmClient
 
@@ -193,3 +195,29 @@ def test_the_automations_open_breaker_holds_the_ladders_remedies(tmp_path: Path)
     auto.release("operator", 600.0)
     rem.tick(600.0)
     assert list(client.jobs) == ["1000", "1001"] and "remediate reset" in client.calls[-1][3]
+
+
+REBOOT = Finding("gpu.recovery_action", Severity.FAIL, "the driver asks for a node reboot", gpu=0,
+                 data={"action": "reboot"})
+
+
+def test_a_reboot_decision_is_the_ladders_one_reboot_held_down_until_validated(tmp_path: Path) -> None:
+    """Before, the automation rebooted with nextstate=RESUME (back in service unvalidated)
+    and the ladder rebooted again: now the automation drains and the ladder reboots once."""
+    auto, rem, client = wired(tmp_path)
+    auto.settings.reboot_allowed = True
+    [decision] = auto.on_report(NODE, Severity.FAIL, [REBOOT], 100.0)
+    assert (decision.action, decision.result) == ("reboot", "drained")
+    assert [c[0] for c in client.calls] == ["drain", "reboot_and_hold"] and rem.ladders[NODE].stage == "reboot"
+
+
+def test_a_drain_now_that_waited_for_checkpoints_opens_its_ladder_at_the_drain(tmp_path: Path) -> None:
+    """A drain-now for a fault only a reboot clears, once the jobs checkpointed: the ladder
+    starts there (and reboots once), not when the node would have been resumed."""
+    auto, rem, client = wired(tmp_path)
+    auto.settings.reboot_allowed = True
+    auto.state.drained[NODE] = DrainedNode(100.0, "xid.recent", "XID 79", AutoStage.CHECKPOINTING,
+                                           Action.DRAIN_NOW, then_reboot=True)
+    decision = auto.finish_pending(NODE, Action.DRAIN_NOW, "slurmgpu: XID 79", "xid.recent", 160.0)
+    assert decision.result == "drained" and rem.owns(NODE)
+    assert [c[0] for c in client.calls] == ["drain", "reboot_and_hold"] and rem.ladders[NODE].checks == ["xid.recent"]

@@ -414,8 +414,9 @@ class Automation:
 
     def _take_away(self, node: str, action: Action, reason: str) -> Outcome:
         """Drain, or for REBOOT `scontrol reboot ASAP nextstate=RESUME` (a drain when
-        Slurm refuses the reboot, e.g. no RebootProgram)."""
-        if action is Action.REBOOT:
+        Slurm refuses the reboot, e.g. no RebootProgram). With return to service the node's
+        ladder reboots it, held down until validated: a drain here."""
+        if action is Action.REBOOT and self.remediation is None:
             try:
                 return self.actions.reboot(node, reason).action
             except SlurmUnreachable:
@@ -452,6 +453,9 @@ class Automation:
             entry.stage, entry.pending, entry.then_reboot = Stage.DRAINED, None, False
         decision = self._decision(node, action, reason, trigger, result, now)
         self._record.save((node,))
+        if result in FINISHED & NEW_DRAINS and self.remediation is not None and not self.remediation.owns(node):
+            self.remediation.drained(node, [Finding(trigger or "unknown", Severity.FAIL, reason)],
+                                     str(Action.REBOOT) if reboot else None, now)
         return decision
 
     def _current_drains(self, node: str | None = None) -> dict[str, queries.CurrentDrain]:
