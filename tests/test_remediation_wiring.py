@@ -221,3 +221,21 @@ def test_a_drain_now_that_waited_for_checkpoints_opens_its_ladder_at_the_drain(t
     decision = auto.finish_pending(NODE, Action.DRAIN_NOW, "slurmgpu: XID 79", "xid.recent", 160.0)
     assert decision.result == "drained" and rem.owns(NODE)
     assert [c[0] for c in client.calls] == ["drain", "reboot_and_hold"] and rem.ladders[NODE].checks == ["xid.recent"]
+
+
+def test_an_operator_resume_while_a_remedy_waits_ends_the_ladder(tmp_path: Path) -> None:
+    """A remedy waiting (for the breaker, or its backoff) on a node an operator put back in
+    service must never be carried out later: no reset or reboot of a node in service."""
+    auto, rem, client = wired(tmp_path)
+    drained_then_healthy(auto, rem)
+    auto.state.breaker = Breaker(open=True, since=105.0, why="storm")
+    auto._record.save()
+    finish(client, "1000", 2)
+    rem.tick(110.0)
+    assert rem.ladders[NODE].stage == "reset"
+    client.resume(NODE)  # the operator
+    rem.tick(120.0)
+    assert not rem.owns(NODE)
+    auto.release("operator", 600.0)
+    rem.tick(600.0)
+    assert list(client.jobs) == ["1000"] and [o.outcome for o in drain_outcomes(auto.store.db)] == ["confirmed"]

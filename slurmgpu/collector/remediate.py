@@ -213,8 +213,8 @@ class Remediation:
                 return self._reset_result(ladder.node)
             if ladder.stage is lad.Stage.REBOOTING and ladder.issued_at is not None:
                 return self._back(ladder.node)
-            if ladder.stage in (lad.Stage.DRAINED, lad.Stage.HELD):
-                return self._resumed_by_operator(ladder.node)
+            if ladder.stage in (lad.Stage.DRAINED, lad.Stage.HELD) or ladder.issued_at is None:
+                return self._resumed_by_operator(ladder.node)  # (no step out: it should be drained)
         except JobGone:
             return st.StepFailed("validation", "Slurm no longer knows the job") \
                 if ladder.stage is lad.Stage.VALIDATING else st.ResetFailed("the reset job is gone")
