@@ -39,7 +39,7 @@ def wired(tmp_path: Path, *, dry_run: bool = False) -> tuple[Automation, Remedia
     auto = Automation(AutomationSettings(resume_healthy_reports=1, resume_after_s=0, max_fraction=1.0,
                                          dry_run=dry_run), client, tmp_path / "state",
                       store=Store(tmp_path / "fleet.db"))
-    return auto, attach(auto, SETTINGS, tmp_path / "state", poll_s=0), client
+    return auto, attach(auto, SETTINGS, tmp_path / "state", poll_s=0, node_poll_s=0), client
 
 
 def drained_then_healthy(auto: Automation, rem: Remediation, now: float = 100.0) -> None:
@@ -239,3 +239,18 @@ def test_an_operator_resume_while_a_remedy_waits_ends_the_ladder(tmp_path: Path)
     auto.release("operator", 600.0)
     rem.tick(600.0)
     assert list(client.jobs) == ["1000"] and [o.outcome for o in drain_outcomes(auto.store.db)] == ["confirmed"]
+
+
+def test_the_ladders_waiting_on_their_nodes_share_one_query_of_slurm(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A storm's worth of drained nodes must not become a `scontrol show node` per ladder
+    per second: every node poll asks Slurm once for all of them."""
+    auto, rem, client = wired(tmp_path)
+    auto.on_report(NODE, Severity.FAIL, [ECC], 100.0)
+    auto.on_report("gpu-b", Severity.FAIL, [Finding("pcie.link", Severity.FAIL, "x4, expected x16", gpu=1)], 100.0)
+    asked: list[str] = []
+    monkeypatch.setattr(client, "node", lambda name: asked.append(name))
+    real_nodes = client.nodes
+    monkeypatch.setattr(client, "nodes", lambda: asked.append("*") or real_nodes())
+    rem.tick(110.0)
+    assert asked == ["*"] and {rem.ladders[n].stage for n in (NODE, "gpu-b")} == {"drained"}

@@ -22,7 +22,7 @@ from slurmgpu.collector.coordination import Coordination, FencedSlurm
 from slurmgpu.collector.counters import Counters
 from slurmgpu.collector.fleet import Fleet, SlurmPoller
 from slurmgpu.collector.policy import Automation, Clock
-from slurmgpu.collector.remediate import POLL_S, Remediation
+from slurmgpu.collector.remediate import NODE_POLL_S, POLL_S, Remediation
 from slurmgpu.collector.store import Leadership, Store
 from slurmgpu.collector.store.backend import is_postgres
 from slurmgpu.collector.transport import (
@@ -189,12 +189,13 @@ def build_collector(settings: CollectorSettings, *, automation: AutomationSettin
 
 
 def attach(auto: Automation, settings: RemediationSettings, state_dir: Path, *,
-           poll_s: float = POLL_S) -> Remediation:
+           poll_s: float = POLL_S, node_poll_s: float = NODE_POLL_S) -> Remediation:
     """The automation's drained nodes return through their ladders from now on."""
     auto.remediation = Remediation(
         settings, auto.client, auto.store, state_dir, dry_run=auto.settings.dry_run,
         program=shlex.split(settings.job_program), note_action=auto.ladder_reboot,
-        on_closed=auto.ladder_closed, poll_s=poll_s, breaker_open=lambda: auto.state.breaker.open)
+        on_closed=auto.ladder_closed, poll_s=poll_s, node_poll_s=node_poll_s,
+        breaker_open=lambda: auto.state.breaker.open)
     return auto.remediation
 
 

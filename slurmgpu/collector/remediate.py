@@ -24,10 +24,12 @@ from slurmgpu.remediation import steps as st
 from slurmgpu.remediation.repair import run_repair
 from slurmgpu.remediation.ticket import build_ticket
 from slurmgpu.result import Finding, Severity
-from slurmgpu.slurm import JobGone, SlurmClient, SlurmError, owned
+from slurmgpu.slurm import JobGone, NodeState, SlurmClient, SlurmError, owned
 
-#: How often the open ladders look at Slurm (their jobs, their nodes).
+#: How often the open ladders look at their jobs in Slurm,
 POLL_S = 1.0
+#: and at their nodes (drained, held, rebooting, resumed by an operator): one query for all.
+NODE_POLL_S = 5.0
 #: `slurmgpu remediate reset`'s exit code for a GPU a process holds.
 RESET_BUSY = 1
 #: `slurmgpu validate`'s exit codes: OK or WARN pass, FAIL fails; any other is its own trouble.
@@ -43,7 +45,7 @@ class Remediation:
                  dry_run: bool = False, program: Sequence[str] = ("slurmgpu",),
                  note_action: Callable[[str, str, float], None] | None = None,
                  on_closed: Callable[[str, bool], None] | None = None, poll_s: float = POLL_S,
-                 breaker_open: Callable[[], bool] = lambda: False) -> None:
+                 node_poll_s: float = NODE_POLL_S, breaker_open: Callable[[], bool] = lambda: False) -> None:
         self.settings, self.client, self.store, self.dry_run = settings, client, store, dry_run
         self.breaker_open = breaker_open
         self.program = tuple(program)
@@ -52,6 +54,8 @@ class Remediation:
         self.ladders: dict[str, lad.Ladder] = {}
         self._reset_jobs: dict[str, str] = {}  # node -> its reset job (asked again at a Restart)
         self.poll_s, self._next_poll = poll_s, 0.0
+        self.node_poll_s, self._next_node_poll = node_poll_s, 0.0
+        self._states: dict[str, NodeState] | None = None  # this node poll's answer, when shared
         self.log = get_logger(component="remediation")
 
     # ---- what the automation tells it
@@ -92,8 +96,11 @@ class Remediation:
         if time.monotonic() < self._next_poll:
             return
         self._next_poll = time.monotonic() + self.poll_s
+        nodes_too = time.monotonic() >= self._next_node_poll
+        if nodes_too:
+            self._next_node_poll, self._states = time.monotonic() + self.node_poll_s, None
         for node in list(self.ladders):
-            event = None if self.dry_run else self._observe(self.ladders[node])
+            event = None if self.dry_run else self._observe(self.ladders[node], nodes_too)
             if event is not None:
                 self._event(self.ladders[node], event, now)
             if node in self.ladders:
@@ -204,17 +211,19 @@ class Remediation:
 
     # ---- looking at Slurm
 
-    def _observe(self, ladder: lad.Ladder) -> st.Event | None:
-        """What Slurm shows of the ladder's current step, as an event (None: nothing new)."""
+    def _observe(self, ladder: lad.Ladder, nodes_too: bool) -> st.Event | None:
+        """What Slurm shows of the ladder's current step, as an event (None: nothing new);
+        its node's state only on a node poll (``nodes_too``)."""
         try:
             if ladder.stage is lad.Stage.VALIDATING and ladder.job_id:
                 return self._validation_result(ladder)
             if ladder.stage is lad.Stage.RESETTING and ladder.issued_at is not None:
                 return self._reset_result(ladder.node)
+            if not nodes_too or not _on_its_node(ladder):
+                return None
             if ladder.stage is lad.Stage.REBOOTING and ladder.issued_at is not None:
                 return self._back(ladder.node)
-            if ladder.stage in (lad.Stage.DRAINED, lad.Stage.HELD) or ladder.issued_at is None:
-                return self._resumed_by_operator(ladder.node)  # (no step out: it should be drained)
+            return self._resumed_by_operator(ladder.node)  # (no step out: it should be drained)
         except JobGone:
             return st.StepFailed("validation", "Slurm no longer knows the job") \
                 if ladder.stage is lad.Stage.VALIDATING else st.ResetFailed("the reset job is gone")
@@ -248,12 +257,21 @@ class Remediation:
             return st.ResetDone()
         return st.ResetFailed(f"reset job {job.job_id} exit {job.exit_code}", busy=job.exit_code == RESET_BUSY)
 
+    def _node(self, node: str) -> NodeState:
+        """The node's state: from one `nodes()` a node poll shared by every ladder that
+        waits on its node, or alone when it is the only one."""
+        if self._states is None:
+            waiting = sum(1 for ladder in self.ladders.values() if _on_its_node(ladder))
+            self._states = {s.name: s for s in self.client.nodes()} if waiting > 1 else {}
+        state = self._states.get(node)
+        return self.client.node(node) if state is None else state
+
     def _back(self, node: str) -> st.Event | None:
-        state = self.client.node(node)
+        state = self._node(node)
         return st.NodeBack() if not state.rebooting and "reboot complete" in (state.reason or "") else None
 
     def _resumed_by_operator(self, node: str) -> st.Event | None:
-        state = self.client.node(node)
+        state = self._node(node)
         if state.drained or state.rebooting or state.state == "down":
             return None
         return st.OperatorResume(state.reason_user or "")
@@ -293,3 +311,9 @@ def _job_findings(path: Path, exit_code: int | None) -> tuple[Finding, ...]:
         if exit_code in (None, 0):
             return ()
         return (Finding("validate.job", Severity.FAIL, f"validation job exit {exit_code}"),)
+
+
+def _on_its_node(ladder: lad.Ladder) -> bool:
+    """Whether the ladder waits on its node's state: back from a reboot, or (no step out)
+    still drained."""
+    return ladder.issued_at is None or ladder.stage in (lad.Stage.REBOOTING, lad.Stage.DRAINED, lad.Stage.HELD)
