@@ -254,3 +254,28 @@ def test_the_ladders_waiting_on_their_nodes_share_one_query_of_slurm(tmp_path: P
     monkeypatch.setattr(client, "nodes", lambda: asked.append("*") or real_nodes())
     rem.tick(110.0)
     assert asked == ["*"] and {rem.ladders[n].stage for n in (NODE, "gpu-b")} == {"drained"}
+
+
+@pytest.mark.parametrize(("state", "flags", "reason", "back"), [
+    ("down", set(), "slurmgpu: reboot (remediation): x : reboot issued : reboot complete", True),  # nextstate=DOWN
+    ("idle", set(), None, True),  # ReturnToService=2 returned it on registration (its reason then hidden)
+    ("down", {"NOT_RESPONDING"}, "slurmgpu: reboot (remediation): x : reboot issued", False),  # still booting
+    ("idle", {"DRAIN", "REBOOT_ISSUED"}, "slurmgpu: reboot (remediation): x", False),
+])
+def test_a_rebooted_node_is_seen_back_whatever_returntoservice_does(
+        tmp_path: Path, state: str, flags: set[str], reason: str | None, back: bool) -> None:
+    """Seen on Slurm 25.11 with ReturnToService=2: the node came back DOWN "reboot complete"
+    and was IDLE within the second, its reason then hidden: a ladder looking every few
+    seconds missed it, and its reboot timed out into a repair (a false RMA)."""
+    auto, rem, client = wired(tmp_path)
+    drained_then_healthy(auto, rem)
+    finish(client, "1000", 2)
+    rem.tick(110.0)
+    finish(client, "1001", 0)
+    rem.tick(120.0)
+    finish(client, "1002", 2)
+    rem.tick(130.0)
+    assert rem.ladders[NODE].stage == "reboot"
+    client.states[NODE] = dataclasses.replace(client.states[NODE], state=state, flags=frozenset(flags), reason=reason)
+    rem.tick(140.0)
+    assert (rem.ladders[NODE].stage == "awaiting_validation") is back

@@ -267,8 +267,14 @@ class Remediation:
         return self.client.node(node) if state is None else state
 
     def _back(self, node: str) -> st.Event | None:
+        """Back from the reboot the ladder asked for (Slurm set its reboot flag then): down
+        with "reboot complete", or (ReturnToService=2 returns a DOWN node that registers)
+        up and responding, the flag gone."""
         state = self._node(node)
-        return st.NodeBack() if not state.rebooting and "reboot complete" in (state.reason or "") else None
+        if state.rebooting:
+            return None
+        up = state.state != "down" and "NOT_RESPONDING" not in state.flags
+        return st.NodeBack() if up or "reboot complete" in (state.reason or "") else None
 
     def _resumed_by_operator(self, node: str) -> st.Event | None:
         state = self._node(node)
