@@ -179,15 +179,21 @@ def test_an_operator_drain_that_opted_in_is_validated_before_resume(tmp_path: Pa
                                                  ("submit_validation", NODE)]
 
 
-def test_the_automations_open_breaker_holds_the_ladders_remedies(tmp_path: Path) -> None:
-    """A storm opened the breaker: a failed validation drains the node again, and its reset
-    waits (no job, no reboot, no repair) until an operator closes the breaker."""
+def failed_while_the_breaker_is_open(tmp_path: Path) -> tuple[Automation, Remediation, FakeSlurmClient]:
+    """A storm opened the breaker, then the node's validation failed (its reset is due)."""
     auto, rem, client = wired(tmp_path)
     drained_then_healthy(auto, rem)
     auto.state.breaker = Breaker(open=True, since=105.0, why="storm")
     auto._record.save()
     finish(client, "1000", 2)
     rem.tick(110.0)
+    return auto, rem, client
+
+
+def test_the_automations_open_breaker_holds_the_ladders_remedies(tmp_path: Path) -> None:
+    """A storm opened the breaker: a failed validation drains the node again, and its reset
+    waits (no job, no reboot, no repair) until an operator closes the breaker."""
+    auto, rem, client = failed_while_the_breaker_is_open(tmp_path)
     assert [c[0] for c in client.calls[-3:]] == ["drain", "cancel_job", "delete_reservation"]
     assert rem.ladders[NODE].stage == "reset" and list(client.jobs) == ["1000"]
     rem.tick(500.0)
@@ -226,12 +232,7 @@ def test_a_drain_now_that_waited_for_checkpoints_opens_its_ladder_at_the_drain(t
 def test_an_operator_resume_while_a_remedy_waits_ends_the_ladder(tmp_path: Path) -> None:
     """A remedy waiting (for the breaker, or its backoff) on a node an operator put back in
     service must never be carried out later: no reset or reboot of a node in service."""
-    auto, rem, client = wired(tmp_path)
-    drained_then_healthy(auto, rem)
-    auto.state.breaker = Breaker(open=True, since=105.0, why="storm")
-    auto._record.save()
-    finish(client, "1000", 2)
-    rem.tick(110.0)
+    auto, rem, client = failed_while_the_breaker_is_open(tmp_path)
     assert rem.ladders[NODE].stage == "reset"
     client.resume(NODE)  # the operator
     rem.tick(120.0)

@@ -21,8 +21,7 @@ _MODELS: tuple[tuple[str, dict[str, float]], ...] = (
               "nccl_busbw_gbps": 350.0}),
     ("H100 80GB HBM3", {"gemm_tflops": 500.0, "hbm_gbps": 2200.0, "pcie_gbps": 40.0,
                         "p2p_gbps": 250.0, "nccl_busbw_gbps": 350.0}),
-    # HBM: a copy moves ~88 % of the part's peak (a real H100: 2,946 of 3,350 GB/s), so the
-    # 40 GB A100 (1,555 GB/s) measures ~1,370 and the 80 GB (2,039 GB/s) ~1,790.
+    # (the A100s' HBM floors follow from their peaks: docs/validation.md, "Thresholds and tuning")
     ("A100-SXM4-40GB", {"gemm_tflops": 200.0, "hbm_gbps": 1000.0, "pcie_gbps": 18.0, "p2p_gbps": 160.0,
                         "nccl_busbw_gbps": 160.0}),
     ("A100-SXM4", {"gemm_tflops": 200.0, "hbm_gbps": 1300.0, "pcie_gbps": 18.0, "p2p_gbps": 160.0,
