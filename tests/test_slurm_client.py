@@ -1004,6 +1004,8 @@ class TestContract:
         jid = cluster.sbatch("", "--gres=gpu:2", "-w", node, "-o", "/dev/null",
                              "--wrap", "sleep 30")
         assert cluster.wait_job(jid, states=("RUNNING",), timeout=30) == "RUNNING"
+        # RUNNING comes before the prolog ends (reason 'Prolog'): compare once it has.
+        wait_for(lambda: client.job(jid).state_reason is None, timeout=60, what="prolog done")
         jobs = {j.job_id: j for j in client.jobs_on_node(node)}
         assert jid in jobs
         assert jid not in {j.job_id for j in client.jobs_on_node(cluster.nodes[0])}
