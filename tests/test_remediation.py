@@ -82,8 +82,12 @@ def test_a_reset_action_starts_with_a_reset_of_the_failing_gpus() -> None:
 
 def test_a_reboot_action_starts_with_a_reboot() -> None:
     decision = start(NODE, [ECC], 0.0, SETTINGS, action="reboot")
-    assert decision.ladder.stage is Stage.REBOOTING and kinds(decision) == ["reboot"]
-    assert decision.steps[0] == st.Reboot(NODE, "slurmgpu: reboot (remediation): ecc.volatile")
+    assert decision.ladder.stage is Stage.REBOOTING and kinds(decision) == ["create_reservation", "reboot"]
+    # The reservation first, for the reboot and the validation after it (ReturnToService=2).
+    window = SETTINGS.reboot_timeout_s + SETTINGS.reservation_s
+    assert decision.steps == (st.CreateReservation(NODE, RES, window),
+                              st.Reboot(NODE, "slurmgpu: reboot (remediation): ecc.volatile"))
+    assert decision.ladder.reservation == RES
 
 
 def test_an_entry_remedy_with_no_attempts_validates_first() -> None:
@@ -147,7 +151,7 @@ def test_persistent_climbs_reset_reboot_and_repair_exactly_once() -> None:
     assert d[0].ladder.outcome is Outcome.CONFIRMED  # already: a validation failed
     d += drive(d[-1].ladder, (150, st.ResetDone()), (151, st.ValidationSubmitted("78")),
                (300, st.ValidationFailed("78", (BAD,))))
-    assert kinds(d[-1]) == ["drain", "cleanup", "reboot"] and d[-1].ladder.stage is Stage.REBOOTING
+    assert kinds(d[-1]) == ["drain", "cleanup", "create_reservation", "reboot"] and d[-1].ladder.stage is Stage.REBOOTING
     d += drive(d[-1].ladder, (900, st.NodeBack()), (901, st.ValidationSubmitted("79")),
                (999, st.ValidationFailed("79", (BAD,))))
     assert kinds(d[-1]) == ["drain", "cleanup", "drain", "run_repair"]
@@ -165,7 +169,7 @@ def test_persistent_climbs_reset_reboot_and_repair_exactly_once() -> None:
 def test_a_rung_with_no_attempts_is_skipped() -> None:
     ladder, _ = validated_once(replace(SETTINGS, reset_attempts=0))
     (failed,) = drive(ladder, (100, st.ValidationFailed("77", (BAD,))), settings=replace(SETTINGS, reset_attempts=0))
-    assert kinds(failed) == ["drain", "cleanup", "reboot"]
+    assert kinds(failed) == ["drain", "cleanup", "create_reservation", "reboot"]
 
 
 def test_no_remedies_at_all_goes_straight_to_repair() -> None:
@@ -180,7 +184,7 @@ def test_a_failed_reset_is_retried_after_its_backoff_then_climbs() -> None:
     first = start(NODE, [XID], 0.0, settings)
     d = drive(first.ladder, (10, st.ResetFailed("nvidia-smi: error")), (40, st.Tick()), (60, st.Tick()),
               (61, st.ResetFailed("again")), settings=settings)
-    assert [kinds(x) for x in d] == [[], [], ["reset_gpus"], ["reboot"]]
+    assert [kinds(x) for x in d] == [[], [], ["reset_gpus"], ["create_reservation", "reboot"]]
     assert d[0].ladder.due == 10 + 50 and d[0].ladder.history[-1].note == "reset failed: nvidia-smi: error; retry"
 
 
@@ -195,13 +199,41 @@ def test_a_busy_gpu_waits_without_using_an_attempt() -> None:
 def test_a_reset_that_never_answers_times_out() -> None:
     first = start(NODE, [XID], 0.0, SETTINGS)
     (late,) = drive(first.ladder, (SETTINGS.reset_timeout_s, st.Tick()))
-    assert kinds(late) == ["reboot"] and late.ladder.history[-1].note == "reset timed out; climbing"
+    assert kinds(late) == ["create_reservation", "reboot"]
+    assert late.ladder.history[-1].note == "reset timed out; climbing"
 
 
 def test_a_node_that_does_not_come_back_from_its_reboot_goes_to_repair() -> None:
     first = start(NODE, [ECC], 0.0, SETTINGS, action="reboot")
     d = drive(first.ladder, (SETTINGS.reboot_timeout_s - 1, st.Tick()), (SETTINGS.reboot_timeout_s, st.Tick()))
-    assert kinds(d[0]) == [] and kinds(d[1]) == ["drain", "run_repair"]
+    assert kinds(d[0]) == [] and kinds(d[1]) == ["drain", "cleanup", "drain", "run_repair"]
+    assert d[1].steps[1] == st.Cleanup(NODE, RES, None) and d[1].ladder.reservation is None
+
+
+def test_a_reboot_retried_after_a_timeout_drains_and_makes_its_reservation_again() -> None:
+    """Drained while it waits out the backoff: a node that boots late stays out of
+    service (Slurm keeps DRAIN across a registration) and the retry starts clean."""
+    settings = replace(SETTINGS, reboot_attempts=2)
+    first = start(NODE, [ECC], 0.0, settings, action="reboot")
+    late, retry = drive(first.ladder, (settings.reboot_timeout_s, st.Tick()),
+                        (settings.reboot_timeout_s + 200, st.Tick()), settings=settings)
+    assert late.steps == (st.Drain(NODE, "slurmgpu: the node did not come back from its reboot (node held drained)"),
+                          st.Cleanup(NODE, RES, None))
+    assert late.ladder.stage is Stage.REBOOTING and late.ladder.reservation is None
+    assert kinds(retry) == ["create_reservation", "reboot"] and retry.ladder.reservation == RES
+
+
+def test_no_reboot_without_its_reservation() -> None:
+    """Slurm refused the reservation: slurmgpu's own trouble holds the node drained; it
+    neither reboots it unguarded nor counts a failed reboot (which would climb to repair)."""
+    first = start(NODE, [ECC], 0.0, SETTINGS, action="reboot")
+    (failed,) = drive(first.ladder, (1, st.StepFailed("create_reservation", "slurmctld busy")))
+    assert kinds(failed) == ["drain", "cleanup"] and failed.steps[1] == st.Cleanup(NODE, RES, None)
+    held = failed.ladder
+    assert held.stage is Stage.HELD and held.attempts == {} and held.deadline is None and not held.closed
+    assert held.history[-1].note == "create_reservation failed: slurmctld busy; held, not rebooted"
+    (again,) = drive(held, (SETTINGS.reboot_timeout_s * 2, st.Tick()))
+    assert again.steps == () and again.ladder.stage is Stage.HELD
 
 
 def test_node_back_before_a_reboot_was_asked_is_ignored() -> None:

@@ -177,7 +177,9 @@ def test_a_persistent_fault_climbs_to_repair_and_a_restart_mid_ladder_resumes_it
     # (b) fails, reset, fails, reboot (played by cluster.boot), fails, repair
     wait_until(lambda: (ladder(fleet, node) or {}).get("stage") == "reboot" and
                "REBOOT_ISSUED" in fleet.scontrol("-o", "show", "node", node), 120, "the reboot issued")
-    fleet.boot(node)
+    assert reservations(fleet) == [f"slurmgpu-rts-{node}"]  # made before the reboot, kept through the boot
+    users_job = fleet.sbatch("", "-w", node, "-o", "/dev/null", "--wrap", "true")
+    fleet.boot(node)  # (25.11, ReturnToService=2: IDLE on registration, within the second)
     # (the ladder is saved, closed, before its repair command runs: the ticket comes a moment later)
     tickets = tmp_path / "tickets"
     wait_until(lambda: ladder(fleet, node) is None and tickets.is_file() and tickets.read_text().endswith("\n"),
@@ -191,6 +193,9 @@ def test_a_persistent_fault_climbs_to_repair_and_a_restart_mid_ladder_resumes_it
     scenario = json.loads(fleet.scenario_path(node).read_text())
     assert scenario["gpus"][3]["resets"] == 1  # the reset job ran nvidia-smi -r on GPU 3, once
     assert {g["serial"] for g in ticket["gpus"]} and all(g["uuid"] for g in ticket["gpus"])
+    assert fleet.job(users_job)["JobState"] == "PENDING"  # never on the rebooted, unvalidated node
+    subprocess.run(["scancel", users_job], env={**os.environ, **fleet.env()}, timeout=30, check=True)
+    wait_until(lambda: users_job not in active_jobs(fleet), 30, "the user's job cancelled")
     assert reservations(fleet) == [] and active_jobs(fleet) == {}
     # (d) the report counts the drain as confirmed
     checks = {c for (c,) in query(fleet, "SELECT check_id FROM drain_outcomes WHERE node = ?", node)}

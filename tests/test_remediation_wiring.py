@@ -152,7 +152,10 @@ def test_a_reset_runs_as_a_job_in_the_reservation_and_a_reboot_counts_towards_a_
                                                "submit_validation"]  # drained before the reservation goes
     finish(client, "1002", 2)  # fails again: reboot
     rem.tick(130.0)
-    assert client.calls[-1][0] == "reboot_and_hold" and rem.ladders[NODE].stage == "reboot"
+    # drained and its validation cleaned up, then the reservation the reboot keeps
+    assert [c[0] for c in client.calls[-5:]] == ["drain", "cancel_job", "delete_reservation", "create_reservation",
+                                               "reboot_and_hold"]
+    assert rem.ladders[NODE].stage == "reboot"
     assert len(auto.state.history[NODE]) == 2 and NODE in auto.state.lemons  # the drain and the reboot
 
 
@@ -214,7 +217,8 @@ def test_a_reboot_decision_is_the_ladders_one_reboot_held_down_until_validated(t
     auto.settings.reboot_allowed = True
     [decision] = auto.on_report(NODE, Severity.FAIL, [REBOOT], 100.0)
     assert (decision.action, decision.result) == ("reboot", "drained")
-    assert [c[0] for c in client.calls] == ["drain", "reboot_and_hold"] and rem.ladders[NODE].stage == "reboot"
+    assert [c[0] for c in client.calls] == ["drain", "create_reservation", "reboot_and_hold"]
+    assert rem.ladders[NODE].stage == "reboot"
 
 
 def test_a_drain_now_that_waited_for_checkpoints_opens_its_ladder_at_the_drain(tmp_path: Path) -> None:
@@ -226,7 +230,8 @@ def test_a_drain_now_that_waited_for_checkpoints_opens_its_ladder_at_the_drain(t
                                            Action.DRAIN_NOW, then_reboot=True)
     decision = auto.finish_pending(NODE, Action.DRAIN_NOW, "slurmgpu: XID 79", "xid.recent", 160.0)
     assert decision.result == "drained" and rem.owns(NODE)
-    assert [c[0] for c in client.calls] == ["drain", "reboot_and_hold"] and rem.ladders[NODE].checks == ["xid.recent"]
+    assert [c[0] for c in client.calls] == ["drain", "create_reservation", "reboot_and_hold"]
+    assert rem.ladders[NODE].checks == ["xid.recent"]
 
 
 def test_an_operator_resume_while_a_remedy_waits_ends_the_ladder(tmp_path: Path) -> None:
@@ -277,6 +282,11 @@ def test_a_rebooted_node_is_seen_back_whatever_returntoservice_does(
     finish(client, "1002", 2)
     rem.tick(130.0)
     assert rem.ladders[NODE].stage == "reboot"
+    res = f"slurmgpu-rts-{NODE}"
+    assert list(client.reserved) == [res]  # before the boot: an IDLE node (RTS=2) is nobody else's
     client.states[NODE] = dataclasses.replace(client.states[NODE], state=state, flags=frozenset(flags), reason=reason)
+    calls = len(client.calls)
     rem.tick(140.0)
     assert (rem.ladders[NODE].stage == "awaiting_validation") is back
+    if back:  # validated in the reservation the reboot kept (not deleted and made again)
+        assert [c[:3] for c in client.calls[calls:]] == [("resume", NODE), ("submit_validation", NODE, res)]

@@ -266,9 +266,8 @@ class _Turn:
             self.on_validation(event)
         elif stage is Stage.RESETTING and isinstance(event, ResetDone | ResetFailed):
             self.on_reset(event)
-        elif stage is Stage.REBOOTING and isinstance(event, NodeBack) and self.ladder.issued_at is not None:
-            self.ladder.remedies.append("reboot")
-            self.enter(Stage.VALIDATING)
+        elif stage is Stage.REBOOTING and self.ladder.issued_at is not None:
+            self.on_reboot(event)
         else:
             self.note = f"ignored in stage {stage}"
 
@@ -302,6 +301,17 @@ class _Turn:
         self.note = "validation failed"
         self.take_back(_failed_reason(event.findings))
         self.climb()
+
+    def on_reboot(self, event: Event) -> None:
+        if isinstance(event, NodeBack):
+            self.ladder.remedies.append("reboot")
+            self.enter(Stage.VALIDATING)
+        elif isinstance(event, StepFailed):  # (no reboot without its reservation)
+            self.note = f"{event.step} failed: {event.error}; held, not rebooted"
+            self.take_back(with_prefix(f"{event.step} failed before the reboot (node held drained)"))
+            self.hold()
+        else:
+            self.note = "ignored in stage reboot"
 
     def on_reset(self, event: ResetDone | ResetFailed) -> None:
         if self.ladder.issued_at is None:
@@ -357,7 +367,9 @@ class _Turn:
         elif stage is Stage.RESETTING:
             self.retry_or_climb("reset timed out")
         elif stage is Stage.REBOOTING:
-            self.retry_or_climb("the node did not come back from its reboot")
+            why = "the node did not come back from its reboot"
+            self.take_back(with_prefix(f"{why} (node held drained)"))
+            self.retry_or_climb(why)
 
     # ---- moves
 
@@ -386,7 +398,7 @@ class _Turn:
         elif lad.stage is Stage.RESETTING:
             self.steps.append(ResetGpus(lad.node, tuple(_reset_gpus(lad))))
         elif lad.stage is Stage.REBOOTING:
-            self.steps.append(Reboot(lad.node, _with_checks("reboot (remediation)", lad.checks)))
+            self.issue_reboot()
         elif lad.stage is Stage.REPAIR and not lad.repair_requested:
             self.issue_repair()
 
@@ -397,6 +409,15 @@ class _Turn:
         self.steps += [CreateReservation(lad.node, lad.reservation, s.reservation_s),
                        ResumeIntoReservation(lad.node, lad.reservation),
                        SubmitValidation(lad.node, lad.reservation, s.tier, s.validation_timeout_s)]
+
+    def issue_reboot(self) -> None:
+        """The node's reservation first, held through the boot into its validation: a
+        Slurm that returns a booted node to service (``ReturnToService=2``, 25.11) gives
+        it to nobody else."""
+        lad, s = self.ladder, self.settings
+        lad.reservation = reservation_name(lad.node)
+        self.steps += [CreateReservation(lad.node, lad.reservation, s.reboot_timeout_s + s.reservation_s),
+                       Reboot(lad.node, _with_checks("reboot (remediation)", lad.checks))]
 
     def issue_repair(self) -> None:
         lad = self.ladder
@@ -435,8 +456,11 @@ class _Turn:
             self.enter(Stage.VALIDATING, delay=_backoff(self.settings, Stage.VALIDATING, failures))
         else:
             self.note = f"{why}; held after {failures} attempts"
-            self.ladder.stage, self.ladder.due, self.ladder.issued_at, self.ladder.deadline = (
-                Stage.HELD, None, None, None)
+            self.hold()
+
+    def hold(self) -> None:
+        lad = self.ladder
+        lad.stage, lad.due, lad.issued_at, lad.deadline = Stage.HELD, None, None, None
 
     def take_back(self, reason: str) -> None:
         """Drain the node again, then cancel the job and delete the reservation."""
