@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from slurmgpu import wire
 from slurmgpu.cli import fleet_cmd
 from slurmgpu.collector.app import attach
 from slurmgpu.collector.coordination import FencedSlurm, NotLeader
@@ -232,6 +233,50 @@ def test_a_drain_now_that_waited_for_checkpoints_opens_its_ladder_at_the_drain(t
     assert decision.result == "drained" and rem.owns(NODE)
     assert [c[0] for c in client.calls] == ["drain", "create_reservation", "reboot_and_hold"]
     assert rem.ladders[NODE].checks == ["xid.recent"]
+
+
+def stored_report(auto: Automation, findings: list[Finding], seq: int = 1) -> None:
+    """The node's latest report in the collector's store, as ingest keeps it."""
+    body = {"verdict": "FAIL", "findings": wire.encode_findings(findings), "ok_checks": []}
+    auto.store.store_batch([(NODE, wire.Envelope(type=wire.REPORT, node=NODE, seq=seq, body=body, ts=100.0))])
+
+
+XID48 = Finding("xid.recent", Severity.FAIL, "XID 48 (DBE) on GPU 3", gpu=3, data={"xid": 48, "action": "reset"})
+
+
+def test_a_drain_now_that_waited_for_checkpoints_starts_where_its_finding_asks(tmp_path: Path) -> None:
+    """A DBE (XID 48: a GPU reset clears it) on a busy node: the jobs checkpoint, then the
+    ladder starts with the reset of GPU 3, as an immediate drain's would, not with a
+    validation of a GPU known to need the reset."""
+    auto, rem, client = wired(tmp_path)
+    stored_report(auto, [ECC, XID48])
+    auto.state.drained[NODE] = DrainedNode(100.0, "xid.recent", "XID 48", AutoStage.CHECKPOINTING,
+                                           Action.DRAIN_NOW)
+    auto.finish_pending(NODE, Action.DRAIN_NOW, "slurmgpu: XID 48 (DBE) on GPU 3", "xid.recent", 160.0)
+    ladder = rem.ladders[NODE]
+    assert (ladder.action, ladder.stage, ladder.checks) == ("reset", "reset", ["xid.recent"])
+    reset = client.calls[-1]
+    assert reset[:3] == ("submit_validation", NODE, f"slurmgpu-rts-{NODE}") and "remediate reset --gpu 3" in reset[3]
+    assert "--gpu 0" not in reset[3]
+
+
+@pytest.mark.parametrize("latest", [None, [ECC], "unreadable"])
+def test_a_pending_drain_without_its_finding_stored_validates_first(tmp_path: Path, latest: Any) -> None:
+    """No report, the trigger healed since, or a body that does not decode: the ladder
+    starts from the drain's check and reason (validate first), and the drain stands."""
+    auto, rem, client = wired(tmp_path)
+    if latest == "unreadable":
+        body = {"verdict": "FAIL", "findings": [{"check": 7}], "ok_checks": []}
+        auto.store.store_batch([(NODE, wire.Envelope(type=wire.REPORT, node=NODE, seq=1, body=body, ts=100.0))])
+    elif latest is not None:
+        stored_report(auto, latest)
+    auto.state.drained[NODE] = DrainedNode(100.0, "xid.recent", "XID 48", AutoStage.CHECKPOINTING,
+                                           Action.DRAIN_NOW)
+    decision = auto.finish_pending(NODE, Action.DRAIN_NOW, "slurmgpu: XID 48", "xid.recent", 160.0)
+    assert decision.result == "drained" and [c[0] for c in client.calls] == ["drain"]
+    ladder = rem.ladders[NODE]
+    assert (ladder.action, ladder.stage) == ("drain", "drained")
+    assert ladder.findings == [Finding("xid.recent", Severity.FAIL, "slurmgpu: XID 48").to_json()]
 
 
 def test_an_operator_resume_while_a_remedy_waits_ends_the_ladder(tmp_path: Path) -> None:

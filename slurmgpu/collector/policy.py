@@ -39,6 +39,7 @@ from slurmgpu.log import get_logger
 from slurmgpu.remediation.triggers import operator_opted_in
 from slurmgpu.result import Finding, Severity
 from slurmgpu.slurm import NodeState, SlurmClient, SlurmError, SlurmUnreachable
+from slurmgpu.wire import decode_finding
 
 if TYPE_CHECKING:
     from slurmgpu.collector.checkpoint import Checkpoints, MakeCheckpoints
@@ -454,9 +455,23 @@ class Automation:
         decision = self._decision(node, action, reason, trigger, result, now)
         self._record.save((node,))
         if result in FINISHED & NEW_DRAINS and self.remediation is not None and not self.remediation.owns(node):
-            self.remediation.drained(node, [Finding(trigger or "unknown", Severity.FAIL, reason)],
+            self.remediation.drained(node, self._drain_findings(node, trigger, reason),
                                      str(Action.REBOOT) if reboot else None, now)
         return decision
+
+    def _drain_findings(self, node: str, trigger: str, reason: str) -> list[Finding]:
+        """What a drain carried out later was for, as the ladder starts from it: the
+        trigger's failing findings in the node's latest report (their GPUs, the action
+        they ask for: a reset first), else one naming the check with the drain's reason."""
+        try:
+            latest = queries.latest_report(self.store.db, node)
+            body: dict[str, Any] = latest["body"] if latest is not None else {}
+            found = [decode_finding(f, "report") for f in body.get("findings", ())]
+        except Exception as exc:  # (what it adds is detail: the drain stands without it)
+            get_logger(component="automation").warning("drain_findings_unread", node=node, error=str(exc))
+            found = []
+        mine = [f for f in found if f.check == trigger and f.severity is Severity.FAIL]
+        return mine or [Finding(trigger or "unknown", Severity.FAIL, reason)]
 
     def _current_drains(self, node: str | None = None) -> dict[str, queries.CurrentDrain]:
         """Slurm's drained nodes as the collector last polled them (none when it cannot tell)."""
