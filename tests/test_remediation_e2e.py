@@ -40,8 +40,9 @@ def query(fleet: SimCluster, sql: str, *params: Any) -> list[tuple[Any, ...]]:
 
 def job_program(fleet: SimCluster, tmp_path: Path) -> Path:
     """slurmgpu as the validation and reset jobs run it: with the simulated GPUs of the
-    node the job landed on ($SLURMD_NODENAME), the GEMM test alone (fast), and a pause
-    while ``hold`` exists (a test's window to act mid-validation)."""
+    node the job landed on ($SLURMD_NODENAME), the GEMM test alone (fast), a pause
+    while ``hold`` exists (a test's window to act mid-validation), and its output thrown
+    away while ``no-output`` exists (a head node that does not share the nodes' files)."""
     cases = "".join(f"  {node})\n" + "".join(f"    export {k}={shlex.quote(v)}\n"
                                             for k, v in fleet.node_env(node).items()) + "    ;;\n"
                     for node in NODES)
@@ -50,6 +51,8 @@ def job_program(fleet: SimCluster, tmp_path: Path) -> Path:
                       f"if [ \"$1\" = validate ]; then\n"
                       f"  while [ -e {shlex.quote(str(tmp_path / 'hold'))} ]; do sleep 0.2; done\n"
                       f"  set -- \"$@\" --tests gemm\nfi\n"
+                      f"if [ -e {shlex.quote(str(tmp_path / 'no-output'))} ]; then\n"
+                      f"  exec {slurmgpu_command()} \"$@\" > /dev/null\nfi\n"
                       f"exec {slurmgpu_command()} \"$@\"\n")
     script.chmod(0o755)
     tmp_path.chmod(0o755)
@@ -179,6 +182,7 @@ def test_a_persistent_fault_climbs_to_repair_and_a_restart_mid_ladder_resumes_it
                "REBOOT_ISSUED" in fleet.scontrol("-o", "show", "node", node), 120, "the reboot issued")
     assert reservations(fleet) == [f"slurmgpu-rts-{node}"]  # made before the reboot, kept through the boot
     users_job = fleet.sbatch("", "-w", node, "-o", "/dev/null", "--wrap", "true")
+    (tmp_path / "no-output").touch()  # the last validation's findings come through the agent
     fleet.boot(node)  # (25.11, ReturnToService=2: IDLE on registration, within the second)
     # (the ladder is saved, closed, before its repair command runs: the ticket comes a moment later)
     tickets = tmp_path / "tickets"
@@ -189,7 +193,8 @@ def test_a_persistent_fault_climbs_to_repair_and_a_restart_mid_ladder_resumes_it
     ticket = json.loads(text)
     assert check_ticket(ticket)["node"] == node and ticket["ladder"]["remedies"] == ["reset", "reboot"]
     assert [v["verdict"] for v in ticket["validations"]] == ["cancelled", "fail", "fail", "fail"]
-    assert {(f["check"], f["gpu"]) for f in ticket["validations"][-1]["findings"]} == {("validate.gemm", 3)}
+    for run in ticket["validations"][1:]:  # from the job's output, then (the last) from its event
+        assert {(f["check"], f["gpu"]) for f in run["findings"]} == {("validate.gemm", 3)}, run
     scenario = json.loads(fleet.scenario_path(node).read_text())
     assert scenario["gpus"][3]["resets"] == 1  # the reset job ran nvidia-smi -r on GPU 3, once
     assert {g["serial"] for g in ticket["gpus"]} and all(g["uuid"] for g in ticket["gpus"])

@@ -188,3 +188,26 @@ def test_a_held_ladder_records_its_runs_as_retried_then_held_and_no_outcome(stor
         assert drain_outcomes(store.db) == [] and list(load_ladders(store.db)) == ["gpu-n1"]
     finally:
         store.close()
+
+
+def test_a_nodes_validation_event_since_a_time(store_url: str) -> None:
+    """Where the ladder finds a validation's findings when the head node cannot read the
+    job's output: the node's newest `validate --send` event at or after the run's start."""
+    from slurmgpu import wire
+    from slurmgpu.collector.store.queries import validation_since
+    from slurmgpu.validate.report import validation_event
+
+    def sent(node: str, seq: int, ts: float, check: str) -> tuple[str, wire.Envelope]:
+        body = validation_event({"verdict": "FAIL", "findings": wire.encode_findings(
+            [Finding(check, Severity.FAIL, "slow", gpu=1)])})
+        return node, wire.Envelope(type=wire.EVENT, node=node, seq=seq, body=body, ts=ts)
+
+    store = Store(store_url)
+    try:
+        store.store_batch([sent("gpu-n1", 1, T0, "validate.hbm"), sent("gpu-n1", 2, T0 + 100, "validate.gemm"),
+                           sent("gpu-n2", 1, T0 + 200, "validate.pcie")])
+        found = validation_since(store.db, "gpu-n1", T0 + 50)
+        assert found is not None and [f["check"] for f in found["findings"]] == ["validate.gemm"]
+        assert validation_since(store.db, "gpu-n1", T0 + 101) is None
+    finally:
+        store.close()

@@ -20,7 +20,7 @@ from slurmgpu.cli import fleet_cmd
 from slurmgpu.collector.app import attach
 from slurmgpu.collector.coordination import FencedSlurm, NotLeader
 from slurmgpu.collector.policy import Automation
-from slurmgpu.collector.remediate import Remediation
+from slurmgpu.collector.remediate import EVENT_WAIT_S, Remediation
 from slurmgpu.collector.store import Store
 from slurmgpu.collector.store.automation import Breaker, DrainedNode
 from slurmgpu.collector.store.automation import Stage as AutoStage
@@ -29,6 +29,7 @@ from slurmgpu.config.schema import AutomationSettings, RemediationSettings
 from slurmgpu.decision import Action
 from slurmgpu.result import Finding, Severity
 from slurmgpu.testing import FakeSlurmClient
+from slurmgpu.validate.report import validation_event
 
 NODE = "gpu-a"
 ECC = Finding("ecc.uncorrected", Severity.FAIL, "3 volatile uncorrected ECC errors", gpu=0)
@@ -82,6 +83,46 @@ def test_a_failed_validation_drains_again_with_its_findings_and_climbs(tmp_path:
     assert rem.ladders[NODE].stage == "reset"
     assert ("cancel_job", job) in client.calls and ("delete_reservation", f"slurmgpu-rts-{NODE}") in client.calls
     assert [o.outcome for o in drain_outcomes(auto.store.db)] == ["confirmed"]
+
+
+def sent_validation(auto: Automation, findings: list[Finding], ts: float, seq: int) -> None:
+    """A `validate --send` of ``NODE``, as the collector stores the agent's event."""
+    body = validation_event({"verdict": "FAIL", "findings": wire.encode_findings(findings)})
+    auto.store.store_batch([(NODE, wire.Envelope(type=wire.EVENT, node=NODE, seq=seq, body=body, ts=ts))])
+
+
+GEMM3 = Finding("validate.gemm", Severity.FAIL, "gpu3: checksum differs", gpu=3)
+
+
+def test_without_a_shared_file_system_a_failed_validation_has_its_findings_from_its_event(tmp_path: Path) -> None:
+    """The head cannot read the job's output: the findings the job sent through its
+    node's agent name the drain and pick the GPUs to reset; an older validation's do not."""
+    auto, rem, client = wired(tmp_path)
+    sent_validation(auto, [Finding("validate.hbm", Severity.FAIL, "gpu1: slow", gpu=1)], 50.0, 1)  # before
+    drained_then_healthy(auto, rem)
+    [job] = client.jobs
+    assert "validate --tier quick --json --send" in client.calls[-1][3]
+    sent_validation(auto, [GEMM3, Finding("validate.pcie", Severity.OK, "gpu3: 55 GB/s", gpu=3)], 110.0, 2)
+    finish(client, job, 2)
+    rem.tick(120.0)
+    drains = [c for c in client.calls if c[0] == "drain"]
+    assert drains[-1][2] == "slurmgpu: validation failed: validate.gemm GPU 3 gpu3: checksum differs"
+    assert rem.ladders[NODE].validations[0].findings == [GEMM3.to_json()]
+    assert client.calls[-1][:2] == ("submit_validation", NODE)  # the reset: the drain's GPU and the event's
+    assert client.calls[-1][3] == "sh -c slurmgpu remediate reset --gpu 0 && slurmgpu remediate reset --gpu 3"
+
+
+def test_a_failed_validation_waits_a_moment_for_its_event_then_names_its_exit_code(tmp_path: Path) -> None:
+    auto, rem, client = wired(tmp_path)
+    drained_then_healthy(auto, rem)
+    [job] = client.jobs
+    finish(client, job, 2)
+    client.jobs[job] = dataclasses.replace(client.jobs[job], end_time=115.0)
+    rem.tick(120.0)
+    assert rem.ladders[NODE].stage == "awaiting_validation" and client.calls[-1][0] == "submit_validation"
+    rem.tick(115.0 + EVENT_WAIT_S)
+    drains = [c for c in client.calls if c[0] == "drain"]
+    assert drains[-1][2] == "slurmgpu: validation failed: validate.job validation job exit 2"
 
 
 def test_an_operator_resume_ends_the_ladder_as_unknown(tmp_path: Path) -> None:

@@ -203,14 +203,22 @@ def test_node_platform_finds_tools_and_active_hcas(tmp_path: Path, monkeypatch: 
     assert "pip install slurmgpu[validate]" in platform.describe("probe")
 
 
-def test_send_hands_the_findings_to_the_agent_socket(fake_nvml_lib: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("busy_s", [0.0, 1.5])
+def test_send_hands_the_findings_to_the_agent_socket(fake_nvml_lib: Path, tmp_path: Path, busy_s: float) -> None:
+    """Also to an agent slower than a hook's half-second query timeout (under load: seen
+    as a return-to-service validation whose findings never reached the collector)."""
     import threading
 
     from slurmgpu.agent.local import serve_local
     from slurmgpu.config.schema import Settings
     from tests.test_validate_fleet import RecordingAgent
 
-    agent = RecordingAgent()
+    class BusyAgent(RecordingAgent):
+        def submit(self, mtype: str, body: dict[str, Any], *, ts: float | None = None) -> int | None:
+            time.sleep(busy_s)
+            return super().submit(mtype, body, ts=ts)
+
+    agent = BusyAgent()
     agent.settings = Settings()
     sock = tmp_path / "agent.sock"
     stop, ready = threading.Event(), threading.Event()

@@ -20,6 +20,8 @@ from slurmgpu.cli.common import (
 from slurmgpu.errors import UsageError
 
 JSON_SCHEMA = "slurmgpu.validate/1"
+#: How long `--send` waits for the agent to spool the findings.
+SEND_TIMEOUT_S = 10.0
 
 
 @click.group(invoke_without_command=True)
@@ -90,13 +92,15 @@ def outcome_json(outcome: Any, scope: frozenset[int] | None) -> dict[str, Any]:
 
 def _send(settings: Any, verdict: Any) -> None:
     """Through the agent: it spools the event, so the collector gets it even when it is
-    away now. No agent: one line on stderr, the verdict stands."""
+    away now. No agent: one line on stderr, the verdict stands. A busy agent gets
+    ``SEND_TIMEOUT_S`` (a hook's half second would lose minutes of tests)."""
     from slurmgpu.localproto import AgentUnavailable, ask, query_timeout, socket_path
     from slurmgpu.validate.report import validation_request
 
     path = socket_path(os.environ, settings.agent.socket)
+    timeout = max(query_timeout(os.environ, settings.agent.query_timeout_s), SEND_TIMEOUT_S)
     try:
-        reply = ask(path, validation_request(verdict), query_timeout(os.environ, settings.agent.query_timeout_s))
+        reply = ask(path, validation_request(verdict), timeout)
     except AgentUnavailable as exc:
         click.echo(f"slurmgpu: warning: not sent: no agent at {path} ({exc})", err=True)
         return

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from slurmgpu.collector.store import Store, queries
 from slurmgpu.collector.store.remediation import load_ladders, record_ladder
@@ -24,7 +26,8 @@ from slurmgpu.remediation import steps as st
 from slurmgpu.remediation.repair import run_repair
 from slurmgpu.remediation.ticket import build_ticket
 from slurmgpu.result import Finding, Severity
-from slurmgpu.slurm import JobGone, NodeState, SlurmClient, SlurmError, owned
+from slurmgpu.slurm import JobGone, JobInfo, NodeState, SlurmClient, SlurmError, owned
+from slurmgpu.wire import WireError, decode_finding
 
 #: How often the open ladders look at their jobs in Slurm,
 POLL_S = 1.0
@@ -34,6 +37,9 @@ NODE_POLL_S = 5.0
 RESET_BUSY = 1
 #: `slurmgpu validate`'s exit codes: OK or WARN pass, FAIL fails; any other is its own trouble.
 PASSED, FAILED = (0, 1), 2
+#: A failed validation whose output the head cannot read waits this long after the job's
+#: end for its findings as a ``validation`` event (``validate --send``, through the agent).
+EVENT_WAIT_S = 60.0
 
 
 class Remediation:
@@ -100,7 +106,7 @@ class Remediation:
         if nodes_too:
             self._next_node_poll, self._states = time.monotonic() + self.node_poll_s, None
         for node in list(self.ladders):
-            event = None if self.dry_run else self._observe(self.ladders[node], nodes_too)
+            event = None if self.dry_run else self._observe(self.ladders[node], nodes_too, now)
             if event is not None:
                 self._event(self.ladders[node], event, now)
             if node in self.ladders:
@@ -149,7 +155,7 @@ class Remediation:
             c.resume(step.node)
         elif isinstance(step, st.SubmitValidation):
             return st.ValidationSubmitted(self._submit(step.node, step.reservation,
-                                                      ["validate", "--tier", step.tier, "--json"], step.timeout_s))
+                                                      ["validate", "--tier", step.tier, "--json", "--send"], step.timeout_s))
         elif isinstance(step, st.Release):
             c.delete_reservation(step.reservation)
         elif isinstance(step, st.Cleanup):
@@ -211,12 +217,12 @@ class Remediation:
 
     # ---- looking at Slurm
 
-    def _observe(self, ladder: lad.Ladder, nodes_too: bool) -> st.Event | None:
+    def _observe(self, ladder: lad.Ladder, nodes_too: bool, now: float) -> st.Event | None:
         """What Slurm shows of the ladder's current step, as an event (None: nothing new);
         its node's state only on a node poll (``nodes_too``)."""
         try:
             if ladder.stage is lad.Stage.VALIDATING and ladder.job_id:
-                return self._validation_result(ladder)
+                return self._validation_result(ladder, now)
             if ladder.stage is lad.Stage.RESETTING and ladder.issued_at is not None:
                 return self._reset_result(ladder.node)
             if not nodes_too or not _on_its_node(ladder):
@@ -231,16 +237,34 @@ class Remediation:
             self.log.warning("remediation_poll_failed", node=ladder.node, error=str(exc))
         return None
 
-    def _validation_result(self, ladder: lad.Ladder) -> st.Event | None:
+    def _validation_result(self, ladder: lad.Ladder, now: float) -> st.Event | None:
         job = self.client.job(str(ladder.job_id))
         if job.state not in owned.ENDED_JOB_STATES:
             return None
-        findings = _job_findings(self._out(ladder.node), job.exit_code)
+        findings = self._findings(ladder, job, now)
+        if findings is None:
+            return None  # (its event may be on its way)
         if job.state == "COMPLETED" and job.exit_code in PASSED:
             return st.ValidationPassed(job.job_id, findings)
         if job.state == "FAILED" and job.exit_code == FAILED:
             return st.ValidationFailed(job.job_id, findings)
         return st.StepFailed("validation", f"job {job.job_id} ended {job.state} (exit {job.exit_code})")
+
+    def _findings(self, ladder: lad.Ladder, job: JobInfo, now: float) -> tuple[Finding, ...] | None:
+        """The validation's findings: its ``--json`` output where the head node reads it (a
+        shared file system), else its ``validation`` event since the run was issued; a
+        failed job with neither waits ``EVENT_WAIT_S``, then names its exit code."""
+        found = _output_findings(self._out(ladder.node))
+        if found is None and ladder.validations:
+            event = queries.validation_since(self.store.db, ladder.node, ladder.validations[-1].started)
+            found = _event_findings(event) if event is not None else None
+        if found is not None:
+            return found
+        if job.exit_code in (None, 0):
+            return ()
+        if job.end_time is not None and now - job.end_time < EVENT_WAIT_S:
+            return None
+        return (Finding("validate.job", Severity.FAIL, f"validation job exit {job.exit_code}"),)
 
     def _reset_result(self, node: str) -> st.Event | None:
         job_id = self._reset_jobs.get(node)
@@ -305,18 +329,27 @@ def _minutes(seconds: float) -> int:
     return max(1, math.ceil(seconds / 60))
 
 
-def _job_findings(path: Path, exit_code: int | None) -> tuple[Finding, ...]:
-    """The validation's findings from its ``--json`` output (when the head node can read
-    it: a shared file system, or the mini-cluster); else one naming the exit code."""
+def _output_findings(path: Path) -> tuple[Finding, ...] | None:
+    """The findings of a validation's ``--json`` output; None where the head node cannot
+    read it (no shared file system) or it holds no verdict."""
     try:
         text = path.read_text(errors="replace")
-        doc = json.loads(text[text.index("{"):])
-        found = tuple(st.finding_from_json(f) for f in doc.get("findings", ()))
-        return tuple(f for f in found if f.severity is not Severity.OK) or found
+        start = re.search(r"^\{", text, re.MULTILINE)  # (after any warning on stderr)
+        doc = json.loads(text[start.start() if start else len(text):])
+        return _not_ok(tuple(st.finding_from_json(f) for f in doc["findings"]))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        if exit_code in (None, 0):
-            return ()
-        return (Finding("validate.job", Severity.FAIL, f"validation job exit {exit_code}"),)
+        return None
+
+
+def _event_findings(body: dict[str, Any]) -> tuple[Finding, ...] | None:
+    try:
+        return _not_ok(tuple(decode_finding(f, "validation") for f in body["findings"]))
+    except (WireError, KeyError, TypeError):
+        return None
+
+
+def _not_ok(found: tuple[Finding, ...]) -> tuple[Finding, ...]:
+    return tuple(f for f in found if f.severity is not Severity.OK) or found
 
 
 def _on_its_node(ladder: lad.Ladder) -> bool:

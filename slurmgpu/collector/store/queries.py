@@ -392,3 +392,10 @@ def latest_validations(db: Connection) -> list[tuple[str, int, float, dict[str, 
     for node, seq, ts, body in rows:
         latest[node] = (node, int(seq), float(ts), msgpack.unpackb(body, raw=False))
     return list(latest.values())
+
+
+def validation_since(db: Connection, node: str, since: float) -> dict[str, Any] | None:
+    """The node's newest ``validation`` event at or after ``since`` (its body decoded), or None."""
+    row = db.execute("SELECT body FROM events WHERE node = ? AND kind = 'validation' AND ts >= ? "
+                     "ORDER BY ts DESC, seq DESC LIMIT 1", (node, since)).fetchone()
+    return None if row is None else dict(msgpack.unpackb(row[0], raw=False))
