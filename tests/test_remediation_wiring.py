@@ -125,6 +125,20 @@ def test_a_failed_validation_waits_a_moment_for_its_event_then_names_its_exit_co
     assert drains[-1][2] == "slurmgpu: validation failed: validate.job validation job exit 2"
 
 
+def test_a_validation_that_could_not_judge_the_node_does_not_wait_for_findings(tmp_path: Path) -> None:
+    """Exit 3 (UNKNOWN: slurmgpu's own trouble) is retried at once, findings or none."""
+    auto, rem, client = wired(tmp_path)
+    drained_then_healthy(auto, rem)
+    [job] = client.jobs
+    finish(client, job, 3)
+    client.jobs[job] = dataclasses.replace(client.jobs[job], end_time=119.0)
+    rem.tick(120.0)
+    assert rem.ladders[NODE].validations[0].verdict == "cancelled"
+    notes = [h.note for h in rem.ladders[NODE].history]
+    assert f"validation failed: job {job} ended FAILED (exit 3); retry" in notes
+    assert len(client.jobs) == 2  # submitted again (validate_backoff_s 0)
+
+
 def test_an_operator_resume_ends_the_ladder_as_unknown(tmp_path: Path) -> None:
     auto, rem, client = wired(tmp_path)
     auto.on_report(NODE, Severity.FAIL, [ECC], 100.0)

@@ -252,8 +252,9 @@ class Remediation:
 
     def _findings(self, ladder: lad.Ladder, job: JobInfo, now: float) -> tuple[Finding, ...] | None:
         """The validation's findings: its ``--json`` output where the head node reads it (a
-        shared file system), else its ``validation`` event since the run was issued; a
-        failed job with neither waits ``EVENT_WAIT_S``, then names its exit code."""
+        shared file system), else its ``validation`` event since the run was issued; a job
+        that failed the node (exit 2) with neither waits ``EVENT_WAIT_S``, then names its
+        exit code."""
         found = _output_findings(self._out(ladder.node))
         if found is None and ladder.validations:
             event = queries.validation_since(self.store.db, ladder.node, ladder.validations[-1].started)
@@ -262,7 +263,8 @@ class Remediation:
             return found
         if job.exit_code in (None, 0):
             return ()
-        if job.end_time is not None and now - job.end_time < EVENT_WAIT_S:
+        failed = job.state == "FAILED" and job.exit_code == FAILED  # (else no findings judge it)
+        if failed and job.end_time is not None and now - job.end_time < EVENT_WAIT_S:
             return None
         return (Finding("validate.job", Severity.FAIL, f"validation job exit {job.exit_code}"),)
 
