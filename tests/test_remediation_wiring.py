@@ -112,13 +112,20 @@ def test_without_a_shared_file_system_a_failed_validation_has_its_findings_from_
     assert client.calls[-1][3] == "sh -c slurmgpu remediate reset --gpu 0 && slurmgpu remediate reset --gpu 3"
 
 
-def test_a_failed_validation_waits_a_moment_for_its_event_then_names_its_exit_code(tmp_path: Path) -> None:
+def validation_ended(tmp_path: Path, exit_code: int, end_time: float) -> tuple[Remediation, FakeSlurmClient, str]:
+    """A ladder's validation job ended with ``exit_code`` at ``end_time``, no findings
+    anywhere (no output the head reads, no event); the ladder looked at 120."""
     auto, rem, client = wired(tmp_path)
     drained_then_healthy(auto, rem)
     [job] = client.jobs
-    finish(client, job, 2)
-    client.jobs[job] = dataclasses.replace(client.jobs[job], end_time=115.0)
+    finish(client, job, exit_code)
+    client.jobs[job] = dataclasses.replace(client.jobs[job], end_time=end_time)
     rem.tick(120.0)
+    return rem, client, job
+
+
+def test_a_failed_validation_waits_a_moment_for_its_event_then_names_its_exit_code(tmp_path: Path) -> None:
+    rem, client, _ = validation_ended(tmp_path, 2, 115.0)
     assert rem.ladders[NODE].stage == "awaiting_validation" and client.calls[-1][0] == "submit_validation"
     rem.tick(115.0 + EVENT_WAIT_S)
     drains = [c for c in client.calls if c[0] == "drain"]
@@ -127,12 +134,7 @@ def test_a_failed_validation_waits_a_moment_for_its_event_then_names_its_exit_co
 
 def test_a_validation_that_could_not_judge_the_node_does_not_wait_for_findings(tmp_path: Path) -> None:
     """Exit 3 (UNKNOWN: slurmgpu's own trouble) is retried at once, findings or none."""
-    auto, rem, client = wired(tmp_path)
-    drained_then_healthy(auto, rem)
-    [job] = client.jobs
-    finish(client, job, 3)
-    client.jobs[job] = dataclasses.replace(client.jobs[job], end_time=119.0)
-    rem.tick(120.0)
+    rem, client, job = validation_ended(tmp_path, 3, 119.0)
     assert rem.ladders[NODE].validations[0].verdict == "cancelled"
     notes = [h.note for h in rem.ladders[NODE].history]
     assert f"validation failed: job {job} ended FAILED (exit 3); retry" in notes
