@@ -28,6 +28,7 @@ from slurmgpu.collector.store.remediation import drain_outcomes, load_ladders
 from slurmgpu.config.schema import AutomationSettings, RemediationSettings
 from slurmgpu.decision import Action
 from slurmgpu.result import Finding, Severity
+from slurmgpu.slurm import SlurmError
 from slurmgpu.testing import FakeSlurmClient
 from slurmgpu.validate.report import validation_event
 
@@ -277,6 +278,25 @@ def test_a_reboot_decision_is_the_ladders_one_reboot_held_down_until_validated(t
     assert (decision.action, decision.result) == ("reboot", "drained")
     assert [c[0] for c in client.calls] == ["drain", "create_reservation", "reboot_and_hold"]
     assert rem.ladders[NODE].stage == "reboot"
+
+
+def test_no_reboot_when_slurm_refuses_the_reservation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without its reservation a rebooted node could come back to anyone's jobs (25.11,
+    ReturnToService=2): slurmgpu holds it drained instead, and climbs nothing."""
+    auto, rem, client = wired(tmp_path)
+    auto.settings.reboot_allowed = True
+
+    def refused(node: str, **_: Any) -> None:
+        client.calls.append(("create_reservation", node))
+        raise SlurmError("cannot create reservation slurmgpu-rts-gpu-a: Requested nodes are busy")
+
+    monkeypatch.setattr(client, "create_reservation", refused)
+    auto.on_report(NODE, Severity.FAIL, [REBOOT], 100.0)
+    assert [c[0] for c in client.calls] == ["drain", "create_reservation", "drain", "delete_reservation"]
+    ladder = rem.ladders[NODE]
+    assert ladder.stage == "held" and ladder.attempts == {} and "reboot" not in ladder.remedies
+    assert client.states[NODE].drained and not client.states[NODE].rebooting
+    assert ladder.history[-1].note.startswith("create_reservation failed: cannot create reservation")
 
 
 def test_a_drain_now_that_waited_for_checkpoints_opens_its_ladder_at_the_drain(tmp_path: Path) -> None:
