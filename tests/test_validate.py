@@ -246,6 +246,26 @@ def test_send_without_an_agent_warns_and_keeps_the_verdict(fake_nvml_lib: Path, 
     assert proc.stderr.startswith(f"slurmgpu: warning: not sent: no agent at {tmp_path / 'none.sock'}")
 
 
+BROKEN = {"send": "import slurmgpu.validate.report as r; r.validation_request = boom",
+          "run": "import slurmgpu.validate.session as s; s.run_tier = boom"}
+
+
+@pytest.mark.parametrize(("broken", "want"), [("send", 2), ("run", 3)])
+def test_a_bug_of_ours_never_exits_1_which_passes_the_node(fake_nvml_lib: Path, tmp_path: Path, broken: str,
+                                                          want: int) -> None:
+    """A return-to-service ladder reads exit 0 or 1 (OK, WARN) as a pass: Python's exit 1
+    for an uncaught exception would put a failing node back in service. The sending
+    breaking keeps the FAIL (2); the run breaking is UNKNOWN (3)."""
+    conf = tmp_path / "slurmgpu.toml"
+    conf.write_text(FAST + f'[agent]\nsocket = "{tmp_path / "none.sock"}"\n')
+    code = (f"def boom(*a, **k): raise KeyError('a bug')\n{BROKEN[broken]}\nfrom slurmgpu.cli import main\n"
+            f"main(['validate', '--tests', 'pcie', '--send', '--json', '--config', {str(conf)!r}])")
+    proc = subprocess.run([sys.executable, "-c", code], env=sim_env(fake_nvml_lib, resolve_scenario("fault-pcie-slow")),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == want, proc.stderr
+    assert "KeyError: 'a bug'" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_the_probe_can_run_in_another_python(tmp_path: Path) -> None:
     from slurmgpu.config.schema import ValidateSettings
     from slurmgpu.validate import runner

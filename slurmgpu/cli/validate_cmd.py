@@ -45,7 +45,7 @@ def validate(ctx: click.Context, config_file: str | None, tier: str, tests: str 
 
     Every test runs in its own process group under a hard timeout; a test that does not
     finish is a finding. Exit code: 0 OK, 1 WARN, 2 FAIL, 3 UNKNOWN (a test could not
-    judge the node, or bad arguments/config).
+    judge the node, bad arguments or config, or slurmgpu itself broke).
     """
     if ctx.invoked_subcommand is not None:
         return 0
@@ -60,7 +60,10 @@ def validate(ctx: click.Context, config_file: str | None, tier: str, tests: str 
     scope = parse_gpu_list(gpus) if gpus is not None else None
     name = node or node_name()
     settings = load_settings(config_file, node=name).settings
-    outcome = _run(settings, tier, selected, scope, name)
+    try:
+        outcome = _run(settings, tier, selected, scope, name)
+    except Exception as exc:  # a bug of ours: UNKNOWN, never Python's exit 1 (WARN, a pass)
+        raise CliError(f"validate broke, no verdict: {type(exc).__name__}: {exc}") from exc
     if send:
         _send(settings, outcome.verdict)
     if as_json:
@@ -103,6 +106,9 @@ def _send(settings: Any, verdict: Any) -> None:
         reply = ask(path, validation_request(verdict), timeout)
     except AgentUnavailable as exc:
         click.echo(f"slurmgpu: warning: not sent: no agent at {path} ({exc})", err=True)
+        return
+    except Exception as exc:  # the sending is bookkeeping: it never changes the verdict
+        click.echo(f"slurmgpu: warning: not sent: {type(exc).__name__}: {exc}", err=True)
         return
     if not reply.get("ok"):
         click.echo(f"slurmgpu: warning: not sent: the agent said {reply.get('error')!r}", err=True)
