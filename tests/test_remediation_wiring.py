@@ -86,10 +86,10 @@ def test_a_failed_validation_drains_again_with_its_findings_and_climbs(tmp_path:
     assert [o.outcome for o in drain_outcomes(auto.store.db)] == ["confirmed"]
 
 
-def sent_validation(auto: Automation, findings: list[Finding], ts: float, seq: int) -> None:
+def sent_validation(store: Store, findings: list[Finding], ts: float, seq: int, verdict: str = "FAIL") -> None:
     """A `validate --send` of ``NODE``, as the collector stores the agent's event."""
-    body = validation_event({"verdict": "FAIL", "findings": wire.encode_findings(findings)})
-    auto.store.store_batch([(NODE, wire.Envelope(type=wire.EVENT, node=NODE, seq=seq, body=body, ts=ts))])
+    body = validation_event({"verdict": verdict, "findings": wire.encode_findings(findings)})
+    store.store_batch([(NODE, wire.Envelope(type=wire.EVENT, node=NODE, seq=seq, body=body, ts=ts))])
 
 
 GEMM3 = Finding("validate.gemm", Severity.FAIL, "gpu3: checksum differs", gpu=3)
@@ -99,11 +99,11 @@ def test_without_a_shared_file_system_a_failed_validation_has_its_findings_from_
     """The head cannot read the job's output: the findings the job sent through its
     node's agent name the drain and pick the GPUs to reset; an older validation's do not."""
     auto, rem, client = wired(tmp_path)
-    sent_validation(auto, [Finding("validate.hbm", Severity.FAIL, "gpu1: slow", gpu=1)], 50.0, 1)  # before
+    sent_validation(auto.store, [Finding("validate.hbm", Severity.FAIL, "gpu1: slow", gpu=1)], 50.0, 1)  # before
     drained_then_healthy(auto, rem)
     [job] = client.jobs
     assert "validate --tier quick --json --send" in client.calls[-1][3]
-    sent_validation(auto, [GEMM3, Finding("validate.pcie", Severity.OK, "gpu3: 55 GB/s", gpu=3)], 110.0, 2)
+    sent_validation(auto.store, [GEMM3, Finding("validate.pcie", Severity.OK, "gpu3: 55 GB/s", gpu=3)], 110.0, 2)
     finish(client, job, 2)
     rem.tick(120.0)
     drains = [c for c in client.calls if c[0] == "drain"]
@@ -140,6 +140,24 @@ def test_a_validation_that_could_not_judge_the_node_does_not_wait_for_findings(t
     notes = [h.note for h in rem.ladders[NODE].history]
     assert f"validation failed: job {job} ended FAILED (exit 3); retry" in notes
     assert len(client.jobs) == 2  # submitted again (validate_backoff_s 0)
+
+
+def test_a_warn_verdict_passes_only_where_its_findings_say_warn(tmp_path: Path) -> None:
+    """Exit 1 is WARN (a pass), and Slurm calls the job FAILED; a Python that could not
+    start slurmgpu exits 1 too: without findings that say WARN it is slurmgpu's trouble
+    (retried, then held), never a node put back in service."""
+    rem, client, job = validation_ended(tmp_path, 1, 115.0)
+    assert rem.ladders[NODE].stage == "awaiting_validation" and client.calls[-1][0] == "submit_validation"
+    rem.tick(115.0 + EVENT_WAIT_S)
+    assert f"validation failed: job {job} ended FAILED (exit 1); retry" in [h.note for h in rem.ladders[NODE].history]
+    assert ("delete_reservation", f"slurmgpu-rts-{NODE}") in client.calls and client.calls[-1][0] == "submit_validation"
+    assert not [c for c in client.calls if c[0] == "release"] and rem.ladders[NODE].stage == "awaiting_validation"
+    warn = Finding("validate.pcie", Severity.WARN, "gpu0: 36 GB/s, 10 % under the fleet", gpu=0)
+    sent_validation(rem.store, [warn], 200.0, 1, verdict="WARN")
+    again = list(client.jobs)[-1]
+    finish(client, again, 1)
+    rem.tick(210.0)
+    assert not rem.owns(NODE) and client.calls[-1] == ("delete_reservation", f"slurmgpu-rts-{NODE}")
 
 
 def test_an_operator_resume_ends_the_ladder_as_unknown(tmp_path: Path) -> None:

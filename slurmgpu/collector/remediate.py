@@ -36,7 +36,7 @@ NODE_POLL_S = 5.0
 #: `slurmgpu remediate reset`'s exit code for a GPU a process holds.
 RESET_BUSY = 1
 #: `slurmgpu validate`'s exit codes: OK or WARN pass, FAIL fails; any other is its own trouble.
-PASSED, FAILED = (0, 1), 2
+OK, WARNED, FAILED = 0, 1, 2
 #: A failed validation whose output the head cannot read waits this long after the job's
 #: end for its findings as a ``validation`` event (``validate --send``, through the agent).
 EVENT_WAIT_S = 60.0
@@ -244,7 +244,7 @@ class Remediation:
         findings = self._findings(ladder, job, now)
         if findings is None:
             return None  # (its event may be on its way)
-        if job.state == "COMPLETED" and job.exit_code in PASSED:
+        if (job.state, job.exit_code) == ("COMPLETED", OK) or _warned(job, findings):
             return st.ValidationPassed(job.job_id, findings)
         if job.state == "FAILED" and job.exit_code == FAILED:
             return st.ValidationFailed(job.job_id, findings)
@@ -253,8 +253,8 @@ class Remediation:
     def _findings(self, ladder: lad.Ladder, job: JobInfo, now: float) -> tuple[Finding, ...] | None:
         """The validation's findings: its ``--json`` output where the head node reads it (a
         shared file system), else its ``validation`` event since the run was issued; a job
-        that failed the node (exit 2) with neither waits ``EVENT_WAIT_S``, then names its
-        exit code."""
+        that judged the node (exit 1 or 2) with neither waits ``EVENT_WAIT_S``, then names
+        its exit code."""
         found = _output_findings(self._out(ladder.node))
         if found is None and ladder.validations:
             event = queries.validation_since(self.store.db, ladder.node, ladder.validations[-1].started)
@@ -263,8 +263,8 @@ class Remediation:
             return found
         if job.exit_code in (None, 0):
             return ()
-        failed = job.state == "FAILED" and job.exit_code == FAILED  # (else no findings judge it)
-        if failed and job.end_time is not None and now - job.end_time < EVENT_WAIT_S:
+        judged = job.state == "FAILED" and job.exit_code in (WARNED, FAILED)  # (else no findings judge it)
+        if judged and job.end_time is not None and now - job.end_time < EVENT_WAIT_S:
             return None
         return (Finding("validate.job", Severity.FAIL, f"validation job exit {job.exit_code}"),)
 
@@ -348,6 +348,13 @@ def _event_findings(body: dict[str, Any]) -> tuple[Finding, ...] | None:
         return _not_ok(tuple(decode_finding(f, "validation") for f in body["findings"]))
     except (WireError, KeyError, TypeError):
         return None
+
+
+def _warned(job: JobInfo, findings: tuple[Finding, ...]) -> bool:
+    """A WARN verdict (exit 1: Slurm says FAILED), which passes, only where the findings
+    say so: a Python that could not start slurmgpu exits 1 too."""
+    worst = max((f.severity for f in findings), default=None)
+    return (job.state, job.exit_code) == ("FAILED", WARNED) and worst is Severity.WARN
 
 
 def _not_ok(found: tuple[Finding, ...]) -> tuple[Finding, ...]:
